@@ -1,0 +1,19 @@
+"""ascend_moe_ops: fused MoE kernels and collectives (Pangu Ultra MoE recipe).
+
+Every op runs on the pure-PyTorch reference with no compiled backend at all;
+``active_backend(op, device)`` tells what really runs.
+"""
+
+from . import _library  # noqa: F401  (defines every schema first)
+from ._backends import BackendUnavailableError, active_backend, available_backends, use_backend
+from .formats import group_sizes_to_group_list, group_sizes_to_offsets
+from .ops.moe_permute import PermuteResult, moe_permute
+from .ops.moe_unpermute import moe_unpermute
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailableError", "active_backend", "available_backends", "use_backend",
+    "group_sizes_to_offsets", "group_sizes_to_group_list",
+    "PermuteResult", "moe_permute", "moe_unpermute",
+]

@@ -1,0 +1,1 @@
+"""Public op wrappers: one module per op (docstring, checks, fake + autograd registration)."""

@@ -1,0 +1,61 @@
+"""Argument checks shared by the op wrappers. Every message names the argument and says what was
+expected and what was given. Metadata checks (shape, dtype, device) are traceable and run in the
+wrappers; checks that read values run only on real tensors, inside the op's kernel."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Iterable] = None,
+                 device: Optional[torch.device] = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if dtypes is not None:
+        dtypes = tuple(dtypes)
+        if t.dtype not in dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+            raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the other inputs are on {device}")
+
+
+def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str = "") -> None:
+    if tuple(t.shape) != tuple(expected):
+        extra = f" ({what})" if what else ""
+        raise ValueError(f"{name} must have shape {tuple(expected)}{extra}, got {tuple(t.shape)}")
+
+
+def check_int(name: str, value, *, minimum: Optional[int] = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+    return _is_fake(t) or t.device.type == "meta"
+
+
+def check_index_range(name: str, idx: torch.Tensor, low: int, high: int) -> None:
+    """All values of ``idx`` in ``[low, high)``. On the CPU a ValueError; on accelerators a
+    device-side assert (no host synchronization), so the kernels never see a wild index."""
+    if idx.numel() == 0 or is_fake(idx):
+        return
+    bad = (idx < low) | (idx >= high)
+    if idx.device.type == "cpu":
+        if bool(bad.any()):
+            where = torch.nonzero(bad)[0].tolist()
+            raise ValueError(f"{name} has value {int(idx[tuple(where)])} at index {tuple(where)}, "
+                             f"outside the valid range [{low}, {high})")
+    else:
+        torch._assert_async(~bad.any(), f"{name} has values outside [{low}, {high})")

@@ -1,0 +1,1 @@
+"""Pure-PyTorch references: the specification of every op and the oracle of every test."""

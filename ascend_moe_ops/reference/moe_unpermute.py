@@ -1,0 +1,58 @@
+"""Reference (specification) of ``moe_unpermute`` and its backward.
+
+``out[t] = sum_s w[t, s] * permuted[row_id_map[t, s]]`` over slots with ``row_id_map >= 0``, with
+``w = probs`` (or 1), accumulated in fp32 in ascending slot order and stored in the dtype of
+``permuted``. A slot that is not kept contributes nothing, even if its row holds NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _kept(row_id_map: Tensor, num_rows: int):
+    rows = row_id_map.to(torch.int64)
+    kept = (rows >= 0) & (rows < num_rows)
+    return kept, torch.where(kept, rows, torch.zeros_like(rows))
+
+
+def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor]) -> Tensor:
+    N, H = permuted.shape
+    T, S = row_id_map.shape
+    kept, rows = _kept(row_id_map, N)
+    acc = torch.zeros(T, H, dtype=torch.float32, device=permuted.device)
+    for s in range(S):  # fixed order: deterministic
+        x = permuted.index_select(0, rows[:, s]).float()
+        if probs is not None:
+            x = x * probs[:, s].float().unsqueeze(1)
+        acc = acc + torch.where(kept[:, s].unsqueeze(1), x, torch.zeros_like(x))
+    return acc.to(permuted.dtype)
+
+
+def moe_unpermute_backward(grad_out: Tensor, permuted: Tensor, row_id_map: Tensor,
+                           probs: Optional[Tensor]):
+    """``(grad_permuted [N,H], grad_probs [T,S])``; rows no slot points to get exactly zero.
+
+    Only ``permuted.shape[0]`` (N) and its dtype are used unless ``probs`` is given, so autograd
+    passes an ``[N, 0]`` stand-in when there are no probs instead of keeping ``permuted`` alive."""
+    N = permuted.shape[0]
+    H = grad_out.shape[1]
+    T, S = row_id_map.shape
+    kept, rows = _kept(row_id_map, N)
+    g = grad_out.float()
+    w = probs.float() if probs is not None else torch.ones(T, S, device=grad_out.device)
+    contrib = (w.unsqueeze(2) * g.unsqueeze(1)).reshape(T * S, H)
+    dest = torch.where(kept, rows, torch.full_like(rows, N)).reshape(-1)  # scratch row N
+    grad_permuted = torch.zeros(N + 1, H, dtype=torch.float32, device=grad_out.device)
+    grad_permuted.index_copy_(0, dest, contrib)
+    grad_permuted = grad_permuted[:N].to(permuted.dtype)
+    if probs is None:
+        return grad_permuted, torch.empty(0, dtype=torch.float32, device=grad_out.device)
+    x = permuted.index_select(0, rows.reshape(-1)).float().reshape(T, S, H)
+    dots = (x * g.unsqueeze(1)).sum(-1)
+    grad_probs = torch.where(kept, dots, torch.zeros_like(dots)).to(probs.dtype)
+    return grad_permuted, grad_probs

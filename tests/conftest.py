@@ -1,0 +1,55 @@
+"""Shared pytest setup.
+
+* Without a GPU, Triton kernels run in the interpreter (``TRITON_INTERPRET=1``), which must be set
+  before triton is imported.
+* ``backends(op)`` lists the backends that can run ``op`` on cpu in this process; tests parametrize
+  over it. The backends named in ``ASCEND_MOE_OPS_REQUIRE`` (default ``native,triton``, the ones a
+  normal install builds) must load for every op that has them, so a broken build fails the suite
+  instead of silently shortening the test matrix. ``ASCEND_MOE_OPS_REQUIRE=`` relaxes that.
+"""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import ascend_moe_ops  # noqa: E402
+from ascend_moe_ops import _backends  # noqa: E402
+
+DEVICE = "cpu"
+
+
+def backends(op: str):
+    return [b for b in _backends.BACKENDS if b in _backends.available_backends(op, DEVICE)]
+
+
+def required_backends():
+    return [b for b in os.environ.get("ASCEND_MOE_OPS_REQUIRE", "native,triton").split(",") if b]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: larger shapes; deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "npu: needs an Ascend NPU with torch_npu (skipped elsewhere)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped elsewhere)")
+
+
+def pytest_collection_modifyitems(config, items):
+    have_npu = False
+    try:
+        import importlib.util
+        have_npu = importlib.util.find_spec("torch_npu") is not None
+    except Exception:
+        pass
+    for item in items:
+        if "npu" in item.keywords and not have_npu:
+            item.add_marker(pytest.mark.skip(reason="no Ascend NPU / torch_npu on this machine"))
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="no CUDA GPU on this machine"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

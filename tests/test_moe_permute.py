@@ -1,0 +1,281 @@
+"""moe_permute: every backend present vs the reference (exact: it only moves data), the reference
+vs a naive loop written from the contract, autograd, opcheck, compile, edge cases and bad input."""
+
+import pytest
+import torch
+
+import ascend_moe_ops as amo
+from ascend_moe_ops.reference import moe_permute as ref_mod
+from ascend_moe_ops.testing import assert_close_to_ref
+from conftest import backends
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (T, H, E, K): Pangu Ultra MoE scaled down (H 7680 -> 768, E=256, K=8), DeepSeek-V3-like, odd sizes
+SHAPES = [(48, 768, 256, 8), (33, 97, 7, 3), (1, 97, 7, 1), (20, 64, 4, 4)]
+MODES = [dict(), dict(capacity=3), dict(align=4), dict(capacity=4, align=2), dict(num_out_tokens=None)]
+
+
+def make_routing(T, E, K, kind, *, dtype=torch.int64, empty_frac=0.15, dup=True, gen=None):
+    """Index routing with -1 slots and duplicate ids, or a bool mask with ~K experts per token."""
+    if kind == "mask":
+        scores = torch.rand(T, E, generator=gen)
+        k = min(K, E)
+        idx = scores.topk(k, dim=1).indices
+        mask = torch.zeros(T, E, dtype=torch.bool).scatter_(1, idx, True)
+        mask &= torch.rand(T, E, generator=gen) > empty_frac
+        return mask
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] if K <= E else torch.randint(0, E, (K,), generator=gen)
+                       for _ in range(T)]) if T else torch.zeros(0, K, dtype=torch.int64)
+    if dup and T and K > 1:
+        ids[::5, 1] = ids[::5, 0]  # duplicate ids in some rows
+    ids[torch.rand(T, K, generator=gen) < empty_frac] = -1
+    return ids.to(dtype)
+
+
+def naive_permute(tokens, routing, probs, E, capacity=None, align=1, num_out_tokens=None):
+    """The contract, as a plain loop (slow, obviously right)."""
+    T, H = tokens.shape
+    S = routing.shape[1]
+    slots = []  # (expert, t, s, prob)
+    for t in range(T):
+        for s in range(S):
+            e = (s if bool(routing[t, s]) else -1) if routing.dtype == torch.bool else int(routing[t, s])
+            if e >= 0:
+                slots.append((e, t, s, float(probs[t, s]) if probs is not None else 0.0))
+    kept = {}
+    for e in range(E):
+        mine = [x for x in slots if x[0] == e]
+        if capacity is not None:
+            # keep highest prob; among equal probs the earlier position
+            order = sorted(range(len(mine)), key=lambda i: (-mine[i][3] if probs is not None else 0, i))
+            mine = [mine[i] for i in sorted(order[:capacity])]
+        kept[e] = mine
+    counts = [len(kept[e]) for e in range(E)]
+    sizes = [capacity if capacity is not None else -(-c // align) * align for c in counts]
+    if capacity is not None:
+        N = E * capacity
+    else:
+        N = (num_out_tokens if num_out_tokens is not None else T * S) + E * (align - 1)
+    out = torch.zeros(N, H, dtype=tokens.dtype)
+    out_p = torch.zeros(N, dtype=probs.dtype) if probs is not None else None
+    row_map = torch.full((T, S), -1, dtype=torch.int32)
+    start = 0
+    for e in range(E):
+        for r, (_, t, s, _) in enumerate(kept[e]):
+            out[start + r] = tokens[t]
+            row_map[t, s] = start + r
+            if probs is not None:
+                out_p[start + r] = probs[t, s]
+        start += sizes[e]
+    return out, out_p, row_map, torch.tensor(counts, dtype=torch.int64), torch.tensor(sizes, dtype=torch.int64)
+
+
+def _inputs(T, H, E, K, kind, dtype, idx_dtype=torch.int64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randn(T, H, generator=g).to(dtype)
+    routing = make_routing(T, E, K, kind, dtype=idx_dtype, gen=g)
+    probs = torch.rand(routing.shape, generator=g)
+    probs[:, :1] = probs[:, 1:2] if routing.shape[1] > 1 else probs[:, :1]  # some exact ties
+    return tokens, routing, probs
+
+
+def _run(backend, *args, **kwargs):
+    with amo.use_backend(backend):
+        return amo.moe_permute(*args, **kwargs)
+
+
+def _assert_same(res, ref):
+    names = ["tokens", "probs", "row_id_map", "tokens_per_expert", "group_sizes"]
+    for name, a, b in zip(names, res, ref):
+        if b is None:
+            assert a is None, name
+            continue
+        assert a.dtype == b.dtype, f"{name}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{name}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+        assert torch.equal(a, b), f"{name} differs from the reference"
+
+
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "dropless")
+@pytest.mark.parametrize("with_probs", [True, False])
+def test_reference_matches_contract(kind, mode, with_probs):
+    T, H, E, K = 23, 5, 6, 3
+    tokens, routing, probs = _inputs(T, H, E, K, kind, torch.float32)
+    probs = probs if with_probs else None
+    mode = dict(mode)
+    if "num_out_tokens" in mode:
+        mode["num_out_tokens"] = int((routing != 0).sum() if kind == "mask" else (routing >= 0).sum())
+    res = _run("reference", tokens, routing, probs, num_experts=E, **mode)
+    _assert_same(res, naive_permute(tokens, routing, probs, E, **mode))
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "T{}xH{}xE{}xK{}".format(*s))
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "dropless")
+def test_permute_matches_reference(backend, dtype, shape, kind, mode):
+    T, H, E, K = shape
+    if kind == "mask" and E > 64:
+        pytest.skip("mask routing is tested on the smaller expert counts (same code path)")
+    tokens, routing, probs = _inputs(T, H, E, K, kind, dtype)
+    mode = dict(mode)
+    if "num_out_tokens" in mode:
+        mode["num_out_tokens"] = int((routing != 0).sum() if kind == "mask" else (routing >= 0).sum())
+    ref = _run("reference", tokens, routing, probs, num_experts=E, **mode)
+    res = _run(backend, tokens, routing, probs, num_experts=E, **mode)
+    _assert_same(res, ref)
+    # padding rows and rows past the used ones are exactly zero
+    used = torch.zeros(res.tokens.shape[0], dtype=torch.bool)
+    rows = res.row_id_map[res.row_id_map >= 0].long()
+    used[rows] = True
+    assert (res.tokens[~used] == 0).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+def test_int32_and_int64_ids_agree(backend):
+    tokens, routing, probs = _inputs(40, 32, 8, 2, "index", torch.float32)
+    a = _run(backend, tokens, routing.to(torch.int32), probs, num_experts=8, capacity=7)
+    b = _run(backend, tokens, routing.to(torch.int64), probs, num_experts=8, capacity=7)
+    _assert_same(a, b)
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("case", ["empty_input", "expert_without_tokens", "all_to_one", "top1",
+                                  "all_slots_empty", "dropped_tokens"])
+def test_edge_cases(backend, case):
+    E = 5
+    tokens, routing, probs = _inputs(12, 16, E, 2, "index", torch.float32)
+    kwargs = dict(num_experts=E)
+    if case == "empty_input":
+        tokens, routing, probs = tokens[:0], routing[:0], probs[:0]
+    elif case == "expert_without_tokens":
+        routing[routing == 3] = 4
+    elif case == "all_to_one":
+        routing[:] = 2
+    elif case == "top1":
+        routing, probs = routing[:, :1].clone(), probs[:, :1].clone()
+        routing[routing < 0] = 0
+    elif case == "all_slots_empty":
+        routing[:] = -1
+    elif case == "dropped_tokens":
+        routing[:] = 1
+        kwargs["capacity"] = 3
+    ref = _run("reference", tokens, routing, probs, **kwargs)
+    res = _run(backend, tokens, routing, probs, **kwargs)
+    _assert_same(res, ref)
+    _assert_same(ref, naive_permute(tokens, routing, probs, E, kwargs.get("capacity")))
+    if case == "expert_without_tokens":
+        assert res.tokens_per_expert[3] == 0
+    if case == "dropped_tokens":
+        assert int((res.row_id_map >= 0).sum()) == 3 and int(res.tokens_per_expert[1]) == 3
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+def test_non_contiguous_inputs(backend):
+    tokens, routing, probs = _inputs(30, 64, 8, 4, "index", torch.float32)
+    t_nc = torch.randn(64, 30).t()  # transposed view
+    t_nc.copy_(tokens)
+    r_nc = torch.stack([routing, routing], 2).reshape(30, 8)[:, ::2]
+    p_nc = torch.stack([probs, probs], 2).reshape(30, 8)[:, ::2]
+    assert not (t_nc.is_contiguous() or r_nc.is_contiguous() or p_nc.is_contiguous())
+    _assert_same(_run(backend, t_nc, r_nc, p_nc, num_experts=8, align=2),
+                 _run("reference", tokens, routing, probs, num_experts=8, align=2))
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+def test_unused_tokens_do_not_leak_nan(backend):
+    tokens, routing, probs = _inputs(16, 8, 4, 2, "index", torch.float32)
+    routing[3] = -1
+    tokens[3] = float("nan")  # token 3 is routed nowhere
+    res = _run(backend, tokens, routing, probs, num_experts=4, align=4)
+    assert torch.isfinite(res.tokens).all() and torch.isfinite(res.probs).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", [dict(), dict(capacity=3), dict(align=4)], ids=["dropless", "capacity", "align"])
+def test_backward_matches_fp64_reference(backend, dtype, mode):
+    T, H, E, K = 24, 40, 6, 3
+    tokens, routing, probs = _inputs(T, H, E, K, "index", dtype)
+    g_tok = torch.randn(_run("reference", tokens, routing, probs, num_experts=E, **mode).tokens.shape)
+
+    def grads(bk, tok, pr):
+        tok = tok.clone().requires_grad_()
+        pr = pr.clone().requires_grad_()
+        r = _run(bk, tok, routing, pr, num_experts=E, **mode)
+        with amo.use_backend(bk):
+            ((r.tokens.double() * g_tok.double()).sum() + (r.probs.double() * torch.arange(
+                r.probs.numel(), dtype=torch.float64)).sum()).backward()
+        return tok.grad, pr.grad
+
+    gt, gp = grads(backend, tokens, probs)
+    rt, rp = grads("reference", tokens.double(), probs.double())
+    lt, _ = grads("reference", tokens, probs)  # the same math in PyTorch, same precision
+    assert_close_to_ref(gt, rt, dtype=dtype, torch_lowp=lt, name="grad tokens")
+    assert torch.equal(gp.double(), rp), "grad of probs is a pure gather: exact"
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("mode", [dict(), dict(capacity=4), dict(align=8)], ids=["dropless", "capacity", "align"])
+def test_opcheck(backend, mode):
+    tokens, routing, probs = _inputs(10, 16, 4, 2, "index", torch.float32)
+    tokens.requires_grad_()
+    probs.requires_grad_()
+    cap = mode.get("capacity", -1)
+    with amo.use_backend(backend):
+        torch.library.opcheck(torch.ops.ascend_moe_ops.moe_permute.default,
+                              (tokens, routing, probs, 4, cap, mode.get("align", 1), -1))
+        torch.library.opcheck(torch.ops.ascend_moe_ops.moe_permute.default,
+                              (tokens, routing, None, 4, cap, mode.get("align", 1), -1))
+
+
+def test_compile_fullgraph_round_trip():
+    tokens, routing, probs = _inputs(16, 32, 4, 2, "index", torch.float32)
+
+    def f(x, r, p):
+        out = amo.moe_permute(x, r, p, num_experts=4, align=2)
+        return amo.moe_unpermute(out.tokens * 3.0, out.row_id_map, p)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    x = tokens.clone().requires_grad_()
+    y = compiled(x, routing, probs)
+    y.sum().backward()
+    x2 = tokens.clone().requires_grad_()
+    y2 = f(x2, routing, probs)
+    y2.sum().backward()
+    assert torch.equal(y, y2) and torch.equal(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(tokens=torch.randn(4)), "tokens must be 2-D"),
+    (dict(tokens=torch.randint(0, 3, (4, 8))), "tokens must have dtype"),
+    (dict(routing=torch.zeros(5, 2, dtype=torch.int64)), "routing must have one row per token"),
+    (dict(routing=torch.zeros(4, 2)), "routing must have dtype"),
+    (dict(routing=torch.tensor([[0, 1], [2, 9], [0, 0], [1, 1]])), "routing .* outside the valid range"),
+    (dict(routing=torch.tensor([[0, 1], [2, -2], [0, 0], [1, 1]])), "routing .* outside the valid range"),
+    (dict(probs=torch.rand(4, 3)), "probs must have shape"),
+    (dict(probs=torch.ones(4, 2, dtype=torch.int64)), "probs must have dtype"),
+    (dict(num_experts=None), "num_experts is required"),
+    (dict(capacity=0), "capacity must be >= 1"),
+    (dict(align=0), "align must be >= 1"),
+    (dict(capacity=3, align=2), "align=2 must divide capacity=3"),
+    (dict(num_out_tokens=3), "num_out_tokens=3 is smaller than the 8 routed slots"),
+    (dict(capacity=2, num_out_tokens=3), "num_out_tokens cannot be combined with capacity"),
+    (dict(routing=torch.ones(4, 5, dtype=torch.bool)), "num_experts=4 does not match"),
+    (dict(probs=torch.rand(4, 2, device="meta")), "probs is on meta"),
+])
+def test_bad_inputs(bad, match):
+    args = dict(tokens=torch.randn(4, 8), routing=torch.tensor([[0, 1], [2, 3], [0, 0], [1, 1]]),
+                probs=torch.rand(4, 2), num_experts=4)
+    args.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        amo.moe_permute(args.pop("tokens"), args.pop("routing"), args.pop("probs"), **args)
+
+
+def test_output_size_is_static():
+    """Shapes depend only on argument shapes (no host sync needed to allocate)."""
+    assert ref_mod.output_rows(4096, 8, 256, -1, 1, -1) == 4096 * 8
+    assert ref_mod.output_rows(4096, 8, 256, -1, 16, -1) == 4096 * 8 + 256 * 15
+    assert ref_mod.output_rows(4096, 8, 256, 40, 1, -1) == 256 * 40
+    assert ref_mod.output_rows(4096, 8, 256, -1, 1, 100) == 100
