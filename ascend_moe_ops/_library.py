@@ -38,6 +38,37 @@ SCHEMAS = {
     # backward of moe_unpermute: (grad_permuted [N,H], grad_probs [T,K] (shape [0] without probs))
     "moe_unpermute_backward": "moe_unpermute_backward(Tensor grad_out, Tensor permuted, "
                               "Tensor row_id_map, Tensor? probs) -> (Tensor, Tensor)",
+    # flash_attention_fwd(q [T,H,Dq], k [T,H,Dk], v [T,H,Dv], k_rope [T,Dr] or None (a key part
+    # shared by every head: then Dq = Dk + Dr and score = q[:, :Dk]·k + q[:, Dk:]·k_rope),
+    # cu_seqlens [B+1] int32/int64 (packed sequences; causal within each), max_seqlen (>= the
+    # longest sequence), causal, softmax_scale) -> (out [T,H,Dv] in q's dtype,
+    # lse [H,T] natural-log logsumexp of the scaled scores, fp32 (fp64 for fp64 inputs))
+    "flash_attention_fwd": "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? k_rope, "
+                           "Tensor cu_seqlens, int max_seqlen, bool causal, float softmax_scale) "
+                           "-> (Tensor, Tensor)",
+    # flash_attention_bwd(grad_out [T,H,Dv], q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen,
+    # causal, softmax_scale) -> (dq [T,H,Dq], dk [T,H,Dk], dv [T,H,Dv], dk_rope [T,Dr] summed
+    # over heads (shape [0] without k_rope)), all in q's dtype
+    "flash_attention_bwd": "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, "
+                           "Tensor? k_rope, Tensor out, Tensor lse, Tensor cu_seqlens, "
+                           "int max_seqlen, bool causal, float softmax_scale) "
+                           "-> (Tensor, Tensor, Tensor, Tensor)",
+    # mla_attention_fwd(q [T,H,Dn+Dr], c_kv [T,Dc], k_pe [T,Dr], w_kv_up [H*(Dn+Dv),Dc],
+    # cu_seqlens [B+1], max_seqlen, num_heads H, qk_nope_dim Dn, v_dim Dv, softmax_scale, causal,
+    # save_kv) -> (out [T,H,Dv], lse [H,T] fp32, kv [T,H*(Dn+Dv)] the up-projected latent when
+    # save_kv (recompute="none"), else shape [0])
+    "mla_attention_fwd": "mla_attention_fwd(Tensor q, Tensor c_kv, Tensor k_pe, Tensor w_kv_up, "
+                         "Tensor cu_seqlens, int max_seqlen, int num_heads, int qk_nope_dim, "
+                         "int v_dim, float softmax_scale, bool causal, bool save_kv) "
+                         "-> (Tensor, Tensor, Tensor)",
+    # mla_attention_bwd(grad_out [T,H,Dv], q, c_kv, k_pe, w_kv_up, out, lse, kv ([0] = recompute
+    # it from c_kv and w_kv_up), cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
+    # softmax_scale, causal) -> (dq [T,H,Dn+Dr], dc_kv [T,Dc], dk_pe [T,Dr] (summed over heads),
+    # dw_kv_up [H*(Dn+Dv),Dc])
+    "mla_attention_bwd": "mla_attention_bwd(Tensor grad_out, Tensor q, Tensor c_kv, Tensor k_pe, "
+                         "Tensor w_kv_up, Tensor out, Tensor lse, Tensor kv, Tensor cu_seqlens, "
+                         "int max_seqlen, int num_heads, int qk_nope_dim, int v_dim, "
+                         "float softmax_scale, bool causal) -> (Tensor, Tensor, Tensor, Tensor)",
 }
 
 for _schema in SCHEMAS.values():

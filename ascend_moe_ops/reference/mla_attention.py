@@ -1,0 +1,44 @@
+"""Reference (specification) of ``mla_attention_fwd`` / ``mla_attention_bwd``: the naive MLA.
+
+Up-project the latent (``kv = c_kv @ w_kv_up^T``, viewed ``[T, H, Dn + Dv]`` and split into
+``K_nope`` and ``V``), append the shared rope key ``k_pe`` to every head's key, and run plain
+softmax attention (:mod:`ascend_moe_ops.reference.flash_attention`). The backward recomputes the
+up-projection when ``kv`` is not given (shape ``[0]``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import flash_attention as _fa
+
+
+def up_project(c_kv, w_kv_up):
+    return torch.nn.functional.linear(c_kv, w_kv_up)
+
+
+def _split(kv, num_heads, qk_nope_dim, v_dim):
+    kvh = kv.view(kv.shape[0], num_heads, qk_nope_dim + v_dim)
+    return kvh[..., :qk_nope_dim], kvh[..., qk_nope_dim:]
+
+
+def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim,
+                      v_dim, softmax_scale, causal, save_kv):
+    kv = up_project(c_kv, w_kv_up)
+    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    k = _fa.full_keys(k_nope, k_pe, num_heads)
+    out, lse = _fa.flash_attention_fwd(q, k, v, None, cu_seqlens, max_seqlen, causal, softmax_scale)
+    return out, lse, (kv if save_kv else kv.new_empty((0,)))
+
+
+def mla_attention_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen,
+                      num_heads, qk_nope_dim, v_dim, softmax_scale, causal):
+    if kv.numel() == 0:
+        kv = up_project(c_kv, w_kv_up)
+    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    dq, dk_nope, dv, dk_pe = _fa.flash_attention_bwd(grad_out, q, k_nope, v, k_pe, out, lse,
+                                                     cu_seqlens, max_seqlen, causal, softmax_scale)
+    dkv = torch.cat([dk_nope, dv], dim=-1).reshape(kv.shape)
+    dc_kv = dkv @ w_kv_up
+    dw = dkv.t() @ c_kv
+    return dq, dc_kv, dk_pe, dw
