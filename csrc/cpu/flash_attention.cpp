@@ -1,0 +1,340 @@
+// CPU flash attention, forward and backward (see flash_attention.h for the layout).
+//
+// Inputs are converted once to the accumulation type (fp32; fp64 for fp64 inputs), then every
+// tile product is a BLAS call on strided tiles of those buffers (no per-tile copies): scores are
+// two products when there is a shared key part (nope part with the per-head key, rope part with
+// the single k_rope head), so k_rope is never expanded per head. The softmax is the online
+// (running max / running sum) form, so no S x S matrix exists; causal runs skip fully masked
+// key blocks.
+//
+// Threads: the forward runs over (sequence, head, query block) items, the backward over
+// (sequence, head) items, each owning its rows of dq/dk/dv (no atomics, deterministic for any
+// thread count); the rope-key gradient is summed over heads afterwards in fixed head order.
+#include "cpu/flash_attention.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/registry.h"
+
+// BLAS from the MKL that the x86 torch wheels link statically (column-major Fortran ABI). Weak:
+// where the symbol is absent the tile products fall back to at::mm on the same buffers.
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
+            const float*, const int*, const float*, const int*, const float*, float*,
+            const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
+            const double*, const int*, const double*, const int*, const double*, double*,
+            const int*) __attribute__((weak));
+}
+
+namespace amo {
+namespace {
+
+// Query and key block sizes. 128x128 tiles keep the per-call BLAS overhead small next to a
+// 128x128x192 product while the causal diagonal waste stays at half a block per row.
+constexpr int64_t kBlockM = 128;
+constexpr int64_t kBlockN = 128;
+
+template <typename acc_t>
+at::Tensor tile(const acc_t* p, int64_t rows, int64_t cols, int64_t ld) {
+  auto opts = at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value);
+  return at::from_blob(const_cast<acc_t*>(p), {rows, cols}, {ld, 1}, opts);
+}
+
+// Row-major C[M,N] = alpha * op(A) op(B) + beta * C, op = transpose when ta/tb.
+template <typename acc_t>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const acc_t* A, int64_t lda,
+          const acc_t* B, int64_t ldb, acc_t beta, acc_t* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == acc_t(0) ? acc_t(0) : C[i * ldc + j] * beta;
+    return;
+  }
+  const acc_t one = 1;
+  // row-major C = A B  <=>  column-major C^T = B^T A^T
+  const char tra = tb ? 'T' : 'N', trb = ta ? 'T' : 'N';
+  const int m = (int)N, n = (int)M, k = (int)K, la = (int)ldb, lb = (int)lda, lc = (int)ldc;
+  if constexpr (std::is_same_v<acc_t, float>) {
+    if (sgemm_) { sgemm_(&tra, &trb, &m, &n, &k, &one, B, &la, A, &lb, &beta, C, &lc); return; }
+  } else {
+    if (dgemm_) { dgemm_(&tra, &trb, &m, &n, &k, &one, B, &la, A, &lb, &beta, C, &lc); return; }
+  }
+  auto a = ta ? tile(A, K, M, lda).t() : tile(A, M, K, lda);
+  auto b = tb ? tile(B, N, K, ldb).t() : tile(B, K, N, ldb);
+  auto c = tile(C, M, N, ldc);
+  if (beta == acc_t(0)) at::mm_out(c, a, b); else c.addmm_(a, b, beta, 1);
+}
+
+// exp for x <= 0 (scores minus the running max). fp32: 2^n * poly(r), |r| <= ln2/2, degree-6
+// Taylor (relative error ~1e-7), written so that the compiler vectorizes the loops using it.
+#pragma omp declare simd
+inline float exp_neg(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.4426950408889634f;
+  const float n = std::floor(t + 0.5f);
+  const float g = (t - n) * 0.6931471805599453f;
+  float p = 1.0f / 720.0f;
+  p = p * g + 1.0f / 120.0f;
+  p = p * g + 1.0f / 24.0f;
+  p = p * g + 1.0f / 6.0f;
+  p = p * g + 0.5f;
+  p = p * g + 1.0f;
+  p = p * g + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+inline double exp_neg(double x) { return std::exp(x); }
+
+// A [T, H, D] operand in the accumulation type, described by pointer and strides.
+template <typename acc_t>
+struct Operand {
+  at::Tensor holder;
+  const acc_t* p = nullptr;
+  int64_t st = 0, sh = 0, dim = 0;
+  const acc_t* at(int64_t t, int64_t h) const { return p + t * st + h * sh; }
+};
+
+template <typename acc_t>
+Operand<acc_t> operand(const at::Tensor& x) {
+  const auto acc = c10::CppTypeToScalarType<acc_t>::value;
+  at::Tensor t = x.scalar_type() == acc ? x : x.to(acc);
+  if (t.stride(-1) != 1) t = t.contiguous();
+  Operand<acc_t> o;
+  o.holder = t;
+  o.p = t.data_ptr<acc_t>();
+  o.dim = t.size(-1);
+  if (t.dim() == 3) { o.st = t.stride(0); o.sh = t.stride(1); }
+  else { o.st = t.stride(0); o.sh = 0; }  // [T, D]: one head shared by all
+  return o;
+}
+
+std::vector<int64_t> bounds_of(const at::Tensor& cu_seqlens) {
+  auto c = cu_seqlens.to(at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& k_rope, const at::Tensor& cu) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "flash_attention: q, k, v must be [T, H, D]");
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+              v.size(1) == q.size(1), "flash_attention: q, k, v must share [T, H]");
+  const int64_t dr = k_rope ? k_rope->size(-1) : 0;
+  TORCH_CHECK(k.size(2) + dr == q.size(2), "flash_attention: q head dim ", q.size(2),
+              " must equal k head dim ", k.size(2), " + k_rope dim ", dr);
+  if (k_rope) TORCH_CHECK(k_rope->dim() == 2 && k_rope->size(0) == q.size(0), "flash_attention: k_rope must be [T, Dr]");
+  TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 2, "flash_attention: cu_seqlens must be [B+1]");
+}
+
+template <typename acc_t, typename scalar_t>
+void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<acc_t>& V,
+                const Operand<acc_t>* KR, const std::vector<int64_t>& cu, int64_t H, bool causal,
+                acc_t scale, scalar_t* out, acc_t* lse, int64_t T) {
+  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim;
+  struct Item { int64_t b, h, q0; };
+  std::vector<Item> items;
+  for (size_t b = 0; b + 1 < cu.size(); ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t q0 = cu[b]; q0 < cu[b + 1]; q0 += kBlockM) items.push_back({(int64_t)b, h, q0});
+  // largest blocks (latest query blocks in causal runs) first, so static chunks balance better
+  if (causal) std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
+    return (x.q0 - cu[x.b]) > (y.q0 - cu[y.b]); });
+  const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
+  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> S(kBlockM * kBlockN), O(kBlockM * Dv), m(kBlockM), l(kBlockM);
+    for (int64_t it = begin; it < end; ++it) {
+      const auto [b, h, q0] = items[it];
+      const int64_t s = cu[b], e = cu[b + 1], mq = std::min(kBlockM, e - q0);
+      std::fill(O.begin(), O.begin() + mq * Dv, acc_t(0));
+      std::fill(m.begin(), m.end(), neg_inf);
+      std::fill(l.begin(), l.end(), acc_t(0));
+      const int64_t kv_end = causal ? q0 + mq : e;
+      const acc_t* Qp = Q.at(q0, h);
+      for (int64_t k0 = s; k0 < kv_end; k0 += kBlockN) {
+        const int64_t nk = std::min(kBlockN, kv_end - k0);
+        gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, h), K.st, 0, S.data(), kBlockN);
+        if (Dr) gemm<acc_t>(false, true, mq, nk, Dr, Qp + Dk, Q.st, KR->at(k0, 0), KR->st, 1, S.data(), kBlockN);
+        for (int64_t r = 0; r < mq; ++r) {
+          acc_t* srow = S.data() + r * kBlockN;
+          const int64_t valid = causal ? std::min(nk, q0 + r - k0 + 1) : nk;
+          if (valid <= 0) { std::fill(srow, srow + nk, acc_t(0)); continue; }
+          acc_t mx = neg_inf;
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, srow[j] * scale);
+          const acc_t mnew = std::max(m[r], mx);
+          const acc_t alpha = m[r] == neg_inf ? acc_t(0) : exp_neg(m[r] - mnew);
+          acc_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < valid; ++j) {
+            const acc_t p = exp_neg(srow[j] * scale - mnew);
+            srow[j] = p;
+            sum += p;
+          }
+          for (int64_t j = valid; j < nk; ++j) srow[j] = 0;
+          l[r] = l[r] * alpha + sum;
+          m[r] = mnew;
+          if (alpha != acc_t(1)) {
+            acc_t* orow = O.data() + r * Dv;
+            for (int64_t d = 0; d < Dv; ++d) orow[d] *= alpha;
+          }
+        }
+        gemm<acc_t>(false, false, mq, Dv, nk, S.data(), kBlockN, V.at(k0, h), V.st, 1, O.data(), Dv);
+      }
+      for (int64_t r = 0; r < mq; ++r) {
+        const acc_t inv = l[r] > 0 ? acc_t(1) / l[r] : acc_t(0);
+        scalar_t* orow = out + ((q0 + r) * H + h) * Dv;
+        const acc_t* src = O.data() + r * Dv;
+        for (int64_t d = 0; d < Dv; ++d) orow[d] = static_cast<scalar_t>(src[d] * inv);
+        lse[h * T + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : neg_inf;
+      }
+    }
+  });
+}
+
+template <typename acc_t>
+void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<acc_t>& V,
+                const Operand<acc_t>* KR, const Operand<acc_t>& dO, const acc_t* lse,
+                const acc_t* delta, const std::vector<int64_t>& cu, int64_t H, bool causal,
+                acc_t scale, int64_t T, acc_t* dq, acc_t* dk, acc_t* dv, acc_t* dkr_part) {
+  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim, Dq = Dk + Dr;
+  struct Item { int64_t b, h; };
+  std::vector<Item> items;
+  for (size_t b = 0; b + 1 < cu.size(); ++b)
+    for (int64_t h = 0; h < H; ++h)
+      if (cu[b + 1] > cu[b]) items.push_back({(int64_t)b, h});
+  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> P(kBlockM * kBlockN), dP(kBlockM * kBlockN);
+    for (int64_t it = begin; it < end; ++it) {
+      const auto [b, h] = items[it];
+      const int64_t s = cu[b], e = cu[b + 1];
+      for (int64_t k0 = s; k0 < e; k0 += kBlockN) {
+        const int64_t nk = std::min(kBlockN, e - k0);
+        acc_t* dKp = dk + (k0 * H + h) * Dk;
+        acc_t* dVp = dv + (k0 * H + h) * Dv;
+        acc_t* dKRp = Dr ? dkr_part + (h * T + k0) * Dr : nullptr;
+        for (int64_t q0 = causal ? k0 : s; q0 < e; q0 += kBlockM) {
+          const int64_t mq = std::min(kBlockM, e - q0);
+          const acc_t* Qp = Q.at(q0, h);
+          const acc_t* dOp = dO.at(q0, h);
+          gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, h), K.st, 0, P.data(), kBlockN);
+          if (Dr) gemm<acc_t>(false, true, mq, nk, Dr, Qp + Dk, Q.st, KR->at(k0, 0), KR->st, 1, P.data(), kBlockN);
+          for (int64_t r = 0; r < mq; ++r) {
+            acc_t* prow = P.data() + r * kBlockN;
+            const acc_t L = lse[h * T + q0 + r];
+            const int64_t valid = causal ? std::max<int64_t>(0, std::min(nk, q0 + r - k0 + 1)) : nk;
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) prow[j] = exp_neg(prow[j] * scale - L);
+            for (int64_t j = valid; j < nk; ++j) prow[j] = 0;
+          }
+          // dV += P^T dO
+          gemm<acc_t>(true, false, nk, Dv, mq, P.data(), kBlockN, dOp, dO.st, 1, dVp, H * Dv);
+          // dP = dO V^T
+          gemm<acc_t>(false, true, mq, nk, Dv, dOp, dO.st, V.at(k0, h), V.st, 0, dP.data(), kBlockN);
+          // dS = P * (dP - delta) * scale   (stored in dP)
+          for (int64_t r = 0; r < mq; ++r) {
+            const acc_t D = delta[h * T + q0 + r];
+            acc_t* drow = dP.data() + r * kBlockN;
+            const acc_t* prow = P.data() + r * kBlockN;
+#pragma omp simd
+            for (int64_t j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D) * scale;
+          }
+          acc_t* dQp = dq + (q0 * H + h) * Dq;
+          gemm<acc_t>(false, false, mq, Dk, nk, dP.data(), kBlockN, K.at(k0, h), K.st, 1, dQp, H * Dq);
+          if (Dr) gemm<acc_t>(false, false, mq, Dr, nk, dP.data(), kBlockN, KR->at(k0, 0), KR->st, 1, dQp + Dk, H * Dq);
+          gemm<acc_t>(true, false, nk, Dk, mq, dP.data(), kBlockN, Qp, Q.st, 1, dKp, H * Dk);
+          if (Dr) gemm<acc_t>(true, false, nk, Dr, mq, dP.data(), kBlockN, Qp + Dk, Q.st, 1, dKRp, Dr);
+        }
+      }
+    }
+  });
+}
+
+at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+    bool causal, double softmax_scale) {
+  check_inputs(q, k, v, k_rope, cu_seqlens);
+  const int64_t T = q.size(0), H = q.size(1), Dv = v.size(2);
+  const auto acc = acc_type(q.scalar_type());
+  auto out = at::zeros({T, H, Dv}, q.options());
+  auto lse = at::full({H, T}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
+  const auto cu = bounds_of(cu_seqlens);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flash_attention_fwd", [&] {
+    if (acc == at::kDouble) {
+      using acc_t = double;
+      auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v);
+      std::optional<Operand<acc_t>> KR;
+      if (k_rope) KR = operand<acc_t>(*k_rope);
+      fwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, cu, H, causal, (acc_t)softmax_scale,
+                                  out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(), T);
+    } else {
+      using acc_t = float;
+      auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v);
+      std::optional<Operand<acc_t>> KR;
+      if (k_rope) KR = operand<acc_t>(*k_rope);
+      fwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, cu, H, causal, (acc_t)softmax_scale,
+                                  out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(), T);
+    }
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale) {
+  check_inputs(q, k, v, k_rope, cu_seqlens);
+  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
+  const int64_t Dr = k_rope ? k_rope->size(1) : 0;
+  const auto acc = acc_type(q.scalar_type());
+  auto fopts = q.options().dtype(acc);
+  auto dq = at::zeros({T, H, Dq}, fopts), dk = at::zeros({T, H, Dk}, fopts), dv = at::zeros({T, H, Dv}, fopts);
+  auto dkr_part = at::zeros({Dr ? H : 0, T, Dr}, fopts);
+  // delta[h, t] = sum_d dO * O (the softmax-backward row term), in the accumulation type
+  auto delta = (grad_out.to(acc) * out.to(acc)).sum(-1).t().contiguous();
+  auto lse_acc = lse.to(acc).contiguous();
+  const auto cu = bounds_of(cu_seqlens);
+  auto run = [&](auto zero) {
+    using acc_t = decltype(zero);
+    auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v), dO = operand<acc_t>(grad_out);
+    std::optional<Operand<acc_t>> KR;
+    if (k_rope) KR = operand<acc_t>(*k_rope);
+    bwd_kernel<acc_t>(Q, K, V, KR ? &*KR : nullptr, dO, lse_acc.data_ptr<acc_t>(),
+                      delta.data_ptr<acc_t>(), cu, H, causal, (acc_t)softmax_scale, T,
+                      dq.data_ptr<acc_t>(), dk.data_ptr<acc_t>(), dv.data_ptr<acc_t>(),
+                      Dr ? dkr_part.data_ptr<acc_t>() : nullptr);
+  };
+  if (acc == at::kDouble) run(double(0)); else run(float(0));
+  at::Tensor dkr;
+  if (Dr) {
+    // fixed head order: the same bits for any thread count
+    dkr = dkr_part[0].clone();
+    for (int64_t h = 1; h < H; ++h) dkr.add_(dkr_part[h]);
+    dkr = dkr.to(q.scalar_type());
+  } else {
+    dkr = at::empty({0}, q.options());
+  }
+  return {dq.to(q.scalar_type()), dk.to(q.scalar_type()), dv.to(q.scalar_type()), dkr};
+}
+
+}  // namespace amo
+
+AMO_REGISTER(flash_attention) {
+  m.def("flash_attention_fwd", &amo::flash_attention_fwd_cpu,
+        "flash attention forward (q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale)");
+  m.def("flash_attention_bwd", &amo::flash_attention_bwd_cpu,
+        "flash attention backward (grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, "
+        "causal, softmax_scale)");
+}

@@ -1,0 +1,26 @@
+// Blocked flash attention on the CPU (forward and backward), shared by flash_attention.cpp and
+// mla_attention.cpp. Layout: packed [T, H, D] tokens (any token/head strides, unit stride in D),
+// sequences delimited by cu_seqlens [B+1]; optional shared key part k_rope [T, Dr] (one head for
+// all heads: score = q[:, :Dk].k + q[:, Dk:].k_rope).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <tuple>
+
+namespace amo {
+
+// (out [T,H,Dv] in q's dtype, lse [H,T] fp32 (fp64 for fp64 inputs))
+std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_seqlens, int64_t max_seqlen,
+    bool causal, double softmax_scale);
+
+// (dq, dk, dv, dk_rope (shape [0] without k_rope)), in q's dtype
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale);
+
+}  // namespace amo

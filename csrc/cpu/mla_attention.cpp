@@ -1,0 +1,53 @@
+// MLA on the CPU: the latent up-projection is one GEMM (at::linear), the attention is the blocked
+// flash kernel of flash_attention.cpp with the nope key per head (a strided view into the
+// up-projected kv, no copy) and the rope key k_pe as the single shared key part.
+// The backward recomputes kv with the very same call when it was not saved, so both recompute
+// modes give the same bits.
+#include "common/registry.h"
+#include "cpu/flash_attention.h"
+
+namespace amo {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> split_kv(const at::Tensor& kv, int64_t H, int64_t Dn, int64_t Dv) {
+  auto kvh = kv.view({kv.size(0), H, Dn + Dv});
+  return {kvh.narrow(2, 0, Dn), kvh.narrow(2, Dn, Dv)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_attention_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& c_kv, const at::Tensor& k_pe, const at::Tensor& w,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv,
+    double softmax_scale, bool causal, bool save_kv) {
+  TORCH_CHECK(w.size(0) == H * (Dn + Dv), "mla_attention: w_kv_up must have H*(Dn+Dv) rows");
+  auto kv = at::linear(c_kv, w);
+  auto [k_nope, v] = split_kv(kv, H, Dn, Dv);
+  auto [out, lse] = flash_attention_fwd_cpu(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal, softmax_scale);
+  return {out, lse, save_kv ? kv : at::empty({0}, kv.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& c_kv, const at::Tensor& k_pe,
+    const at::Tensor& w, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& kv_saved,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv,
+    double softmax_scale, bool causal) {
+  auto kv = kv_saved.numel() ? kv_saved : at::linear(c_kv, w);
+  auto [k_nope, v] = split_kv(kv, H, Dn, Dv);
+  auto [dq, dk, dv, dkpe] = flash_attention_bwd_cpu(grad_out, q, k_nope, v, k_pe, out, lse,
+                                                    cu_seqlens, max_seqlen, causal, softmax_scale);
+  auto dkv = at::cat({dk, dv}, 2).view({kv.size(0), H * (Dn + Dv)});
+  auto dc = at::mm(dkv, w);
+  auto dw = at::mm(dkv.t(), c_kv);
+  return {dq, dc, dkpe, dw};
+}
+
+}  // namespace
+}  // namespace amo
+
+AMO_REGISTER(mla_attention) {
+  m.def("mla_attention_fwd", &amo::mla_attention_fwd_cpu,
+        "MLA forward (q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, "
+        "v_dim, softmax_scale, causal, save_kv)");
+  m.def("mla_attention_bwd", &amo::mla_attention_bwd_cpu,
+        "MLA backward (grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, "
+        "num_heads, qk_nope_dim, v_dim, softmax_scale, causal)");
+}
