@@ -58,6 +58,8 @@ def _check_against_reference(backend, dtype, tensors, **kw):
 @pytest.mark.parametrize("layout", ["batch", "varlen"])
 def test_matches_reference(backend, dtype, causal, layout):
     _skip(backend, dtype)
+    if backend == "reference" and dtype != torch.float32:
+        pytest.skip("the reference in low precision is the comparison itself")
     Dq, Dv = DIMS.get(backend, REAL_DIMS)
     key = backend if backend in VARLEN else "default"
     H = BATCH[key][2]
