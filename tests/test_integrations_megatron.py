@@ -321,3 +321,33 @@ def test_gradients_match_megatron_core(dtype, drop_and_pad):
     assert_close_to_ref(y, y64, dtype=dtype, torch_lowp=ym, name="output")
     assert_close_to_ref(gt, gt64, dtype=dtype, torch_lowp=gtm, name="grad tokens")
     assert_close_to_ref(gp, gp64, dtype=torch.float32, torch_lowp=gpm, name="grad probs")
+
+
+# ---------------------------------------------------------------- the benchmark's peer
+def _bench_module():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_moe_permute.py"
+    spec = importlib.util.spec_from_file_location("amo_bench_moe_permute_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bench_peer_reimplementation_is_megatron(dtype):
+    """The benchmark's fallback peer ("megatron-algorithm (reimplemented)") computes what the
+    oracle (and megatron-core, when installed) computes, so its timings are of the right work."""
+    bench = _bench_module()
+    tokens, mask, probs = make_inputs(40, 24, 8, 3, dtype, skew=True)
+    got = bench._alg_permute(tokens, mask, probs)
+    _assert_permute_equal(got, alg_permute(tokens, mask, probs))
+    rows = torch.randn(got[0].shape).to(dtype)
+    out = bench._alg_unpermute(rows, got[2], tokens.shape, probs=probs, routing_map=mask)
+    ref64 = alg_unpermute(rows, got[2], tokens.shape, probs, mask)
+    assert_close_to_ref(out, ref64, dtype=dtype, torch_lowp=alg_unpermute(
+        rows, got[2], tokens.shape, probs, mask, dtype=dtype))
+    if mcore is not None:
+        _assert_permute_equal(got, mcore.permute(tokens, mask, probs=probs))
+        ref = mcore.unpermute(rows, got[2], tokens.shape, probs=probs, routing_map=mask)
+        assert torch.equal(out, ref)
