@@ -12,7 +12,12 @@ Peer, timed in the same process: Megatron-Core's pure-PyTorch ``moe_utils.permut
 if it cannot be imported, a reimplementation of its published algorithm (``_alg_permute`` below:
 transpose the mask, masked_select the token ids, index_select the rows; unpermute: scale the rows by
 the probs gathered the same way, scatter_add into a zero ``[T, H]`` buffer) labelled
-"megatron-algorithm (reimplemented)".
+"megatron-algorithm (reimplemented)". ``ASCEND_MOE_OPS_BENCH_NO_MCORE=1`` forces the latter.
+
+Also timed: the Megatron drop-in ``ascend_moe_ops.integrations.megatron`` (same arguments and
+outputs as the peer) on the default backend, unless that is the reference (which handles the
+``[T, E]`` mask by materializing all ``T*E`` slots). The Triton backend is not timed on the CPU
+(only its interpreter runs there); rows say which backends were left out and why.
 """
 
 from __future__ import annotations
@@ -155,7 +160,7 @@ def _case_rows(ctx, shape, routing, peer):
     p_rows, _, p_si = p_perm(tokens, mask, probs=dense, num_out_tokens=N)
     t_peer_perm = timed(lambda: p_perm(tokens, mask, probs=dense, num_out_tokens=N))
     t_peer_unperm = timed(lambda: p_unperm(p_rows, p_si, tokens.shape, probs=dense,
-                                              routing_map=mask))
+                                           routing_map=mask))
     x_p = tokens.clone().requires_grad_()
     pr_p = dense.clone().requires_grad_()
     g = torch.randn(T, H, generator=torch.Generator().manual_seed(1)).to(DTYPE).to(device)
@@ -208,7 +213,7 @@ def _case_rows(ctx, shape, routing, peer):
     a_rows, _, a_si = mg.permute(tokens, mask, probs=dense, num_out_tokens=N)
     t_a_perm = timed(lambda: mg.permute(tokens, mask, probs=dense, num_out_tokens=N))
     t_a_unperm = timed(lambda: mg.unpermute(a_rows, a_si, tokens.shape, probs=dense,
-                                               routing_map=mask))
+                                            routing_map=mask))
     extra = dict(base_extra, adapter="ascend_moe_ops.integrations.megatron (same arguments and "
                  "outputs as the peer; includes sorted_indices <-> row_id_map conversion)")
     out += [
