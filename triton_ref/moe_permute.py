@@ -36,9 +36,10 @@ argument shapes (``output_rows``).
 **Data movement** (Triton, rows copied bitwise in the token dtype):
 
 * ``_mark_kernel`` flags the destination rows that some slot fills (``int8 [N]``);
-* ``_permute_kernel``: one program per (source token, ``BLOCK_H`` columns) loads that piece of
-  the token once and stores it to each kept destination row of the token (and its prob, from the
-  first column block): every token row is read once, every used output row written once;
+* ``_permute_kernel``: one program per (``BLOCK_T`` source tokens, ``BLOCK_H`` columns) loads that
+  tile of tokens once and, slot by slot, stores each token's piece to its kept destination row
+  (and its prob, from the first column block): every token row is read once, every used output
+  row written once;
 * ``_zero_unused_kernel``: one program per (``BLOCK_R`` rows, ``BLOCK_H`` columns) writes zeros
   to the rows nobody fills (alignment/capacity padding, rows past the used ones), so the output
   is allocated with ``torch.empty`` and never written twice.
@@ -54,7 +55,7 @@ import triton.language as tl
 
 from ascend_moe_ops.reference import moe_permute as _ref
 
-from ._utils import block_h, interpreted, launch
+from ._utils import block_h, interpreted, launch, token_tile
 
 
 @triton.jit
@@ -134,24 +135,22 @@ def _mark_kernel(map_ptr, used_ptr, P, N, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def _permute_kernel(tok_ptr, map_ptr, probs_ptr, out_ptr, out_probs_ptr, S, H,
-                    HAS_PROBS: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _permute_kernel(tok_ptr, map_ptr, probs_ptr, out_ptr, out_probs_ptr, T, S, H,
+                    HAS_PROBS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = toks < T
     hb = tl.program_id(1)
     cols = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = cols < H
-    x = tl.load(tok_ptr + t * H + cols, mask=hm)
-    zero = tl.zeros([BLOCK_H], dtype=tl.int64)
+    x = tl.load(tok_ptr + toks[:, None] * H + cols[None, :], mask=tm[:, None] & hm[None, :])
     for s in range(S):
-        row = tl.load(map_ptr + t * S + s).to(tl.int64)
-        keep = row >= 0
-        # masks are built from a broadcast row vector: the interpreter (triton 3.9) rejects
-        # `vector_mask & scalar_mask`
-        tl.store(out_ptr + row * H + cols, x, mask=hm & (zero + row >= 0))
+        rows = tl.load(map_ptr + toks * S + s, mask=tm, other=-1).to(tl.int64)
+        keep = rows >= 0
+        tl.store(out_ptr + rows[:, None] * H + cols[None, :], x, mask=keep[:, None] & hm[None, :])
         if HAS_PROBS:
-            pkeep = keep & (hb == 0)
-            p = tl.load(probs_ptr + t * S + s, mask=pkeep)
-            tl.store(out_probs_ptr + row, p, mask=pkeep)
+            if hb == 0:
+                p = tl.load(probs_ptr + toks * S + s, mask=keep)
+                tl.store(out_probs_ptr + rows, p, mask=keep)
 
 
 @triton.jit
@@ -245,9 +244,9 @@ def moe_permute(tokens: torch.Tensor, routing: torch.Tensor, probs, num_experts:
     else:
         out_probs = torch.empty(0, dtype=torch.float32, device=tokens.device)
     has_probs = probs is not None
-    bh = block_h(H, tokens)
-    launch(_permute_kernel, (T, max(1, triton.cdiv(H, bh))), tokens, row_id_map,
-           probs if has_probs else tokens, out, out_probs if has_probs else out, S, H,
-           HAS_PROBS=has_probs, BLOCK_H=bh)
+    bt, bh = token_tile(H, tokens)
+    launch(_permute_kernel, (triton.cdiv(T, bt), max(1, triton.cdiv(H, bh))), tokens, row_id_map,
+           probs if has_probs else tokens, out, out_probs if has_probs else out, T, S, H,
+           HAS_PROBS=has_probs, BLOCK_T=bt, BLOCK_H=bh)
     zero_unused_rows(used_rows(row_id_map, N), out, out_probs if has_probs else None)
     return out, out_probs, row_id_map, tpe, gs

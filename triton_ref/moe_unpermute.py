@@ -1,17 +1,17 @@
 """Triton backend of ``moe_unpermute`` and its backward op (specification:
 ``ascend_moe_ops/reference/moe_unpermute.py``).
 
-* ``_unpermute_kernel``: one program per (token, ``BLOCK_H`` columns) sums the token's slots in
-  ascending slot order in fp32 registers (fp64 for fp64 inputs) and stores once in the dtype of
-  ``permuted``. No atomics, a fixed order: bitwise reproducible run to run. A slot that is not kept
-  (``row_id_map < 0``) is skipped with a mask: its row is never read and its prob never used, so
-  NaN in unused rows (or in the prob of a dropped slot) cannot leak.
-* ``_unpermute_bwd_kernel``: one program per token walks the columns in ``BLOCK_H`` blocks,
-  scatters ``w * grad_out[t]`` (cast to the dtype of ``permuted``) to the kept destination rows
-  and, with probs, accumulates ``dot(permuted[row], grad_out[t])`` per slot in fp32 in a fixed
-  order (per-block tree sums, blocks in ascending order): deterministic, no atomics. Rows that no
-  slot points to are zeroed by ``moe_permute``'s ``_zero_unused_kernel`` (the gradient buffer is
-  allocated with ``torch.empty`` and written exactly once).
+* ``_unpermute_kernel``: one program per (``BLOCK_T`` tokens, ``BLOCK_H`` columns) sums each
+  token's slots in ascending slot order in fp32 registers (fp64 for fp64 inputs) and stores once
+  in the dtype of ``permuted``. No atomics, a fixed order: bitwise reproducible run to run. A slot
+  that is not kept (``row_id_map < 0``) is skipped with a mask: its row is never read and its prob
+  never used, so NaN in unused rows (or in the prob of a dropped slot) cannot leak.
+* ``_unpermute_bwd_kernel``: one program per ``BLOCK_T`` tokens walks the columns in ``BLOCK_H``
+  blocks, scatters each token's ``w * grad_out[t]`` (cast to the dtype of ``permuted``) to its
+  kept destination rows and, with probs, accumulates ``dot(permuted[row], grad_out[t])`` per slot
+  in fp32 in a fixed order (per-block tree sums, blocks in ascending order): deterministic, no
+  atomics. Rows that no slot points to are zeroed by ``moe_permute``'s ``_zero_unused_kernel``
+  (the gradient buffer is allocated with ``torch.empty`` and written exactly once).
 
 Row offsets are 64-bit.
 """
@@ -22,65 +22,69 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import acc_dtype, block_h, launch
+from ._utils import acc_dtype, launch, token_tile
 from .moe_permute import used_rows, zero_unused_rows
 
 
 @triton.jit
-def _unpermute_kernel(perm_ptr, map_ptr, probs_ptr, out_ptr, N, S, H,
-                      HAS_PROBS: tl.constexpr, ACC: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _unpermute_kernel(perm_ptr, map_ptr, probs_ptr, out_ptr, N, T, S, H,
+                      HAS_PROBS: tl.constexpr, ACC: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = toks < T
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = cols < H
-    acc = tl.zeros([BLOCK_H], dtype=ACC)
-    zero = tl.zeros([BLOCK_H], dtype=tl.int64)
-    for s in range(S):
-        row = tl.load(map_ptr + t * S + s).to(tl.int64)
-        kept = (row >= 0) & (row < N)
-        # vector mask from a broadcast row (the interpreter rejects `vector & scalar` masks)
-        rowv = zero + row
-        keptv = (rowv >= 0) & (rowv < N)
-        x = tl.load(perm_ptr + row * H + cols, mask=hm & keptv, other=0.0).to(ACC)
+    acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=ACC)
+    for s in range(S):  # ascending slot order: a fixed summation order
+        rows = tl.load(map_ptr + toks * S + s, mask=tm, other=-1).to(tl.int64)
+        kept = (rows >= 0) & (rows < N)
+        x = tl.load(perm_ptr + rows[:, None] * H + cols[None, :],
+                    mask=kept[:, None] & hm[None, :], other=0.0).to(ACC)
         if HAS_PROBS:
-            w = tl.load(probs_ptr + t * S + s, mask=kept, other=0.0).to(ACC)
-            x = x * w
-        acc += tl.where(keptv, x, 0.0)
-    tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=hm)
+            w = tl.load(probs_ptr + toks * S + s, mask=kept, other=0.0).to(ACC)
+            x = x * w[:, None]
+        acc += tl.where(kept[:, None], x, 0.0)
+    tl.store(out_ptr + toks[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=tm[:, None] & hm[None, :])
 
 
 @triton.jit
-def _unpermute_bwd_kernel(g_ptr, perm_ptr, map_ptr, probs_ptr, gperm_ptr, gprobs_ptr, N, S, H, HP,
-                          HAS_PROBS: tl.constexpr, ACC: tl.constexpr, BLOCK_H: tl.constexpr,
-                          S_PAD: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _unpermute_bwd_kernel(g_ptr, perm_ptr, map_ptr, probs_ptr, gperm_ptr, gprobs_ptr,
+                          N, T, S, H, HP,
+                          HAS_PROBS: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
+                          BLOCK_H: tl.constexpr, S_PAD: tl.constexpr):
+    toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tm = toks < T
     sidx = tl.arange(0, S_PAD)
-    dots = tl.zeros([S_PAD], dtype=ACC)
-    zero = tl.zeros([BLOCK_H], dtype=tl.int64)
+    dots = tl.zeros([BLOCK_T, S_PAD], dtype=ACC)
     for h0 in range(0, H, BLOCK_H):
         cols = h0 + tl.arange(0, BLOCK_H)
         hm = cols < H
-        g = tl.load(g_ptr + t * H + cols, mask=hm, other=0.0).to(ACC)
+        g = tl.load(g_ptr + toks[:, None] * H + cols[None, :], mask=tm[:, None] & hm[None, :],
+                    other=0.0).to(ACC)
         for s in range(S):
-            row = tl.load(map_ptr + t * S + s).to(tl.int64)
-            kept = (row >= 0) & (row < N)
-            rowv = zero + row  # vector masks: the interpreter rejects `vector & scalar`
-            keptv = hm & (rowv >= 0) & (rowv < N)
+            rows = tl.load(map_ptr + toks * S + s, mask=tm, other=-1).to(tl.int64)
+            kept = (rows >= 0) & (rows < N)
+            m2 = kept[:, None] & hm[None, :]
             if HAS_PROBS:
-                w = tl.load(probs_ptr + t * S + s, mask=kept, other=0.0).to(ACC)
-                v = g * w
+                w = tl.load(probs_ptr + toks * S + s, mask=kept, other=0.0).to(ACC)
+                v = g * w[:, None]
             else:
                 v = g
-            tl.store(gperm_ptr + row * H + cols, v.to(gperm_ptr.dtype.element_ty), mask=keptv)
+            tl.store(gperm_ptr + rows[:, None] * H + cols[None, :],
+                     v.to(gperm_ptr.dtype.element_ty), mask=m2)
             if HAS_PROBS:
-                x = tl.load(perm_ptr + row * HP + cols, mask=keptv, other=0.0).to(ACC)
-                d = tl.sum(tl.where(keptv, x * g, 0.0), axis=0)
-                dots = tl.where(sidx == s, dots + d, dots)
+                x = tl.load(perm_ptr + rows[:, None] * HP + cols[None, :], mask=m2,
+                            other=0.0).to(ACC)
+                d = tl.sum(tl.where(m2, x * g, 0.0), axis=1)
+                dots = tl.where(sidx[None, :] == s, dots + d[:, None], dots)
     if HAS_PROBS:
-        smask = sidx < S
-        rows = tl.load(map_ptr + t * S + sidx, mask=smask, other=-1).to(tl.int64)
+        m2 = tm[:, None] & (sidx < S)[None, :]
+        offs = toks[:, None] * S + sidx[None, :]
+        rows = tl.load(map_ptr + offs, mask=m2, other=-1).to(tl.int64)
         kept = (rows >= 0) & (rows < N)
-        tl.store(gprobs_ptr + t * S + sidx,
-                 tl.where(kept, dots, 0.0).to(gprobs_ptr.dtype.element_ty), mask=smask)
+        tl.store(gprobs_ptr + offs, tl.where(kept, dots, 0.0).to(gprobs_ptr.dtype.element_ty),
+                 mask=m2)
 
 
 def moe_unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs) -> torch.Tensor:
@@ -92,10 +96,10 @@ def moe_unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs) -> to
     N, H = permuted.shape
     T, S = row_id_map.shape
     out = torch.empty(T, H, dtype=permuted.dtype, device=permuted.device)
-    bh = block_h(H, permuted)
-    launch(_unpermute_kernel, (T, triton.cdiv(H, bh)), permuted, row_id_map,
-           probs if probs is not None else permuted, out, N, S, H,
-           HAS_PROBS=probs is not None, ACC=acc_dtype(permuted.dtype), BLOCK_H=bh)
+    bt, bh = token_tile(H, permuted)
+    launch(_unpermute_kernel, (triton.cdiv(T, bt), triton.cdiv(H, bh)), permuted, row_id_map,
+           probs if probs is not None else permuted, out, N, T, S, H,
+           HAS_PROBS=probs is not None, ACC=acc_dtype(permuted.dtype), BLOCK_T=bt, BLOCK_H=bh)
     return out
 
 
@@ -119,11 +123,11 @@ def moe_unpermute_backward(grad_out: torch.Tensor, permuted: torch.Tensor, row_i
         grad_probs = torch.empty(T, S, dtype=probs.dtype, device=dev)
     else:
         grad_probs = torch.empty(0, dtype=torch.float32, device=dev)
-    bh = block_h(H, grad_out)
-    launch(_unpermute_bwd_kernel, (T,), grad_out, permuted, row_id_map,
+    bt, bh = token_tile(H, grad_out)
+    launch(_unpermute_bwd_kernel, (triton.cdiv(T, bt),), grad_out, permuted, row_id_map,
            probs if has_probs else grad_out, grad_perm, grad_probs if has_probs else grad_perm,
-           N, S, H, permuted.shape[1],
-           HAS_PROBS=has_probs, ACC=acc_dtype(permuted.dtype), BLOCK_H=bh,
+           N, T, S, H, permuted.shape[1],
+           HAS_PROBS=has_probs, ACC=acc_dtype(permuted.dtype), BLOCK_T=bt, BLOCK_H=bh,
            S_PAD=triton.next_power_of_2(max(S, 1)))
     zero_unused_rows(used_rows(row_id_map, N), grad_perm, None)
     return grad_perm, grad_probs
