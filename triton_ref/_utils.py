@@ -6,6 +6,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 
 def interpreted(t: torch.Tensor) -> bool:
@@ -38,5 +39,24 @@ def token_tile(H: int, t: torch.Tensor):
 
 def acc_dtype(dtype: torch.dtype):
     """Accumulation type: fp32 for fp32/fp16/bf16, fp64 for fp64 inputs."""
-    import triton.language as tl
     return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def rtne_bf16_workaround(out_dtype: torch.dtype, t: torch.Tensor) -> bool:
+    """True when fp32 -> bf16 casts must be rounded by hand (:func:`cast_out`): triton 3.9's
+    interpreter truncates fp32 -> bf16 (round toward zero; its ``"rtne"`` mode rounds ties up and
+    can drop the carry into the exponent), whereas GPUs and PyTorch round to nearest even."""
+    return out_dtype == torch.bfloat16 and interpreted(t)
+
+
+@triton.jit
+def cast_out(x, out_ty: tl.constexpr, RTNE_BF16: tl.constexpr):
+    """``x.to(out_ty)``; with ``RTNE_BF16`` (out_ty is bf16, interpreter) an exact integer
+    round-to-nearest-even of fp32 ``x`` to bf16, the rounding PyTorch and GPUs use."""
+    if RTNE_BF16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        hi = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        hi = tl.where(x != x, 0x7FC0, hi)  # NaN stays NaN
+        return hi.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(out_ty)

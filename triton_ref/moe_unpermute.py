@@ -13,7 +13,9 @@
   atomics. Rows that no slot points to are zeroed by ``moe_permute``'s ``_zero_unused_kernel``
   (the gradient buffer is allocated with ``torch.empty`` and written exactly once).
 
-Row offsets are 64-bit.
+Row offsets are 64-bit. Under the interpreter, fp32 -> bf16 stores are rounded by hand
+(``_utils.cast_out``) because the interpreter truncates; with that the CPU results are bitwise equal
+to the reference's (same fp32 products and sums in the same order).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._utils import acc_dtype, launch, token_tile
+from ._utils import acc_dtype, cast_out, launch, rtne_bf16_workaround, token_tile
 from .moe_permute import used_rows, zero_unused_rows
 
 
 @triton.jit
 def _unpermute_kernel(perm_ptr, map_ptr, probs_ptr, out_ptr, N, T, S, H,
-                      HAS_PROBS: tl.constexpr, ACC: tl.constexpr,
+                      HAS_PROBS: tl.constexpr, ACC: tl.constexpr, RTNE_OUT: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tm = toks < T
@@ -44,14 +46,15 @@ def _unpermute_kernel(perm_ptr, map_ptr, probs_ptr, out_ptr, N, T, S, H,
             w = tl.load(probs_ptr + toks * S + s, mask=kept, other=0.0).to(ACC)
             x = x * w[:, None]
         acc += tl.where(kept[:, None], x, 0.0)
-    tl.store(out_ptr + toks[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + toks[:, None] * H + cols[None, :], cast_out(acc, out_ptr.dtype.element_ty, RTNE_OUT),
              mask=tm[:, None] & hm[None, :])
 
 
 @triton.jit
 def _unpermute_bwd_kernel(g_ptr, perm_ptr, map_ptr, probs_ptr, gperm_ptr, gprobs_ptr,
                           N, T, S, H, HP,
-                          HAS_PROBS: tl.constexpr, ACC: tl.constexpr, BLOCK_T: tl.constexpr,
+                          HAS_PROBS: tl.constexpr, ACC: tl.constexpr, RTNE_GRAD: tl.constexpr,
+                          RTNE_GPROBS: tl.constexpr, BLOCK_T: tl.constexpr,
                           BLOCK_H: tl.constexpr, S_PAD: tl.constexpr):
     toks = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tm = toks < T
@@ -72,7 +75,7 @@ def _unpermute_bwd_kernel(g_ptr, perm_ptr, map_ptr, probs_ptr, gperm_ptr, gprobs
             else:
                 v = g
             tl.store(gperm_ptr + rows[:, None] * H + cols[None, :],
-                     v.to(gperm_ptr.dtype.element_ty), mask=m2)
+                     cast_out(v, gperm_ptr.dtype.element_ty, RTNE_GRAD), mask=m2)
             if HAS_PROBS:
                 x = tl.load(perm_ptr + rows[:, None] * HP + cols[None, :], mask=m2,
                             other=0.0).to(ACC)
@@ -83,7 +86,7 @@ def _unpermute_bwd_kernel(g_ptr, perm_ptr, map_ptr, probs_ptr, gperm_ptr, gprobs
         offs = toks[:, None] * S + sidx[None, :]
         rows = tl.load(map_ptr + offs, mask=m2, other=-1).to(tl.int64)
         kept = (rows >= 0) & (rows < N)
-        tl.store(gprobs_ptr + offs, tl.where(kept, dots, 0.0).to(gprobs_ptr.dtype.element_ty),
+        tl.store(gprobs_ptr + offs, cast_out(tl.where(kept, dots, 0.0), gprobs_ptr.dtype.element_ty, RTNE_GPROBS),
                  mask=m2)
 
 
@@ -99,7 +102,8 @@ def moe_unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs) -> to
     bt, bh = token_tile(H, permuted)
     launch(_unpermute_kernel, (triton.cdiv(T, bt), triton.cdiv(H, bh)), permuted, row_id_map,
            probs if probs is not None else permuted, out, N, T, S, H,
-           HAS_PROBS=probs is not None, ACC=acc_dtype(permuted.dtype), BLOCK_T=bt, BLOCK_H=bh)
+           HAS_PROBS=probs is not None, ACC=acc_dtype(permuted.dtype),
+           RTNE_OUT=rtne_bf16_workaround(out.dtype, out), BLOCK_T=bt, BLOCK_H=bh)
     return out
 
 
@@ -127,7 +131,9 @@ def moe_unpermute_backward(grad_out: torch.Tensor, permuted: torch.Tensor, row_i
     launch(_unpermute_bwd_kernel, (triton.cdiv(T, bt),), grad_out, permuted, row_id_map,
            probs if has_probs else grad_out, grad_perm, grad_probs if has_probs else grad_perm,
            N, T, S, H, permuted.shape[1],
-           HAS_PROBS=has_probs, ACC=acc_dtype(permuted.dtype), BLOCK_T=bt, BLOCK_H=bh,
+           HAS_PROBS=has_probs, ACC=acc_dtype(permuted.dtype),
+           RTNE_GRAD=rtne_bf16_workaround(grad_perm.dtype, grad_perm),
+           RTNE_GPROBS=rtne_bf16_workaround(grad_probs.dtype, grad_probs), BLOCK_T=bt, BLOCK_H=bh,
            S_PAD=triton.next_power_of_2(max(S, 1)))
     zero_unused_rows(used_rows(row_id_map, N), grad_perm, None)
     return grad_perm, grad_probs
