@@ -5,8 +5,9 @@ argument shapes (``output_rows``).
 
 **Row map** (``row_id_map``, ``tokens_per_expert``, ``group_sizes``).
 
-* Dropless / ``align`` / ``num_out_tokens``: three small Triton kernels, the histogram + prefix +
-  stable-rank scheme TransformerEngine also uses for its row map:
+* Dropless / ``align`` / ``num_out_tokens``: three small Triton kernels: per-block expert counts,
+  a prefix over blocks and experts, and a stable rank inside each block (the same kind of scheme
+  as TransformerEngine's multi-pass row-map kernels):
 
   1. ``_hist_kernel``: one program per block of ``BLOCK_P`` routing slots (flattened ``[T, K]`` in
      (token, slot) order, or ``[T, E]`` for a mask) counts the slots of each expert
@@ -21,12 +22,13 @@ argument shapes (``output_rows``).
      or past ``N`` (explicit ``num_out_tokens``).
 
   The result is stable (token order inside an expert) by construction, integer-exact and so
-  bitwise equal to the reference. Why not simply call the reference's torch code: it is about
-  fifteen launches including two stable argsorts of all ``T*K`` slots (multi-pass radix sorts on a
-  GPU), while the data movement it feeds is a single memory-bound pass (``T*K*H`` rows written);
-  at the Pangu/DeepSeek shape (T=4096, K=8, H=7680, bf16: ~0.5 GB written, on the order of 0.1 ms
-  on an H100/H200-class GPU) that overhead would be a visible fraction. The three kernels read
-  the ids twice and a ``[T*K/BLOCK_P, E]`` int32 count table a few times.
+  bitwise equal to the reference. Why not simply call the reference's torch code (which would
+  also be correct and sync-free): it is about thirty small kernels, including a stable argsort of
+  all ``T*K`` slots (a multi-pass radix sort on a GPU), in front of a data movement that is a
+  single memory-bound pass. At T=4096, K=8, H=7680 bf16 that pass writes ~0.5 GB, i.e. roughly
+  0.1 ms at an H200's ~4.8 TB/s (an estimate, not a measurement), so tens of launches of a few
+  microseconds each would be a visible fraction; the three kernels here read the ids in two
+  passes and a ``[T*K/BLOCK_P, E]`` int32 count table twice.
 * ``capacity`` (drop-and-pad): the drop order needs the slots of each expert sorted by prob
   (ties by position), i.e. a segmented sort. That is done by the reference's
   ``compute_row_id_map`` (torch stable argsorts on the same device, still no host sync); only
