@@ -80,7 +80,7 @@ def _hist_kernel(routing_ptr, counts_ptr, P, S, E,
     pid = tl.program_id(0)
     offs = pid.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     e = _slot_experts(routing_ptr, offs, P, S, E, IS_MASK)
-    # empty slots go to the last bin, which is >= E (E_BINS = next power of two above E)
+    # empty slots go to the last bin, which is >= E (E_BINS: a power of two above E)
     hist = tl.histogram(tl.where(e >= 0, e, E_BINS - 1), E_BINS)
     bins = tl.arange(0, E_BINS)
     tl.store(counts_ptr + pid.to(tl.int64) * E + bins, hist, mask=bins < E)
@@ -207,14 +207,15 @@ def _row_map_dropless(routing: torch.Tensor, E: int, align: int, N: int):
     bp = _block_p(routing)
     nb = triton.cdiv(P, bp)
     counts = torch.empty(nb, E, dtype=torch.int32, device=dev)
+    # at least 64 bins: Triton's GPU histogram gives every lane of a (32- or 64-wide) warp a bin
     launch(_hist_kernel, (nb,), r, counts, P, S, E, IS_MASK=is_mask, BLOCK_P=bp,
-           E_BINS=triton.next_power_of_2(E + 1))
+           E_BINS=max(64, triton.next_power_of_2(E + 1)))
     offsets = torch.empty(nb, E, dtype=torch.int32, device=dev)
     tpe = torch.empty(E, dtype=torch.int64, device=dev)
     gs = torch.empty(E, dtype=torch.int64, device=dev)
     gstart = torch.empty(E, dtype=torch.int32, device=dev)
     e_pad = triton.next_power_of_2(E)
-    ch = 64 if interpreted(routing) else max(1, min(64, 4096 // e_pad))
+    ch = 64 if interpreted(routing) else max(2, min(64, 4096 // e_pad))
     _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, E_PAD=e_pad, CH=ch)
     row_id_map = torch.empty(T, S, dtype=torch.int32, device=dev)
     launch(_dest_kernel, (nb,), r, offsets, gstart, row_id_map, P, S, E, N, IS_MASK=is_mask,
