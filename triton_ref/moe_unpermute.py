@@ -13,9 +13,12 @@
   atomics. Rows that no slot points to are zeroed by ``moe_permute``'s ``_zero_unused_kernel``
   (the gradient buffer is allocated with ``torch.empty`` and written exactly once).
 
-Row offsets are 64-bit. Under the interpreter, fp32 -> bf16 stores are rounded by hand
-(``_utils.cast_out``) because the interpreter truncates; with that the CPU results are bitwise equal
-to the reference's (same fp32 products and sums in the same order).
+Row offsets are 64-bit. The kernels are launched with ``enable_fp_fusion=False``: ``acc + x*w``
+stays a rounded multiply then a rounded add (no FMA contraction), the same fp32 operations in the
+same order as the reference, so the forward output and the row gradients are meant to be bitwise
+equal to the reference's on a GPU too (only ``grad_probs``, a tree sum over H, differs in the last
+bits). Under the interpreter, fp32 -> bf16 stores are rounded by hand (``_utils.cast_out``)
+because the interpreter truncates; with that the CPU results are bitwise equal to the reference's.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def moe_unpermute(permuted: torch.Tensor, row_id_map: torch.Tensor, probs) -> to
     launch(_unpermute_kernel, (triton.cdiv(T, bt), triton.cdiv(H, bh)), permuted, row_id_map,
            probs if probs is not None else permuted, out, N, T, S, H,
            HAS_PROBS=probs is not None, ACC=acc_dtype(permuted.dtype),
-           RTNE_OUT=rtne_bf16_workaround(out.dtype, out), BLOCK_T=bt, BLOCK_H=bh)
+           RTNE_OUT=rtne_bf16_workaround(out.dtype, out), BLOCK_T=bt, BLOCK_H=bh,
+           enable_fp_fusion=False)
     return out
 
 
@@ -134,6 +138,6 @@ def moe_unpermute_backward(grad_out: torch.Tensor, permuted: torch.Tensor, row_i
            HAS_PROBS=has_probs, ACC=acc_dtype(permuted.dtype),
            RTNE_GRAD=rtne_bf16_workaround(grad_perm.dtype, grad_perm),
            RTNE_GPROBS=rtne_bf16_workaround(grad_probs.dtype, grad_probs), BLOCK_T=bt, BLOCK_H=bh,
-           S_PAD=triton.next_power_of_2(max(S, 1)))
+           S_PAD=triton.next_power_of_2(max(S, 1)), enable_fp_fusion=False)
     zero_unused_rows(used_rows(row_id_map, N), grad_perm, None)
     return grad_perm, grad_probs
