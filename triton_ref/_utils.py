@@ -22,7 +22,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
 
 
 def block_h(H: int, t: torch.Tensor) -> int:
-    """Columns per program for row-at-a-time kernels: up to 1024 (on a GPU, 8 bf16 = 16 B per
+    """Columns per program of the row-block kernels (zeroing): up to 1024 (on a GPU, 8 bf16 = 16 B per
     thread with 4 warps; in the interpreter, one column block for the test shapes, H <= 768)."""
     return max(16, min(triton.next_power_of_2(max(H, 1)), 1024))
 
@@ -31,7 +31,9 @@ def token_tile(H: int, t: torch.Tensor):
     """``(BLOCK_T, BLOCK_H)`` tile of the per-token kernels. GPU: 2 x 512 (1024 elements, 16 B per
     thread for bf16 with 4 warps; each token's piece is a contiguous 1 KiB bf16 run). Interpreter:
     up to 64 tokens x 1024 columns, so a test shape runs as one or a few programs (the
-    interpreter costs ~0.1 ms per op and program, nearly independent of the tile size)."""
+    interpreter's cost is Python overhead per op and program, a fraction of a millisecond here,
+    nearly independent of the tile size: one token per program made the T=48, H=768 unpermute
+    about 10x slower)."""
     if interpreted(t):
         return 64, max(16, min(triton.next_power_of_2(max(H, 1)), 1024))
     return 2, max(16, min(triton.next_power_of_2(max(H, 1)), 512))
