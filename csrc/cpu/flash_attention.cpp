@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -36,10 +37,17 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 namespace amo {
 namespace {
 
-// Query and key block sizes. 128x128 tiles keep the per-call BLAS overhead small next to a
-// 128x128x192 product while the causal diagonal waste stays at half a block per row.
-constexpr int64_t kBlockM = 128;
-constexpr int64_t kBlockN = 128;
+// Query and key block sizes (rows of the score tile). 128x128 tiles keep the per-call BLAS
+// overhead small next to a 128x128x192 product while the causal diagonal waste stays at half a
+// block per row. AMO_FA_BLOCK_M / AMO_FA_BLOCK_N (16..512) override them, for tuning only.
+int64_t block_from_env(const char* name, int64_t dflt) {
+  const char* s = std::getenv(name);
+  if (!s) return dflt;
+  const int64_t v = std::atoll(s);
+  return (v >= 16 && v <= 512) ? v : dflt;
+}
+const int64_t kBlockM = block_from_env("AMO_FA_BLOCK_M", 128);
+const int64_t kBlockN = block_from_env("AMO_FA_BLOCK_N", 128);
 
 template <typename acc_t>
 at::Tensor tile(const acc_t* p, int64_t rows, int64_t cols, int64_t ld) {
