@@ -7,14 +7,18 @@
 // (running max / running sum) form, so no S x S matrix exists; causal runs skip fully masked
 // key blocks.
 //
-// Threads: the forward runs over (sequence, head, query block) items, the backward over
-// (sequence, head) items, each owning its rows of dq/dk/dv (no atomics, deterministic for any
-// thread count); the rope-key gradient is summed over heads afterwards in fixed head order.
+// Threads: the forward runs over (sequence, head, query block) items (largest first), the
+// backward over (sequence, head) items, each owning its rows of out / dq / dk / dv. Workers pull
+// items from a shared counter (dynamic scheduling: a descheduled thread on a busy machine does
+// not stall the others); the values never depend on which worker ran an item, so results are
+// bitwise reproducible for any thread count. The rope-key gradient is summed over heads
+// afterwards in fixed head order.
 #include "cpu/flash_attention.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -156,9 +160,11 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
   if (causal) std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
     return (x.q0 - cu[x.b]) > (y.q0 - cu[y.b]); });
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
-  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t begin, int64_t end) {
+  const int64_t n_items = (int64_t)items.size();
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n_items, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     std::vector<acc_t> S(kBlockM * kBlockN), O(kBlockM * Dv), m(kBlockM), l(kBlockM);
-    for (int64_t it = begin; it < end; ++it) {
+    for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
       const auto [b, h, q0] = items[it];
       const int64_t s = cu[b], e = cu[b + 1], mq = std::min(kBlockM, e - q0);
       std::fill(O.begin(), O.begin() + mq * Dv, acc_t(0));
@@ -207,29 +213,65 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
   });
 }
 
+// Output [T, H, D] buffer of the backward (accumulation type, any token/head strides).
 template <typename acc_t>
+struct Grad {
+  acc_t* p;
+  int64_t st, sh;
+  acc_t* at(int64_t t, int64_t h) const { return p + t * st + h * sh; }
+};
+
+template <typename acc_t>
+Grad<acc_t> grad_of(at::Tensor& t) {
+  TORCH_CHECK(t.stride(-1) == 1, "flash_attention: gradient buffers need a unit last stride");
+  return {t.data_ptr<acc_t>(), t.stride(0), t.stride(1)};
+}
+
+// No buffer is zero-filled: the first key block of a sequence writes every dq row of it
+// (beta = 0), and the first query block of a key block writes its dk / dv / dk_rope rows.
+template <typename acc_t, typename scalar_t>
 void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<acc_t>& V,
-                const Operand<acc_t>* KR, const Operand<acc_t>& dO, const acc_t* lse,
-                const acc_t* delta, const std::vector<int64_t>& cu, int64_t H, bool causal,
-                acc_t scale, int64_t T, acc_t* dq, acc_t* dk, acc_t* dv, acc_t* dkr_part) {
-  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim, Dq = Dk + Dr;
+                const Operand<acc_t>* KR, const Operand<acc_t>& dO, const at::Tensor& out,
+                const acc_t* lse, const std::vector<int64_t>& cu, int64_t H, bool causal,
+                acc_t scale, int64_t T, Grad<acc_t> dq, Grad<acc_t> dk, Grad<acc_t> dv,
+                acc_t* dkr_part) {
+  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim;
+  const scalar_t* O = out.data_ptr<scalar_t>();
+  const int64_t o_st = out.stride(0), o_sh = out.stride(1);
   struct Item { int64_t b, h; };
   std::vector<Item> items;
-  for (size_t b = 0; b + 1 < cu.size(); ++b)
+  int64_t longest = 0;
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    longest = std::max(longest, cu[b + 1] - cu[b]);
     for (int64_t h = 0; h < H; ++h)
       if (cu[b + 1] > cu[b]) items.push_back({(int64_t)b, h});
-  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> P(kBlockM * kBlockN), dP(kBlockM * kBlockN);
-    for (int64_t it = begin; it < end; ++it) {
+  }
+  const int64_t n_items = (int64_t)items.size();
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n_items, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    std::vector<acc_t> P(kBlockM * kBlockN), dP(kBlockM * kBlockN), delta(longest);
+    for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
       const auto [b, h] = items[it];
       const int64_t s = cu[b], e = cu[b + 1];
+      // delta[t] = sum_d dO * O, the softmax-backward row term
+      for (int64_t t = s; t < e; ++t) {
+        const acc_t* g = dO.at(t, h);
+        const scalar_t* o = O + t * o_st + h * o_sh;
+        acc_t acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < Dv; ++d) acc += g[d] * static_cast<acc_t>(o[d]);
+        delta[t - s] = acc;
+      }
       for (int64_t k0 = s; k0 < e; k0 += kBlockN) {
         const int64_t nk = std::min(kBlockN, e - k0);
-        acc_t* dKp = dk + (k0 * H + h) * Dk;
-        acc_t* dVp = dv + (k0 * H + h) * Dv;
+        acc_t* dKp = dk.at(k0, h);
+        acc_t* dVp = dv.at(k0, h);
         acc_t* dKRp = Dr ? dkr_part + (h * T + k0) * Dr : nullptr;
-        for (int64_t q0 = causal ? k0 : s; q0 < e; q0 += kBlockM) {
+        const acc_t beta_q = k0 == s ? 0 : 1;
+        const int64_t q_first = causal ? k0 : s;
+        for (int64_t q0 = q_first; q0 < e; q0 += kBlockM) {
           const int64_t mq = std::min(kBlockM, e - q0);
+          const acc_t beta_k = q0 == q_first ? 0 : 1;
           const acc_t* Qp = Q.at(q0, h);
           const acc_t* dOp = dO.at(q0, h);
           gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, h), K.st, 0, P.data(), kBlockN);
@@ -243,22 +285,22 @@ void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
             for (int64_t j = valid; j < nk; ++j) prow[j] = 0;
           }
           // dV += P^T dO
-          gemm<acc_t>(true, false, nk, Dv, mq, P.data(), kBlockN, dOp, dO.st, 1, dVp, H * Dv);
+          gemm<acc_t>(true, false, nk, Dv, mq, P.data(), kBlockN, dOp, dO.st, beta_k, dVp, dv.st);
           // dP = dO V^T
           gemm<acc_t>(false, true, mq, nk, Dv, dOp, dO.st, V.at(k0, h), V.st, 0, dP.data(), kBlockN);
           // dS = P * (dP - delta) * scale   (stored in dP)
           for (int64_t r = 0; r < mq; ++r) {
-            const acc_t D = delta[h * T + q0 + r];
+            const acc_t D = delta[q0 + r - s];
             acc_t* drow = dP.data() + r * kBlockN;
             const acc_t* prow = P.data() + r * kBlockN;
 #pragma omp simd
             for (int64_t j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D) * scale;
           }
-          acc_t* dQp = dq + (q0 * H + h) * Dq;
-          gemm<acc_t>(false, false, mq, Dk, nk, dP.data(), kBlockN, K.at(k0, h), K.st, 1, dQp, H * Dq);
-          if (Dr) gemm<acc_t>(false, false, mq, Dr, nk, dP.data(), kBlockN, KR->at(k0, 0), KR->st, 1, dQp + Dk, H * Dq);
-          gemm<acc_t>(true, false, nk, Dk, mq, dP.data(), kBlockN, Qp, Q.st, 1, dKp, H * Dk);
-          if (Dr) gemm<acc_t>(true, false, nk, Dr, mq, dP.data(), kBlockN, Qp + Dk, Q.st, 1, dKRp, Dr);
+          acc_t* dQp = dq.at(q0, h);
+          gemm<acc_t>(false, false, mq, Dk, nk, dP.data(), kBlockN, K.at(k0, h), K.st, beta_q, dQp, dq.st);
+          if (Dr) gemm<acc_t>(false, false, mq, Dr, nk, dP.data(), kBlockN, KR->at(k0, 0), KR->st, beta_q, dQp + Dk, dq.st);
+          gemm<acc_t>(true, false, nk, Dk, mq, dP.data(), kBlockN, Qp, Q.st, beta_k, dKp, dk.st);
+          if (Dr) gemm<acc_t>(true, false, nk, Dr, mq, dP.data(), kBlockN, Qp + Dk, Q.st, beta_k, dKRp, Dr);
         }
       }
     }
@@ -299,42 +341,54 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   return {out, lse};
 }
 
+at::Tensor flash_attention_bwd_into(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seqlens, bool causal, double softmax_scale, at::Tensor dq, at::Tensor dk,
+    at::Tensor dv) {
+  check_inputs(q, k, v, k_rope, cu_seqlens);
+  TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(2) == v.size(2),
+              "flash_attention: grad_out and out must be [T, H, Dv]");
+  const int64_t T = q.size(0), H = q.size(1);
+  const int64_t Dr = k_rope ? k_rope->size(1) : 0;
+  const auto acc = acc_type(q.scalar_type());
+  TORCH_CHECK(dq.scalar_type() == acc && dk.scalar_type() == acc && dv.scalar_type() == acc,
+              "flash_attention: gradient buffers must have the accumulation dtype");
+  auto dkr_part = at::empty({Dr ? H : 0, T, Dr}, q.options().dtype(acc));
+  auto lse_acc = lse.to(acc).contiguous();
+  auto out_c = out.stride(-1) == 1 ? out : out.contiguous();
+  const auto cu = bounds_of(cu_seqlens);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flash_attention_bwd", [&] {
+    auto run = [&](auto zero) {
+      using acc_t = decltype(zero);
+      auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v), dO = operand<acc_t>(grad_out);
+      std::optional<Operand<acc_t>> KR;
+      if (k_rope) KR = operand<acc_t>(*k_rope);
+      bwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, dO, out_c, lse_acc.data_ptr<acc_t>(),
+                                  cu, H, causal, (acc_t)softmax_scale, T, grad_of<acc_t>(dq),
+                                  grad_of<acc_t>(dk), grad_of<acc_t>(dv),
+                                  Dr ? dkr_part.data_ptr<acc_t>() : nullptr);
+    };
+    if (acc == at::kDouble) run(double(0)); else run(float(0));
+  });
+  if (!Dr) return at::empty({0}, q.options());
+  // cu_seqlens covers every row (checked by the op), so every row was written; sum the per-head
+  // parts in fixed head order: the same bits for any thread count
+  auto dkr = dkr_part[0].clone();
+  for (int64_t h = 1; h < H; ++h) dkr.add_(dkr_part[h]);
+  return dkr.to(q.scalar_type());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale) {
-  check_inputs(q, k, v, k_rope, cu_seqlens);
-  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
-  const int64_t Dr = k_rope ? k_rope->size(1) : 0;
-  const auto acc = acc_type(q.scalar_type());
-  auto fopts = q.options().dtype(acc);
-  auto dq = at::zeros({T, H, Dq}, fopts), dk = at::zeros({T, H, Dk}, fopts), dv = at::zeros({T, H, Dv}, fopts);
-  auto dkr_part = at::zeros({Dr ? H : 0, T, Dr}, fopts);
-  // delta[h, t] = sum_d dO * O (the softmax-backward row term), in the accumulation type
-  auto delta = (grad_out.to(acc) * out.to(acc)).sum(-1).t().contiguous();
-  auto lse_acc = lse.to(acc).contiguous();
-  const auto cu = bounds_of(cu_seqlens);
-  auto run = [&](auto zero) {
-    using acc_t = decltype(zero);
-    auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v), dO = operand<acc_t>(grad_out);
-    std::optional<Operand<acc_t>> KR;
-    if (k_rope) KR = operand<acc_t>(*k_rope);
-    bwd_kernel<acc_t>(Q, K, V, KR ? &*KR : nullptr, dO, lse_acc.data_ptr<acc_t>(),
-                      delta.data_ptr<acc_t>(), cu, H, causal, (acc_t)softmax_scale, T,
-                      dq.data_ptr<acc_t>(), dk.data_ptr<acc_t>(), dv.data_ptr<acc_t>(),
-                      Dr ? dkr_part.data_ptr<acc_t>() : nullptr);
-  };
-  if (acc == at::kDouble) run(double(0)); else run(float(0));
-  at::Tensor dkr;
-  if (Dr) {
-    // fixed head order: the same bits for any thread count
-    dkr = dkr_part[0].clone();
-    for (int64_t h = 1; h < H; ++h) dkr.add_(dkr_part[h]);
-    dkr = dkr.to(q.scalar_type());
-  } else {
-    dkr = at::empty({0}, q.options());
-  }
-  return {dq.to(q.scalar_type()), dk.to(q.scalar_type()), dv.to(q.scalar_type()), dkr};
+  auto fopts = q.options().dtype(acc_type(q.scalar_type()));
+  auto dq = at::empty(q.sizes(), fopts), dk = at::empty(k.sizes(), fopts), dv = at::empty(v.sizes(), fopts);
+  auto dkr = flash_attention_bwd_into(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, causal,
+                                      softmax_scale, dq, dk, dv);
+  const auto dt = q.scalar_type();
+  return {dq.to(dt), dk.to(dt), dv.to(dt), dkr};
 }
 
 }  // namespace amo

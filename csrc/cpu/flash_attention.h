@@ -23,4 +23,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_c
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale);
 
+// Backward into caller-provided gradient buffers dq [T,H,Dq], dk [T,H,Dk], dv [T,H,Dv] in the
+// accumulation dtype (fp32; fp64 for fp64), any token/head strides (e.g. dk and dv as the two
+// halves of one [T, H, Dk+Dv] buffer). Returns dk_rope summed over heads (shape [0] without it).
+at::Tensor flash_attention_bwd_into(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seqlens, bool causal, double softmax_scale, at::Tensor dq, at::Tensor dk,
+    at::Tensor dv);
+
 }  // namespace amo

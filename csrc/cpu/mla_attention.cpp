@@ -32,9 +32,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_cpu
     double softmax_scale, bool causal) {
   auto kv = kv_saved.numel() ? kv_saved : at::linear(c_kv, w);
   auto [k_nope, v] = split_kv(kv, H, Dn, Dv);
-  auto [dq, dk, dv, dkpe] = flash_attention_bwd_cpu(grad_out, q, k_nope, v, k_pe, out, lse,
-                                                    cu_seqlens, max_seqlen, causal, softmax_scale);
-  auto dkv = at::cat({dk, dv}, 2).view({kv.size(0), H * (Dn + Dv)});
+  // dk_nope and dv land in the two halves of one [T, H, Dn+Dv] buffer: the layout of kv, so
+  // d kv is one dtype conversion away (no concatenation)
+  const int64_t T = kv.size(0);
+  auto fopts = q.options().dtype(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  auto dq_f = at::empty(q.sizes(), fopts);
+  auto dkv_f = at::empty({T, H, Dn + Dv}, fopts);
+  auto dkpe = flash_attention_bwd_into(grad_out, q, k_nope, v, k_pe, out, lse, cu_seqlens, causal,
+                                       softmax_scale, dq_f, dkv_f.narrow(2, 0, Dn),
+                                       dkv_f.narrow(2, Dn, Dv));
+  auto dkv = dkv_f.view({T, H * (Dn + Dv)}).to(kv.scalar_type());
+  auto dq = dq_f.to(q.scalar_type());
   auto dc = at::mm(dkv, w);
   auto dw = at::mm(dkv.t(), c_kv);
   return {dq, dc, dkpe, dw};
