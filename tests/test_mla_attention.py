@@ -192,3 +192,33 @@ def test_bad_cu_seqlens_packed():
     with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing"):
         amo.mla_attention(q, c, kpe, torch.randn(64, 12), num_heads=2, qk_nope_dim=16, v_dim=16,
                           softmax_scale=SCALE, cu_seqlens=torch.tensor([0, 3, 2, 5]), max_seqlen=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [b for b in backends(OP) if b == "native"])
+def test_native_real_dims_longer_sequence(backend):
+    """Real head dims, 16 heads, a 300-token sequence (three 128-row blocks, the last partial)."""
+    dims = (16, 128, 64, 128, 512)
+    cu = torch.tensor([0, 300, 301])
+    tensors = _inputs((301,), *dims, seed=7)
+    kw = dict(causal=True, softmax_scale=SCALE, cu_seqlens=cu)
+    got = _run(backend, tensors, torch.bfloat16, dims, **kw)
+    ref = _run("reference", tensors, torch.float64, dims, **kw)
+    low = _run("reference", tensors, torch.bfloat16, dims, **kw)
+    for name, a, r, lo in zip(NAMES, got, ref, low):
+        assert_close_to_ref(a, r, dtype=torch.bfloat16, torch_lowp=lo, name=f"{backend} {name}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_triton_on_gpu_real_dims(dtype):
+    """Triton on a CUDA GPU (bf16 included), real head dims, varlen, vs the fp64 reference."""
+    dims = (4, 128, 64, 128, 512)
+    cu = torch.tensor([0, 1, 98, 99, 300], device="cuda", dtype=torch.int32)
+    tensors = [t.cuda() for t in _inputs((300,), *dims, seed=9)]
+    kw = dict(causal=True, softmax_scale=SCALE, cu_seqlens=cu)
+    got = _run("triton", tensors, dtype, dims, **kw)
+    ref = _run("reference", tensors, torch.float64, dims, **kw)
+    low = _run("reference", tensors, dtype, dims, **kw)
+    for name, a, r, lo in zip(NAMES, got, ref, low):
+        assert_close_to_ref(a, r, dtype=dtype, torch_lowp=lo, name=f"triton gpu {name}")
