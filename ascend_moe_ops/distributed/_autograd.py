@@ -32,6 +32,10 @@ class Pending:
     def __init__(self):
         self.works: list = []
         self._alive: list = []  # inputs of in-flight collectives, kept alive until wait()
+        self._then: list = []  # local work that needs the received data, run by wait()
+
+    def then(self, fn) -> None:
+        self._then.append(fn)
 
     def add(self, work, *tensors) -> None:
         if work is not None:
@@ -46,6 +50,9 @@ class Pending:
         with torch.no_grad():
             for w in works:
                 w.wait()
+            then, self._then = self._then, []
+            for fn in then:
+                fn()
         self._alive = []
 
 
@@ -90,8 +97,27 @@ def _reduce_scatter(x: Tensor, group, pending: Optional[Pending]):
         return out
     if x.numel() == 0:
         return out
+    if dist.get_backend(group) == "gloo":
+        # gloo's reduce_scatter moves about twice the optimal bytes (measured on the emulated
+        # two-node link), so on gloo: an all-to-all of the n chunks plus a local sum, which is
+        # byte-optimal ((n-1)/n of the input per rank), sums in rank order (deterministic) and
+        # accumulates in fp32 (fp64 for fp64) before rounding once.
+        chunks = torch.empty_like(x)
+        work = dist.all_to_all_single(chunks, x, group=group, async_op=pending is not None)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+        def finish():
+            with torch.no_grad():
+                out.copy_(chunks.view((n,) + tuple(out.shape)).to(acc).sum(0))
+
+        if pending is None:
+            finish()
+        else:
+            pending.add(work, x, chunks)
+            pending.then(finish)
+        return out
     work = reduce_scatter_raw(out, x, op=dist.ReduceOp.SUM, group=group,
-                                      async_op=pending is not None)
+                              async_op=pending is not None)
     if pending is not None:
         pending.add(work, x)
     return out
