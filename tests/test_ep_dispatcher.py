@@ -336,6 +336,22 @@ def scenario_auto(ctx):
     assert disp.resolve_algorithm(N) == "flat"
 
 
+def scenario_subgroup(ctx):
+    """EP group smaller than the world: two independent 2-rank EP groups (2 nodes x 1 rank)."""
+    import torch.distributed as dist
+    from ascend_moe_ops.distributed import EPTopology
+    W, rank = ctx["world"], ctx["rank"]
+    if W % 2:
+        return
+    groups = [dist.new_group([2 * i, 2 * i + 1]) for i in range(W // 2)]  # every rank creates all
+    sub = groups[rank // 2]
+    topo = EPTopology(sub, local_size=1)
+    assert (topo.world_size, topo.rank, topo.num_nodes) == (2, rank % 2, 2)
+    sub_ctx = dict(rank=rank % 2, world=2, local_size=1, topo=topo)
+    scenario_fp64(sub_ctx, "hierarchical")
+    scenario_fp64(sub_ctx, "flat")
+
+
 SCENARIOS = {}
 for _alg in ("flat", "hierarchical"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
@@ -350,6 +366,7 @@ SCENARIOS["fp64_auto"] = (scenario_fp64, ("auto",))
 SCENARIOS["stats"] = (scenario_stats, ())
 SCENARIOS["errors"] = (scenario_errors, ())
 SCENARIOS["auto"] = (scenario_auto, ())
+SCENARIOS["subgroup"] = (scenario_subgroup, ())
 
 
 def _dump(results, outdir, rank):
