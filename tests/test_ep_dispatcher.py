@@ -324,7 +324,13 @@ def scenario_errors(ctx):
             dbg.dispatch(x, bad, None)
     # the debug dispatcher still works on good input
     inputs = _inputs(W, [3] * W, 4, E, 2, seed=21)
-    _check_against_oracle(dbg, inputs, rank)
+    h = _check_against_oracle(dbg, inputs, rank)
+    # combine with the wrong number of rows or without a handle: raised before any collective
+    rows = int(h.tokens_per_local_expert.sum())
+    with _raises(ValueError, f"expert_output must have {rows} rows"):
+        dbg.combine(torch.zeros(rows + 1, 4, dtype=torch.float64), h)
+    with _raises(TypeError, "handle must be the DispatchHandle"):
+        dbg.combine(torch.zeros(rows, 4), None)
 
 
 def scenario_auto(ctx):
