@@ -105,7 +105,7 @@ def test_unpermute_tiling(driver, dtype, with_probs):
         b = BYTES[dtype]
         check_rows(t, T)
         check_cols(t, H, [b, 4], cap)
-        ub = t["tileCols"] * (2 * t["bufferNum"] * b + 4 + (4 if b != 4 else 0))
+        ub = t["tileCols"] * (2 * t["bufferNum"] * b + (8 if b != 4 else 0))
         assert t["bufferNum"] >= 2 and t["ubBytes"] == ub <= UB - UB_RESERVED
         assert t["tailMode"] == tail_mode(H, b)
         assert t["key"] == (0 if T == 0 or H == 0 else {F32: 1, F16: 2, BF16: 3}[dtype])

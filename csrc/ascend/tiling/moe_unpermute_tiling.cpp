@@ -40,7 +40,9 @@ MoeUnpermuteTiling compute_moe_unpermute_tiling(int64_t numTokens, int64_t slots
   const uint32_t xb = dtype_bytes(dtype);
   t.tailMode = tail_mode(hidden, xb);
   t.rows = split_rows(numTokens, chip.aivNum);
-  const uint64_t perCol = 2ull * t.bufferNum * xb + 4 + (xb != 4 ? 4 : 0);
+  // fp32 rows accumulate directly in the output tile; 16-bit rows need an fp32 accumulator and an
+  // fp32 copy of the input tile
+  const uint64_t perCol = 2ull * t.bufferNum * xb + (xb != 4 ? 8 : 0);
   t.cols = split_hidden(hidden, perCol, 0, kBlockBytes / xb, ub_budget(chip),
                         maxTileCols ? maxTileCols : std::numeric_limits<uint32_t>::max());
   t.ubBytes = perCol * t.cols.tileCols;

@@ -31,8 +31,8 @@ struct MoeUnpermuteTiling {
   uint64_t ubBytes;
 };
 
-// UB plan: input queue bufferNum x tile x xB, output queue bufferNum x tile x xB, fp32 accumulator,
-// and an fp32 cast buffer when the dtype is not fp32.
+// UB plan: input queue bufferNum x tile x xB, output queue bufferNum x tile x xB; for fp16/bf16 also
+// an fp32 accumulator and an fp32 cast buffer (fp32 rows accumulate in the output tile itself).
 MoeUnpermuteTiling compute_moe_unpermute_tiling(int64_t numTokens, int64_t slots, int64_t numRows, int64_t hidden,
                                                 DType dtype, bool withProbs, const ChipInfo& chip,
                                                 uint32_t maxTileCols = 0);
