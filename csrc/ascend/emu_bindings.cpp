@@ -6,7 +6,9 @@
 // another with the UB budget of the tiling enforced.
 //
 // Environment (tests only): ASCEND_MOE_OPS_EMU_AIV = vector core count (default 48, the 910B2);
-// ASCEND_MOE_OPS_EMU_MAX_TILE_COLS = cap on the H-tile width (default none) to force multi-tile rows.
+// ASCEND_MOE_OPS_EMU_MAX_TILE_COLS = cap on the H-tile width (default none) to force multi-tile rows;
+// ASCEND_MOE_OPS_EMU_UB_LIMIT = UB bytes the emulated core really has (default: the tiling's budget),
+// to check that a tiling planning more UB than the core has is caught.
 // Outputs are pre-filled with NaN, so a row a kernel forgets to write fails the tests.
 #include <torch/extension.h>
 
@@ -37,6 +39,11 @@ ChipInfo emu_chip() {
 uint32_t max_tile_cols() {
   const char* v = std::getenv("ASCEND_MOE_OPS_EMU_MAX_TILE_COLS");
   return v ? static_cast<uint32_t>(std::max(0, std::atoi(v))) : 0u;
+}
+
+uint64_t ub_limit(const ChipInfo& chip) {
+  const char* v = std::getenv("ASCEND_MOE_OPS_EMU_UB_LIMIT");
+  return v ? static_cast<uint64_t>(std::max(0, std::atoi(v))) : ub_budget(chip);
 }
 
 template <typename T>
@@ -70,7 +77,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tok
   auto out = poisoned({N, H}, x.options());
   MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
   if (t.key != MoePermuteTilingKey::kEmpty) {
-    ascend_emu::launch(t.rows.blockDim, ub_budget(chip), amo_moe_permute, gm<void>(x), gm<void>(index), gm<void>(out),
+    ascend_emu::launch(t.rows.blockDim, ub_limit(chip), amo_moe_permute, gm<void>(x), gm<void>(index), gm<void>(out),
                        reinterpret_cast<GM_ADDR>(&t));
   }
   Tensor outProbs = probs.has_value() ? host::gather_by_slot(probs->contiguous(), slot)
@@ -90,7 +97,7 @@ Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::
   auto out = poisoned({T, H}, x.options());
   MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
-    ascend_emu::launch(t.rows.blockDim, ub_budget(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map), gm<void>(w),
+    ascend_emu::launch(t.rows.blockDim, ub_limit(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map), gm<void>(w),
                        gm<void>(out), reinterpret_cast<GM_ADDR>(&t));
   }
   return out;
@@ -117,7 +124,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
   Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
     dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
-    ascend_emu::launch(t.rows.blockDim, ub_budget(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x), gm<void>(slot),
+    ascend_emu::launch(t.rows.blockDim, ub_limit(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x), gm<void>(slot),
                        gm<void>(w), gm<void>(gradPermuted), gm<void>(dots), reinterpret_cast<GM_ADDR>(&t));
   } else {
     dots = at::zeros({N}, g.options().dtype(at::kFloat));  // H == 0: empty dot products
