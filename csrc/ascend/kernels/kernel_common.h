@@ -16,6 +16,10 @@
 namespace amo_ascend {
 namespace kernels {
 
+// Own type trait: device code does not rely on the C++ standard library.
+template <typename A, typename B> struct IsSame { static constexpr bool value = false; };
+template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
+
 // Tiling structs are passed as a GM pointer (the host copies the POD struct to device memory) and
 // read word by word through the scalar unit.
 template <typename Tiling>

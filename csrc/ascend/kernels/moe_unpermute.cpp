@@ -24,7 +24,7 @@ namespace amo_ascend {
 namespace kernels {
 
 template <typename T>
-constexpr bool kIsF32 = std::is_same<T, float>::value;
+constexpr bool kIsF32 = IsSame<T, float>::value;
 
 template <typename T>
 class MoeUnpermuteKernel {
