@@ -123,3 +123,29 @@ def test_deepseek_v3_row_size():
     for a, b in zip(res, ref):
         assert torch.equal(a, b)
     assert torch.equal(back, back_ref), "fp32 slot-order sum: bitwise equal to the reference"
+
+
+def test_emulated_float16_and_bfloat16_conversions_match_torch():
+    """The emulator's fp32 -> fp16/bf16 conversions (round to nearest even, overflow, subnormals,
+    NaN) and back agree with torch bit for bit on all fp16 values, their midpoints and random fp32."""
+    exe = compile_cached("emu_convert_driver", [os.path.join(ROOT, "tests", "cpp", "emu_convert_driver.cpp")])
+    every_half = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
+    every_bf16 = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    mids = (every_half[:-1].double() + every_half[1:].double()).div(2).float()
+    specials = torch.tensor([65504.0, 65519.99, 65520.0, 65536.0, 1e-8, 2.0 ** -25, 3 * 2.0 ** -26, -0.0,
+                             float("inf"), float("-inf"), 3.0e38, -3.4e38, 1e-40])
+    rand = torch.randn(200_000) * torch.logspace(-10, 10, 200_000)
+    x = torch.cat([every_half, every_bf16, mids, specials, rand])
+    x = x[~torch.isnan(x)]  # NaN payloads are not specified; checked separately below
+    x = torch.cat([x, torch.tensor([float("nan")])])
+    res = subprocess.run([exe], input=x.numpy().tobytes(), capture_output=True, check=True).stdout
+    n = x.numel()
+    h = torch.frombuffer(bytearray(res[: 2 * n]), dtype=torch.int16)
+    b = torch.frombuffer(bytearray(res[2 * n: 4 * n]), dtype=torch.int16)
+    hb = torch.frombuffer(bytearray(res[4 * n: 8 * n]), dtype=torch.float32)
+    bb = torch.frombuffer(bytearray(res[8 * n:]), dtype=torch.float32)
+    th, tb = x.to(torch.float16), x.to(torch.bfloat16)
+    assert torch.equal(h[:-1], th.view(torch.int16)[:-1]), "fp32 -> fp16"
+    assert torch.equal(b[:-1], tb.view(torch.int16)[:-1]), "fp32 -> bf16"
+    assert torch.equal(hb[:-1], th.float()[:-1]) and torch.equal(bb[:-1], tb.float()[:-1]), "back to fp32"
+    assert torch.isnan(hb[-1]) and torch.isnan(bb[-1])
