@@ -51,6 +51,19 @@ GM_ADDR gm(const Tensor& t) {
   return reinterpret_cast<GM_ADDR>(const_cast<void*>(t.data_ptr()));
 }
 
+// The kernel's real UB use (TPipe::InitBuffer calls) must be exactly what the tiling planned and
+// the tiling tests checked against the budget.
+void check_plan(uint64_t used, uint64_t planned, const char* kernel) {
+  TORCH_CHECK(used == planned, "ascendc-emu: kernel ", kernel, " allocated ", used, " B of UB but its tiling planned ",
+              planned, " B");
+}
+
+uint32_t checked_blocks(uint32_t blockDim, const ChipInfo& chip) {
+  TORCH_CHECK(blockDim >= 1 && blockDim <= chip.aivNum, "ascendc-emu: blockDim ", blockDim, " outside [1, ", chip.aivNum,
+              "] vector cores");
+  return blockDim;
+}
+
 Tensor poisoned(at::IntArrayRef shape, const at::TensorOptions& opts) {
   return at::full(shape, std::numeric_limits<float>::quiet_NaN(), opts);
 }
@@ -77,8 +90,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tok
   auto out = poisoned({N, H}, x.options());
   MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
   if (t.key != MoePermuteTilingKey::kEmpty) {
-    ascend_emu::launch(t.rows.blockDim, ub_limit(chip), amo_moe_permute, gm<void>(x), gm<void>(index), gm<void>(out),
-                       reinterpret_cast<GM_ADDR>(&t));
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm<void>(x), gm<void>(index),
+                                  gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+               t.ubBytes, "amo_moe_permute");
   }
   Tensor outProbs = probs.has_value() ? host::gather_by_slot(probs->contiguous(), slot)
                                       : at::empty({0}, x.options().dtype(at::kFloat));
@@ -97,8 +111,9 @@ Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::
   auto out = poisoned({T, H}, x.options());
   MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
-    ascend_emu::launch(t.rows.blockDim, ub_limit(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map), gm<void>(w),
-                       gm<void>(out), reinterpret_cast<GM_ADDR>(&t));
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map),
+                                  gm<void>(w), gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+               t.ubBytes, "amo_moe_unpermute");
   }
   return out;
 }
@@ -124,8 +139,10 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
   Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
     dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
-    ascend_emu::launch(t.rows.blockDim, ub_limit(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x), gm<void>(slot),
-                       gm<void>(w), gm<void>(gradPermuted), gm<void>(dots), reinterpret_cast<GM_ADDR>(&t));
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x),
+                                  gm<void>(slot), gm<void>(w), gm<void>(gradPermuted), gm<void>(dots),
+                                  reinterpret_cast<GM_ADDR>(&t)),
+               t.ubBytes, "amo_moe_unpermute_grad");
   } else {
     dots = at::zeros({N}, g.options().dtype(at::kFloat));  // H == 0: empty dot products
   }

@@ -667,8 +667,10 @@ namespace ascend_emu {
 
 // Run `kernel(args...)` once per block, blocks one after another, each with a fresh UB of
 // `ubCapacity` bytes filled with 0xFF; then check that the block freed every queue tensor.
+// Returns the most UB any block allocated (the host compares it with the tiling's UB plan).
 template <typename F, typename... Args>
-void launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args) {
+uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args) {
+  uint64_t peak = 0;
   if (blockDim == 0) fail("launch with blockDim = 0");
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
@@ -693,8 +695,10 @@ void launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args) {
                " (every AllocTensor needs a FreeTensor)");
       }
     }
+    if (c.pipe) peak = c.pipe->used > peak ? c.pipe->used : peak;
     c.active = false;
   }
+  return peak;
 }
 
 }  // namespace ascend_emu
