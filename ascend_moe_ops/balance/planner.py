@@ -224,7 +224,7 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
                    current: Union[Tensor, Placement, None] = None, *, max_moves: Optional[int] = None,
                    replicas: bool = False, max_replicas: Optional[int] = None,
                    cv_threshold: float = 0.0, min_improvement: float = 0.0,
-                   strategy: str = "swap") -> Placement:
+                   min_gain: float = 0.0, strategy: str = "swap") -> Placement:
     """Plan an expert placement that minimizes the maximum predicted rank load.
 
     Args:
@@ -244,8 +244,11 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
             ``current`` is at most this, ``current`` is returned unchanged (no search).
         min_improvement: keep ``current`` unless the plan lowers the predicted imbalance
             (``max/mean − 1``) by more than this (absolute).
-        strategy: ``"swap"`` (default: bounded local search over moves and swaps between the
-            most loaded rank and *every* other rank, after an LPT placement of new replicas), or
+        min_gain: a single swap/move must lower the larger of the two rank loads it touches by
+            more than this fraction of the mean rank load (hysteresis against chasing noise).
+        strategy: ``"swap"`` (default: bounded lexicographic local search — swaps and moves
+            between the most loaded rank and *every* other rank; when the top rank cannot be
+            improved, the next one — after an LPT placement of new replicas), or
             ``"greedy_swap"`` (the baseline: only swaps between the most and least loaded rank).
 
     Returns:
@@ -312,65 +315,51 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
     free = (slot_e < 0).sum(1)
     for e, w in todo:
         ok = (free > 0) & ~on_rank[e]
+        if not ok.any():              # every free slot is on a rank that already holds e:
+            continue                  # this replica is not placed (its load goes to the others)
         r = int(np.argmin(np.where(ok, rank_load, np.inf)))
         i = int(np.nonzero(slot_e[r] < 0)[0][0])
         slot_e[r, i] = e
         on_rank[e, r] = True
         free[r] -= 1
         rank_load[r] += w
+    if todo:
+        count = on_rank.sum(1).astype(np.int64)
+        w_of = load / count
+        rank_load = np.array([w_of[slot_e[r][slot_e[r] >= 0]].sum() for r in range(R)])
     moved = int((on_rank & ~cur_pairs).sum())
     budget = np.inf if max_moves is None else max_moves
 
     # ---- bounded local search ----------------------------------------------------------------------
     flat_e = slot_e.reshape(-1)                        # views into slot_e
     slot_rank = np.repeat(np.arange(R), S)
-    eps = 1e-9 * max(load.sum(), 1.0)
+    mean_load = max(load.sum() / R, 1e-300)
+    eps = 1e-9 * mean_load + min_gain * mean_load
+    state = (flat_e, slot_rank, on_rank, cur_pairs, rank_load)
     for _ in range(4 * R * S):
-        w = np.where(flat_e >= 0, w_of[flat_e.clip(min=0)], 0.0)
-        rmax = int(np.argmax(rank_load))
-        Lmax = rank_load[rmax]
-        a_slots = np.nonzero((slot_rank == rmax) & (flat_e >= 0))[0]
-        if strategy == "greedy_swap":
-            rmin = int(np.argmin(rank_load))
-            b_slots = np.nonzero(slot_rank == rmin)[0]
-        else:
-            b_slots = np.nonzero(slot_rank != rmax)[0]
-        if a_slots.size == 0 or b_slots.size == 0:
+        order = np.argsort(-rank_load, kind="stable")
+        # greedy_swap: only the most loaded rank against the least loaded one.
+        # swap: the most loaded rank against every rank; if it cannot be improved, the next most
+        # loaded one, and so on (lexicographic min-max: flattens the whole upper tail, which is
+        # what the realized, noisy maximum depends on).
+        sources = order[:1] if strategy == "greedy_swap" else order
+        best = None
+        for src in sources:
+            dst = order[-1:] if strategy == "greedy_swap" else None
+            best = _best_exchange(int(src), dst, w_of, state, moved, budget, eps, strategy)
+            if best is not None:
+                break
+        if best is None:
             break
-        ea, eb = flat_e[a_slots][:, None], flat_e[b_slots][None, :]
-        wa, wb = w[a_slots][:, None], w[b_slots][None, :]
-        rb = slot_rank[b_slots][None, :]
-        new_max = Lmax - wa + wb
-        new_r = rank_load[rb] + wa - wb
-        pair_max = np.maximum(new_max, new_r)
-        ok = pair_max < Lmax - eps
-        # replicas stay on distinct ranks
-        ok &= ~on_rank[ea, rb]
-        ok &= (eb < 0) | ~on_rank[eb.clip(min=0), rmax]
-        # move cost: copies (expert, rank) not held by `current`
-        ebc = eb.clip(min=0)
-        gain = (~cur_pairs[ea, rb]).astype(np.int64) - (~cur_pairs[ea, rmax]).astype(np.int64)
-        gain = gain + np.where(eb >= 0, (~cur_pairs[ebc, rmax]).astype(np.int64)
-                               - (~cur_pairs[ebc, rb]).astype(np.int64), 0)
-        ok &= moved + gain <= budget
-        if not ok.any():
-            break
-        if strategy == "greedy_swap":
-            score = np.abs(new_max - new_r)
-        else:
-            # lowest resulting pair maximum; ties -> fewer copies, then the more even pair
-            score = pair_max + 1e-6 * eps * gain + 1e-12 * np.abs(new_max - new_r)
-        score = np.where(ok, score, np.inf)
-        ia, ib = np.unravel_index(int(np.argmin(score)), score.shape)
-        sa, sb = a_slots[ia], b_slots[ib]
-        e_a, e_b, r_b = flat_e[sa], flat_e[sb], slot_rank[sb]
+        sa, sb, new_src, new_dst, gain = best
+        r_a, r_b = slot_rank[sa], slot_rank[sb]
+        e_a, e_b = flat_e[sa], flat_e[sb]
         flat_e[sa], flat_e[sb] = e_b, e_a
-        on_rank[e_a, rmax], on_rank[e_a, r_b] = False, True
+        on_rank[e_a, r_a], on_rank[e_a, r_b] = False, True
         if e_b >= 0:
-            on_rank[e_b, r_b], on_rank[e_b, rmax] = False, True
-        rank_load[rmax] = new_max[ia, ib]
-        rank_load[r_b] = new_r[ia, ib]
-        moved += int(gain[ia, ib])
+            on_rank[e_b, r_b], on_rank[e_b, r_a] = False, True
+        rank_load[r_a], rank_load[r_b] = new_src, new_dst
+        moved += gain
 
     plan = Placement(torch.from_numpy(slot_e.copy()), E)
     after = plan.rank_loads(torch.from_numpy(load))
@@ -380,6 +369,49 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
     moved = int((on_rank & ~cur_pairs).sum())
     changed = cur is None or not torch.equal(plan.slot_to_expert, cur.slot_to_expert)
     return _copy_with(plan, imb_before, imb_after, cv_before, cv_after, moved, changed)
+
+
+def _best_exchange(src, dst, w_of, state, moved, budget, eps, strategy):
+    """Best swap of an expert on rank ``src`` with an expert (or empty slot) on another rank
+    (``dst`` ranks only, if given) that lowers the larger of the two rank loads below
+    ``load[src] - eps`` within the move budget. Returns ``(slot_a, slot_b, new_src_load,
+    new_dst_load, extra_copies)`` or ``None``."""
+    flat_e, slot_rank, on_rank, cur_pairs, rank_load = state
+    a_slots = np.nonzero((slot_rank == src) & (flat_e >= 0))[0]
+    if dst is None:
+        b_slots = np.nonzero(slot_rank != src)[0]
+    else:
+        b_slots = np.nonzero(np.isin(slot_rank, dst) & (slot_rank != src))[0]
+    if a_slots.size == 0 or b_slots.size == 0:
+        return None
+    ea, eb = flat_e[a_slots][:, None], flat_e[b_slots][None, :]
+    ebc = eb.clip(min=0)
+    wa = w_of[ea]
+    wb = np.where(eb >= 0, w_of[ebc], 0.0)
+    rb = slot_rank[b_slots][None, :]
+    L = rank_load[src]
+    new_src = L - wa + wb
+    new_dst = rank_load[rb] + wa - wb
+    pair_max = np.maximum(new_src, new_dst)
+    ok = pair_max < L - eps
+    ok &= ~on_rank[ea, rb]                                   # replicas stay on distinct ranks
+    ok &= (eb < 0) | ~on_rank[ebc, src]
+    # extra copies: (expert, rank) pairs the current placement does not hold
+    gain = (~cur_pairs[ea, rb]).astype(np.int64) - (~cur_pairs[ea, src]).astype(np.int64)
+    gain = gain + np.where(eb >= 0, (~cur_pairs[ebc, src]).astype(np.int64)
+                           - (~cur_pairs[ebc, rb]).astype(np.int64), 0)
+    ok &= moved + gain <= budget
+    if not ok.any():
+        return None
+    if strategy == "greedy_swap":
+        score = np.abs(new_src - new_dst)
+    else:
+        # lowest resulting pair maximum; near-ties -> fewer copies, then the more even pair
+        score = pair_max + 1e-6 * L * gain + 1e-9 * np.abs(new_src - new_dst)
+    score = np.where(ok, score, np.inf)
+    ia, ib = np.unravel_index(int(np.argmin(score)), score.shape)
+    return (int(a_slots[ia]), int(b_slots[ib]), float(new_src[ia, ib]), float(new_dst[ia, ib]),
+            int(gain[ia, ib]))
 
 
 def _copy_with(p: Placement, ib, ia, cb, ca, moved, changed) -> Placement:

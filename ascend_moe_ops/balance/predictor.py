@@ -12,7 +12,8 @@ from ..ops import _checks
 
 Tensor = torch.Tensor
 
-METHODS = ("last", "window_mean", "ema", "trend")
+METHODS = ("last", "window_mean", "ema", "trend", "adaptive_ema")
+ADAPTIVE_ALPHAS = (0.03, 0.1, 0.2, 0.35, 0.6)
 
 
 class ExpertLoadPredictor:
@@ -25,7 +26,10 @@ class ExpertLoadPredictor:
             ``"ema"`` (exponential moving average with ``alpha``; the default: it was the best
             predictor in ``bench/bench_balance.py``, see docs/ops/balance.md), or ``"trend"``
             (least-squares line through the window, evaluated at the middle of the next
-            ``horizon`` steps, clamped at 0).
+            ``horizon`` steps, clamped at 0), or ``"adaptive_ema"`` (several EMAs with
+            ``alpha`` in ``ADAPTIVE_ALPHAS`` run side by side; the one whose ``horizon``-step-ahead
+            forecasts had the smallest recent L1 error is used, so the smoothing follows how
+            fast the loads drift relative to the sampling noise).
         alpha: EMA weight of the newest observation (default ``2 / (window + 1)``, the EMA with
             the same mean age as the window).
         horizon: steps the prediction should cover (the re-planning interval); only ``trend``
@@ -51,6 +55,9 @@ class ExpertLoadPredictor:
         self.alpha, self.horizon, self.group = float(alpha), horizon, group
         self.history: deque = deque(maxlen=window)
         self._ema: Optional[Tensor] = None
+        self._bank: Optional[Tensor] = None          # [A, E] EMAs for adaptive_ema
+        self._bank_hist: deque = deque(maxlen=horizon)
+        self._bank_err = torch.zeros(len(ADAPTIVE_ALPHAS), dtype=torch.float64)
         self.steps = 0
 
     @torch.no_grad()
@@ -63,6 +70,17 @@ class ExpertLoadPredictor:
         if self.group is not None:
             dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
         self.history.append(x)
+        if self.method == "adaptive_ema":
+            a = torch.tensor(ADAPTIVE_ALPHAS, dtype=torch.float64)[:, None]
+            if self._bank is None:
+                self._bank = x.expand(a.shape[0], -1).clone()
+            else:
+                if len(self._bank_hist) == self.horizon:
+                    # score the forecasts made `horizon` steps ago against this observation
+                    err = (self._bank_hist[0] - x).abs().sum(1) / x.abs().sum().clamp(min=1e-12)
+                    self._bank_err.mul_(0.9).add_(err, alpha=0.1)
+                self._bank = self._bank * (1 - a) + a * x
+            self._bank_hist.append(self._bank.clone())
         self._ema = x.clone() if self._ema is None else self._ema.mul_(1 - self.alpha).add_(x, alpha=self.alpha)
         self.steps += 1
         return x
@@ -70,6 +88,9 @@ class ExpertLoadPredictor:
     def reset(self) -> None:
         self.history.clear()
         self._ema = None
+        self._bank = None
+        self._bank_hist.clear()
+        self._bank_err.zero_()
         self.steps = 0
 
     @torch.no_grad()
@@ -81,6 +102,8 @@ class ExpertLoadPredictor:
             return self.history[-1].clone()
         if self.method == "ema":
             return self._ema.clone()
+        if self.method == "adaptive_ema":
+            return self._bank[int(torch.argmin(self._bank_err))].clone()
         h = torch.stack(list(self.history))                                           # [W, E]
         if self.method == "window_mean" or h.shape[0] < 3:
             return h.mean(0)
