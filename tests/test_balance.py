@@ -416,6 +416,13 @@ def _tokens(r, step=0):
     return x, top.indices, probs, tgt
 
 
+# the dispatcher's permute/unpermute accumulate in fp32 (the op contract), so comparisons with the
+# dense fp64 reference, or between layouts that sum a token's slots differently, use fp32 tolerances;
+# before/after a re-placement the same rows meet in the same order and must agree to fp64 rounding.
+REF_TOL = dict(rtol=1e-5, atol=1e-6)
+SAME_TOL = dict(rtol=1e-12, atol=1e-12)
+
+
 def _expert_fn(x, w1, w2):
     return torch.tanh(x @ w1) @ w2
 
@@ -480,7 +487,7 @@ def _gather_global(executor, tensors, world):
             if e < 0:
                 continue
             if e in seen:
-                torch.testing.assert_close(buf[p], g[e], rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(buf[p], g[e], **SAME_TOL)
             else:
                 g[e] = buf[p]
                 seen.add(e)
@@ -583,6 +590,13 @@ def scenario_executor_errors(ctx):
         assert "distinct ranks" in str(e) or "ranks x" in str(e), str(e)
     else:
         raise AssertionError("bad placement accepted")
+    from ascend_moe_ops.balance import check_consistent
+    try:
+        check_consistent(torch.ones(E_D) * (2.0 if rank == 3 else 1.0), None, "predicted_load")
+    except ValueError as e:
+        assert "predicted_load differs between ranks: ranks [3]" in str(e), str(e)
+    else:
+        raise AssertionError("loads that differ between ranks were accepted")
     rep = plan_placement(torch.arange(1.0, E_D + 1), world, S + 1, None, replicas=True)
     try:
         PlacementExecutor(rep, _make_params(rep, rank), mode="expert")
@@ -617,21 +631,21 @@ def scenario_layer_expert_mode(ctx):
                 assert torch.equal(disp.expert_to_rank, ex.placement.expert_to_rank)
                 out_after = _layer_forward(ctx, disp, ex, params, step)
                 g_after = _gather_global(ex, [params[0].grad, params[1].grad], world)
-                torch.testing.assert_close(out_after, out_before, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(out_after, out_before, **SAME_TOL)
                 for a, b in zip(g_after, g_before):
-                    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+                    torch.testing.assert_close(a, b, **SAME_TOL)
                 opt.zero_grad(set_to_none=False)
             out = _layer_forward(ctx, disp, ex, params, step)
             if step == 0:
-                torch.testing.assert_close(out, ref_out[rank], rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(out, ref_out[rank], **REF_TOL)
                 g = _gather_global(ex, [params[0].grad, params[1].grad], world)
-                torch.testing.assert_close(g[0], ref_g1, rtol=1e-10, atol=1e-12)
-                torch.testing.assert_close(g[1], ref_g2, rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
+                torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
             opt.step()
             opt.zero_grad(set_to_none=False)
         results[name] = _gather_global(ex, params + [opt.state[params[0]]["exp_avg_sq"]], world)
     for a, b in zip(results["A"], results["B"]):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a, b, **SAME_TOL)
     ctx["expert_mode_final"] = results["A"]
 
 
@@ -661,16 +675,16 @@ def scenario_layer_slot_mode_replicas(ctx):
         ex.sync_replica_grads()
         if step in (0, 1):
             if step == 0:
-                torch.testing.assert_close(out, ref_out[rank], rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(out, ref_out[rank], **REF_TOL)
                 g = _gather_global(ex, [params[0].grad, params[1].grad], world)
-                torch.testing.assert_close(g[0], ref_g1, rtol=1e-10, atol=1e-12)
-                torch.testing.assert_close(g[1], ref_g2, rtol=1e-10, atol=1e-12)
+                torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
+                torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
         opt.step()
         opt.zero_grad(set_to_none=False)
     final = _gather_global(ex, params + [opt.state[params[0]]["exp_avg_sq"]], world)
     if "expert_mode_final" in ctx:
         for a, b in zip(final, ctx["expert_mode_final"]):
-            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(a, b, **REF_TOL)
     # replica routing is deterministic across calls and ranks
     _, ids, _, _ = _tokens(rank)
     assert torch.equal(ex.route(ids), ex.route(ids))

@@ -265,6 +265,10 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
         raise ValueError("predicted_load must be finite and non-negative")
     if max_moves is not None:
         _checks.check_int("max_moves", max_moves, minimum=0)
+    for name, v in (("cv_threshold", cv_threshold), ("min_improvement", min_improvement),
+                    ("min_gain", min_gain)):
+        if not v >= 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
     max_replicas = R if max_replicas is None else _checks.check_int("max_replicas", max_replicas, minimum=1)
 
     if current is None:
