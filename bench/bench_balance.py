@@ -230,8 +230,9 @@ def run(ctx):
     intervals = (10,) if ctx.quick else (10, 50)
     seeds = (0,) if ctx.quick else (0, 1, 2)
     for r in study(steps=steps, intervals=intervals, quick=ctx.quick, seeds=seeds, log=lambda *_: None):
-        case = (f"{r['trace']} every {r['interval']}: {r['label']} E={E} "
-                f"R={R}x{S + int(r['replicas'])}")
+        case = (f"{r['trace']} E={E} R={R}x{S + int(r['replicas'])} re-plan/{r['interval']}: "
+                f"{r['label']} -> imbalance {r['imbalance']:.3f} (static {r['static']:.3f}, "
+                f"-{r['reduction_pct']:.0f}%), {r['moves_mean']:.1f} moved/re-plan")
         rows.append(Row(op="balance", case=case, backend="reference", dtype="fp64",
                         seconds=r["plan_seconds"],
                         extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
