@@ -183,7 +183,8 @@ def _configs(kind, quick):
     return base
 
 
-def study(steps=1500, intervals=(10, 50), quick=False, seeds=(0, 1, 2), log=print, max_moves=25):
+def study(steps=1500, intervals=(10, 50), quick=False, seeds=(0, 1, 2), log=print, max_moves=25,
+          min_improvement=0.02):
     """All figures of the study, averaged over ``seeds`` (independent traces); returns a list of
     result dicts (one per trace x interval x policy)."""
     results = []
@@ -199,13 +200,15 @@ def study(steps=1500, intervals=(10, 50), quick=False, seeds=(0, 1, 2), log=prin
         log(f"   noise floor (true loads, unlimited moves, re-planned every 10 steps): "
             f"{floor:.3f} (32x8), {floor_rep:.3f} (32x9 with replicas)")
         for interval in intervals:
-            log(f"   -- re-plan every {interval} steps, <= {max_moves} experts moved per re-plan; "
+            log(f"   -- re-plan every {interval} steps, <= {max_moves} experts moved per re-plan, "
+                f"applied if the predicted imbalance drops by > {min_improvement}; "
                 f"reduction vs static: mean [min, max] over traces")
             for label, method, alpha, strategy, rep in _configs(kind, quick):
                 runs, reds = [], []
                 for (p, counts) in traces:
                     r = simulate(p, counts, method=method, alpha=alpha, strategy=strategy,
-                                 replicas=rep, interval=interval, max_moves=max_moves)
+                                 replicas=rep, interval=interval, max_moves=max_moves,
+                                 min_improvement=min_improvement)
                     runs.append(r)
                     reds.append(100.0 * (1.0 - r["imbalance"] / static_imbalance(counts)))
                 r = {k: float(np.mean([x[k] for x in runs])) for k in runs[0]}
