@@ -81,7 +81,10 @@ class ExpertLoadPredictor:
                     self._bank_err.mul_(0.9).add_(err, alpha=0.1)
                 self._bank = self._bank * (1 - a) + a * x
             self._bank_hist.append(self._bank.clone())
-        self._ema = x.clone() if self._ema is None else self._ema.mul_(1 - self.alpha).add_(x, alpha=self.alpha)
+        if self._ema is None:
+            self._ema = x.clone()
+        else:
+            self._ema.mul_(1 - self.alpha).add_(x, alpha=self.alpha)
         self.steps += 1
         return x
 
