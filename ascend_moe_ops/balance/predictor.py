@@ -23,24 +23,25 @@ class ExpertLoadPredictor:
         num_experts: ``E``.
         window: number of most recent observations kept (``window_mean`` and ``trend`` use them).
         method: ``"last"`` (the last observation), ``"window_mean"`` (mean of the window),
-            ``"ema"`` (exponential moving average with ``alpha``; the default: it was the best
-            predictor in ``bench/bench_balance.py``, see docs/ops/balance.md), or ``"trend"``
+            ``"ema"`` (exponential moving average with ``alpha``), ``"trend"``
             (least-squares line through the window, evaluated at the middle of the next
             ``horizon`` steps, clamped at 0), or ``"adaptive_ema"`` (several EMAs with
             ``alpha`` in ``ADAPTIVE_ALPHAS`` run side by side; the one whose ``horizon``-step-ahead
             forecasts had the smallest recent L1 error is used, so the smoothing follows how
-            fast the loads drift relative to the sampling noise).
+            fast the loads drift relative to the sampling noise; the default: it had the smallest
+            forecast error, or tied for it, in every case of ``bench/bench_balance.py``, see
+            docs/ops/balance.md).
         alpha: EMA weight of the newest observation (default ``2 / (window + 1)``, the EMA with
             the same mean age as the window).
-        horizon: steps the prediction should cover (the re-planning interval); only ``trend``
-            uses it.
+        horizon: steps the prediction should cover (the re-planning interval); ``trend`` and
+            ``adaptive_ema`` use it.
         group: if given, :meth:`update` sums the counts over this group (the DP group) with one
             ``all_reduce`` so every rank predicts the same global load.
 
     ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor.
     """
 
-    def __init__(self, num_experts: int, window: int = 32, *, method: str = "ema",
+    def __init__(self, num_experts: int, window: int = 32, *, method: str = "adaptive_ema",
                  alpha: Optional[float] = None, horizon: int = 1, group=None):
         _checks.check_int("num_experts", num_experts, minimum=1)
         _checks.check_int("window", window, minimum=1)
