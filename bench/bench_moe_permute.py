@@ -117,6 +117,10 @@ def _backends_to_time(device):
                 skipped.append("triton: runs only in the TRITON_INTERPRET interpreter on cpu, "
                                "useless for timing")
                 continue
+            if b == "ascendc-emu":
+                skipped.append("ascendc-emu: the AscendC kernels on a CPU emulator that checks rules, "
+                               "not speed; its timings mean nothing")
+                continue
             names.append(b)
         else:
             skipped.append(f"{b}: {_backends.unavailable_reason(OP, b, device) or 'unavailable'}")
