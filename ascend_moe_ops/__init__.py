@@ -9,6 +9,8 @@ from ._backends import BackendUnavailableError, active_backend, available_backen
 from .formats import group_sizes_to_group_list, group_sizes_to_offsets
 from .ops.moe_permute import PermuteResult, moe_permute
 from .ops.moe_unpermute import moe_unpermute
+from .ops.grouped_gemm import grouped_gemm, grouped_gemm_dw
+from . import nn  # noqa: E402  (MoE layers built on the ops)
 
 __version__ = "0.1.0"
 
@@ -16,4 +18,5 @@ __all__ = [
     "BackendUnavailableError", "active_backend", "available_backends", "use_backend",
     "group_sizes_to_offsets", "group_sizes_to_group_list",
     "PermuteResult", "moe_permute", "moe_unpermute",
+    "grouped_gemm", "grouped_gemm_dw", "nn",
 ]

@@ -1,0 +1,1 @@
+"""MoE layers built on the ops."""
