@@ -142,6 +142,8 @@ def test_forward_matches_fp64(backend, dtype, case, trans_b):
 @pytest.mark.parametrize("trans_b", [False, True], ids=["nn", "nt"])
 def test_backward_matches_fp64(backend, dtype, case, trans_b):
     _skip_unsupported(backend, dtype, case)
+    if backend == "triton" and case == "E256_sparse":
+        pytest.skip("256 dW programs are slow in the interpreter; the forward covers E=256 there")
     x, w, sizes = _inputs(case, dtype, trans_b)
     g = torch.Generator().manual_seed(1)
     dy = torch.randn(x.shape[0], w.shape[1] if trans_b else w.shape[2], generator=g).to(dtype)
