@@ -48,7 +48,7 @@ namespace grouped_gemm_cpu {
 // Blocking. NR: one micro-panel = 4 zmm of fp32 results. MR x NR accumulators = 24 of the 32 zmm.
 constexpr int64_t NR = 64;
 constexpr int64_t MR = 6;
-constexpr int64_t MC = 132;      // max rows of an item (multiple of MR)
+constexpr int64_t MC = 264;      // max rows of an item (multiple of MR): one B pack serves them all
 constexpr int64_t NC = 256;      // max cols of an item (multiple of NR)
 constexpr int64_t KC_BF16 = 256; // k per block, bf16 (kp = 128 VNNI pairs: a 32 KiB B panel)
 constexpr int64_t KC_F32 = 128;  // k per block, fp32/fp16 (a 32 KiB B panel)
@@ -64,16 +64,19 @@ struct Workspace {
   static constexpr size_t kB = (NC / NR) * (KC_BF16 / 2 > KC_F32 ? KC_BF16 / 2 : KC_F32) * NR * 4;
   static constexpr size_t kA = MC * (KC_BF16 > KC_F32 ? KC_BF16 : KC_F32) * 4 + 64 * 4 * 16;
   static constexpr size_t kC = MC * NC * 4;
+  static constexpr size_t kT = (KC_BF16 / 2) * (MC + 16) * 4;
   char* base;
   uint32_t* b;  // packed B panels (bf16 words or fp32)
   uint32_t* a;  // packed A (bf16 words or fp32)
   float* c;     // fp32 accumulator tile [MC][NC]
+  uint32_t* t;  // scratch (interleaved A before it is cut into MR-row panels)
   Workspace() {
-    base = static_cast<char*>(std::aligned_alloc(64, kB + kA + kC));
+    base = static_cast<char*>(std::aligned_alloc(64, kB + kA + kC + kT));
     TORCH_CHECK(base != nullptr, "grouped_gemm: out of memory for the packing workspace");
     b = reinterpret_cast<uint32_t*>(base);
     a = reinterpret_cast<uint32_t*>(base + kB);
     c = reinterpret_cast<float*>(base + kB + kA);
+    t = reinterpret_cast<uint32_t*>(base + kB + kA + kC);
   }
   ~Workspace() { std::free(base); }
   Workspace(const Workspace&) = delete;
@@ -338,8 +341,61 @@ struct Operand {
   int64_t s0, s1;  // A: (row stride, k stride); B: (k stride, col stride)
 };
 
-inline void tile_bf16(int64_t m, int64_t n, int64_t K, Operand A, Operand B, c10::BFloat16* out,
-                      int64_t ldo, Workspace& ws) {
+// One work item's GEMM: out[m x n] (ldo) = A[m x K] . B[K x n].
+struct TileArgs {
+  int64_t m, n, K;
+  Operand A, B;
+  void* out;
+  int64_t ldo;
+};
+
+// Software prefetch of the operands of the *next* K block (of this item, or of the item this
+// thread runs next), spread over the micro-kernel calls of the current block so that the DRAM
+// reads of the next weight tile overlap compute (a fine-grained expert's weight is used by only
+// ~64 rows, so its latency would otherwise show).
+struct Prefetcher {
+  struct Range { const char* p; int64_t rows, row_bytes, stride; };
+  Range r[2];
+  int nr = 0, cur = 0;
+  int64_t row = 0, off = 0, left = 0;
+  void add(const void* p, int64_t rows, int64_t row_bytes, int64_t stride) {
+    if (rows > 0 && row_bytes > 0 && nr < 2) {
+      r[nr++] = {static_cast<const char*>(p), rows, row_bytes, stride};
+      left += rows * ceil_div(row_bytes, 64);
+    }
+  }
+  // the ranges read by the packing of K block [k0, k0 + kc) of `t` (elements of `es` bytes)
+  void add_block(const TileArgs& t, int64_t k0, int64_t kc, int64_t es) {
+    const char* a = static_cast<const char*>(t.A.p);
+    const char* b = static_cast<const char*>(t.B.p);
+    if (t.B.s1 == 1) add(b + k0 * t.B.s0 * es, kc, t.n * es, t.B.s0 * es);
+    else if (t.B.s0 == 1) add(b + k0 * es, t.n, kc * es, t.B.s1 * es);
+    if (t.A.s1 == 1) add(a + k0 * es, t.m, kc * es, t.A.s0 * es);
+    else if (t.A.s0 == 1) add(a + k0 * t.A.s1 * es, kc, t.m * es, t.A.s1 * es);
+  }
+  int64_t lines() const { return left; }
+  void step(int64_t n) {
+#if AMO_GG_AVX512
+    while (n-- > 0 && cur < nr) {
+      const Range& g = r[cur];
+      _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
+      --left;
+      off += 64;
+      if (off >= g.row_bytes) {
+        off = 0;
+        if (++row >= g.rows) { row = 0; ++cur; }
+      }
+    }
+#else
+    (void)n;
+#endif
+  }
+};
+
+inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+  const int64_t m = t.m, n = t.n, K = t.K, ldo = t.ldo;
+  const Operand A = t.A, B = t.B;
+  c10::BFloat16* out = static_cast<c10::BFloat16*>(t.out);
   const uint16_t* a = static_cast<const uint16_t*>(A.p);
   const uint16_t* b = static_cast<const uint16_t*>(B.p);
   const int64_t npan = ceil_div(n, NR);
@@ -370,31 +426,54 @@ inline void tile_bf16(int64_t m, int64_t n, int64_t K, Operand A, Operand B, c10
           }
       }
     }
+    // A row block starting at row i: aw + (i / MR) * abs_, element (r, p) at [r * ars + p * aks]
     const uint32_t* aw;
-    int64_t ars, aks;
+    int64_t ars, aks, abs_;
     if (a_direct) {
       aw = reinterpret_cast<const uint32_t*>(a + k0);
       ars = A.s0 / 2;
       aks = 1;
-    } else if (A.s0 == 1) {  // columns of A contiguous (the dW case a^T): interleave k rows
+      abs_ = MR * ars;
+    } else if (A.s0 == 1) {
+      // columns of A contiguous (the dW case, A = a^T): interleave k-row pairs, then cut into
+      // MR-row panels [block][kp][MR] so that the micro-kernel reads A sequentially
       const int64_t ld = round_up(m, 16);
-      interleave_rows(a + k0 * A.s1, A.s1, kc, m, ws.a, ld, ld);
+      interleave_rows(a + k0 * A.s1, A.s1, kc, m, ws.t, ld, ld);
+      for (int64_t i0 = 0; i0 < m; i0 += MR) {
+        const int64_t mr = std::min(MR, m - i0);
+        uint32_t* dst = ws.a + (i0 / MR) * kp_max * MR;
+        const uint32_t* src = ws.t + i0;
+#if AMO_GG_AVX512
+        const __mmask8 mk = static_cast<__mmask8>((1u << mr) - 1u);
+        for (int64_t p = 0; p < kp; ++p)
+          _mm256_mask_storeu_epi32(dst + p * MR, mk, _mm256_maskz_loadu_epi32(mk, src + p * ld));
+#else
+        for (int64_t p = 0; p < kp; ++p)
+          for (int64_t r = 0; r < mr; ++r) dst[p * MR + r] = src[p * ld + r];
+#endif
+      }
       aw = ws.a;
       ars = 1;
-      aks = ld;
+      aks = MR;
+      abs_ = kp_max * MR;
     } else {
       pack_pairs_generic(a + k0 * A.s1, A.s0, A.s1, m, kc, ws.a, kp_max);
       aw = ws.a;
       ars = kp_max;
       aks = 1;
+      abs_ = MR * kp_max;
     }
     const bool first = k0 == 0;
+    Prefetcher pf;
+    if (k0 + KC_BF16 < K) pf.add_block(t, k0 + KC_BF16, std::min(KC_BF16, K - k0 - KC_BF16), 2);
+    else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KC_BF16, next->K), 2);
+    const int64_t per_call = ceil_div(pf.lines(), npan * ceil_div(m, MR));
     for (int64_t j = 0; j < npan; ++j) {
       const uint32_t* bp = ws.b + j * kp_max * NR;
       for (int64_t i = 0; i < m; i += MR) {
         const int64_t mr = std::min(MR, m - i);
-        const u32_unaligned* ai = reinterpret_cast<const u32_unaligned*>(aw + i * ars);
-        const uint32_t* aip = reinterpret_cast<const uint32_t*>(ai);
+        pf.step(per_call);
+        const uint32_t* aip = aw + (i / MR) * abs_;
         float* c = ws.c + i * ldc + j * NR;
         dispatch_mr(
             mr, [&] { ukr_bf16<6>(aip, ars, aks, bp, kp, c, ldc, first); },
@@ -415,8 +494,10 @@ inline void tile_bf16(int64_t m, int64_t n, int64_t K, Operand A, Operand B, c10
 
 // fp32 and fp16 (converted to fp32 while packing).
 template <typename T>
-inline void tile_f32(int64_t m, int64_t n, int64_t K, Operand A, Operand B, T* out, int64_t ldo,
-                     Workspace& ws) {
+inline void tile_f32(const TileArgs& t, Workspace& ws) {
+  const int64_t m = t.m, n = t.n, K = t.K, ldo = t.ldo;
+  const Operand A = t.A, B = t.B;
+  T* out = static_cast<T*>(t.out);
   const T* a = static_cast<const T*>(A.p);
   const T* b = static_cast<const T*>(B.p);
   constexpr bool is_f32 = std::is_same<T, float>::value;
@@ -496,10 +577,9 @@ inline void tile_f32(int64_t m, int64_t n, int64_t K, Operand A, Operand B, T* o
 }
 
 template <typename T>
-inline void run_tile(int64_t m, int64_t n, int64_t K, Operand A, Operand B, T* out, int64_t ldo,
-                     Workspace& ws) {
-  if constexpr (std::is_same<T, c10::BFloat16>::value) tile_bf16(m, n, K, A, B, out, ldo, ws);
-  else tile_f32<T>(m, n, K, A, B, out, ldo, ws);
+inline void run_tile(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+  if constexpr (std::is_same<T, c10::BFloat16>::value) tile_bf16(t, next, ws);
+  else tile_f32<T>(t, ws);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -525,9 +605,13 @@ void run_items(const std::vector<Item>& items, Body body) {
   const int64_t nth = std::min<int64_t>(at::get_num_threads(), n_items);
   at::parallel_for(0, nth, 1, [&](int64_t, int64_t) {
     Workspace ws;
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n_items;
-         i = next.fetch_add(1, std::memory_order_relaxed))
-      body(items[i], ws);
+    // each thread claims its next item one step ahead, so that it can prefetch its operands
+    int64_t cur = next.fetch_add(1, std::memory_order_relaxed);
+    while (cur < n_items) {
+      const int64_t nxt = next.fetch_add(1, std::memory_order_relaxed);
+      body(items[cur], nxt < n_items ? &items[nxt] : nullptr, ws);
+      cur = nxt;
+    }
   });
 }
 
@@ -599,12 +683,20 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
     const T* xp = x.data_ptr<T>();
     const T* wp = w.data_ptr<T>();
     T* op = out.data_ptr<T>();
-    run_items(items, [&](const Item& it, Workspace& ws) {
-      Operand A{xp + it.r0 * K, K, 1};
+    auto args = [&](const Item& it) {
       const T* we = wp + it.e * wsE;
       // B(k, c): trans_b=False w[e][k][c]; trans_b=True w[e][c][k]
       Operand B = trans_b ? Operand{we + it.c0 * K, 1, K} : Operand{we + it.c0, N, 1};
-      run_tile<T>(it.m, it.n, K, A, B, op + it.r0 * N + it.c0, N, ws);
+      return TileArgs{it.m, it.n, K, Operand{xp + it.r0 * K, K, 1}, B, op + it.r0 * N + it.c0, N};
+    };
+    run_items(items, [&](const Item& it, const Item* nx, Workspace& ws) {
+      const TileArgs t = args(it);
+      if (nx) {
+        const TileArgs tn = args(*nx);
+        run_tile<T>(t, &tn, ws);
+      } else {
+        run_tile<T>(t, nullptr, ws);
+      }
     });
   };
   if (x.scalar_type() == at::kFloat) body(float{});
@@ -654,11 +746,20 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
     const T* ap = a.data_ptr<T>();
     const T* bp = b.data_ptr<T>();
     T* op = out.data_ptr<T>();
-    run_items(items, [&](const Item& it, Workspace& ws) {
+    auto args = [&](const Item& it) {
       const int64_t o = offs[it.e];
       Operand A{ap + o * P + it.r0, 1, P};     // A(r=p, k=row) = a[row][p]
       Operand B{bp + o * Q + it.c0, Q, 1};     // B(k=row, c=q) = b[row][q]
-      run_tile<T>(it.m, it.n, gs[it.e], A, B, op + it.e * P * Q + it.r0 * Q + it.c0, Q, ws);
+      return TileArgs{it.m, it.n, gs[it.e], A, B, op + it.e * P * Q + it.r0 * Q + it.c0, Q};
+    };
+    run_items(items, [&](const Item& it, const Item* nx, Workspace& ws) {
+      const TileArgs t = args(it);
+      if (nx) {
+        const TileArgs tn = args(*nx);
+        run_tile<T>(t, &tn, ws);
+      } else {
+        run_tile<T>(t, nullptr, ws);
+      }
     });
   };
   if (a.scalar_type() == at::kFloat) body(float{});
