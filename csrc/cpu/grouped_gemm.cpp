@@ -53,6 +53,16 @@ constexpr int64_t NC = 256;      // max cols of an item (multiple of NR)
 constexpr int64_t KC_BF16 = 256; // k per block, bf16 (kp = 128 VNNI pairs: a 32 KiB B panel)
 constexpr int64_t KC_F32 = 128;  // k per block, fp32/fp16 (a 32 KiB B panel)
 
+// Runtime blocking for bf16 (defaults above; AMO_GG_KC / AMO_GG_MC override them, for tuning only).
+inline int64_t env_or(const char* name, int64_t dflt, int64_t lo, int64_t hi, int64_t mult) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return dflt;
+  int64_t x = std::atoll(v) / mult * mult;
+  return std::max(lo, std::min(hi, x));
+}
+inline int64_t kc_bf16() { static const int64_t v = env_or("AMO_GG_KC", KC_BF16, 32, KC_BF16, 32); return v; }
+inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, MC, MR); return v; }
+
 typedef uint32_t u32_unaligned __attribute__((may_alias, aligned(2)));
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -86,9 +96,11 @@ struct Workspace {
 // ------------------------------------------------------------------------------------------
 // Micro-kernels: C[r][0..64) (+)= sum_k A(r,k) B(k, 0..64) for r < MRr.
 #if AMO_GG_BF16DOT
+// With `out` set (the last K block) the results are rounded to bf16 and stored straight into the
+// output (columns < ncols); otherwise the fp32 partial sums go to C.
 template <int MRr>
 inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* B, int64_t kp_n,
-                     float* C, int64_t ldc, bool first) {
+                     float* C, int64_t ldc, bool first, uint16_t* out, int64_t ldo, int64_t ncols) {
   __m512 c[MRr][4];
   for (int r = 0; r < MRr; ++r)
     for (int j = 0; j < 4; ++j)
@@ -109,6 +121,16 @@ inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* 
       c[r][3] = _mm512_dpbf16_ps(c[r][3], a, b3);
     }
   }
+  if (out != nullptr) {
+    for (int j = 0; j < 4; ++j) {
+      const int64_t cnt = ncols - 16 * j;
+      if (cnt <= 0) break;
+      const __mmask16 mk = cnt >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cnt) - 1u);
+      for (int r = 0; r < MRr; ++r)
+        _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mk, (__m256i)_mm512_cvtneps_pbh(c[r][j]));
+    }
+    return;
+  }
   for (int r = 0; r < MRr; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + r * ldc + 16 * j, c[r][j]);
 }
@@ -117,7 +139,7 @@ inline float bf16_lo(uint32_t w) { uint32_t u = w << 16; float f; std::memcpy(&f
 inline float bf16_hi(uint32_t w) { uint32_t u = w & 0xFFFF0000u; float f; std::memcpy(&f, &u, 4); return f; }
 template <int MRr>
 inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* B, int64_t kp_n,
-                     float* C, int64_t ldc, bool first) {
+                     float* C, int64_t ldc, bool first, uint16_t* out, int64_t ldo, int64_t ncols) {
   for (int r = 0; r < MRr; ++r) {
     float acc[NR];
     for (int j = 0; j < NR; ++j) acc[j] = first ? 0.f : C[r * ldc + j];
@@ -128,7 +150,14 @@ inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* 
         acc[j] += bf16_lo(a) * bf16_lo(b) + bf16_hi(a) * bf16_hi(b);
       }
     }
-    for (int j = 0; j < NR; ++j) C[r * ldc + j] = acc[j];
+    if (out != nullptr) {
+      for (int j = 0; j < NR && j < ncols; ++j) {
+        c10::BFloat16 h(acc[j]);
+        out[r * ldo + j] = h.x;
+      }
+    } else {
+      for (int j = 0; j < NR; ++j) C[r * ldc + j] = acc[j];
+    }
   }
 }
 #endif
@@ -400,11 +429,12 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
   const uint16_t* b = static_cast<const uint16_t*>(B.p);
   const int64_t npan = ceil_div(n, NR);
   const int64_t ldc = npan * NR;
-  const int64_t kp_max = round_up(KC_BF16 / 2, 16);
+  const int64_t kp_max = round_up(KC_BF16 / 2, 16);  // buffer layout (max block)
+  const int64_t KCB = kc_bf16();
   // A read in place when each row holds its k pairs contiguously (x rows with even K)
   const bool a_direct = A.s1 == 1 && A.s0 % 2 == 0 && K % 2 == 0;
-  for (int64_t k0 = 0; k0 < K; k0 += KC_BF16) {
-    const int64_t kc = std::min(KC_BF16, K - k0);
+  for (int64_t k0 = 0; k0 < K; k0 += KCB) {
+    const int64_t kc = std::min(KCB, K - k0);
     const int64_t kp = (kc + 1) / 2;
     for (int64_t j = 0; j < npan; ++j) {
       const int64_t nn = std::min(NR, n - j * NR);
@@ -465,8 +495,9 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
     }
     const bool first = k0 == 0;
     Prefetcher pf;
-    if (k0 + KC_BF16 < K) pf.add_block(t, k0 + KC_BF16, std::min(KC_BF16, K - k0 - KC_BF16), 2);
-    else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KC_BF16, next->K), 2);
+    const bool last = k0 + KCB >= K;
+    if (!last) pf.add_block(t, k0 + KCB, std::min(KCB, K - k0 - KCB), 2);
+    else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KCB, next->K), 2);
     const int64_t per_call = ceil_div(pf.lines(), npan * ceil_div(m, MR));
     for (int64_t j = 0; j < npan; ++j) {
       const uint32_t* bp = ws.b + j * kp_max * NR;
@@ -475,21 +506,19 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
         pf.step(per_call);
         const uint32_t* aip = aw + (i / MR) * abs_;
         float* c = ws.c + i * ldc + j * NR;
+        uint16_t* o = last ? reinterpret_cast<uint16_t*>(out) + i * ldo + j * NR : nullptr;
+        const int64_t nc = n - j * NR;
         dispatch_mr(
-            mr, [&] { ukr_bf16<6>(aip, ars, aks, bp, kp, c, ldc, first); },
-            [&] { ukr_bf16<5>(aip, ars, aks, bp, kp, c, ldc, first); },
-            [&] { ukr_bf16<4>(aip, ars, aks, bp, kp, c, ldc, first); },
-            [&] { ukr_bf16<3>(aip, ars, aks, bp, kp, c, ldc, first); },
-            [&] { ukr_bf16<2>(aip, ars, aks, bp, kp, c, ldc, first); },
-            [&] { ukr_bf16<1>(aip, ars, aks, bp, kp, c, ldc, first); });
+            mr, [&] { ukr_bf16<6>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
+            [&] { ukr_bf16<5>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
+            [&] { ukr_bf16<4>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
+            [&] { ukr_bf16<3>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
+            [&] { ukr_bf16<2>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
+            [&] { ukr_bf16<1>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); });
       }
     }
   }
-  if (K == 0) {
-    zero_tile(m, n, out, ldo);
-    return;
-  }
-  store_tile(ws.c, ldc, m, n, out, ldo);
+  if (K == 0) zero_tile(m, n, out, ldo);  // otherwise the last K block stored the results
 }
 
 // fp32 and fp16 (converted to fp32 while packing).
@@ -592,7 +621,7 @@ struct Item {
 inline void split_rows(int64_t rows, std::vector<std::pair<int64_t, int64_t>>& out) {
   out.clear();
   if (rows <= 0) return;
-  const int64_t nt = ceil_div(rows, MC);
+  const int64_t nt = ceil_div(rows, mc_rows());
   const int64_t step = round_up(ceil_div(rows, nt), MR);
   for (int64_t r = 0; r < rows; r += step) out.emplace_back(r, std::min(step, rows - r));
 }
