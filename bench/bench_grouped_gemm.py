@@ -59,6 +59,7 @@ def _loop(a, b_of, sizes_list, out):
         if g:
             torch.mm(a[start:start + g], b_of(e), out=out[start:start + g])
         start += g
+    out[start:].zero_()
     return out
 
 
@@ -90,21 +91,19 @@ def run(ctx):
         wt = w.transpose(1, 2)
         flops = 2 * int(sizes.sum()) * K * N
         formula = "flops = 2 * sum(group_sizes) * K * N"
-        out_mn, out_mk = x.new_empty(M, N), x.new_empty(M, K)
-        out_w = x.new_empty(E, K, N)
         passes = {
             "fwd": (lambda: amo.grouped_gemm(x, w, gs),
                     {"dense torch.mm": lambda: torch.mm(x, dense_b),
                      "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
-                     "per-expert loop": lambda: _loop(x, lambda e: w[e], sl, out_mn)}),
+                     "per-expert loop": lambda: _loop(x, lambda e: w[e], sl, x.new_empty(M, N))}),
             "dX": (lambda: amo.grouped_gemm(dy, w, gs, trans_b=True),
                    {"dense torch.mm": lambda: torch.mm(dy, dense_b.t()),
                     "torch._grouped_mm": lambda: torch._grouped_mm(dy, wt, offs=offs),
-                    "per-expert loop": lambda: _loop(dy, lambda e: w[e].t(), sl, out_mk)}),
+                    "per-expert loop": lambda: _loop(dy, lambda e: w[e].t(), sl, x.new_empty(M, K))}),
             "dW": (lambda: amo.grouped_gemm_dw(x, dy, gs),
                    {"dense torch.mm": lambda: torch.mm(x.t(), dy),
                     "torch._grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs=offs),
-                    "per-expert loop": lambda: _loop_dw(x, dy, sl, out_w)}),
+                    "per-expert loop": lambda: _loop_dw(x, dy, sl, x.new_empty(E, K, N))}),
         }
         for pname, (ours, peers) in passes.items():
             peer_t = {}
