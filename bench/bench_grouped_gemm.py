@@ -117,6 +117,14 @@ def run(ctx):
                     t = ctx.time(ours, min_time=min_time)
                 extra = {"E": E, "M": M, "K": K, "N": N, "pass": pname,
                          "max_group": max(sl), "empty_groups": sum(1 for s in sl if s == 0)}
+                # the least memory traffic of the pass (each operand read once, result written
+                # once): fine-grained experts stream their weights from DRAM on every call
+                elt = x.element_size()
+                min_bytes = elt * ({"fwd": M * K + E * K * N + M * N, "dX": M * N + E * K * N + M * K,
+                                    "dW": M * K + M * N + E * K * N}[pname])
+                extra["min_bytes"] = min_bytes
+                extra["GBps_at_min_bytes"] = round(min_bytes / t / 1e9, 2)
+                extra["copy_GBps_machine"] = round(ctx.machine.copy_gbps, 2)
                 if "dense torch.mm" in peer_t:
                     extra["pct_of_dense_same_problem"] = round(100 * peer_t["dense torch.mm"] / t, 1)
                 rows.append(Row(op=OP, case=f"{pname} {name}", backend=backend, dtype="bfloat16",
