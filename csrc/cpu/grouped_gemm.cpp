@@ -67,6 +67,11 @@ inline int64_t env_or(const char* name, int64_t dflt, int64_t lo, int64_t hi, in
 inline int64_t kc_bf16() { static const int64_t v = env_or("AMO_GG_KC", KC_BF16, 32, KC_BF16, 32); return v; }
 inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, MC, MR); return v; }
 
+// software prefetch: 1 = into L2 (default), 2 = into L1, 0 = off (AMO_GG_PF, for tuning only)
+inline int64_t pf_mode() { static const int64_t v = env_or("AMO_GG_PF", 1, 0, 2, 1); return v; }
+
+inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
+
 typedef uint32_t u32_unaligned __attribute__((may_alias, aligned(2)));
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -406,12 +411,14 @@ struct Prefetcher {
     if (t.A.s1 == 1) add(a + k0 * es, t.m, kc * es, t.A.s0 * es);
     else if (t.A.s0 == 1) add(a + k0 * t.A.s1 * es, kc, t.m * es, t.A.s1 * es);
   }
-  int64_t lines() const { return left; }
+  int64_t lines() const { return pf_mode() == 0 ? 0 : left; }
   void step(int64_t n) {
 #if AMO_GG_AVX512
+    if (pf_mode() == 0) return;
     while (n-- > 0 && cur < nr) {
       const Range& g = r[cur];
-      _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
+      if (pf_mode() == 2) _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T0);
+      else _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
       --left;
       off += 64;
       if (off >= g.row_bytes) {
@@ -502,7 +509,8 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
     const bool last = k0 + KCB >= K;
     if (!last) pf.add_block(t, k0 + KCB, std::min(KCB, K - k0 - KCB), 2);
     else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KCB, next->K), 2);
-    const int64_t per_call = ceil_div(pf.lines(), npan * ceil_div(m, MR));
+    // issue the prefetches over the first 1/pf_spread() of this block's micro-kernel calls
+    const int64_t per_call = ceil_div(pf.lines() * pf_spread(), npan * ceil_div(m, MR));
     for (int64_t j = 0; j < npan; ++j) {
       const uint32_t* bp = ws.b + j * kp_max * NR;
       for (int64_t i = 0; i < m; i += MR) {
