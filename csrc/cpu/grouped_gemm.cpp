@@ -13,6 +13,11 @@
 // (6 x 4 zmm accumulators) runs over every (row block, panel), accumulating in fp32 in a
 // per-thread C tile that is rounded once into the output dtype at the end.
 //
+// Each thread claims its next item one step ahead and prefetches (into L2) the operands of the
+// next K block while it computes; large outputs get transparent huge pages before the first
+// touch (see advise_huge_pages). The bf16 micro-kernel rounds the last K block straight into the
+// output.
+//
 // dtypes: bf16 -> _mm512_dpbf16_ps (AVX512_BF16) with fp32 accumulation; fp32 -> FMA; fp16 ->
 // converted to fp32 while packing (A and B), then the fp32 kernel; fp64 (oracle use only) ->
 // at::mm per group. Built with -march=native; without AVX512_BF16/AVX512F the same drivers run
@@ -71,8 +76,6 @@ inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, 
 inline int64_t pf_mode() { static const int64_t v = env_or("AMO_GG_PF", 1, 0, 2, 1); return v; }
 
 inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
-
-typedef uint32_t u32_unaligned __attribute__((may_alias, aligned(2)));
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
