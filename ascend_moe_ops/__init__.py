@@ -11,6 +11,8 @@ from .ops.moe_permute import PermuteResult, moe_permute
 from .ops.moe_unpermute import moe_unpermute
 from .ops.flash_attention import flash_attention
 from .ops.mla_attention import mla_attention
+from .ops.grouped_gemm import grouped_gemm, grouped_gemm_dw
+from . import nn  # noqa: E402  (MoE layers built on the ops)
 from . import _npu  # noqa: E402  (AscendC NPU backend: loaded only when torch_npu is installed)
 from . import distributed  # noqa: E402  (EPTopology, MoEDispatcher: torch.distributed, not ops)
 from . import balance  # noqa: E402  (load balancing: aux losses, expert placement)
@@ -24,5 +26,6 @@ __all__ = [
     "group_sizes_to_offsets", "group_sizes_to_group_list",
     "PermuteResult", "moe_permute", "moe_unpermute",
     "flash_attention", "mla_attention",
+    "grouped_gemm", "grouped_gemm_dw", "nn",
     "distributed", "balance",
 ]
