@@ -1,0 +1,176 @@
+"""moe_unpermute (and its backward op): every backend present vs the fp64 reference with the
+2x-PyTorch error rule, determinism, NaN isolation, round trips, autograd, opcheck and bad input."""
+
+import pytest
+import torch
+
+import ascend_moe_ops as amo
+from ascend_moe_ops.testing import assert_close_to_ref
+from conftest import backends
+from test_moe_permute import SHAPES, _inputs
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MODES = [dict(), dict(capacity=3), dict(align=4)]
+MODE_IDS = ["dropless", "capacity", "align"]
+
+
+def _permuted(T, H, E, K, kind, dtype, mode, seed=0):
+    tokens, routing, probs = _inputs(T, H, E, K, kind, dtype, seed=seed)
+    with amo.use_backend("reference"):
+        res = amo.moe_permute(tokens, routing, probs, num_experts=E, **mode)
+    # expert outputs: something other than the permuted tokens, with NaN in every unused row
+    rows = res.tokens.float() * 1.5 + 0.25
+    used = torch.zeros(rows.shape[0], dtype=torch.bool)
+    used[res.row_id_map[res.row_id_map >= 0].long()] = True
+    rows[~used] = float("nan")
+    return tokens, probs, res, rows.to(dtype)
+
+
+def _unpermute(backend, *args):
+    with amo.use_backend(backend):
+        return amo.moe_unpermute(*args)
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "T{}xH{}xE{}xK{}".format(*s))
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "noprobs"])
+def test_forward_matches_fp64_reference(backend, dtype, shape, kind, mode, with_probs):
+    T, H, E, K = shape
+    if kind == "mask" and E > 64:
+        pytest.skip("mask routing is tested on the smaller expert counts (same code path)")
+    _, probs, res, rows = _permuted(T, H, E, K, kind, dtype, mode)
+    probs = probs if with_probs else None
+    out = _unpermute(backend, rows, res.row_id_map, probs)
+    assert out.dtype == dtype and out.shape == (T, H)
+    ref64 = _unpermute("reference", rows.double(), res.row_id_map, None if probs is None else probs.double())
+    lowp = _unpermute("reference", rows, res.row_id_map, probs)
+    assert torch.isfinite(out).all(), "NaN from a row no kept slot points to leaked into the output"
+    assert_close_to_ref(out, ref64, dtype=dtype, torch_lowp=lowp)
+    # bitwise deterministic
+    assert torch.equal(out, _unpermute(backend, rows, res.row_id_map, probs))
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+def test_int32_and_int64_maps_agree(backend):
+    _, probs, res, rows = _permuted(40, 32, 8, 2, "index", torch.float32, dict(align=2))
+    a = _unpermute(backend, rows, res.row_id_map.to(torch.int32), probs)
+    b = _unpermute(backend, rows, res.row_id_map.to(torch.int64), probs)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_round_trip(backend, dtype, mode):
+    """unpermute(permute(x)) == x * (number of kept slots of each token)."""
+    tokens, routing, probs = _inputs(37, 96, 8, 4, "index", dtype)
+    with amo.use_backend(backend):
+        res = amo.moe_permute(tokens, routing, probs, num_experts=8, **mode)
+        back = amo.moe_unpermute(res.tokens, res.row_id_map)
+    kept = (res.row_id_map >= 0).sum(1, keepdim=True)
+    expected = tokens.double() * kept.double()
+    assert_close_to_ref(back, expected, dtype=dtype, torch_lowp=(tokens.float() * kept).to(dtype))
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "noprobs"])
+def test_backward_matches_fp64_reference(backend, dtype, mode, with_probs):
+    T, H, E, K = 29, 48, 6, 3
+    _, probs, res, rows = _permuted(T, H, E, K, "index", dtype, mode)
+    rows = torch.nan_to_num(rows, nan=0.0)
+    probs = probs if with_probs else None
+    g = torch.randn(T, H).to(dtype)
+
+    def grads(bk, x, p, gout):
+        x = x.clone().requires_grad_()
+        p = None if p is None else p.clone().requires_grad_()
+        with amo.use_backend(bk):
+            out = amo.moe_unpermute(x, res.row_id_map, p)
+            out.backward(gout)
+        return x.grad, (None if p is None else p.grad)
+
+    gx, gp = grads(backend, rows, probs, g)
+    rx, rp = grads("reference", rows.double(), None if probs is None else probs.double(), g.double())
+    lx, lp = grads("reference", rows, probs, g)
+    assert_close_to_ref(gx, rx, dtype=dtype, torch_lowp=lx, name="grad permuted")
+    used = torch.zeros(rows.shape[0], dtype=torch.bool)
+    used[res.row_id_map[res.row_id_map >= 0].long()] = True
+    assert (gx[~used] == 0).all(), "rows no slot points to must get exactly zero gradient"
+    if with_probs:
+        assert_close_to_ref(gp, rp, dtype=probs.dtype, torch_lowp=lp, name="grad probs")
+        assert (gp[res.row_id_map < 0] == 0).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute_backward"))
+def test_backward_op_without_probs_uses_stand_in(backend):
+    """Without probs only N and the dtype of `permuted` matter (autograd passes an [N, 0] tensor)."""
+    _, _, res, rows = _permuted(16, 24, 4, 2, "index", torch.float32, dict(align=4))
+    g = torch.randn(16, 24)
+    op = torch.ops.ascend_moe_ops.moe_unpermute_backward.default
+    with amo.use_backend(backend):
+        full, _ = op(g, torch.nan_to_num(rows), res.row_id_map, None)
+        stand_in, gp = op(g, rows.new_empty((rows.shape[0], 0)), res.row_id_map, None)
+    assert torch.equal(full, stand_in) and gp.numel() == 0
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+def test_edge_cases(backend):
+    # empty input
+    out = _unpermute(backend, torch.randn(0, 8), torch.zeros(0, 2, dtype=torch.int32), torch.rand(0, 2))
+    assert out.shape == (0, 8)
+    # all slots dropped -> zeros even if every row is NaN
+    rows = torch.full((6, 8), float("nan"))
+    out = _unpermute(backend, rows, torch.full((3, 2), -1, dtype=torch.int32), torch.rand(3, 2))
+    assert torch.equal(out, torch.zeros(3, 8))
+    # top-1, no probs: a pure gather
+    perm = torch.randn(5, 7)
+    rmap = torch.tensor([[4], [0], [-1], [2]], dtype=torch.int32)
+    out = _unpermute(backend, perm, rmap, None)
+    assert torch.equal(out[0], perm[4]) and torch.equal(out[1], perm[0]) and (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+def test_non_contiguous_inputs(backend):
+    _, probs, res, rows = _permuted(30, 64, 8, 4, "index", torch.float32, dict())
+    rows = torch.nan_to_num(rows)
+    rows_nc = torch.empty(64, rows.shape[0]).t()
+    rows_nc.copy_(rows)
+    p_nc = torch.stack([probs, probs], 2).reshape(30, 8)[:, ::2]
+    m_nc = torch.stack([res.row_id_map, res.row_id_map], 2).reshape(30, 8)[:, ::2]
+    assert not (rows_nc.is_contiguous() or p_nc.is_contiguous() or m_nc.is_contiguous())
+    assert torch.equal(_unpermute(backend, rows_nc, m_nc, p_nc), _unpermute(backend, rows, res.row_id_map, probs))
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+def test_opcheck(backend):
+    _, probs, res, rows = _permuted(10, 16, 4, 2, "index", torch.float32, dict(align=4))
+    rows = torch.nan_to_num(rows).requires_grad_()
+    probs = probs.requires_grad_()
+    with amo.use_backend(backend):
+        for p in (probs, None):
+            torch.library.opcheck(torch.ops.ascend_moe_ops.moe_unpermute.default, (rows, res.row_id_map, p))
+            torch.library.opcheck(torch.ops.ascend_moe_ops.moe_unpermute_backward.default,
+                                  (torch.randn(10, 16), rows.detach(), res.row_id_map,
+                                   None if p is None else p.detach()))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(permuted=torch.randn(8)), "permuted must be 2-D"),
+    (dict(permuted=torch.ones(8, 4, dtype=torch.int32)), "permuted must have dtype"),
+    (dict(row_id_map=torch.zeros(3, 2)), "row_id_map must have dtype"),
+    (dict(row_id_map=torch.tensor([[0, 1], [2, 8], [3, -1]])), "row_id_map .* outside the valid range"),
+    (dict(row_id_map=torch.tensor([[0, 1], [2, -5], [3, -1]])), "row_id_map .* outside the valid range"),
+    (dict(probs=torch.rand(3, 3)), "probs must have shape"),
+    (dict(probs=torch.rand(3, 2, device="meta")), "probs is on meta"),
+])
+def test_bad_inputs(bad, match):
+    args = dict(permuted=torch.randn(8, 4), row_id_map=torch.tensor([[0, 1], [2, 7], [3, -1]]),
+                probs=torch.rand(3, 2))
+    args.update(bad)
+    with pytest.raises((ValueError, TypeError), match=match):
+        amo.moe_unpermute(**args)
