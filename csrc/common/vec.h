@@ -208,7 +208,8 @@ inline void zero_bytes(char* dst, int64_t bytes, bool stream) {
 }
 
 // Outputs larger than this are written with streaming stores (they cannot stay in a 32 MiB L3
-// shared with the inputs anyway).
+// shared with the inputs anyway). Measured here (T=4096, H=7680, K=8, bf16, 2 threads, shared
+// machine): permute 132 ms with streaming stores vs 190 ms without; unpermute 80 vs 91 ms.
 constexpr int64_t kStreamBytes = int64_t(16) << 20;
 
 }  // namespace vec

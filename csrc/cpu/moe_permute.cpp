@@ -20,12 +20,18 @@
 #include <tuple>
 #include <vector>
 
+#include "common/alloc.h"
 #include "common/registry.h"
 #include "common/vec.h"
 
 namespace {
 
 using at::Tensor;
+
+// Map work below this many slots runs on the calling thread: it takes tens of microseconds, while
+// waking a second thread can cost milliseconds when the cores are shared (measured here: 0.3 ms on
+// one thread vs 100+ ms with two under a load average of 10).
+constexpr int64_t kSerialSlots = int64_t(1) << 20;
 
 bool is_float_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
@@ -38,7 +44,7 @@ std::vector<int32_t> slot_experts(const Tensor& routing, int64_t E) {
   std::vector<int32_t> eid(n);
   auto fill = [&](auto* r) {
     using R = std::remove_const_t<std::remove_pointer_t<decltype(r)>>;
-    at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+    at::parallel_for(0, n, kSerialSlots, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         int64_t id;
         if constexpr (std::is_same_v<R, bool>) {
@@ -112,7 +118,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
               "moe_permute: the output has ", N, " rows and routing ", n_slots,
               " slots; row_id_map is int32, so both must be < 2^31");
 
-  Tensor out = at::empty({N, H}, tokens.options());
+  Tensor out = amo::empty_large({N, H}, tokens.options());
   Tensor out_probs = has_probs ? at::zeros({N}, probs.options()) : at::empty({0}, tokens.options().dtype(at::kFloat));
   Tensor row_id_map = at::empty({T, S}, routing.options().dtype(at::kInt));
   Tensor tokens_per_expert = at::zeros({E}, routing.options().dtype(at::kLong));
@@ -127,8 +133,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   // Token chunks: a fixed count independent of the thread count (results never depend on it).
   const int64_t n_chunks = std::max<int64_t>(1, std::min<int64_t>(T, 64));
   const int64_t chunk_tokens = T > 0 ? (T + n_chunks - 1) / n_chunks : 0;
+  const int64_t chunk_grain = n_slots >= kSerialSlots ? 1 : n_chunks;  // inline when small
   std::vector<int64_t> hist(static_cast<size_t>(n_chunks * (E + 1)), 0);  // [chunk][E] counts
-  at::parallel_for(0, n_chunks, 1, [&](int64_t cb, int64_t ce) {
+  at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
     for (int64_t c = cb; c < ce; ++c) {
       int64_t* h = hist.data() + c * (E + 1);
       const int64_t s0 = std::min(T, c * chunk_tokens) * S, s1 = std::min(T, (c + 1) * chunk_tokens) * S;
@@ -160,7 +167,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
         run += k;
       }
     }
-    at::parallel_for(0, n_chunks, 1, [&](int64_t cb, int64_t ce) {
+    at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         int64_t* next = hist.data() + c * (E + 1);
         const int64_t s0 = std::min(T, c * chunk_tokens) * S, s1 = std::min(T, (c + 1) * chunk_tokens) * S;
@@ -196,7 +203,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
       }
     }
     std::vector<int32_t> sorted(static_cast<size_t>(base[E]));
-    at::parallel_for(0, n_chunks, 1, [&](int64_t cb, int64_t ce) {
+    at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
         int64_t* next = hist.data() + c * (E + 1);
         const int64_t s0 = std::min(T, c * chunk_tokens) * S, s1 = std::min(T, (c + 1) * chunk_tokens) * S;
@@ -216,7 +223,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
       if (!na && ka != kb) return ka > kb;
       return a < b;
     };
-    at::parallel_for(0, E, 1, [&](int64_t eb, int64_t ee) {
+    at::parallel_for(0, E, n_slots >= kSerialSlots ? 1 : std::max<int64_t>(E, 1), [&](int64_t eb, int64_t ee) {
       std::vector<int32_t> pick;
       std::vector<uint8_t> keep;
       for (int64_t e = eb; e < ee; ++e) {
@@ -276,22 +283,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   }
 
   // ---- 3. zero the rows no slot filled (padding, unused tail) ----
-  if (row_bytes > 0 && N > 0) {
-    at::parallel_for(0, N, 256, [&](int64_t rb, int64_t re) {
-      int64_t r = rb;
-      while (r < re) {
-        if (filled[r]) {
-          ++r;
-          continue;
-        }
-        int64_t r2 = r + 1;
-        while (r2 < re && !filled[r2]) ++r2;
-        amo::vec::zero_bytes(dst + r * row_bytes, (r2 - r) * row_bytes, stream);
-        r = r2;
-      }
-      if (stream) amo::vec::sfence();
-    });
-  }
+  if (row_bytes > 0) amo::zero_rows(dst, filled, row_bytes, stream);
   return std::make_tuple(out, out_probs, row_id_map, tokens_per_expert, group_sizes);
 }
 

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/alloc.h"
 #include "common/registry.h"
 #include "common/vec.h"
 
@@ -119,7 +120,7 @@ Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in,
   const Tensor rows = row_id_map_in.to(at::kLong).contiguous();
   const int64_t N = permuted.size(0), H = permuted.size(1);
   const int64_t T = rows.size(0), S = rows.size(1);
-  Tensor out = at::empty({T, H}, permuted.options());
+  Tensor out = amo::empty_large({T, H}, permuted.options());
   if (T == 0 || H == 0) return out;
   const int64_t* map = rows.data_ptr<int64_t>();
   const float* pw = probs.defined() ? probs.data_ptr<float>() : nullptr;
@@ -217,7 +218,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
   const int64_t N = permuted.size(0);
   const int64_t T = rows.size(0), S = rows.size(1);
 
-  Tensor grad_permuted = at::empty({N, H}, grad_out.options().dtype(permuted.scalar_type()));
+  Tensor grad_permuted = amo::empty_large({N, H}, grad_out.options().dtype(permuted.scalar_type()));
   Tensor grad_probs = probs.defined() ? at::zeros({T, S}, probs.options())
                                       : at::empty({0}, grad_out.options().dtype(at::kFloat));
   const int64_t* map = rows.data_ptr<int64_t>();
@@ -250,24 +251,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
         if (stream) V::sfence();
       });
       // rows no slot points to: exactly zero
-      const int64_t row_bytes = H * static_cast<int64_t>(sizeof(P));
-      char* db = reinterpret_cast<char*>(d);
-      if (row_bytes > 0) {
-        at::parallel_for(0, N, 256, [&](int64_t rb, int64_t re) {
-          int64_t r = rb;
-          while (r < re) {
-            if (filled[r]) {
-              ++r;
-              continue;
-            }
-            int64_t r2 = r + 1;
-            while (r2 < re && !filled[r2]) ++r2;
-            V::zero_bytes(db + r * row_bytes, (r2 - r) * row_bytes, stream);
-            r = r2;
-          }
-          if (stream) V::sfence();
-        });
-      }
+      amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), stream);
     });
   });
   if (probs.defined() && probs_opt->scalar_type() != at::kFloat) grad_probs = grad_probs.to(probs_opt->scalar_type());
