@@ -39,20 +39,23 @@ bool is_float_dtype(at::ScalarType t) {
 
 // Expert id of every slot of `routing` ([T, S] ids or bool mask), -1 when empty or out of [0, E).
 std::vector<int32_t> slot_experts(const Tensor& routing, int64_t E) {
-  const int64_t n = routing.numel();
   const int64_t S = routing.size(1);
-  std::vector<int32_t> eid(n);
+  std::vector<int32_t> eid(static_cast<size_t>(routing.numel()));
   auto fill = [&](auto* r) {
     using R = std::remove_const_t<std::remove_pointer_t<decltype(r)>>;
-    at::parallel_for(0, n, kSerialSlots, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        int64_t id;
-        if constexpr (std::is_same_v<R, bool>) {
-          id = r[i] ? i % S : -1;
-        } else {
-          id = static_cast<int64_t>(r[i]);
+    const int64_t T = routing.size(0);
+    at::parallel_for(0, T, std::max<int64_t>(1, kSerialSlots / std::max<int64_t>(S, 1)), [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t i = t * S + s;
+          int64_t id;
+          if constexpr (std::is_same_v<R, bool>) {
+            id = r[i] ? s : -1;  // mask routing: column s is expert s
+          } else {
+            id = static_cast<int64_t>(r[i]);
+          }
+          eid[i] = (id >= 0 && id < E) ? static_cast<int32_t>(id) : -1;
         }
-        eid[i] = (id >= 0 && id < E) ? static_cast<int32_t>(id) : -1;
       }
     });
   };
