@@ -327,6 +327,7 @@ def test_native_direct_call_checks_and_bounds():
                         ((tokens[0], torch.zeros(3, 2, dtype=torch.long), None, 2, -1, 1, -1), "tokens must be 2-D"),
                         ((tokens, torch.zeros(3, 2, dtype=torch.long), torch.rand(3, 1), 2, -1, 1, -1),
                          "probs must have the shape of routing"),
-                        ((tokens, torch.zeros(3, 2, dtype=torch.long), None, 2, -1, 0, -1), "align must be >= 1")]:
+                        ((tokens, torch.zeros(3, 2, dtype=torch.long), None, 2, -1, 0, -1), "align must be >= 1"),
+                        ((tokens, torch.zeros(3, 2, dtype=torch.long), None, 2, 1 << 40, 1, -1), "must be < 2\\^31")]:
         with pytest.raises(RuntimeError, match=match):
             _C.moe_permute(*args)

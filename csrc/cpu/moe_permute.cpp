@@ -102,6 +102,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   TORCH_CHECK(num_out_tokens >= -1, "moe_permute: num_out_tokens must be >= 0 (or -1 = static bound), got ",
               num_out_tokens);
 
+  constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK(num_experts <= kI32Max && capacity <= kI32Max && align <= kI32Max && num_out_tokens <= kI32Max,
+              "moe_permute: num_experts, capacity, align and num_out_tokens must be < 2^31 (row_id_map is int32), got ",
+              num_experts, ", ", capacity, ", ", align, ", ", num_out_tokens);
+
   // Non-contiguous inputs are copied, never misread.
   const Tensor tokens = tokens_in.contiguous();
   const Tensor routing = routing_in.contiguous();
@@ -117,7 +122,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   } else {
     N = (num_out_tokens >= 0 ? num_out_tokens : n_slots) + E * (align - 1);
   }
-  TORCH_CHECK(N <= std::numeric_limits<int32_t>::max() && n_slots <= std::numeric_limits<int32_t>::max(),
+  TORCH_CHECK(N <= kI32Max && n_slots <= kI32Max,
               "moe_permute: the output has ", N, " rows and routing ", n_slots,
               " slots; row_id_map is int32, so both must be < 2^31");
 
