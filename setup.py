@@ -52,6 +52,25 @@ def cpu_extension():
                          extra_compile_args={"cxx": cxx}, extra_link_args=["-fopenmp"])]
 
 
+def ascendc_emu_extension():
+    """The AscendC kernels compiled with g++ against the emulation layer (tests only)."""
+    if os.environ.get("ASCEND_MOE_OPS_NO_NATIVE") == "1":
+        summary.append("ascendc-emu     : skipped, ASCEND_MOE_OPS_NO_NATIVE=1")
+        return []
+    try:
+        from torch.utils.cpp_extension import CppExtension
+    except ImportError:
+        summary.append("ascendc-emu     : skipped, torch is not installed")
+        return []
+    asc = os.path.join(ROOT, "csrc", "ascend")
+    sources = _rel([os.path.join(asc, "emu_bindings.cpp")] + glob.glob(os.path.join(asc, "kernels", "*.cpp"))
+                   + glob.glob(os.path.join(asc, "tiling", "*.cpp")))
+    cxx = ["-O2", "-std=c++17", "-DASCEND_MOE_OPS_EMU"]
+    summary.append(f"ascendc-emu     : AscendC kernels on the CPU emulation layer, {len(sources)} sources")
+    return [CppExtension("ascend_moe_ops._ascendc_emu", sources, include_dirs=[asc],
+                         extra_compile_args={"cxx": cxx})]
+
+
 def ascend_extension():
     home = os.environ.get("ASCEND_HOME_PATH")
     if not home:
@@ -73,7 +92,7 @@ def cuda_note():
         summary.append("cuda  (Triton)  : triton is not installed; the triton backend is unavailable")
 
 
-ext_modules = cpu_extension() + ascend_extension()
+ext_modules = cpu_extension() + ascendc_emu_extension() + ascend_extension()
 cuda_note()
 cmdclass = {}
 if ext_modules:

@@ -3,7 +3,7 @@
 * Without a GPU, Triton kernels run in the interpreter (``TRITON_INTERPRET=1``), which must be set
   before triton is imported.
 * ``backends(op)`` lists the backends that can run ``op`` on cpu in this process; tests parametrize
-  over it. The backends named in ``ASCEND_MOE_OPS_REQUIRE`` (default ``native,triton``, the ones a
+  over it. The backends named in ``ASCEND_MOE_OPS_REQUIRE`` (default ``native,triton,ascendc-emu``, the ones a
   normal install builds) must load for every op that has them, so a broken build fails the suite
   instead of silently shortening the test matrix. ``ASCEND_MOE_OPS_REQUIRE=`` relaxes that.
 """
@@ -27,7 +27,7 @@ def backends(op: str):
 
 
 def required_backends():
-    return [b for b in os.environ.get("ASCEND_MOE_OPS_REQUIRE", "native,triton").split(",") if b]
+    return [b for b in os.environ.get("ASCEND_MOE_OPS_REQUIRE", "native,triton,ascendc-emu").split(",") if b]
 
 
 def pytest_configure(config):

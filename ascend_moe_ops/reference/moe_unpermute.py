@@ -14,6 +14,11 @@ import torch
 Tensor = torch.Tensor
 
 
+def _acc_dtype(t: Tensor) -> torch.dtype:
+    """fp32 accumulation, fp64 for fp64 inputs (the oracle runs)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _kept(row_id_map: Tensor, num_rows: int):
     rows = row_id_map.to(torch.int64)
     kept = (rows >= 0) & (rows < num_rows)
@@ -24,11 +29,12 @@ def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor])
     N, H = permuted.shape
     T, S = row_id_map.shape
     kept, rows = _kept(row_id_map, N)
-    acc = torch.zeros(T, H, dtype=torch.float32, device=permuted.device)
+    acc_t = _acc_dtype(permuted)
+    acc = torch.zeros(T, H, dtype=acc_t, device=permuted.device)
     for s in range(S):  # fixed order: deterministic
-        x = permuted.index_select(0, rows[:, s]).float()
+        x = permuted.index_select(0, rows[:, s]).to(acc_t)
         if probs is not None:
-            x = x * probs[:, s].float().unsqueeze(1)
+            x = x * probs[:, s].to(acc_t).unsqueeze(1)
         acc = acc + torch.where(kept[:, s].unsqueeze(1), x, torch.zeros_like(x))
     return acc.to(permuted.dtype)
 
@@ -43,16 +49,17 @@ def moe_unpermute_backward(grad_out: Tensor, permuted: Tensor, row_id_map: Tenso
     H = grad_out.shape[1]
     T, S = row_id_map.shape
     kept, rows = _kept(row_id_map, N)
-    g = grad_out.float()
-    w = probs.float() if probs is not None else torch.ones(T, S, device=grad_out.device)
+    acc_t = _acc_dtype(grad_out)
+    g = grad_out.to(acc_t)
+    w = probs.to(acc_t) if probs is not None else torch.ones(T, S, dtype=acc_t, device=grad_out.device)
     contrib = (w.unsqueeze(2) * g.unsqueeze(1)).reshape(T * S, H)
     dest = torch.where(kept, rows, torch.full_like(rows, N)).reshape(-1)  # scratch row N
-    grad_permuted = torch.zeros(N + 1, H, dtype=torch.float32, device=grad_out.device)
+    grad_permuted = torch.zeros(N + 1, H, dtype=acc_t, device=grad_out.device)
     grad_permuted.index_copy_(0, dest, contrib)
     grad_permuted = grad_permuted[:N].to(permuted.dtype)
     if probs is None:
         return grad_permuted, torch.empty(0, dtype=torch.float32, device=grad_out.device)
-    x = permuted.index_select(0, rows.reshape(-1)).float().reshape(T, S, H)
+    x = permuted.index_select(0, rows.reshape(-1)).to(acc_t).reshape(T, S, H)
     dots = (x * g.unsqueeze(1)).sum(-1)
     grad_probs = torch.where(kept, dots, torch.zeros_like(dots)).to(probs.dtype)
     return grad_permuted, grad_probs

@@ -1,0 +1,224 @@
+"""Differentiable collectives used by the dispatcher (only ops HCCL, NCCL and gloo all have).
+
+* all-to-all (``all_to_all_single`` with uneven splits): backward = the same all-to-all with the
+  input and output splits swapped;
+* all-gather into one tensor: backward = reduce-scatter (sum);
+* reduce-scatter (sum): backward = all-gather.
+
+Each forward can run asynchronously: pass a :class:`Pending` and the forward returns at once with
+the output tensor (its data is valid after ``pending.wait()``); the Work objects are kept in the
+``Pending``. Backward passes always run synchronously. A group of size one never calls the
+backend (the data is copied), so a one-node topology costs no inter-node call.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+Tensor = torch.Tensor
+
+# torch >= 2.13 renamed the single-tensor forms (the old names warn); older torch / torch_npu
+# builds only have the old names. Same signatures.
+all_gather_raw = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_raw = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Pending:
+    """Work handles of collectives launched with ``async_op=True``."""
+
+    def __init__(self):
+        self.works: list = []
+        self._alive: list = []  # inputs of in-flight collectives, kept alive until wait()
+        self._then: list = []  # local work that needs the received data, run by wait()
+
+    def then(self, fn) -> None:
+        self._then.append(fn)
+
+    def add(self, work, *tensors) -> None:
+        if work is not None:
+            self.works.append(work)
+            self._alive.extend(tensors)
+
+    def wait(self) -> None:
+        works, self.works = self.works, []
+        # Under grad mode, gloo's Work.wait() on torch 2.13 writes the result into the output with
+        # an op autograd records (the output's grad_fn is replaced and its gradient is lost), so
+        # wait without recording.
+        with torch.no_grad():
+            for w in works:
+                w.wait()
+            then, self._then = self._then, []
+            for fn in then:
+                fn()
+        self._alive = []
+
+
+def group_size(group) -> int:
+    return dist.get_world_size(group)
+
+
+def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Optional[Pending]):
+    x = x.contiguous()
+    out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
+    if group_size(group) == 1:
+        out.copy_(x[: sum(send)])
+        return out
+    work = dist.all_to_all_single(out, x, list(recv), list(send), group=group,
+                                  async_op=pending is not None)
+    if pending is not None:
+        pending.add(work, x)
+    return out
+
+
+def _all_gather(x: Tensor, group, pending: Optional[Pending]):
+    x = x.contiguous()
+    n = group_size(group)
+    out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
+    if n == 1:
+        out.copy_(x)
+        return out
+    if x.numel() == 0:  # every member knows the global size is 0: nothing to move
+        return out
+    work = all_gather_raw(out, x, group=group, async_op=pending is not None)
+    if pending is not None:
+        pending.add(work, x)
+    return out
+
+
+def _reduce_scatter(x: Tensor, group, pending: Optional[Pending]):
+    x = x.contiguous()
+    n = group_size(group)
+    out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
+    if n == 1:
+        out.copy_(x)
+        return out
+    if x.numel() == 0:
+        return out
+    if dist.get_backend(group) == "gloo":
+        # gloo's reduce_scatter moves about twice the optimal bytes (measured on the emulated
+        # two-node link), so on gloo: an all-to-all of the n chunks plus a local sum, which is
+        # byte-optimal ((n-1)/n of the input per rank), sums in rank order (deterministic) and
+        # accumulates in fp32 (fp64 for fp64) before rounding once.
+        chunks = torch.empty_like(x)
+        work = dist.all_to_all_single(chunks, x, group=group, async_op=pending is not None)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+
+        def finish():
+            with torch.no_grad():
+                out.copy_(chunks.view((n,) + tuple(out.shape)).to(acc).sum(0))
+
+        if pending is None:
+            finish()
+        else:
+            pending.add(work, x, chunks)
+            pending.then(finish)
+        return out
+    work = reduce_scatter_raw(out, x, op=dist.ReduceOp.SUM, group=group,
+                              async_op=pending is not None)
+    if pending is not None:
+        pending.add(work, x)
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send, recv, group, pending):
+        ctx.send, ctx.recv, ctx.group = list(send), list(recv), group
+        return _a2a(x, send, recv, group, pending)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _a2a(g, ctx.recv, ctx.send, ctx.group, None), None, None, None, None
+
+
+class _AllGather(torch.autograd.Function):
+    """All-gathers several tensors (same leading size) in one autograd node, so their backward
+    reduce-scatters run in a fixed order on every rank."""
+
+    @staticmethod
+    def forward(ctx, group, pending, *xs):
+        ctx.group = group
+        return tuple(_all_gather(x, group, pending) for x in xs)
+
+    @staticmethod
+    def backward(ctx, *gs):
+        return (None, None) + tuple(_reduce_scatter(g, ctx.group, None) for g in gs)
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, pending):
+        ctx.group = group
+        return _reduce_scatter(x, group, pending)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_gather(g, ctx.group, None), None, None
+
+
+def all_to_all(x: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int], group=None, *,
+               pending: Optional[Pending] = None, debug: bool = False) -> Tensor:
+    """Differentiable ``all_to_all_single`` over dim 0 with uneven splits.
+
+    ``send_splits[j]`` rows of ``x`` (in order) go to rank ``j`` of ``group``; ``recv_splits[j]``
+    rows arrive from rank ``j``. With ``debug=True`` the split sizes are first exchanged and
+    cross-checked (a mismatch raises :class:`SplitMismatchError` on every rank instead of silently
+    corrupting data).
+    """
+    if debug:
+        check_splits(send_splits, recv_splits, group, rows_available=x.shape[0])
+    return _AllToAll.apply(x, list(send_splits), list(recv_splits), group, pending)
+
+
+def all_gather(xs: Sequence[Tensor], group=None, *, pending: Optional[Pending] = None) -> List[Tensor]:
+    """Differentiable all-gather (concatenated along dim 0) of every tensor in ``xs``."""
+    return list(_AllGather.apply(group, pending, *xs))
+
+
+def reduce_scatter(x: Tensor, group=None, *, pending: Optional[Pending] = None) -> Tensor:
+    """Differentiable sum reduce-scatter along dim 0 (``x.shape[0]`` divisible by the group size)."""
+    return _ReduceScatter.apply(x, group, pending)
+
+
+class SplitMismatchError(RuntimeError):
+    """Raised (on every rank) by the debug checks when ranks disagree."""
+
+
+def check_splits(send_splits: Sequence[int], recv_splits: Sequence[int], group=None, *,
+                 rows_available: Optional[int] = None) -> None:
+    """Collective: all-gather every rank's send/recv splits and verify that what rank ``i`` sends
+    to ``j`` is what ``j`` expects from ``i``. Every rank raises the same error on a mismatch."""
+    n = group_size(group)
+    if len(send_splits) != n or len(recv_splits) != n:
+        bad = torch.tensor([1], dtype=torch.int64)
+    else:
+        bad = torch.tensor([0], dtype=torch.int64)
+    mine = torch.tensor(list(send_splits)[:n] + [0] * (n - len(send_splits)) +
+                        list(recv_splits)[:n] + [0] * (n - len(recv_splits)) +
+                        [int(bad), -1 if rows_available is None else rows_available],
+                        dtype=torch.int64)
+    everyone = torch.empty(n * mine.numel(), dtype=torch.int64)
+    if n > 1:
+        all_gather_raw(everyone, mine, group=group)
+    else:
+        everyone.copy_(mine)
+    table = everyone.view(n, 2 * n + 2)
+    send, recv = table[:, :n], table[:, n:2 * n]
+    problems = []
+    for i in range(n):
+        if table[i, 2 * n]:
+            problems.append(f"rank {i} of the group passed {len(send_splits)} send / "
+                            f"{len(recv_splits)} recv splits for a group of size {n}")
+        avail = int(table[i, 2 * n + 1])
+        if avail >= 0 and int(send[i].sum()) > avail:
+            problems.append(f"rank {i} sends {int(send[i].sum())} rows but its input has {avail}")
+    mism = torch.nonzero(send != recv.t())
+    for i, j in mism.tolist()[:8]:
+        problems.append(f"rank {i} sends {int(send[i, j])} rows to rank {j}, which expects "
+                        f"{int(recv[j, i])}")
+    if problems:
+        raise SplitMismatchError("all-to-all split sizes disagree between ranks (group ranks): "
+                                 + "; ".join(problems))

@@ -1,0 +1,504 @@
+"""``MoEDispatcher``: expert-parallel token dispatch and combine, flat or hierarchical.
+
+See docs/ops/ep_dispatcher.md for the algorithms and the inter-node row arithmetic. Everything
+here runs on ``torch.distributed`` with collectives that HCCL, NCCL and gloo all provide
+(``all_to_all_single``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``); local data movement
+uses :func:`ascend_moe_ops.moe_permute` / :func:`ascend_moe_ops.moe_unpermute`.
+
+Layout contract (both algorithms, bitwise the same rows in the same order): ``expert_tokens`` holds
+the rows for this rank's local experts, grouped by local expert (ascending global id); inside one
+expert the rows are ordered by (source EP rank, source token, top-k slot).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..ops import _checks
+from ..ops.moe_permute import moe_permute
+from ..ops.moe_unpermute import moe_unpermute
+from . import _autograd as C
+from ._autograd import Pending, SplitMismatchError
+from .topology import EPTopology
+
+Tensor = torch.Tensor
+ALGORITHMS = ("auto", "flat", "hierarchical")
+_DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
+
+
+class DispatchHandle:
+    """What :meth:`MoEDispatcher.combine` needs to undo a dispatch, plus traffic statistics.
+
+    Attributes:
+        algorithm: ``"flat"`` or ``"hierarchical"`` (what ``auto`` resolved to).
+        num_tokens: ``T`` of this rank's input.
+        tokens_per_local_expert: ``[L]`` int64, rows per local expert in ``expert_tokens``.
+        stats: rows/bytes this rank sent in the dispatch, taken from the split sizes actually used
+            (padding included; rows a rank sends to itself are not counted):
+            ``inter_node_rows``, ``inter_node_bytes`` (token rows plus, for hierarchical, the
+            gathered top-k ids (int32) and probs), ``intra_node_rows``, ``intra_node_bytes``,
+            and ``combine_inter_node_bytes`` / ``combine_intra_node_bytes`` for the combine.
+    """
+
+    def __init__(self, algorithm: str, num_tokens: int):
+        self.algorithm = algorithm
+        self.num_tokens = num_tokens
+        self.tokens_per_local_expert: Optional[Tensor] = None
+        self.stats: Dict[str, int] = {}
+        self._state: Dict[str, object] = {}
+
+    def __repr__(self) -> str:
+        return f"DispatchHandle({self.algorithm}, T={self.num_tokens}, stats={self.stats})"
+
+
+class PendingDispatch:
+    """Returned by ``dispatch(..., async_op=True)``: the main collective is in flight.
+    ``wait()`` finishes the dispatch and returns ``(expert_tokens, tokens_per_local_expert, handle)``."""
+
+    def __init__(self, finish):
+        self._finish = finish
+        self._result = None
+
+    def wait(self):
+        if self._result is None:
+            self._result = self._finish()
+            self._finish = None
+        return self._result
+
+
+class PendingCombine:
+    """Returned by ``combine(..., async_op=True)``; ``wait()`` returns the ``[T, H]`` output."""
+
+    def __init__(self, finish):
+        self._finish = finish
+        self._result = None
+
+    def wait(self) -> Tensor:
+        if self._result is None:
+            self._result = self._finish()
+            self._finish = None
+        return self._result
+
+
+def _unpermute(x: Tensor, row_id_map: Tensor, probs: Optional[Tensor]) -> Tensor:
+    # moe_unpermute needs at least one source row to index when some slot maps exist
+    if x.shape[0] == 0 and row_id_map.numel() > 0:
+        x = torch.cat([x, x.new_zeros((1, x.shape[1]))])
+    return moe_unpermute(x, row_id_map, probs)
+
+
+def _segment_sums(counts: Tensor, offsets: List[int]) -> Tensor:
+    """``counts [R, X]``; column segments ``[offsets[j], offsets[j+1])`` summed -> ``[R, J]``."""
+    cs = torch.nn.functional.pad(counts.cumsum(1), (1, 0))
+    idx = torch.tensor(offsets, dtype=torch.int64)
+    return cs[:, idx[1:]] - cs[:, idx[:-1]]
+
+
+def _bincount(keys: Tensor, n: int) -> Tensor:
+    """Counts of ``keys`` in ``[0, n)`` (``-1`` ignored), no host sync, ``[n]`` int64."""
+    flat = keys.reshape(-1)
+    bucket = torch.where(flat >= 0, flat, torch.full_like(flat, n))
+    out = torch.zeros(n + 1, dtype=torch.int64, device=keys.device)
+    out.scatter_add_(0, bucket, torch.ones_like(bucket))
+    return out[:n]
+
+
+class MoEDispatcher:
+    """Dispatch tokens to the ranks that own their experts and combine the expert outputs back.
+
+    Args:
+        topology: an :class:`EPTopology` (the EP group split into ``nodes x local_size``).
+        num_experts: ``E``, the number of routed experts in the whole EP group.
+        algorithm: ``"flat"`` (one all-to-all over the EP group), ``"hierarchical"`` (inter-node
+            AllGather + intra-node all-to-all, the Pangu Ultra MoE scheme) or ``"auto"``
+            (hierarchical when ``nodes > 1`` and ``K > nodes``, else flat; decided per call).
+        expert_to_rank: optional ``[E]`` integer tensor: the EP rank that owns each expert. The
+            experts of one rank are its local experts in ascending global id. Default: expert
+            ``e`` lives on rank ``e // (E / world)`` (``E`` must then be divisible by the world).
+        debug: exchange and cross-check metadata (dtypes, H, K, E, the expert map) and all split
+            sizes between ranks before moving data; every rank raises the same clear error on a
+            mismatch. Costs a few small collectives per call.
+        allow_uneven: allow maps where ranks own different numbers of experts (even zero). Off by
+            default because a grouped-GEMM weight of shape ``[L, ...]`` usually assumes equal
+            ``L`` on every rank.
+
+    Collective behaviour: every rank of the EP group must call ``dispatch``/``combine`` (and
+    their backward) the same number of times in the same order, with the same ``K``, ``H``,
+    dtype, presence of ``probs`` and ``requires_grad`` pattern. A rank with zero tokens (``T =
+    0``) or with zero routed slots still takes part in every collective, and its outputs stay
+    connected to the autograd graph.
+    """
+
+    def __init__(self, topology: EPTopology, num_experts: int, *, algorithm: str = "auto",
+                 expert_to_rank: Optional[Tensor] = None, debug: bool = False,
+                 allow_uneven: bool = False):
+        if not isinstance(topology, EPTopology):
+            raise TypeError(f"topology must be an EPTopology, got {type(topology).__name__}")
+        _checks.check_int("num_experts", num_experts, minimum=1)
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+        self.topology = topology
+        self.num_experts = num_experts
+        self.algorithm = algorithm
+        self.debug = debug
+        self.allow_uneven = allow_uneven
+        self._device_cache: Dict[torch.device, Tensor] = {}
+        if expert_to_rank is None:
+            W = topology.world_size
+            if num_experts % W:
+                raise ValueError(f"num_experts={num_experts} is not divisible by the EP world size "
+                                 f"{W}; pass expert_to_rank to place experts explicitly")
+            self._install(torch.arange(num_experts, dtype=torch.int64) // (num_experts // W))
+        else:
+            self.set_expert_to_rank(expert_to_rank)
+
+    # ---------------------------------------------------------------- expert placement
+    def set_expert_to_rank(self, expert_to_rank: Tensor) -> None:
+        """Replace the expert placement (collective: every rank calls it with the same map).
+
+        ``expert_to_rank`` is an ``[E]`` integer tensor with values in ``[0, world)``; each expert
+        is on exactly one rank, and (unless ``allow_uneven``) every rank owns ``E / world``
+        experts. The experts on a rank, in ascending global id, are its local experts. The maps
+        of all ranks are compared (one all-gather of ``E`` ints) and a difference raises on every
+        rank. Handles from earlier dispatches stay valid for their combine.
+        """
+        E, W = self.num_experts, self.topology.world_size
+        if not isinstance(expert_to_rank, torch.Tensor):
+            expert_to_rank = torch.as_tensor(expert_to_rank)
+        _checks.check_tensor("expert_to_rank", expert_to_rank, ndim=1, dtypes=_checks.INDEX_DTYPES)
+        _checks.check_shape("expert_to_rank", expert_to_rank, (E,), "one EP rank per expert")
+        m = expert_to_rank.detach().to("cpu", torch.int64)
+        _checks.check_index_range("expert_to_rank", m, 0, W)
+        counts = torch.bincount(m, minlength=W)
+        if not self.allow_uneven and bool((counts != counts[0]).any()):
+            raise ValueError(f"expert_to_rank gives the EP ranks different numbers of experts "
+                             f"({counts.tolist()}); every rank must own {E}/{W} experts "
+                             "(or construct the dispatcher with allow_uneven=True)")
+        # cross-check with the other ranks (a different map on one rank would misroute silently)
+        group = self.topology.group
+        if W > 1:
+            dev = self._meta_device()
+            everyone = torch.empty(W * E, dtype=torch.int64, device=dev)
+            C.all_gather_raw(everyone, m.to(dev), group=group)
+            everyone = everyone.view(W, E).cpu()
+            diff = (everyone != m).any(1)
+            if bool(diff.any()):
+                bad = torch.nonzero(diff).flatten().tolist()
+                raise ValueError(f"expert_to_rank differs between EP ranks: ranks {bad} hold a map "
+                                 f"other than rank {self.topology.rank}'s")
+        self._install(m)
+
+    def _meta_device(self) -> torch.device:
+        backend = dist.get_backend(self.topology.group)
+        if backend == "nccl" and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if backend == "hccl":  # torch_npu
+            return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
+        return torch.device("cpu")
+
+    def _install(self, m: Tensor) -> None:
+        E, W = self.num_experts, self.topology.world_size
+        counts = torch.bincount(m, minlength=W)
+        self.rank_offsets: List[int] = [0] + torch.cumsum(counts, 0).tolist()
+        order = torch.argsort(m * E + torch.arange(E), stable=True)  # rank-major, then global id
+        perm_key = torch.empty(E, dtype=torch.int64)
+        perm_key[order] = torch.arange(E)
+        self.expert_to_rank = m.clone()
+        self._perm_key = perm_key  # expert id -> position in rank-major order
+        r = self.topology.rank
+        self.local_experts = order[self.rank_offsets[r]:self.rank_offsets[r + 1]].clone()
+        self.num_local_experts = int(counts[r])
+        self._device_cache = {}
+
+    def _key_table(self, device: torch.device) -> Tensor:
+        t = self._device_cache.get(device)
+        if t is None:
+            t = self._perm_key.to(device)
+            self._device_cache[device] = t
+        return t
+
+    def _rank_major_key(self, ids: Tensor) -> Tensor:
+        ids = ids.long()
+        table = self._key_table(ids.device)
+        return torch.where(ids >= 0, table[ids.clamp(min=0)], torch.full_like(ids, -1))
+
+    def resolve_algorithm(self, top_k: int) -> str:
+        """The algorithm a call with ``top_k`` slots uses (``auto``: hierarchical iff
+        ``nodes > 1 and top_k > nodes``: inter-node rows per rank T*(N-1) < T*K*(N-1)/N)."""
+        if self.algorithm != "auto":
+            return self.algorithm
+        N = self.topology.num_nodes
+        return "hierarchical" if N > 1 and top_k > N else "flat"
+
+    # ---------------------------------------------------------------- checks
+    def _check_args(self, tokens, topk_idx, probs) -> None:
+        _checks.check_tensor("tokens", tokens, ndim=2, dtypes=_checks.FLOAT_DTYPES)
+        _checks.check_tensor("topk_idx", topk_idx, ndim=2, dtypes=_checks.INDEX_DTYPES,
+                             device=tokens.device)
+        if topk_idx.shape[0] != tokens.shape[0]:
+            raise ValueError(f"topk_idx must have one row per token: tokens has {tokens.shape[0]} "
+                             f"rows, topk_idx has shape {tuple(topk_idx.shape)}")
+        if probs is not None:
+            _checks.check_tensor("probs", probs, dtypes=_checks.FLOAT_DTYPES, device=tokens.device)
+            _checks.check_shape("probs", probs, topk_idx.shape, "the shape of topk_idx")
+        _checks.check_index_range("topk_idx (expert ids)", topk_idx, -1, self.num_experts)
+
+    def _debug_exchange(self, tokens, topk_idx, probs, error: Optional[BaseException]) -> None:
+        """Collective: every rank learns every rank's metadata; all raise on a disagreement."""
+        W = self.topology.world_size
+        meta = torch.tensor([
+            0 if error is None else 1,
+            _DTYPE_CODES.get(tokens.dtype, 0) if isinstance(tokens, torch.Tensor) else 0,
+            tokens.shape[-1] if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 else -1,
+            topk_idx.shape[-1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1,
+            -1 if probs is None else _DTYPE_CODES.get(getattr(probs, "dtype", None), 0),
+            self.num_experts,
+            int(torch.sum(self.expert_to_rank * torch.arange(1, self.num_experts + 1)) % (2 ** 61)),
+            ALGORITHMS.index(self.algorithm),
+        ], dtype=torch.int64)
+        dev = self._meta_device()
+        everyone = torch.empty(W * meta.numel(), dtype=torch.int64, device=dev)
+        if W > 1:
+            C.all_gather_raw(everyone, meta.to(dev), group=self.topology.group)
+        else:
+            everyone.copy_(meta)
+        table = everyone.view(W, -1).cpu()
+        if error is not None:
+            raise error
+        failed = torch.nonzero(table[:, 0]).flatten().tolist()
+        if failed:
+            raise SplitMismatchError(f"EP ranks {failed} rejected their dispatch arguments")
+        names = ["tokens dtype", "hidden size H", "top-k K", "probs dtype (-1 = no probs)",
+                 "num_experts", "expert_to_rank checksum", "algorithm"]
+        for col, name in enumerate(names, start=1):
+            vals = table[:, col]
+            if bool((vals != vals[0]).any()):
+                raise SplitMismatchError(f"EP ranks disagree on {name}: per-rank values "
+                                         f"{vals.tolist()}")
+
+    # ---------------------------------------------------------------- dispatch
+    def dispatch(self, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor] = None, *,
+                 async_op: bool = False):
+        """Send every (token, slot) to the rank that owns expert ``topk_idx[t, k]``.
+
+        Args:
+            tokens: ``[T, H]`` fp32/fp16/bf16 (fp64 allowed) activations; ``T`` may differ
+                between ranks and may be 0.
+            topk_idx: ``[T, K]`` int32/int64 global expert ids in ``[0, E)``, ``-1`` = empty slot.
+            probs: optional ``[T, K]`` router weights; ``combine`` multiplies by them. Gradients
+                reach ``tokens`` and ``probs``.
+            async_op: return a :class:`PendingDispatch` right after launching the main
+                collective (flat: the all-to-all; hierarchical: the inter-node AllGather of
+                tokens/probs); call ``.wait()`` for the result. Compute issued in between
+                overlaps the transfer.
+
+        Returns:
+            ``(expert_tokens [R, H], tokens_per_local_expert [L] int64, handle)``: the rows for
+            this rank's ``L`` local experts grouped by local expert (ready for ``grouped_gemm``
+            with ``group_sizes=tokens_per_local_expert``); inside one expert rows are ordered by
+            (source rank, token, slot). ``handle`` goes to :meth:`combine`.
+        """
+        error = None
+        try:
+            self._check_args(tokens, topk_idx, probs)
+        except (ValueError, TypeError) as e:
+            if not self.debug:
+                raise
+            error = e
+        if self.debug:
+            self._debug_exchange(tokens, topk_idx, probs, error)
+        algorithm = self.resolve_algorithm(topk_idx.shape[1])
+        if algorithm == "flat":
+            finish = self._dispatch_flat(tokens, topk_idx, probs, async_op)
+        else:
+            finish = self._dispatch_hier(tokens, topk_idx, probs, async_op)
+        pending = PendingDispatch(finish)
+        return pending if async_op else pending.wait()
+
+    def _local_sort(self, rows: Tensor, keys: Tensor, pending: Optional[Pending]):
+        """Group received rows by local expert: key ``e * W + source_rank`` (stable)."""
+        W, L = self.topology.world_size, self.num_local_experts
+        if pending is not None:
+            pending.wait()
+        if L == 0:
+            return rows, torch.zeros(0, dtype=torch.int64, device=rows.device), None
+        res = moe_permute(rows, keys.unsqueeze(1), None, num_experts=L * W)
+        tpe = res.tokens_per_expert.view(L, W).sum(1)
+        return res.tokens, tpe, res.row_id_map
+
+    def _recv_keys(self, counts: Tensor, src_rank: Tensor, device) -> Tensor:
+        """Sort key of every received row. ``counts [S, L, X]`` rows from sender ``s`` for local
+        expert ``e`` and sub-block ``x`` (in arrival order), ``src_rank [S, X]`` the source EP rank
+        of each sub-block."""
+        W = self.topology.world_size
+        S, L, X = counts.shape
+        keys = torch.arange(L).view(1, L, 1) * W + src_rank.view(S, 1, X)
+        return torch.repeat_interleave(keys.reshape(-1), counts.reshape(-1)).to(device)
+
+    def _dispatch_flat(self, tokens, topk_idx, probs, async_op):
+        topo = self.topology
+        W, E, me, G = topo.world_size, self.num_experts, topo.rank, topo.local_size
+        T, H = tokens.shape
+        key = self._rank_major_key(topk_idx)
+        counts = _bincount(key, E)
+        everyone = torch.empty(W * E, dtype=torch.int64, device=self._meta_device())
+        if W > 1:
+            C.all_gather_raw(everyone, counts.to(everyone.device), group=topo.group)
+        else:
+            everyone.copy_(counts)
+        table = everyone.view(W, E).cpu()
+        rows = _segment_sums(table, self.rank_offsets)  # [W src, W dst]
+        send, recv = rows[me].tolist(), rows[:, me].tolist()
+        # (at least one output row: moe_permute's backward cannot unpermute from zero rows)
+        perm = moe_permute(tokens, key, None, num_experts=E, num_out_tokens=max(sum(send), 1))
+        pending = Pending() if async_op else None
+        received = C.all_to_all(perm.tokens[:sum(send)], send, recv, topo.group, pending=pending,
+                                debug=self.debug)
+
+        handle = DispatchHandle("flat", T)
+        es = tokens.element_size()
+        inter = sum(n for d, n in enumerate(send) if d // G != me // G)
+        intra = sum(n for d, n in enumerate(send) if d // G == me // G and d != me)
+        handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * H * es,
+                            intra_node_rows=intra, intra_node_bytes=intra * H * es,
+                            combine_inter_node_bytes=sum(
+                                n for s, n in enumerate(recv) if s // G != me // G) * H * es,
+                            combine_intra_node_bytes=sum(
+                                n for s, n in enumerate(recv) if s // G == me // G and s != me) * H * es)
+        lo, hi = self.rank_offsets[me], self.rank_offsets[me + 1]
+        local_counts = table[:, lo:hi].reshape(W, hi - lo, 1)
+        keys = self._recv_keys(local_counts, torch.arange(W).view(W, 1), tokens.device)
+
+        def finish():
+            expert_tokens, tpe, local_map = self._local_sort(received, keys, pending)
+            handle.tokens_per_local_expert = tpe
+            handle._state = dict(row_id_map=perm.row_id_map, probs=probs, send=send, recv=recv,
+                                 local_map=local_map)
+            return expert_tokens, tpe, handle
+
+        return finish
+
+    def _dispatch_hier(self, tokens, topk_idx, probs, async_op):
+        topo = self.topology
+        W, G, N = topo.world_size, topo.local_size, topo.num_nodes
+        me, node, lme = topo.rank, topo.node, topo.local_rank
+        T, H = tokens.shape
+        K = topk_idx.shape[1]
+        mdev = self._meta_device()
+
+        # 1. agree on the padded token count over the inter-node group
+        t_all = C._all_gather(torch.tensor([T], dtype=torch.int64, device=mdev), topo.inter_group, None)
+        Tmax = int(t_all.max()) if t_all.numel() else T
+        pad = Tmax - T
+        ids = topk_idx.to(torch.int32)
+        if pad:
+            tokens_p = torch.nn.functional.pad(tokens, (0, 0, 0, pad))
+            ids = torch.nn.functional.pad(ids, (0, 0, 0, pad), value=-1)
+            probs_p = None if probs is None else torch.nn.functional.pad(probs, (0, 0, 0, pad))
+        else:
+            tokens_p, probs_p = tokens, probs
+
+        # 2. AllGather ids (small, now), then tokens and probs (possibly async) across nodes
+        ids_g = C._all_gather(ids.to(mdev), topo.inter_group, None).to(tokens.device)
+        pending = Pending() if async_op else None
+        gathered = C.all_gather([tokens_p] + ([] if probs_p is None else [probs_p]),
+                                topo.inter_group, pending=pending)
+        tokens_g = gathered[0]
+        probs_g = gathered[1] if probs_p is not None else None
+
+        # 3. select this node's (token, slot) pairs: key = (expert position in node) * N + src node
+        M = N * Tmax
+        node_lo, node_hi = self.rank_offsets[node * G], self.rank_offsets[(node + 1) * G]
+        E_node = node_hi - node_lo
+        pk = self._rank_major_key(ids_g)
+        on_node = (pk >= node_lo) & (pk < node_hi)
+        src_node = (torch.arange(M, device=tokens.device) // max(Tmax, 1)).view(M, 1)
+        sel_key = torch.where(on_node, (pk - node_lo) * N + src_node, torch.full_like(pk, -1))
+        counts = _bincount(sel_key, E_node * N)
+
+        # 4. exchange the per-(expert, source node) counts inside the node
+        ci = C._all_gather(counts.to(mdev), topo.intra_group, None).view(G, E_node * N).cpu()
+        seg = [(self.rank_offsets[node * G + i] - node_lo) * N for i in range(G + 1)]
+        rows = _segment_sums(ci, seg)  # [G src local, G dst local]
+        send, recv = rows[lme].tolist(), rows[:, lme].tolist()
+        lo, hi = (self.rank_offsets[me] - node_lo), (self.rank_offsets[me + 1] - node_lo)
+        local_counts = ci[:, lo * N:hi * N].reshape(G, hi - lo, N)
+        src_rank = torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)  # [G, N]
+        keys = self._recv_keys(local_counts, src_rank, tokens.device)
+
+        handle = DispatchHandle("hierarchical", T)
+        es = tokens.element_size()
+        inter = Tmax * (N - 1)
+        per_row = H * es + K * 4 + (0 if probs is None else K * probs.element_size())
+        intra = sum(send) - send[lme]
+        handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
+                            intra_node_rows=intra, intra_node_bytes=intra * H * es,
+                            combine_inter_node_bytes=inter * H * es,
+                            combine_intra_node_bytes=(sum(recv) - recv[lme]) * H * es)
+
+        def finish():
+            if pending is not None:
+                pending.wait()
+            sel = moe_permute(tokens_g, sel_key, None, num_experts=max(E_node * N, 1),
+                              num_out_tokens=max(sum(send), 1))
+            received = C.all_to_all(sel.tokens[:sum(send)], send, recv, topo.intra_group, debug=self.debug)
+            expert_tokens, tpe, local_map = self._local_sort(received, keys, None)
+            handle.tokens_per_local_expert = tpe
+            handle._state = dict(sel_map=sel.row_id_map, probs_g=probs_g, send=send, recv=recv,
+                                 local_map=local_map, Tmax=Tmax)
+            return expert_tokens, tpe, handle
+
+        return finish
+
+    # ---------------------------------------------------------------- combine
+    def combine(self, expert_output: Tensor, handle: DispatchHandle, *, async_op: bool = False):
+        """Return expert outputs to their tokens: ``out[t] = sum_k w[t,k] * y[t,k]``.
+
+        Args:
+            expert_output: ``[R, H']`` rows in the layout of ``expert_tokens`` from the matching
+                :meth:`dispatch` (``H'`` may differ from ``H``).
+            handle: the :class:`DispatchHandle` that dispatch returned.
+            async_op: return a :class:`PendingCombine` right after launching the last collective
+                (flat: the all-to-all back; hierarchical: the inter-node ReduceScatter).
+
+        Returns:
+            ``[T, H']`` in ``expert_output``'s dtype, weighted by ``probs`` when dispatch had them
+            (else a plain sum over kept slots). Differentiable w.r.t. ``expert_output`` and
+            (through the dispatch) ``probs``.
+        """
+        if not isinstance(handle, DispatchHandle) or not handle._state:
+            raise TypeError("handle must be the DispatchHandle returned by a finished dispatch")
+        _checks.check_tensor("expert_output", expert_output, ndim=2, dtypes=_checks.FLOAT_DTYPES)
+        st = handle._state
+        expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
+        if expert_output.shape[0] != expected:
+            raise ValueError(f"expert_output must have {expected} rows (the rows dispatch "
+                             f"delivered to this rank), got {expert_output.shape[0]}")
+        topo = self.topology
+        y = expert_output
+        if st["local_map"] is not None:
+            y = _unpermute(y, st["local_map"], None)  # back to arrival order
+        pending = Pending() if async_op else None
+        if handle.algorithm == "flat":
+            back = C.all_to_all(y, st["recv"], st["send"], topo.group, pending=pending,
+                                debug=self.debug)
+
+            def finish():
+                if pending is not None:
+                    pending.wait()
+                return _unpermute(back, st["row_id_map"], st["probs"])
+        else:
+            back = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug)
+            partial = _unpermute(back, st["sel_map"], st["probs_g"])  # [N*Tmax, H]
+            reduced = C.reduce_scatter(partial, topo.inter_group, pending=pending)
+            T = handle.num_tokens
+
+            def finish():
+                if pending is not None:
+                    pending.wait()
+                return reduced[:T]
+        p = PendingCombine(finish)
+        return p if async_op else p.wait()

@@ -1,0 +1,101 @@
+"""``EPTopology``: the expert-parallel group seen as ``nodes x local_size`` ranks.
+
+EP rank ``r`` (its rank inside the EP group) sits on node ``r // local_size`` at local index
+``r % local_size``. Two families of subgroups are built once:
+
+* ``intra_group``: the ``local_size`` ranks of this rank's node (fast links: HCCS / NVLink / the
+  namespace loopback in the emulation);
+* ``inter_group``: the ``nodes`` ranks that share this rank's local index, one per node (the slow
+  inter-node links).
+
+Rank numbering follows the usual launcher convention (``torchrun``, ``msrun``): consecutive ranks
+share a node. If your launcher numbers ranks differently, build an EP group whose rank order has
+that property and pass it as ``group``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch.distributed as dist
+
+
+class EPTopology:
+    """Split an expert-parallel process group into nodes.
+
+    Args:
+        group: the EP process group; ``None`` = the default (world) group.
+        local_size: ranks per node ``G``. ``None`` reads ``LOCAL_WORLD_SIZE`` from the environment
+            (set by ``torchrun``), else assumes one node.
+
+    Construction is collective. With ``group=None`` every rank of the world must construct the
+    topology at the same point (it calls ``torch.distributed.new_group`` for every subgroup, in the
+    same order on every rank). With an explicit ``group`` only that group's members construct it;
+    the subgroups are then created with ``use_local_synchronization=True``.
+
+    Attributes:
+        world_size, rank: size of the EP group and this process's rank inside it.
+        local_size, num_nodes, node, local_rank: the ``nodes x local_size`` split.
+        ranks: global ranks of the EP group, in EP-rank order.
+        group, intra_group, inter_group: process groups (``None`` means the default group for
+            ``group``; the subgroups are always explicit objects).
+    """
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, local_size: Optional[int] = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("EPTopology needs torch.distributed to be initialized "
+                               "(call torch.distributed.init_process_group first)")
+        self.group = group
+        if group is None or group is dist.group.WORLD:
+            self.ranks: List[int] = list(range(dist.get_world_size()))
+        else:
+            self.ranks = list(dist.get_process_group_ranks(group))
+        self.world_size = len(self.ranks)
+        self.rank = dist.get_rank(group)
+        if self.rank < 0:
+            raise RuntimeError("this process is not a member of the EP group passed to EPTopology")
+        if local_size is None:
+            import os
+            local_size = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        if isinstance(local_size, bool) or not isinstance(local_size, int) or local_size < 1:
+            raise ValueError(f"local_size must be a positive int, got {local_size!r}")
+        if self.world_size % local_size:
+            raise ValueError(f"the EP group has {self.world_size} ranks, which is not divisible by "
+                             f"local_size={local_size} (ranks per node)")
+        self.local_size = local_size
+        self.num_nodes = self.world_size // local_size
+        self.node = self.rank // local_size
+        self.local_rank = self.rank % local_size
+
+        G, N = local_size, self.num_nodes
+        world = group is None or group is dist.group.WORLD
+        self.intra_group = None
+        self.inter_group = None
+        # Same creation order on every rank: all intra-node groups, then all inter-node groups.
+        for n in range(N):
+            members = [self.ranks[n * G + i] for i in range(G)]
+            if world:
+                pg = dist.new_group(members)
+            elif n == self.node:
+                pg = dist.new_group(members, use_local_synchronization=True)
+            else:
+                continue
+            if n == self.node:
+                self.intra_group = pg
+        for i in range(G):
+            members = [self.ranks[n * G + i] for n in range(N)]
+            if world:
+                pg = dist.new_group(members)
+            elif i == self.local_rank:
+                pg = dist.new_group(members, use_local_synchronization=True)
+            else:
+                continue
+            if i == self.local_rank:
+                self.inter_group = pg
+
+    def node_of(self, ep_rank: int) -> int:
+        return ep_rank // self.local_size
+
+    def __repr__(self) -> str:
+        return (f"EPTopology(world_size={self.world_size}, nodes={self.num_nodes}, "
+                f"local_size={self.local_size}, rank={self.rank})")

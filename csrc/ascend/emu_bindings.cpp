@@ -1,0 +1,161 @@
+// ascend_moe_ops._ascendc_emu: the AscendC kernels of csrc/ascend/kernels, compiled with g++ against
+// the emulation layer (csrc/ascend/emu, -DASCEND_MOE_OPS_EMU) and exposed with the ops' positional
+// signatures, so the parity suites run the real kernel sources on CPU tensors
+// (ASCEND_MOE_OPS_BACKEND=ascendc-emu). The host side mirrors the NPU glue (csrc/ascend/moe_*.cpp):
+// same row-map math (host/row_map.h), same tilings, one "launch" per kernel; blocks run one after
+// another with the UB budget of the tiling enforced.
+//
+// Environment (tests only): ASCEND_MOE_OPS_EMU_AIV = vector core count (default 48, the 910B2);
+// ASCEND_MOE_OPS_EMU_MAX_TILE_COLS = cap on the H-tile width (default none) to force multi-tile rows;
+// ASCEND_MOE_OPS_EMU_UB_LIMIT = UB bytes the emulated core really has (default: the tiling's budget),
+// to check that a tiling planning more UB than the core has is caught.
+// Outputs are pre-filled with NaN, so a row a kernel forgets to write fails the tests.
+#include <torch/extension.h>
+
+#include <cstdlib>
+#include <limits>
+
+#include "emu/kernel_operator_emu.h"
+#include "host/row_map.h"
+#include "tiling/moe_permute_tiling.h"
+#include "tiling/moe_unpermute_tiling.h"
+
+extern "C" void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling);
+extern "C" void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out, GM_ADDR tiling);
+extern "C" void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOfRow, GM_ADDR probs,
+                                       GM_ADDR gradPermuted, GM_ADDR dots, GM_ADDR tiling);
+
+namespace {
+
+using namespace amo_ascend;
+using at::Tensor;
+
+ChipInfo emu_chip() {
+  ChipInfo chip = Ascend910B2();
+  if (const char* v = std::getenv("ASCEND_MOE_OPS_EMU_AIV")) chip.aivNum = static_cast<uint32_t>(std::max(1, std::atoi(v)));
+  return chip;
+}
+
+uint32_t max_tile_cols() {
+  const char* v = std::getenv("ASCEND_MOE_OPS_EMU_MAX_TILE_COLS");
+  return v ? static_cast<uint32_t>(std::max(0, std::atoi(v))) : 0u;
+}
+
+uint64_t ub_limit(const ChipInfo& chip) {
+  const char* v = std::getenv("ASCEND_MOE_OPS_EMU_UB_LIMIT");
+  return v ? static_cast<uint64_t>(std::max(0, std::atoi(v))) : ub_budget(chip);
+}
+
+template <typename T>
+GM_ADDR gm(const Tensor& t) {
+  return reinterpret_cast<GM_ADDR>(const_cast<void*>(t.data_ptr()));
+}
+
+// The kernel's real UB use (TPipe::InitBuffer calls) must be exactly what the tiling planned and
+// the tiling tests checked against the budget.
+void check_plan(uint64_t used, uint64_t planned, const char* kernel) {
+  TORCH_CHECK(used == planned, "ascendc-emu: kernel ", kernel, " allocated ", used, " B of UB but its tiling planned ",
+              planned, " B");
+}
+
+uint32_t checked_blocks(uint32_t blockDim, const ChipInfo& chip) {
+  TORCH_CHECK(blockDim >= 1 && blockDim <= chip.aivNum, "ascendc-emu: blockDim ", blockDim, " outside [1, ", chip.aivNum,
+              "] vector cores");
+  return blockDim;
+}
+
+Tensor poisoned(at::IntArrayRef shape, const at::TensorOptions& opts) {
+  return at::full(shape, std::numeric_limits<float>::quiet_NaN(), opts);
+}
+
+void check_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), "ascendc-emu: ", name, " must be a cpu tensor, got ", t.device());
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tokens, const Tensor& routing,
+                                                               const c10::optional<Tensor>& probs, int64_t numExperts,
+                                                               int64_t capacity, int64_t align, int64_t numOutTokens) {
+  check_cpu(tokens, "tokens");
+  check_cpu(routing, "routing");
+  TORCH_CHECK(tokens.dim() == 2 && routing.dim() == 2 && routing.size(0) == tokens.size(0),
+              "ascendc-emu moe_permute: tokens [T, H] and routing [T, S] expected");
+  const ChipInfo chip = emu_chip();
+  auto x = tokens.contiguous();
+  auto m = host::compute_row_id_map(routing.contiguous(), probs, numExperts, capacity, align, numOutTokens);
+  const int64_t N = m.numRows, T = x.size(0), H = x.size(1), S = routing.size(1);
+  host::check_rows_fit_int32(N, "the permuted output");
+  host::check_rows_fit_int32(T, "tokens");
+  auto slot = host::slot_of_row(m.rowIdMap, N);
+  auto index = host::token_of_row(slot, S);
+  auto out = poisoned({N, H}, x.options());
+  MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
+  if (t.key != MoePermuteTilingKey::kEmpty) {
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm<void>(x), gm<void>(index),
+                                  gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+               t.ubBytes, "amo_moe_permute");
+  }
+  Tensor outProbs = probs.has_value() ? host::gather_by_slot(probs->contiguous(), slot)
+                                      : at::empty({0}, x.options().dtype(at::kFloat));
+  return {out, outProbs, m.rowIdMap, m.tokensPerExpert, m.groupSizes};
+}
+
+Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::optional<Tensor>& probs) {
+  check_cpu(permuted, "permuted");
+  check_cpu(rowIdMap, "row_id_map");
+  const ChipInfo chip = emu_chip();
+  auto x = permuted.contiguous();
+  const int64_t N = x.size(0), H = x.size(1), T = rowIdMap.size(0), S = rowIdMap.size(1);
+  host::check_rows_fit_int32(N, "permuted");
+  auto map = rowIdMap.to(at::kInt).contiguous();
+  Tensor w = probs.has_value() ? probs->to(at::kFloat).contiguous() : at::empty({0}, x.options().dtype(at::kFloat));
+  auto out = poisoned({T, H}, x.options());
+  MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
+  if (t.key != MoeUnpermuteTilingKey::kEmpty) {
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map),
+                                  gm<void>(w), gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+               t.ubBytes, "amo_moe_unpermute");
+  }
+  return out;
+}
+
+std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const Tensor& permuted, const Tensor& rowIdMap,
+                                                  const c10::optional<Tensor>& probs) {
+  check_cpu(gradOut, "grad_out");
+  check_cpu(permuted, "permuted");
+  const ChipInfo chip = emu_chip();
+  const int64_t N = permuted.size(0), H = gradOut.size(1), T = rowIdMap.size(0), S = rowIdMap.size(1);
+  host::check_rows_fit_int32(N, "permuted");
+  const bool withProbs = probs.has_value();
+  if (withProbs) TORCH_CHECK(permuted.size(1) == H, "ascendc-emu moe_unpermute_backward: permuted must be [N, H] with probs");
+  // grad_out in the permuted dtype or fp32 (an exact upcast covers every other mix)
+  auto g = gradOut.scalar_type() == permuted.scalar_type() ? gradOut.contiguous() : gradOut.to(at::kFloat).contiguous();
+  auto x = permuted.contiguous();
+  auto map = rowIdMap.to(at::kInt).contiguous();
+  auto slot = host::slot_of_row(map, N);
+  Tensor w = withProbs ? probs->to(at::kFloat).contiguous() : at::empty({0}, g.options().dtype(at::kFloat));
+  auto gradPermuted = poisoned({N, H}, g.options().dtype(permuted.scalar_type()));
+  MoeUnpermuteGradTiling t = compute_moe_unpermute_grad_tiling(T, S, N, H, host::dtype_of(x), host::dtype_of(g), withProbs,
+                                                               chip, max_tile_cols());
+  Tensor dots;
+  if (t.key != MoeUnpermuteTilingKey::kEmpty) {
+    dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x),
+                                  gm<void>(slot), gm<void>(w), gm<void>(gradPermuted), gm<void>(dots),
+                                  reinterpret_cast<GM_ADDR>(&t)),
+               t.ubBytes, "amo_moe_unpermute_grad");
+  } else {
+    dots = at::zeros({N}, g.options().dtype(at::kFloat));  // H == 0: empty dot products
+  }
+  Tensor gradProbs = withProbs ? host::gather_by_row(dots, map).to(probs->scalar_type())
+                               : at::empty({0}, g.options().dtype(at::kFloat));
+  return {gradPermuted, gradProbs};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "AscendC kernels of ascend_moe_ops run on the CPU emulation layer (csrc/ascend/emu); tests only";
+  m.def("moe_permute", &moe_permute, "moe_permute on the emulated AscendC kernel");
+  m.def("moe_unpermute", &moe_unpermute, "moe_unpermute on the emulated AscendC kernel");
+  m.def("moe_unpermute_backward", &moe_unpermute_backward, "moe_unpermute_backward on the emulated AscendC kernel");
+}

@@ -1,0 +1,22 @@
+// STUB DECLARATIONS FOR TYPE-CHECKING ONLY (tests/test_ascend_glue.py, -DAMO_ASCEND_GLUE_TYPECHECK).
+//
+// On a CANN machine the ascendc_library() CMake function compiles csrc/ascend/kernels/*.cpp with
+// bisheng and GENERATES one header per kernel, aclrtlaunch_<kernel>.h, declaring a host launcher
+// aclrtlaunch_<kernel>(blockDim, stream, <kernel's GM_ADDR arguments as void*>) (and the macro
+// ACLRT_LAUNCH_KERNEL(kernel) that expands to it). Those generated headers do not exist here, so the
+// glue's syntax check uses these hand-written declarations of the same shape instead. They are not
+// compiled into anything and say nothing about the real generated code beyond this shape.
+#pragma once
+
+#include <cstdint>
+
+#include "acl/acl.h"
+
+extern "C" {
+uint32_t aclrtlaunch_amo_moe_permute(uint32_t blockDim, aclrtStream stream, void* tokens, void* index, void* out,
+                                     void* tiling);
+uint32_t aclrtlaunch_amo_moe_unpermute(uint32_t blockDim, aclrtStream stream, void* permuted, void* rowMap, void* probs,
+                                       void* out, void* tiling);
+uint32_t aclrtlaunch_amo_moe_unpermute_grad(uint32_t blockDim, aclrtStream stream, void* gradOut, void* permuted,
+                                            void* slotOfRow, void* probs, void* gradPermuted, void* dots, void* tiling);
+}

@@ -1,0 +1,86 @@
+// Helpers shared by the AscendC kernels of this package (device code).
+//
+// The same sources compile with bisheng against CANN's kernel_operator.h and with g++ against the
+// emulation layer (csrc/ascend/emu) when ASCEND_MOE_OPS_EMU is defined; that include switch is the
+// only difference between the two builds.
+#pragma once
+
+#ifdef ASCEND_MOE_OPS_EMU
+#include "emu/kernel_operator_emu.h"
+#else
+#include "kernel_operator.h"
+#endif
+
+#include "tiling/tiling_common.h"
+
+namespace amo_ascend {
+namespace kernels {
+
+// Own type trait: device code does not rely on the C++ standard library.
+template <typename A, typename B> struct IsSame { static constexpr bool value = false; };
+template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
+
+// Tiling structs are passed as a GM pointer (the host copies the POD struct to device memory) and
+// read word by word through the scalar unit.
+template <typename Tiling>
+__aicore__ inline void CopyTiling(Tiling* dst, GM_ADDR src) {
+  static_assert(sizeof(Tiling) % sizeof(uint32_t) == 0, "tiling structs are whole 32-bit words");
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  __gm__ uint32_t* s = reinterpret_cast<__gm__ uint32_t*>(src);
+  for (uint32_t i = 0; i < sizeof(Tiling) / sizeof(uint32_t); ++i) d[i] = s[i];
+}
+
+// Device twin of amo_ascend::block_rows (tiling_common.cpp): rows [first, first + count) of block b.
+__aicore__ inline void BlockRows(const RowSplit& s, uint32_t b, int64_t* first, int64_t* count) {
+  if (b < s.formerNum) {
+    *first = static_cast<int64_t>(b) * s.formerRows;
+    *count = s.formerRows;
+  } else {
+    *first = static_cast<int64_t>(s.formerNum) * s.formerRows + static_cast<int64_t>(b - s.formerNum) * s.tailRows;
+    *count = s.tailRows;
+  }
+}
+
+// GM -> UB of `cols` elements: DataCopy when the byte size is whole 32-byte blocks, else DataCopyPad
+// (ragged tail of a row whose size is not a multiple of 32 bytes; the UB side stays 32-byte aligned).
+template <typename T>
+__aicore__ inline void CopyRowIn(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor<T>& src, uint32_t cols) {
+  const uint32_t bytes = cols * static_cast<uint32_t>(sizeof(T));
+  if (bytes % kBlockBytes == 0) {
+    AscendC::DataCopy(dst, src, cols);
+  } else {
+    AscendC::DataCopyExtParams p{1, bytes, 0, 0, 0};
+    AscendC::DataCopyPadExtParams<T> pad{false, 0, 0, 0};
+    AscendC::DataCopyPad(dst, src, p, pad);
+  }
+}
+
+// UB -> GM of `cols` elements, same rule.
+template <typename T>
+__aicore__ inline void CopyRowOut(const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTensor<T>& src, uint32_t cols) {
+  const uint32_t bytes = cols * static_cast<uint32_t>(sizeof(T));
+  if (bytes % kBlockBytes == 0) {
+    AscendC::DataCopy(dst, src, cols);
+  } else {
+    AscendC::DataCopyExtParams p{1, bytes, 0, 0, 0};
+    AscendC::DataCopyPad(dst, src, p);
+  }
+}
+
+// Zero `cols` elements of a 16- or 32-bit tensor through an integer view (bit pattern 0 is +0.0 in
+// every float type, and integer Duplicate exists for every element width we use).
+template <typename T>
+__aicore__ inline void ZeroFill(const AscendC::LocalTensor<T>& t, uint32_t cols) {
+  if constexpr (sizeof(T) == 2) {
+    AscendC::Duplicate(t.template ReinterpretCast<int16_t>(), static_cast<int16_t>(0), static_cast<int32_t>(cols));
+  } else {
+    AscendC::Duplicate(t.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0), static_cast<int32_t>(cols));
+  }
+}
+
+__aicore__ inline uint32_t TileCols(const HiddenSplit& h, uint32_t j) {
+  return j + 1 == h.tileNum ? h.tailCols : h.tileCols;
+}
+
+}  // namespace kernels
+}  // namespace amo_ascend

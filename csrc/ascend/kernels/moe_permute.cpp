@@ -1,0 +1,89 @@
+// AscendC kernel of moe_permute: the row gather  out[r, :] = tokens[index[r], :]  (index[r] < 0:
+// a zero row), r in [0, N).
+//
+// Division of labour (documented in docs/ascend.md): the row map of moe_permute (expert-major,
+// stable, capacity and align rules) needs a global prefix sum over experts, so it is computed by the
+// host glue with ATen ops that run on the device (argsort/cumsum/scatter, no host synchronization,
+// csrc/ascend/host/row_map.h); the glue also inverts it into `index` (the source token of each output
+// row, -1 for padding and unused rows). This kernel then moves the T*K*H payload in one pass:
+//   * output rows are split evenly over the AIV cores; each core writes a contiguous slab of the
+//     output, every row exactly once (padding rows get zeros here, so the output needs no memset);
+//   * each row is cut into H-tiles sized to UB; tiles flow GM -> UB -> GM through one double-buffered
+//     VECIN->VECOUT queue, so the load of tile i+1 overlaps the store of tile i;
+//   * rows whose byte size is not a multiple of 32 use DataCopyPad for the ragged tail.
+// It only moves bits: fp16/bf16 rows move as int16, fp32 rows as int32.
+#include "kernels/kernel_common.h"
+#include "tiling/moe_permute_tiling.h"
+
+using namespace AscendC;
+
+namespace amo_ascend {
+namespace kernels {
+
+template <typename T>
+class MoePermuteKernel {
+ public:
+  __aicore__ inline void Init(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, const MoePermuteTiling& t, TPipe* pipe) {
+    t_ = t;
+    BlockRows(t.rows, static_cast<uint32_t>(GetBlockIdx()), &first_, &count_);
+    srcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(tokens), static_cast<uint64_t>(t.srcRows * t.hidden));
+    indexGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(index) + first_, static_cast<uint64_t>(count_));
+    outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out) + first_ * t.hidden, static_cast<uint64_t>(count_ * t.hidden));
+    pipe->InitBuffer(copyQue_, t.bufferNum, t.cols.tileCols * sizeof(T));
+    pipe->InitBuffer(zeroBuf_, t.cols.tileCols * sizeof(T));
+  }
+
+  __aicore__ inline void Process() {
+    LocalTensor<T> zeros = zeroBuf_.Get<T>();
+    ZeroFill(zeros, t_.cols.tileCols);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);  // the zero tile is written by the vector unit, read by MTE3
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    for (int64_t r = 0; r < count_; ++r) {
+      const int64_t src = indexGm_.GetValue(r);
+      const bool zero = src < 0 || src >= t_.srcRows;  // never a wild read
+      for (uint32_t j = 0; j < t_.cols.tileNum; ++j) {
+        const uint32_t cols = TileCols(t_.cols, j);
+        const int64_t col0 = static_cast<int64_t>(j) * t_.cols.tileCols;
+        const int64_t dst = r * t_.hidden + col0;  // 64-bit row * hidden products
+        if (zero) {
+          CopyRowOut(outGm_[dst], zeros, cols);
+          continue;
+        }
+        LocalTensor<T> x = copyQue_.template AllocTensor<T>();
+        CopyRowIn(x, srcGm_[src * t_.hidden + col0], cols);
+        copyQue_.EnQue(x);
+        LocalTensor<T> y = copyQue_.template DeQue<T>();
+        CopyRowOut(outGm_[dst], y, cols);
+        copyQue_.FreeTensor(y);
+      }
+    }
+  }
+
+ private:
+  MoePermuteTiling t_;
+  int64_t first_ = 0, count_ = 0;
+  GlobalTensor<T> srcGm_, outGm_;
+  GlobalTensor<int32_t> indexGm_;
+  TQueBind<TPosition::VECIN, TPosition::VECOUT, kDoubleBuffer> copyQue_;
+  TBuf<TPosition::VECCALC> zeroBuf_;
+};
+
+}  // namespace kernels
+}  // namespace amo_ascend
+
+// tokens [T, H], index [N] int32, out [N, H], tiling: MoePermuteTiling in GM.
+extern "C" __global__ __aicore__ void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling) {
+  using namespace amo_ascend;
+  MoePermuteTiling t;
+  kernels::CopyTiling(&t, tiling);
+  TPipe pipe;
+  if (t.key == MoePermuteTilingKey::kB16) {
+    kernels::MoePermuteKernel<int16_t> op;
+    op.Init(tokens, index, out, t, &pipe);
+    op.Process();
+  } else if (t.key == MoePermuteTilingKey::kB32) {
+    kernels::MoePermuteKernel<int32_t> op;
+    op.Init(tokens, index, out, t, &pipe);
+    op.Process();
+  }
+}

@@ -1,0 +1,809 @@
+"""Tests of ascend_moe_ops.balance: aux losses (hand-computed references, every level), drop
+accounting, the load predictor, the placement planner, replica routing, and the executor.
+
+The group levels and the executor need several processes: one spawned group of 4 gloo ranks runs
+every distributed scenario in order and reports one result per scenario and rank (the spawn is the
+expensive part on a small machine). Every collective has a timeout and the group has a join
+deadline, so a deadlock fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import socket
+import sys
+import time
+import traceback
+
+import pytest
+import torch
+
+from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, Placement, aux_loss, biased_topk,
+                                    capacity_for, drop_stats, expert_counts, imbalance,
+                                    plan_placement, update_expert_bias, z_loss)
+from ascend_moe_ops.testing import assert_close_to_ref
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PG_TIMEOUT_S = 60
+JOIN_TIMEOUT_S = 150
+
+
+# ================================================================================================
+# hand-computed references
+
+def ref_aux(scores, ids, E, K, coeff, counts=None, n_tokens=None):
+    """Loop reference in fp64: coeff * E * sum_e (c_e / (K * T)) * mean_t scores[t, e]."""
+    s = scores.double()
+    T = s.shape[0]
+    if counts is None:
+        counts = [0] * E
+        for row in ids.tolist():
+            for e in row:
+                if e >= 0:
+                    counts[e] += 1
+        n_tokens = T
+    total = 0.0
+    for e in range(E):
+        total = total + (counts[e] / (K * n_tokens)) * (s[:, e].sum() / T)
+    return coeff * E * total
+
+
+def test_aux_loss_hand_example():
+    scores = torch.tensor([[.5, .3, .2], [.1, .6, .3], [.2, .2, .6], [.7, .2, .1]], requires_grad=True)
+    ids = torch.tensor([[0], [1], [2], [0]])
+    loss = aux_loss(scores, ids, coeff=0.1)
+    # f = [2/4, 1/4, 1/4], P = [.375, .325, .3] -> 0.1 * 3 * (.1875 + .08125 + .075) = 0.103125
+    assert abs(loss.item() - 0.103125) < 1e-7
+    loss.backward()
+    # dL/ds[t, e] = coeff * E * f_e / T
+    expect = torch.tensor([0.1 * 3 * f / 4 for f in (.5, .25, .25)]).expand(4, 3)
+    torch.testing.assert_close(scores.grad, expect)
+    # uniform routing and scores give exactly coeff
+    u = torch.full((6, 3), 1 / 3)
+    assert abs(aux_loss(u, torch.tensor([[0], [1], [2]] * 2), coeff=0.01).item() - 0.01) < 1e-8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_aux_loss_micro_batch(dtype):
+    T, E, K = 37, 10, 3
+    scores64 = torch.softmax(torch.randn(T, E, dtype=torch.float64), 1)
+    ids = torch.topk(scores64, K, 1).indices
+    ids[3, 1] = -1                                                   # an empty slot
+    s = scores64.to(dtype).requires_grad_()
+    loss = aux_loss(s, ids, coeff=0.02)
+    assert loss.dtype == torch.float32
+    ref = ref_aux(s.detach(), ids, E, K, 0.02)
+    assert_close_to_ref(loss.detach(), torch.as_tensor(ref), dtype=torch.float32)
+    loss.backward()
+    c = expert_counts(ids, E).double()
+    g_ref = (0.02 * E * c / (K * T) / T).expand(T, E)
+    assert_close_to_ref(s.grad, g_ref, dtype=dtype)
+    # a bool mask gives the same loss
+    mask = torch.zeros(T, E, dtype=torch.bool)
+    for t in range(T):
+        for e in ids[t].tolist():
+            if e >= 0:
+                mask[t, e] = True
+    torch.testing.assert_close(aux_loss(s.detach(), mask, coeff=0.02, topk=K), loss.detach())
+
+
+def test_aux_loss_sequence_level():
+    B, L, E, K = 3, 8, 6, 2
+    scores = torch.softmax(torch.randn(B * L, E, dtype=torch.float64), 1).requires_grad_()
+    ids = torch.topk(torch.randn(B * L, E), K, 1).indices
+    loss = aux_loss(scores, ids, level="sequence", seq_len=L, coeff=0.1)
+    ref = sum(ref_aux(scores.detach()[b * L:(b + 1) * L], ids[b * L:(b + 1) * L], E, K, 0.1)
+              for b in range(B)) / B
+    assert abs(loss.item() - float(ref)) < 1e-12
+    loss.backward()
+    for b in range(B):
+        c = expert_counts(ids[b * L:(b + 1) * L], E).double()
+        g = 0.1 * E * c / (K * L) / L / B
+        torch.testing.assert_close(scores.grad[b * L:(b + 1) * L], g.expand(L, E))
+    # one sequence == micro-batch level
+    one = aux_loss(scores.detach(), ids, level="sequence", seq_len=B * L)
+    torch.testing.assert_close(one, aux_loss(scores.detach(), ids))
+
+
+def test_aux_loss_errors():
+    s = torch.rand(4, 3)
+    ids = torch.zeros(4, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="level must be one of"):
+        aux_loss(s, ids, level="batch")
+    with pytest.raises(ValueError, match="needs seq_len"):
+        aux_loss(s, ids, level="sequence")
+    with pytest.raises(ValueError, match="must divide the number of tokens"):
+        aux_loss(s, ids, level="sequence", seq_len=3)
+    with pytest.raises(ValueError, match="needs group="):
+        aux_loss(s, ids, level="ep_group")
+    with pytest.raises(RuntimeError, match="not initialized"):
+        aux_loss(s, ids, level="global")
+    with pytest.raises(ValueError, match="outside the valid range"):
+        aux_loss(s, torch.full((4, 2), 3), level="micro_batch")
+    with pytest.raises(ValueError, match="one row per token"):
+        aux_loss(s, ids[:3])
+    with pytest.raises(ValueError, match="topk is required"):
+        aux_loss(s, torch.zeros(4, 3, dtype=torch.bool))
+
+
+def test_z_loss_and_bias():
+    logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]], requires_grad=True)
+    z = z_loss(logits, coeff=0.5)
+    # lse = [log 2, log 4] -> 0.5 * (log2^2 + log4^2) / 2
+    assert abs(z.item() - 0.5 * (math.log(2) ** 2 + math.log(4) ** 2) / 2) < 1e-6
+    z.backward()
+    assert logits.grad is not None
+    bias = torch.zeros(4)
+    update_expert_bias(bias, torch.tensor([10, 0, 5, 5]), rate=0.1)
+    torch.testing.assert_close(bias, torch.tensor([-0.1, 0.1, 0.0, 0.0]))
+    scores = torch.tensor([[0.5, 0.4, 0.1, 0.0]], requires_grad=True)
+    idx, w = biased_topk(scores, torch.tensor([-1.0, 0.0, 0.0, 1.0]), 2)
+    assert idx.tolist() == [[3, 1]]
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.4]]))
+    w.sum().backward()                       # weights come from the unbiased scores
+    assert scores.grad.tolist() == [[0.0, 1.0, 0.0, 1.0]]
+
+
+def test_drop_stats():
+    from ascend_moe_ops import moe_permute
+    ids = torch.tensor([[0, 1], [0, 2], [0, 1], [0, -1], [3, 1]])
+    st = drop_stats(ids, num_experts=4, capacity=2)
+    assert isinstance(st, DropStats)
+    assert st.routed.tolist() == [4, 3, 1, 1] and st.dropped.tolist() == [2, 1, 0, 0]
+    torch.testing.assert_close(st.rate_per_expert, torch.tensor([0.5, 1 / 3, 0.0, 0.0]))
+    assert abs(st.rate.item() - 3 / 9) < 1e-7
+    # the same from the row_id_map of moe_permute in capacity mode
+    res = moe_permute(torch.randn(5, 4), ids, torch.rand(5, 2), num_experts=4, capacity=2)
+    st2 = drop_stats(ids, num_experts=4, row_id_map=res.row_id_map)
+    assert st2.dropped.tolist() == st.dropped.tolist()
+    # capacity factor: C = ceil(1.5 * 5 * 2 / 4) = 4 -> nothing dropped
+    assert capacity_for(5, 2, 4, 1.5) == 4
+    assert drop_stats(ids, num_experts=4, capacity_factor=1.5).dropped.sum() == 0
+    with pytest.raises(ValueError, match="exactly one of capacity"):
+        drop_stats(ids, num_experts=4)
+
+
+# ================================================================================================
+# predictor
+
+def test_predictor_methods():
+    E = 3
+    seq = [torch.tensor([1.0, 10.0, 5.0]) * (t + 1) for t in range(6)]   # a linear ramp
+    preds = {m: ExpertLoadPredictor(E, window=4, method=m, alpha=0.5, horizon=2)
+             for m in ("last", "window_mean", "ema", "trend", "adaptive_ema")}
+    for x in seq:
+        for p in preds.values():
+            p.update(x)
+    torch.testing.assert_close(preds["last"].predict(), seq[-1].double())
+    torch.testing.assert_close(preds["window_mean"].predict(), torch.stack(seq[-4:]).double().mean(0))
+    ema = seq[0].double()
+    for x in seq[1:]:
+        ema = 0.5 * ema + 0.5 * x.double()
+    torch.testing.assert_close(preds["ema"].predict(), ema)
+    # a line is extrapolated exactly: the mean of steps 7 and 8 is step 7.5
+    torch.testing.assert_close(preds["trend"].predict(), torch.tensor([1.0, 10.0, 5.0]).double() * 7.5)
+    # on a ramp the adaptive EMA picks its fastest-following member
+    assert preds["adaptive_ema"].predict()[1] > preds["ema"].predict()[1] * 0.98
+    with pytest.raises(RuntimeError, match="before any update"):
+        ExpertLoadPredictor(E).predict()
+    with pytest.raises(ValueError, match="one count per expert"):
+        preds["ema"].update(torch.zeros(4))
+    with pytest.raises(ValueError, match="method must be one of"):
+        ExpertLoadPredictor(E, method="arima")
+
+
+# ================================================================================================
+# planner
+
+def _valid(pl: Placement, E, R, S, replicas=False):
+    s2e = pl.slot_to_expert
+    assert s2e.shape == (R, S)
+    c = torch.bincount(s2e[s2e >= 0], minlength=E)
+    assert (c >= 1).all()
+    if not replicas:
+        assert (c == 1).all()
+
+
+def test_plan_skewed_bounded_moves():
+    E, R, S = 64, 8, 8
+    g = torch.Generator().manual_seed(3)
+    load = torch.exp(0.8 * torch.randn(E, generator=g, dtype=torch.float64)) * 100
+    cur = Placement.contiguous(E, R, S)
+    for budget in (0, 4, 10, None):
+        pl = plan_placement(load, R, S, cur.expert_to_rank, max_moves=budget)
+        _valid(pl, E, R, S)
+        assert pl.moved <= (budget if budget is not None else E)
+        moved = int((pl.expert_to_rank != cur.expert_to_rank).sum())
+        assert moved == pl.moved
+        assert abs(pl.imbalance_before - imbalance(cur.rank_loads(load))) < 1e-12
+        assert abs(pl.imbalance_after - imbalance(pl.rank_loads(load))) < 1e-12
+        if budget == 0:
+            assert pl.imbalance_after == pl.imbalance_before and not pl.changed
+        else:
+            assert pl.imbalance_after < pl.imbalance_before
+    free = plan_placement(load, R, S, cur)
+    assert free.imbalance_after < 0.05               # 64 lognormal experts: near-perfect
+    # the baseline only trades between the extreme ranks; never better than the full search here
+    base = plan_placement(load, R, S, cur, strategy="greedy_swap")
+    assert free.imbalance_after <= base.imbalance_after + 1e-12
+    # from scratch (LPT + search): every expert counts as moved
+    scratch = plan_placement(load, R, S, None)
+    _valid(scratch, E, R, S)
+    assert scratch.moved == E and scratch.imbalance_after < 0.05
+
+
+def test_plan_lpt_and_empty_slots():
+    # 5 experts on 3 ranks x 2 slots: the optimum is {9}, {5, 2}, {4, 3}
+    load = torch.tensor([9.0, 5.0, 4.0, 3.0, 2.0])
+    pl = plan_placement(load, 3, 2, None)
+    assert sorted(pl.rank_loads(load).tolist()) == [7.0, 7.0, 9.0]
+    # an expert moves into an empty slot when that helps
+    cur = torch.tensor([0, 0, 1, 1, 2])               # ranks: {9, 5}=14, {4, 3}=7, {2}=2
+    pl = plan_placement(load, 3, 2, cur)
+    assert pl.rank_loads(load).max() == 9.0 and pl.moved <= 2
+
+
+def test_plan_drifting_trace():
+    """Re-planning along a drifting trace keeps the realized imbalance well below static."""
+    E, R, S, steps = 64, 8, 8, 200
+    g = torch.Generator().manual_seed(0)
+    x = 0.6 * torch.randn(E, generator=g, dtype=torch.float64)
+    pred = ExpertLoadPredictor(E, window=8, method="ema", alpha=0.3)
+    cur = Placement.contiguous(E, R, S)
+    static = Placement.contiguous(E, R, S)
+    imb_dyn, imb_st = [], []
+    for t in range(steps):
+        x = 0.99 * x + 0.6 * math.sqrt(1 - 0.99 ** 2) * torch.randn(E, generator=g, dtype=torch.float64)
+        p = torch.exp(x) / torch.exp(x).sum()
+        counts = torch.multinomial(p, 8192, replacement=True, generator=g).bincount(minlength=E).double()
+        if t >= 20 and t % 10 == 0:
+            new = plan_placement(pred.predict(), R, S, cur, max_moves=6)
+            assert new.moved <= 6
+            _valid(new, E, R, S)
+            cur = new if new.changed else cur
+        if t >= 60:
+            imb_dyn.append(imbalance(cur.rank_loads(counts)))
+            imb_st.append(imbalance(static.rank_loads(counts)))
+        pred.update(counts)
+    dyn, st = sum(imb_dyn) / len(imb_dyn), sum(imb_st) / len(imb_st)
+    assert dyn < 0.5 * st, (dyn, st)
+
+
+def test_plan_trigger_and_threshold():
+    load = torch.ones(16, dtype=torch.float64)
+    load[0] = 1.5
+    cur = Placement.contiguous(16, 4, 4)
+    same = plan_placement(load, 4, 4, cur, cv_threshold=0.5)      # CV ~0.05 <= 0.5: no search
+    assert not same.changed and same == cur and same.moved == 0
+    # the best possible plan here cannot lower the imbalance by 0.5
+    same = plan_placement(load, 4, 4, cur, min_improvement=0.5)
+    assert not same.changed and same == cur
+    assert same.cv_before is not None and same.cv_before > 0
+
+
+def test_plan_replicas_and_routing():
+    E, R, S = 8, 4, 3                                   # 12 slots: 4 spares
+    load = torch.tensor([40.0, 10, 10, 10, 10, 10, 5, 5])
+    pl = plan_placement(load, R, S, None, replicas=True)
+    _valid(pl, E, R, S, replicas=True)
+    rc = pl.replica_count
+    assert rc.sum() == R * S and rc[0] >= 3             # the hot expert takes most spare slots
+    for r in range(R):                                  # replicas on distinct ranks
+        row = pl.slot_to_expert[r]
+        assert row.unique().numel() == row.numel()
+    assert pl.imbalance_after < 0.25
+    # deterministic routing: replica (token % c) in ascending slot order
+    ids = torch.tensor([[0, 1], [0, -1], [0, 2], [1, 0]])
+    phys = pl.physical_slots(ids)
+    assert torch.equal(phys, pl.physical_slots(ids))
+    slots0 = pl.expert_slots()[0][: int(rc[0])]
+    for t in range(4):
+        for k in range(2):
+            e = int(ids[t, k])
+            if e < 0:
+                assert phys[t, k] == -1
+            else:
+                c = int(rc[e])
+                assert phys[t, k] == pl.expert_slots()[e][t % c]
+                assert int(pl.slot_to_expert.flatten()[phys[t, k]]) == e
+    # a hot expert's tokens are spread evenly over its replicas
+    many = torch.zeros(1200, 1, dtype=torch.int64)
+    counts = torch.bincount(pl.physical_slots(many).flatten(), minlength=R * S)[slots0]
+    assert counts.max() - counts.min() <= 1
+
+
+def test_placement_errors():
+    with pytest.raises(ValueError, match="do not fit"):
+        plan_placement(torch.ones(10), 3, 3)
+    with pytest.raises(ValueError, match="loses experts"):
+        Placement(torch.tensor([[0, 1], [1, -1]]), 3)
+    with pytest.raises(ValueError, match="distinct ranks"):
+        Placement(torch.tensor([[0, 0], [1, 2]]), 3)
+    with pytest.raises(ValueError, match="outside the valid range"):
+        Placement(torch.tensor([[0, 5], [1, 2]]), 3)
+    with pytest.raises(ValueError, match="puts 3 experts on rank 0"):
+        Placement.from_expert_to_rank(torch.tensor([0, 0, 0, 1]), 2, 2)
+    with pytest.raises(ValueError, match="has 4 experts but predicted_load"):
+        plan_placement(torch.ones(5), 2, 4, torch.tensor([0, 0, 1, 1]))
+    with pytest.raises(ValueError, match="has replicas; pass replicas=True"):
+        plan_placement(torch.ones(3), 2, 2, Placement(torch.tensor([[0, 1], [0, 2]]), 3))
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        plan_placement(torch.tensor([1.0, -1.0]), 2, 1)
+
+
+# ================================================================================================
+# distributed scenarios (4 gloo ranks)
+
+E_D, K_D, H_D, F_D = 8, 2, 6, 5
+
+
+def _rank_data(r, E=6, K=2):
+    g = torch.Generator().manual_seed(100 + r)
+    T = 5 + r
+    scores = torch.softmax(torch.randn(T, E, generator=g, dtype=torch.float64), 1)
+    ids = torch.topk(torch.randn(T, E, generator=g), K, 1).indices
+    return scores, ids
+
+
+def scenario_aux_levels(ctx):
+    import torch.distributed as dist
+    rank, E, K = ctx["rank"], 6, 2
+    groups = {"ep_group": ctx["ep_groups"], "dp_group": ctx["dp_groups"], "global": None}
+    members = {"ep_group": ctx["ep_members"], "dp_group": ctx["dp_members"],
+               "global": list(range(ctx["world"]))}
+    scores, ids = _rank_data(rank, E, K)
+    for level in ("ep_group", "dp_group", "global"):
+        group = groups[level]
+        s = scores.clone().requires_grad_()
+        loss = aux_loss(s, ids, level=level, group=group, coeff=0.1)
+        counts = [0] * E
+        n = 0
+        for m in members[level]:
+            _, ids_m = _rank_data(m, E, K)
+            n += ids_m.shape[0]
+            for e in ids_m.flatten().tolist():
+                counts[e] += 1
+        ref = ref_aux(scores, ids, E, K, 0.1, counts=counts, n_tokens=n)
+        assert abs(loss.item() - float(ref)) < 1e-12, (level, loss.item(), float(ref))
+        loss.backward()
+        g_ref = torch.tensor([0.1 * E * c / (K * n) / scores.shape[0] for c in counts],
+                             dtype=torch.float64).expand_as(s)
+        torch.testing.assert_close(s.grad, g_ref)
+    # ep level differs from global and micro-batch (it is the middle level)
+    mb = aux_loss(scores, ids, level="micro_batch")
+    assert torch.isfinite(mb)
+    dist.barrier()
+
+
+def scenario_group_helpers(ctx):
+    import torch.distributed as dist
+    rank, world = ctx["rank"], ctx["world"]
+    E = 6
+    _, ids = _rank_data(rank, E)
+    local = expert_counts(ids, E)
+    total = sum(expert_counts(_rank_data(r, E)[1], E) for r in range(world))
+    st = drop_stats(ids, num_experts=E, capacity=2, group=dist.group.WORLD)
+    drop_ref = sum((expert_counts(_rank_data(r, E)[1], E) - 2).clamp(min=0) for r in range(world))
+    assert st.routed.tolist() == total.tolist() and st.dropped.tolist() == drop_ref.tolist()
+    bias = torch.zeros(E)
+    update_expert_bias(bias, local, rate=0.1, group=dist.group.WORLD)
+    ref = 0.1 * torch.sign(total.float().mean() - total.float())
+    torch.testing.assert_close(bias, ref)
+    pred = ExpertLoadPredictor(E, window=2, method="window_mean", group=dist.group.WORLD)
+    pred.update(local)
+    torch.testing.assert_close(pred.predict(), total.double())
+
+
+def _global_weights(dtype=torch.float64):
+    g = torch.Generator().manual_seed(7)
+    w1 = torch.randn(E_D, H_D, F_D, generator=g, dtype=dtype) * 0.5
+    w2 = torch.randn(E_D, F_D, H_D, generator=g, dtype=dtype) * 0.5
+    return w1, w2
+
+
+def _tokens(r, step=0):
+    g = torch.Generator().manual_seed(1000 * step + 10 + r)
+    T = 6 + r
+    x = torch.randn(T, H_D, generator=g, dtype=torch.float64)
+    logits = torch.randn(T, E_D, generator=g, dtype=torch.float64)
+    logits[:, 0] += 1.5                                    # expert 0 is hot
+    top = torch.topk(torch.softmax(logits, 1), K_D, 1)
+    probs = top.values / top.values.sum(1, keepdim=True)
+    tgt = torch.randn(T, H_D, generator=g, dtype=torch.float64)
+    return x, top.indices, probs, tgt
+
+
+# the dispatcher's permute/unpermute accumulate in fp32 (the op contract), so comparisons with the
+# dense fp64 reference, or between layouts that sum a token's slots differently, use fp32 tolerances;
+# before/after a re-placement the same rows meet in the same order and must agree to fp64 rounding.
+REF_TOL = dict(rtol=1e-5, atol=1e-6)
+SAME_TOL = dict(rtol=1e-12, atol=1e-12)
+
+
+def _expert_fn(x, w1, w2):
+    return torch.tanh(x @ w1) @ w2
+
+
+def _dense_reference(world, step=0):
+    """Loss over every rank's tokens with the global weights; returns (outputs per rank, grads)."""
+    w1, w2 = _global_weights()
+    w1.requires_grad_()
+    w2.requires_grad_()
+    outs, total = [], 0.0
+    for r in range(world):
+        x, ids, probs, tgt = _tokens(r, step)
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for k in range(K_D):
+                e = int(ids[t, k])
+                out[t] = out[t] + probs[t, k] * _expert_fn(x[t:t + 1], w1[e], w2[e])[0]
+        outs.append(out.detach())
+        total = total + (out * tgt).sum()
+    total.backward()
+    return outs, w1.grad, w2.grad
+
+
+def _layer_forward(ctx, dispatcher, executor, params, step=0):
+    rank = ctx["rank"]
+    x, ids, probs, tgt = _tokens(rank, step)
+    rows, tpe, handle = dispatcher.dispatch(x, executor.route(ids), probs)
+    outs, start = [], 0
+    for i, n in enumerate(tpe.tolist()):
+        outs.append(_expert_fn(rows[start:start + n], params[0][i], params[1][i]))
+        start += n
+    y = torch.cat(outs) if outs else rows[:0, :H_D]
+    out = dispatcher.combine(y, handle)
+    (out * tgt).sum().backward()
+    return out.detach()
+
+
+def _make_params(placement, rank):
+    w1, w2 = _global_weights()
+    s2e = placement.slot_to_expert[rank]
+    p1 = torch.zeros((len(s2e), H_D, F_D), dtype=torch.float64)
+    p2 = torch.zeros((len(s2e), F_D, H_D), dtype=torch.float64)
+    for i, e in enumerate(s2e.tolist()):
+        if e >= 0:
+            p1[i], p2[i] = w1[e], w2[e]
+    return [torch.nn.Parameter(p1), torch.nn.Parameter(p2)]
+
+
+def _gather_global(executor, tensors, world):
+    """Per global expert view ``[E, ...]`` of ``[S, ...]`` tensors, checking that every replica of an
+    expert holds the same values."""
+    import torch.distributed as dist
+    pl = executor.placement
+    flat = pl.slot_to_expert.flatten().tolist()
+    out = []
+    for t in tensors:
+        buf = torch.empty((world * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype)
+        dist.all_gather_into_tensor(buf, t.detach().contiguous(), group=executor.group)
+        g = torch.zeros((pl.num_experts,) + tuple(t.shape[1:]), dtype=t.dtype)
+        seen = set()
+        for p, e in enumerate(flat):
+            if e < 0:
+                continue
+            if e in seen:
+                torch.testing.assert_close(buf[p], g[e], **SAME_TOL)
+            else:
+                g[e] = buf[p]
+                seen.add(e)
+        out.append(g)
+    return out
+
+
+def _need_dispatcher():
+    try:
+        from ascend_moe_ops.distributed import EPTopology, MoEDispatcher  # noqa: F401
+    except ImportError:
+        raise _Skip("ascend_moe_ops.distributed (the EP dispatcher) is not available")
+
+
+class _Skip(Exception):
+    pass
+
+
+def _permuted_placement(R, S):
+    """A placement that moves most experts (deterministic)."""
+    e2r = torch.tensor([(e * 3 + 1) % (R * S) // S for e in range(R * S)])
+    return Placement.from_expert_to_rank(e2r, R, S)
+
+
+def scenario_executor_moves(ctx):
+    """Weights, grads and Adam state follow their experts; no dispatcher needed."""
+    from ascend_moe_ops.balance import PlacementExecutor
+    rank, world = ctx["rank"], ctx["world"]
+    S = E_D // world
+    p0 = Placement.contiguous(E_D, world, S)
+    params = _make_params(p0, rank)
+    opt = torch.optim.Adam(params, lr=0.01)
+    ex = PlacementExecutor(p0, params, optimizer=opt)
+    assert ex.mode == "expert"
+    # a per-expert synthetic gradient: expert e gets (e + 1) * weight
+    for p in params:
+        owners = ex.placement.slot_to_expert[rank]
+        p.grad = p.detach() * (owners.double() + 1).view(-1, *([1] * (p.dim() - 1)))
+    opt.step()
+    before = _gather_global(ex, [params[0], opt.state[params[0]]["exp_avg"],
+                                 opt.state[params[0]]["exp_avg_sq"], params[0].grad], world)
+    info = ex.apply(_permuted_placement(world, S))
+    assert info["copies"] > 0
+    after = _gather_global(ex, [params[0], opt.state[params[0]]["exp_avg"],
+                                opt.state[params[0]]["exp_avg_sq"], params[0].grad], world)
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)
+    # slot mode with replicas: 3 slots per rank, replicas of hot experts
+    S3 = 3
+    q0 = Placement.contiguous(E_D, world, S3)
+    qparams = _make_params(q0, rank)
+    qopt = torch.optim.SGD(qparams, lr=0.1, momentum=0.9)
+    qex = PlacementExecutor(q0, qparams, optimizer=qopt)
+    assert qex.mode == "slot"
+    for p in qparams:
+        p.grad = torch.ones_like(p)
+    qopt.step()
+    ref = _gather_global(qex, [qparams[1], qopt.state[qparams[1]]["momentum_buffer"]], world)
+    load = torch.tensor([40.0, 10, 10, 10, 10, 10, 5, 5])
+    qnew = plan_placement(load, world, S3, q0, replicas=True)
+    assert qnew.has_replicas
+    qex.apply(qnew)
+    got = _gather_global(qex, [qparams[1], qopt.state[qparams[1]]["momentum_buffer"]], world)
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    # replica gradient sync: every replica ends with the sum over replicas
+    for p in qparams:
+        p.grad = torch.full_like(p, float(rank + 1))
+    qex.sync_replica_grads()
+    rc = qnew.replica_count
+    for i, e in enumerate(qnew.slot_to_expert[rank].tolist()):
+        if e >= 0 and rc[e] > 1:
+            holders = [r for r in range(world) if e in qnew.slot_to_expert[r].tolist()]
+            assert torch.all(qparams[0].grad[i] == float(sum(h + 1 for h in holders)))
+
+
+def scenario_executor_errors(ctx):
+    from ascend_moe_ops.balance import PlacementExecutor
+    rank, world = ctx["rank"], ctx["world"]
+    S = E_D // world
+    p0 = Placement.contiguous(E_D, world, S)
+    params = _make_params(p0, rank)
+    ex = PlacementExecutor(p0, params)
+    bad = _permuted_placement(world, S) if rank == 1 else p0
+    try:
+        ex.apply(bad)
+    except ValueError as e:
+        assert "differs between ranks" in str(e), str(e)
+    else:
+        raise AssertionError("a placement that differs between ranks was accepted")
+    try:
+        PlacementExecutor(p0, [torch.zeros(S + 1, 3)])
+    except ValueError as e:
+        assert "one row per local slot" in str(e)
+    else:
+        raise AssertionError("wrong leading dim accepted")
+    try:
+        ex.apply(Placement(torch.tensor([[0, 0]] * world), 1))
+    except ValueError as e:
+        assert "distinct ranks" in str(e) or "ranks x" in str(e), str(e)
+    else:
+        raise AssertionError("bad placement accepted")
+    from ascend_moe_ops.balance import check_consistent
+    try:
+        check_consistent(torch.ones(E_D) * (2.0 if rank == 3 else 1.0), None, "predicted_load")
+    except ValueError as e:
+        assert "predicted_load differs between ranks: ranks [3]" in str(e), str(e)
+    else:
+        raise AssertionError("loads that differ between ranks were accepted")
+    rep = plan_placement(torch.arange(1.0, E_D + 1), world, S + 1, None, replicas=True)
+    try:
+        PlacementExecutor(rep, _make_params(rep, rank), mode="expert")
+    except ValueError as e:
+        assert "cannot hold replicas" in str(e)
+    else:
+        raise AssertionError("replicas accepted in expert mode")
+
+
+def scenario_layer_expert_mode(ctx):
+    """After a re-placement the EP MoE layer's forward and backward are unchanged, and Adam
+    continues exactly as without the re-placement (flat and hierarchical dispatch, 2 nodes x 2)."""
+    _need_dispatcher()
+    for algorithm in ("hierarchical", "flat"):
+        _layer_expert_mode(ctx, algorithm)
+
+
+def _layer_expert_mode(ctx, algorithm):
+    # flat: a token's slots are summed in the same order whatever the placement -> fp64-exact;
+    # hierarchical: per-node partial sums (fp32 accumulation) group differently after a move
+    tol = SAME_TOL if algorithm == "flat" else REF_TOL
+    from ascend_moe_ops.balance import PlacementExecutor
+    from ascend_moe_ops.distributed import MoEDispatcher
+    rank, world, topo = ctx["rank"], ctx["world"], ctx["topo"]
+    S = E_D // world
+    ref_out, ref_g1, ref_g2 = _dense_reference(world)
+    p0, p1 = Placement.contiguous(E_D, world, S), _permuted_placement(world, S)
+    results = {}
+    for name, placements in (("A", [p0, p0, p0]), ("B", [p0, p1, p1])):
+        params = _make_params(p0, rank)
+        opt = torch.optim.Adam(params, lr=0.05)
+        disp = MoEDispatcher(topo, E_D, algorithm=algorithm)
+        ex = PlacementExecutor(p0, params, optimizer=opt, dispatcher=disp)
+        for step, pl in enumerate(placements):
+            if pl is not ex.placement and not torch.equal(pl.slot_to_expert, ex.placement.slot_to_expert):
+                out_before = _layer_forward(ctx, disp, ex, params, step)
+                g_before = _gather_global(ex, [params[0].grad, params[1].grad], world)
+                opt.zero_grad(set_to_none=False)
+                ex.apply(pl)
+                assert torch.equal(disp.expert_to_rank, ex.placement.expert_to_rank)
+                out_after = _layer_forward(ctx, disp, ex, params, step)
+                g_after = _gather_global(ex, [params[0].grad, params[1].grad], world)
+                torch.testing.assert_close(out_after, out_before, **tol)
+                for a, b in zip(g_after, g_before):
+                    torch.testing.assert_close(a, b, **tol)
+                opt.zero_grad(set_to_none=False)
+            out = _layer_forward(ctx, disp, ex, params, step)
+            if step == 0:
+                torch.testing.assert_close(out, ref_out[rank], **REF_TOL)
+                g = _gather_global(ex, [params[0].grad, params[1].grad], world)
+                torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
+                torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        results[name] = _gather_global(ex, params + [opt.state[params[0]]["exp_avg_sq"]], world)
+    for a, b in zip(results["A"], results["B"]):
+        torch.testing.assert_close(a, b, **tol)
+    ctx["expert_mode_final"] = results["A"]
+
+
+def scenario_layer_slot_mode_replicas(ctx):
+    """Slot mode with replicas: same outputs, gradients and optimizer trajectory as the
+    unreplicated layer."""
+    _need_dispatcher()
+    from ascend_moe_ops.balance import PlacementExecutor
+    from ascend_moe_ops.distributed import MoEDispatcher
+    rank, world, topo = ctx["rank"], ctx["world"], ctx["topo"]
+    S = 3
+    ref_out, ref_g1, ref_g2 = _dense_reference(world)
+    q0 = Placement.contiguous(E_D, world, S)
+    load = torch.tensor([40.0, 10, 10, 10, 10, 10, 5, 5])
+    q1 = plan_placement(load, world, S, q0, replicas=True)
+    assert q1.has_replicas
+    params = _make_params(q0, rank)
+    opt = torch.optim.Adam(params, lr=0.05)
+    disp = MoEDispatcher(topo, world * S, algorithm="flat")
+    ex = PlacementExecutor(q0, params, optimizer=opt, dispatcher=disp)
+    assert ex.mode == "slot"
+    for step in range(3):
+        if step == 1:
+            opt.zero_grad(set_to_none=False)
+            ex.apply(q1)
+        out = _layer_forward(ctx, disp, ex, params, step)
+        ex.sync_replica_grads()
+        if step in (0, 1):
+            if step == 0:
+                torch.testing.assert_close(out, ref_out[rank], **REF_TOL)
+                g = _gather_global(ex, [params[0].grad, params[1].grad], world)
+                torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
+                torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+    final = _gather_global(ex, params + [opt.state[params[0]]["exp_avg_sq"]], world)
+    if "expert_mode_final" in ctx:
+        for a, b in zip(final, ctx["expert_mode_final"]):
+            torch.testing.assert_close(a, b, **REF_TOL)
+    # replica routing is deterministic across calls and ranks
+    _, ids, _, _ = _tokens(rank)
+    assert torch.equal(ex.route(ids), ex.route(ids))
+
+
+SCENARIOS = {
+    "aux_levels": scenario_aux_levels,
+    "group_helpers": scenario_group_helpers,
+    "executor_moves": scenario_executor_moves,
+    "executor_errors": scenario_executor_errors,
+    "layer_expert_mode": scenario_layer_expert_mode,
+    "layer_slot_mode_replicas": scenario_layer_slot_mode_replicas,
+}
+
+
+def _dump(results, outdir, rank):
+    tmp = os.path.join(outdir, f".rank{rank}.json")
+    with open(tmp, "w") as f:
+        json.dump(results, f)
+    os.replace(tmp, os.path.join(outdir, f"rank{rank}.json"))
+
+
+def _worker(rank, world, port, outdir):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if _ROOT not in sys.path:
+        sys.path.insert(0, _ROOT)
+    torch.set_num_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch.distributed as dist
+    results = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+        ep = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        dp = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        ctx = dict(rank=rank, world=world, ep_groups=ep[rank // 2], dp_groups=dp[rank % 2],
+                   ep_members=[2 * (rank // 2), 2 * (rank // 2) + 1], dp_members=[rank % 2, rank % 2 + 2])
+        try:
+            from ascend_moe_ops.distributed import EPTopology
+            ctx["topo"] = EPTopology(local_size=2)
+        except ImportError:
+            pass
+        for name, fn in SCENARIOS.items():
+            t0 = time.time()
+            torch.manual_seed(1234)
+            try:
+                fn(ctx)
+                results[name] = ["ok", time.time() - t0]
+            except _Skip as e:
+                results[name] = ["skip: " + str(e), time.time() - t0]
+            except Exception:
+                results[name] = [traceback.format_exc(), time.time() - t0]
+            _dump(results, outdir, rank)
+            dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        results["__setup__"] = [traceback.format_exc(), 0]
+        _dump(results, outdir, rank)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_CACHE = {}
+
+
+def _group_results(tmp_path_factory, world=4):
+    if "res" not in _CACHE:
+        import torch.multiprocessing as mp
+        outdir = str(tmp_path_factory.mktemp("balance_dist"))
+        mpc = mp.get_context("spawn")
+        port = _free_port()
+        procs = [mpc.Process(target=_worker, args=(r, world, port, outdir), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.time() + JOIN_TIMEOUT_S
+        for p in procs:
+            p.join(max(0.1, deadline - time.time()))
+        hung = [i for i, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        per_rank = []
+        for r in range(world):
+            path = os.path.join(outdir, f"rank{r}.json")
+            per_rank.append(json.load(open(path)) if os.path.exists(path) else {})
+        _CACHE["res"] = (per_rank, hung)
+    return _CACHE["res"]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_distributed(scenario, tmp_path_factory):
+    per_rank, hung = _group_results(tmp_path_factory)
+    problems, skipped = [], []
+    for r, res in enumerate(per_rank):
+        if "__setup__" in res:
+            pytest.fail(f"rank {r}: process group setup failed:\n{res['__setup__'][0]}")
+        item = res.get(scenario)
+        if item is None:
+            problems.append(f"rank {r}: no result (hung ranks: {hung})")
+        elif item[0].startswith("skip: "):
+            skipped.append(item[0][6:])
+        elif item[0] != "ok":
+            problems.append(f"rank {r}:\n{item[0]}")
+    if problems:
+        pytest.fail("\n".join(problems))
+    if skipped:
+        pytest.skip(skipped[0])

@@ -1,0 +1,494 @@
+"""Expert-parallel dispatcher on gloo: several processes simulate ``nodes x ranks-per-node``.
+
+Spawning processes is the expensive part on a small machine, so each topology is one spawned
+group (module-scoped fixture) that runs every scenario in order and reports one result per
+scenario; the test functions below only look up their scenario's result. Every collective has a
+timeout and the group has a join deadline, so a deadlock fails instead of hanging.
+
+Oracle: a closed-form single-process computation in fp64 with toy experts ``y = x * (e + 1)``
+(expert ``e``): ``out[t] = sum_k p[t,k] * (id[t,k] + 1) * x[t]`` over slots with ``id >= 0``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+
+import pytest
+import torch
+
+WORLDS = {  # name -> (world size, ranks per node)
+    "2x2": (4, 2),
+    "3x2": (6, 2),
+    "1x4": (4, 1 * 4),
+}
+PG_TIMEOUT_S = int(os.environ.get("EP_TEST_PG_TIMEOUT", 40))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOIN_TIMEOUT_S = 150
+
+
+# ------------------------------------------------------------------ helpers run in the workers
+def _inputs(world, T_per_rank, H, E, K, seed, dtype=torch.float64, empty_frac=0.1, skew=None,
+            probs=True):
+    """Inputs of every rank (each rank builds all of them from one seed, for the oracle)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for r in range(world):
+        T = T_per_rank[r]
+        x = torch.randn(T, H, generator=g, dtype=torch.float64)
+        if skew is not None:
+            ids = torch.tensor(skew, dtype=torch.int64)[torch.randint(0, len(skew), (T, K), generator=g)]
+        else:
+            ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else \
+                torch.zeros(0, K, dtype=torch.int64)
+        if T and K > 1 and skew is None:
+            ids[::4, 1] = ids[::4, 0]  # duplicate expert ids in some rows
+        ids[torch.rand(T, K, generator=g) < empty_frac] = -1
+        p = torch.rand(T, K, generator=g, dtype=torch.float64) if probs else None
+        gw = torch.randn(T, H, generator=g, dtype=torch.float64)  # upstream gradient
+        out.append((x.to(dtype), ids, None if p is None else p.to(dtype if dtype != torch.bfloat16 else torch.float32), gw))
+    return out
+
+
+def _oracle(x, ids, p, gw):
+    """fp64 closed form: (out, d tokens, d probs)."""
+    x = x.double().clone().requires_grad_(True)
+    w = (ids + 1).double() * (ids >= 0).double()
+    pp = None
+    if p is not None:
+        pp = p.double().clone().requires_grad_(True)
+        w = w * pp
+    out = (w.unsqueeze(2) * x.unsqueeze(1)).sum(1)
+    (out * gw).sum().backward()
+    return out.detach(), x.grad, None if pp is None else pp.grad
+
+
+def _toy_experts(expert_tokens, tpe, dispatcher):
+    scale = torch.repeat_interleave(dispatcher.local_experts + 1, tpe).to(expert_tokens.dtype)
+    return expert_tokens * scale.unsqueeze(1)
+
+
+def _expected_expert_rows(all_inputs, dispatcher):
+    """Rows each local expert must receive: (source rank, token, slot) order."""
+    rows = []
+    for e in dispatcher.local_experts.tolist():
+        for (x, ids, _, _) in all_inputs:
+            for t in range(ids.shape[0]):
+                for k in range(ids.shape[1]):
+                    if ids[t, k] == e:
+                        rows.append(x[t])
+    H = all_inputs[0][0].shape[1]
+    return torch.stack(rows) if rows else torch.zeros(0, H, dtype=all_inputs[0][0].dtype)
+
+
+def _round(disp, inp, *, async_op=False, check_rows=None):
+    x, ids, p, gw = inp
+    x = x.clone().requires_grad_(True)
+    pr = None if p is None else p.clone().requires_grad_(True)
+    if async_op:
+        pend = disp.dispatch(x, ids, pr, async_op=True)
+        overlap = (x.detach() * 2).sum()  # "shared expert" work while tokens are in flight
+        et, tpe, h = pend.wait()
+        y = _toy_experts(et, tpe, disp)
+        pc = disp.combine(y, h, async_op=True)
+        overlap = overlap + 1
+        out = pc.wait()
+    else:
+        et, tpe, h = disp.dispatch(x, ids, pr)
+        y = _toy_experts(et, tpe, disp)
+        out = disp.combine(y, h)
+    if check_rows is not None:
+        assert et.shape == check_rows.shape, (et.shape, check_rows.shape)
+        assert torch.equal(et.detach(), check_rows), "expert_tokens rows differ from the contract"
+    assert tpe.dtype == torch.int64 and int(tpe.sum()) == et.shape[0]
+    (out * gw.to(out.dtype)).sum().backward()
+    return out.detach(), x.grad, None if pr is None else pr.grad, h
+
+
+def _close(a, b, name):
+    # fp64 runs are held to the fp64 bound when moe_unpermute runs the reference (fp64
+    # accumulation for fp64); a compiled backend may accumulate in fp32: then the fp32 bound.
+    import ascend_moe_ops
+    from ascend_moe_ops.testing import assert_close_to_ref
+    exact = ascend_moe_ops.active_backend("moe_unpermute", a.device) == "reference"
+    assert_close_to_ref(a, b, dtype=torch.float64 if exact else torch.float32, name=name)
+
+
+def _check_against_oracle(disp, all_inputs, rank, *, async_op=False, check_rows=True):
+    rows = _expected_expert_rows(all_inputs, disp) if check_rows else None
+    out, dx, dp, h = _round(disp, all_inputs[rank], async_op=async_op, check_rows=rows)
+    ref, rdx, rdp = _oracle(*all_inputs[rank])
+    _close(out, ref, "out")
+    _close(dx, rdx, "d tokens")
+    if rdp is not None:
+        _close(dp, rdp, "d probs")
+    return h
+
+
+def scenario_fp64(ctx, algorithm, async_op=False):
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    E = 2 * W
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    T = [5 + 3 * r for r in range(W)]  # uneven T across ranks
+    inputs = _inputs(W, T, 6, E, 4, seed=11)
+    h = _check_against_oracle(disp, inputs, ctx["rank"], async_op=async_op)
+    want = algorithm if algorithm != "auto" else disp.resolve_algorithm(4)
+    assert h.algorithm == want
+
+
+def scenario_skew(ctx, algorithm):
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    E = 2 * W
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    # every slot goes to rank 0's experts: all other ranks receive zero rows
+    inputs = _inputs(W, [6] * W, 5, E, 3, seed=12, skew=[0, 1])
+    _check_against_oracle(disp, inputs, ctx["rank"])
+
+
+def scenario_zero_tokens(ctx, algorithm):
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    E = 2 * W
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    T = [4] * W
+    T[1] = 0  # a rank with no tokens at all
+    T[-1] = 9
+    inputs = _inputs(W, T, 5, E, 3, seed=13)
+    _check_against_oracle(disp, inputs, ctx["rank"])
+    # everything empty on every rank
+    inputs = _inputs(W, [0] * W, 5, E, 3, seed=14)
+    _check_against_oracle(disp, inputs, ctx["rank"])
+
+
+def scenario_no_probs(ctx, algorithm):
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    disp = MoEDispatcher(ctx["topo"], 2 * W, algorithm=algorithm)
+    inputs = _inputs(W, [7] * W, 4, 2 * W, 3, seed=15, probs=False)
+    _check_against_oracle(disp, inputs, ctx["rank"])
+
+
+def scenario_round_trip(ctx, algorithm):
+    """Identity experts and unit probs: combine(dispatch(x)) == x * (number of kept slots)."""
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    E = 4 * W
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    _, ids, _, _ = _inputs(W, [8] * W, 16, E, 5, seed=16)[ctx["rank"]]
+    # small integers: every partial sum is exact in fp32, so the result must be bitwise equal
+    x = torch.randint(-8, 9, (8, 16)).float()
+    for p in (torch.ones(ids.shape), None):
+        et, tpe, h = disp.dispatch(x, ids, p)
+        out = disp.combine(et, h)
+        kept = (ids >= 0).sum(1, keepdim=True).float()
+        assert torch.equal(out, x * kept), "round trip changed the tokens"
+
+
+def scenario_bf16(ctx, algorithm):
+    from ascend_moe_ops.distributed import MoEDispatcher
+    from ascend_moe_ops.testing import assert_close_to_ref
+    W = ctx["world"]
+    E = 2 * W
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    inputs = _inputs(W, [6 + r for r in range(W)], 32, E, 4, seed=17, dtype=torch.bfloat16)
+    x, ids, p, gw = inputs[ctx["rank"]]
+    out, dx, dp, _ = _round(disp, inputs[ctx["rank"]])
+    assert out.dtype == torch.bfloat16 and dx.dtype == torch.bfloat16
+    ref, rdx, rdp = _oracle(x.double(), ids, p.double(), gw)
+    # PyTorch's own bf16 computation of the same math, for the "2 x PyTorch error" rule
+    w = ((ids + 1) * (ids >= 0)).to(torch.bfloat16) * p.to(torch.bfloat16)
+    lowp = (w.unsqueeze(2) * x.unsqueeze(1)).sum(1)
+    assert_close_to_ref(out, ref, dtype=torch.bfloat16, torch_lowp=lowp, name="bf16 out")
+    lowp_dx = (w.unsqueeze(2) * gw.to(torch.bfloat16).unsqueeze(1)).sum(1)
+    assert_close_to_ref(dx, rdx, dtype=torch.bfloat16, torch_lowp=lowp_dx, name="bf16 d tokens")
+    lowp_dp = ((x.unsqueeze(1) * gw.to(torch.bfloat16).unsqueeze(1)).sum(2) *
+               ((ids + 1) * (ids >= 0)).to(torch.bfloat16))
+    assert_close_to_ref(dp.float(), rdp, dtype=torch.bfloat16, torch_lowp=lowp_dp, name="bf16 d probs")
+
+
+def scenario_stats(ctx):
+    """Measured rows equal the arithmetic: hierarchical T*(N-1); flat the exact remote slots."""
+    from ascend_moe_ops.distributed import MoEDispatcher
+    topo, W, G = ctx["topo"], ctx["world"], ctx["local_size"]
+    N, T, H, K, E = topo.num_nodes, 10, 8, 6, 4 * W
+    x, ids, p, _ = _inputs(W, [T] * W, H, E, K, seed=18)[ctx["rank"]]
+    flat = MoEDispatcher(topo, E, algorithm="flat")
+    _, _, hf = flat.dispatch(x, ids, p)
+    owner = ids // (E // W)
+    remote = int(((ids >= 0) & (owner // G != topo.node)).sum())
+    local_other = int(((ids >= 0) & (owner // G == topo.node) & (owner != topo.rank)).sum())
+    assert hf.stats["inter_node_rows"] == remote, (hf.stats, remote)
+    assert hf.stats["inter_node_bytes"] == remote * H * 8
+    assert hf.stats["intra_node_rows"] == local_other
+    hier = MoEDispatcher(topo, E, algorithm="hierarchical")
+    _, _, hh = hier.dispatch(x, ids, p)
+    assert hh.stats["inter_node_rows"] == T * (N - 1), hh.stats
+    assert hh.stats["inter_node_bytes"] == T * (N - 1) * (H * 8 + K * 4 + K * 8)
+    # uneven T: padding to the inter-node group's max T is counted
+    Ts = [3 + 2 * r for r in range(W)]
+    x, ids, p, _ = _inputs(W, Ts, H, E, K, seed=19)[ctx["rank"]]
+    _, _, hh = hier.dispatch(x, ids, p)
+    tmax = max(Ts[n * G + topo.local_rank] for n in range(N))
+    assert hh.stats["inter_node_rows"] == tmax * (N - 1), hh.stats
+
+
+def scenario_expert_map(ctx, algorithm):
+    """A permuted placement (as the load balancer would install) and a later swap."""
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    E = 3 * W
+    m = torch.randperm(E, generator=torch.Generator().manual_seed(5)) % W
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm, expert_to_rank=m)
+    assert disp.local_experts.tolist() == torch.nonzero(m == ctx["rank"]).flatten().tolist()
+    inputs = _inputs(W, [5] * W, 4, E, 4, seed=20)
+    _check_against_oracle(disp, inputs, ctx["rank"])
+    m2 = torch.roll(m, 1)
+    disp.set_expert_to_rank(m2)
+    assert disp.local_experts.tolist() == torch.nonzero(m2 == ctx["rank"]).flatten().tolist()
+    _check_against_oracle(disp, inputs, ctx["rank"])
+    # uneven placement (rank 0 owns one extra expert, the last rank one fewer)
+    m3 = torch.arange(E) // 3
+    m3[3] = 0
+    with _raises(ValueError, "different numbers of experts"):
+        disp.set_expert_to_rank(m3)
+    du = MoEDispatcher(ctx["topo"], E, algorithm=algorithm, expert_to_rank=m3, allow_uneven=True)
+    assert du.num_local_experts == (4 if ctx["rank"] == 0 else 2 if ctx["rank"] == 1 else 3)
+    _check_against_oracle(du, inputs, ctx["rank"])
+
+
+class _raises:
+    def __init__(self, exc, match):
+        self.exc, self.match = exc, match
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is None:
+            raise AssertionError(f"expected {self.exc.__name__} matching {self.match!r}")
+        if not issubclass(et, self.exc) or self.match not in str(ev):
+            return False
+        return True
+
+
+def scenario_errors(ctx):
+    import ascend_moe_ops.distributed as amd
+    from ascend_moe_ops.distributed import EPTopology, MoEDispatcher, SplitMismatchError
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E = 2 * W
+    with _raises(ValueError, "not divisible by local_size"):
+        EPTopology(local_size=W + 1 if W > 2 else 3)
+    with _raises(ValueError, "not divisible by the EP world size"):
+        MoEDispatcher(topo, E + 1)
+    disp = MoEDispatcher(topo, E, algorithm="flat")
+    x = torch.randn(4, 3)
+    with _raises(ValueError, "outside the valid range"):
+        disp.dispatch(x, torch.full((4, 2), E), None)
+    with _raises(ValueError, "probs must have shape"):
+        disp.dispatch(x, torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 3))
+    with _raises(ValueError, "one row per token"):
+        disp.dispatch(x, torch.zeros(5, 2, dtype=torch.long), None)
+    # a map that differs between ranks is caught on every rank
+    m = torch.arange(E) // 2
+    if rank == 0:
+        m = torch.roll(m, 2)
+    with _raises(ValueError, "differs between EP ranks"):
+        disp.set_expert_to_rank(m)
+
+    # debug mode: a deliberately wrong split is caught before any data moves, on every rank
+    send = [1] * W
+    recv = [1] * W
+    if rank == 0:
+        send = [2] + [1] * (W - 1)
+    with _raises(SplitMismatchError, "rank 0 sends 2 rows to rank 0, which expects 1"):
+        amd.all_to_all(torch.randn(W + 1, 3), send, recv, None, debug=True)
+    with _raises(SplitMismatchError, "sends"):
+        amd.check_splits([0] * W, [0] * (W - 1) + [int(rank == 0)], None)
+    dbg = MoEDispatcher(topo, E, algorithm="hierarchical", debug=True)
+    ids = torch.zeros(4, 2, dtype=torch.long)
+    # non-matching dtypes across ranks
+    xx = torch.randn(4, 3, dtype=torch.float32 if rank == 1 else torch.float64)
+    with _raises(SplitMismatchError, "disagree on tokens dtype"):
+        dbg.dispatch(xx, ids, None)
+    # bad ids on one rank: that rank raises ValueError, every other rank a clear error too
+    bad = torch.full((4, 2), E) if rank == W - 1 else ids
+    if rank == W - 1:
+        with _raises(ValueError, "outside the valid range"):
+            dbg.dispatch(x, bad, None)
+    else:
+        with _raises(SplitMismatchError, f"EP ranks [{W - 1}] rejected"):
+            dbg.dispatch(x, bad, None)
+    # the debug dispatcher still works on good input
+    inputs = _inputs(W, [3] * W, 4, E, 2, seed=21)
+    h = _check_against_oracle(dbg, inputs, rank)
+    # combine with the wrong number of rows or without a handle: raised before any collective
+    rows = int(h.tokens_per_local_expert.sum())
+    with _raises(ValueError, f"expert_output must have {rows} rows"):
+        dbg.combine(torch.zeros(rows + 1, 4, dtype=torch.float64), h)
+    with _raises(TypeError, "handle must be the DispatchHandle"):
+        dbg.combine(torch.zeros(rows, 4), None)
+
+
+def scenario_auto(ctx):
+    from ascend_moe_ops.distributed import MoEDispatcher
+    topo = ctx["topo"]
+    disp = MoEDispatcher(topo, 2 * ctx["world"])
+    N = topo.num_nodes
+    assert disp.resolve_algorithm(8) == ("flat" if N == 1 else "hierarchical")
+    assert disp.resolve_algorithm(N) == "flat"
+
+
+def scenario_subgroup(ctx):
+    """EP group smaller than the world: two independent 2-rank EP groups (2 nodes x 1 rank)."""
+    import torch.distributed as dist
+    from ascend_moe_ops.distributed import EPTopology
+    W, rank = ctx["world"], ctx["rank"]
+    if W % 2:
+        return
+    groups = [dist.new_group([2 * i, 2 * i + 1]) for i in range(W // 2)]  # every rank creates all
+    sub = groups[rank // 2]
+    topo = EPTopology(sub, local_size=1)
+    assert (topo.world_size, topo.rank, topo.num_nodes) == (2, rank % 2, 2)
+    sub_ctx = dict(rank=rank % 2, world=2, local_size=1, topo=topo)
+    scenario_fp64(sub_ctx, "hierarchical")
+    scenario_fp64(sub_ctx, "flat")
+
+
+SCENARIOS = {}
+for _alg in ("flat", "hierarchical"):
+    SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
+    SCENARIOS[f"async_{_alg}"] = (scenario_fp64, (_alg, True))
+    SCENARIOS[f"skew_{_alg}"] = (scenario_skew, (_alg,))
+    SCENARIOS[f"zero_tokens_{_alg}"] = (scenario_zero_tokens, (_alg,))
+    SCENARIOS[f"no_probs_{_alg}"] = (scenario_no_probs, (_alg,))
+    SCENARIOS[f"round_trip_{_alg}"] = (scenario_round_trip, (_alg,))
+    SCENARIOS[f"bf16_{_alg}"] = (scenario_bf16, (_alg,))
+    SCENARIOS[f"expert_map_{_alg}"] = (scenario_expert_map, (_alg,))
+SCENARIOS["fp64_auto"] = (scenario_fp64, ("auto",))
+SCENARIOS["stats"] = (scenario_stats, ())
+SCENARIOS["errors"] = (scenario_errors, ())
+SCENARIOS["auto"] = (scenario_auto, ())
+SCENARIOS["subgroup"] = (scenario_subgroup, ())
+
+
+def _dump(results, outdir, rank):
+    tmp = os.path.join(outdir, f".rank{rank}.json")
+    with open(tmp, "w") as f:
+        json.dump(results, f)
+    os.replace(tmp, os.path.join(outdir, f"rank{rank}.json"))  # atomic: a killed rank leaves no torn file
+
+
+def _worker(rank, world, local_size, port, outdir, names):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if _ROOT not in sys.path:
+        sys.path.insert(0, _ROOT)
+    torch.set_num_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
+    import torch.distributed as dist
+    from ascend_moe_ops.distributed import EPTopology
+    results = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+        ctx = dict(rank=rank, world=world, local_size=local_size,
+                   topo=EPTopology(local_size=local_size))
+        for name in names:
+            fn, args = SCENARIOS[name]
+            if os.environ.get("EP_TEST_VERBOSE"):
+                print(f"rank {rank}: {name}", flush=True)
+            t0 = time.time()
+            torch.manual_seed(1234)
+            try:
+                fn(ctx, *args)
+                results[name] = ["ok", time.time() - t0]
+            except Exception:
+                results[name] = [traceback.format_exc(), time.time() - t0]
+            _dump(results, outdir, rank)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        results["__setup__"] = [traceback.format_exc(), 0]
+        _dump(results, outdir, rank)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_group(world, local_size, names, outdir, timeout=JOIN_TIMEOUT_S):
+    """Spawn ``world`` gloo processes running ``names``; returns ``{name: [per-rank result]}``."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, local_size, port, outdir, names), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.time()))
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+    per_rank = []
+    for r in range(world):
+        path = os.path.join(outdir, f"rank{r}.json")
+        per_rank.append(json.load(open(path)) if os.path.exists(path) else {})
+    out = {}
+    for name in list(names) + ["__setup__"]:
+        res = [pr.get(name) for pr in per_rank]
+        if name == "__setup__" and all(x is None for x in res):
+            continue
+        out[name] = res
+    out["__hung__"] = hung
+    return out
+
+
+_CACHE = {}
+
+
+def _group_results(name, tmp_path_factory):
+    if name not in _CACHE:
+        world, local = WORLDS[name]
+        _CACHE[name] = run_group(world, local, list(SCENARIOS), str(tmp_path_factory.mktemp(name)))
+    return _CACHE[name]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("world", list(WORLDS))
+def test_ep_dispatcher(world, scenario, tmp_path_factory):
+    res = _group_results(world, tmp_path_factory)
+    if "__setup__" in res:
+        pytest.fail(f"process group setup failed: {res['__setup__']}")
+    per_rank = res[scenario]
+    problems = []
+    for r, item in enumerate(per_rank):
+        if item is None:
+            problems.append(f"rank {r}: no result (hung ranks: {res['__hung__']})")
+        elif item[0] != "ok":
+            problems.append(f"rank {r}:\n{item[0]}")
+    if problems:
+        pytest.fail("\n".join(problems))
+
+
+if __name__ == "__main__":  # quick manual run: python tests/test_ep_dispatcher.py 2x2 [scenario...]
+    import tempfile
+    w = sys.argv[1] if len(sys.argv) > 1 else "2x2"
+    names = sys.argv[2:] or list(SCENARIOS)
+    t0 = time.time()
+    r = run_group(*WORLDS[w], names, tempfile.mkdtemp())
+    for k, v in r.items():
+        print(k, v if k.startswith("__") else [x if x is None or x[0] == "ok" else x for x in v])
+    print(f"{time.time() - t0:.1f}s")
