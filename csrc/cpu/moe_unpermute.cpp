@@ -10,6 +10,8 @@
 //
 // Backward: grad_permuted[row] = w[t,s] * grad_out[t] (fp32 product stored in permuted's dtype),
 // rows no slot points to are exactly zero; grad_probs[t,s] = <permuted[row], grad_out[t]> in fp32.
+// fp64 inputs (permuted in the forward, grad_out in the backward) are computed in fp64 instead, as
+// the reference does for its oracle runs.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -125,6 +127,28 @@ Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in,
   const int64_t* map = rows.data_ptr<int64_t>();
   const float* pw = probs.defined() ? probs.data_ptr<float>() : nullptr;
 
+  if (permuted.scalar_type() == at::kDouble) {
+    // fp64 inputs accumulate in fp64, like the reference (the oracle runs); plain loops, slot order.
+    const Tensor p64 = probs.defined() ? probs_opt->to(at::kDouble).contiguous() : Tensor();
+    const double* w64 = p64.defined() ? p64.data_ptr<double>() : nullptr;
+    const double* src = permuted.data_ptr<double>();
+    double* dst = out.data_ptr<double>();
+    at::parallel_for(0, T, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1))),
+                     [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        double* o = dst + t * H;
+        for (int64_t c = 0; c < H; ++c) o[c] = 0.0;
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t r = map[t * S + s];
+          if (r < 0 || r >= N) continue;
+          const double w = w64 ? w64[t * S + s] : 1.0;
+          const double* x = src + r * H;
+          for (int64_t c = 0; c < H; ++c) o[c] += x[c] * w;
+        }
+      }
+    });
+    return out;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, permuted.scalar_type(), "moe_unpermute_cpu", [&] {
     using T_ = scalar_t;
     const T_* src = permuted.data_ptr<T_>();
@@ -225,6 +249,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
   const float* pw = probs.defined() ? probs.data_ptr<float>() : nullptr;
   float* gp = probs.defined() ? grad_probs.data_ptr<float>() : nullptr;
   std::vector<uint8_t> filled(static_cast<size_t>(N), 0);
+  Tensor grad_probs64;  // set by the fp64 path
 
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_out.scalar_type(), "moe_unpermute_backward_cpu", [&] {
     using G = scalar_t;
@@ -234,6 +259,36 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
       const P* x = probs.defined() && H > 0 ? permuted.data_ptr<P>() : nullptr;
       P* d = grad_permuted.data_ptr<P>();
       const bool stream = N * H * static_cast<int64_t>(sizeof(P)) >= V::kStreamBytes && rows_stream_aligned(d, H);
+      if constexpr (std::is_same_v<G, double>) {
+        // fp64 grad_out: products and dot products in fp64, like the reference; plain loops.
+        const Tensor p64 = probs.defined() ? probs_opt->to(at::kDouble).contiguous() : Tensor();
+        const double* w64 = p64.defined() ? p64.data_ptr<double>() : nullptr;
+        std::vector<double> dots(static_cast<size_t>(gp ? T * S : 0), 0.0);
+        at::parallel_for(0, T, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1))),
+                         [&](int64_t tb, int64_t te) {
+          for (int64_t t = tb; t < te; ++t) {
+            const G* gt = g + t * H;  // G is double here
+            for (int64_t s = 0; s < S; ++s) {
+              const int64_t i = t * S + s;
+              const int64_t r = map[i];
+              if (r < 0 || r >= N) continue;
+              filled[r] = 1;
+              const double w = w64 ? w64[i] : 1.0;
+              P* dr = d + r * H;
+              for (int64_t c = 0; c < H; ++c) dr[c] = static_cast<P>(w * static_cast<double>(gt[c]));
+              if (x) {
+                const P* xr = x + r * H;
+                double acc = 0.0;
+                for (int64_t c = 0; c < H; ++c) acc += static_cast<double>(xr[c]) * static_cast<double>(gt[c]);
+                dots[i] = acc;
+              }
+            }
+          }
+        });
+        if (gp) grad_probs64 = at::from_blob(dots.data(), {T, S}, at::TensorOptions().dtype(at::kDouble)).clone();
+        amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), false);
+        return;
+      }
       const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
       at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
         for (int64_t t = tb; t < te; ++t) {
@@ -254,7 +309,8 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
       amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), stream);
     });
   });
-  if (probs.defined() && probs_opt->scalar_type() != at::kFloat) grad_probs = grad_probs.to(probs_opt->scalar_type());
+  if (grad_probs64.defined()) grad_probs = grad_probs64;
+  if (probs.defined() && grad_probs.scalar_type() != probs_opt->scalar_type()) grad_probs = grad_probs.to(probs_opt->scalar_type());
   return std::make_tuple(grad_permuted, grad_probs);
 }
 
