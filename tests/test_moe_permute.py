@@ -279,3 +279,55 @@ def test_output_size_is_static():
     assert ref_mod.output_rows(4096, 8, 256, -1, 16, -1) == 4096 * 8 + 256 * 15
     assert ref_mod.output_rows(4096, 8, 256, 40, 1, -1) == 256 * 40
     assert ref_mod.output_rows(4096, 8, 256, -1, 1, 100) == 100
+
+
+# ---- native (C++) backend specifics: the parallel map path, streaming copies, thread counts ----
+
+NATIVE = "native" in backends("moe_permute")
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native backend is not built")
+@pytest.mark.parametrize("case", ["mask_parallel_map", "capacity_parallel_map", "streamed_rows"])
+def test_native_large_paths_match_reference(case):
+    """Inputs big enough for the C++ code paths the small shapes never take: the map computed by
+    several threads (>= 2^20 routing slots) and streaming stores (output >= 16 MiB, rows of 2080
+    bytes so the aligned body has an unaligned head and tail)."""
+    if case == "streamed_rows":
+        tokens, routing, probs = _inputs(1024, 520, 64, 8, "index", torch.float32)
+        mode = dict(num_experts=64, align=8)
+    else:
+        tokens, routing, probs = _inputs(4096, 12, 256, 8, "mask", torch.bfloat16)
+        mode = dict(num_experts=256, capacity=96) if case == "capacity_parallel_map" else dict(num_experts=256)
+    _assert_same(_run("native", tokens, routing, probs, **mode), _run("reference", tokens, routing, probs, **mode))
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native backend is not built")
+def test_native_independent_of_thread_count():
+    tokens, routing, probs = _inputs(512, 300, 16, 4, "index", torch.bfloat16)
+    prev = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(_run("native", tokens, routing, probs, num_experts=16, capacity=100))
+    finally:
+        torch.set_num_threads(prev)
+    _assert_same(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native backend is not built")
+def test_native_direct_call_checks_and_bounds():
+    """The C++ function checks what reaches it directly (naming the argument) and treats ids
+    outside [0, E) as empty slots instead of writing out of bounds."""
+    from ascend_moe_ops import _C
+    tokens = torch.randn(3, 8)
+    res = _C.moe_permute(tokens, torch.tensor([[0, 99], [-7, 1], [1, 0]]), None, 2, -1, 1, -1)
+    assert res[2].tolist() == [[0, -1], [-1, 2], [3, 1]] and res[3].tolist() == [2, 2]
+    for args, match in [((tokens, torch.zeros(3, 2), None, 2, -1, 1, -1), "routing must be bool, int32 or int64"),
+                        ((tokens[0], torch.zeros(3, 2, dtype=torch.long), None, 2, -1, 1, -1), "tokens must be 2-D"),
+                        ((tokens, torch.zeros(3, 2, dtype=torch.long), torch.rand(3, 1), 2, -1, 1, -1),
+                         "probs must have the shape of routing"),
+                        ((tokens, torch.zeros(3, 2, dtype=torch.long), None, 2, -1, 0, -1), "align must be >= 1"),
+                        ((tokens, torch.zeros(3, 2, dtype=torch.long), None, 2, 1 << 40, 1, -1), "must be < 2\\^31")]:
+        with pytest.raises(RuntimeError, match=match):
+            _C.moe_permute(*args)

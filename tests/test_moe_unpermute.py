@@ -174,3 +174,66 @@ def test_bad_inputs(bad, match):
     args.update(bad)
     with pytest.raises((ValueError, TypeError), match=match):
         amo.moe_unpermute(**args)
+
+
+# ---- native (C++) backend specifics: thread counts, streaming stores, unchecked maps ----
+
+NATIVE = "native" in backends("moe_unpermute")
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native backend is not built")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_native_bitwise_independent_of_thread_count(dtype):
+    """Each output element is summed by one thread in slot order: 1 and 2 threads agree bitwise."""
+    _, probs, res, rows = _permuted(256, 1000, 16, 8, "index", dtype, dict(align=4))
+    g = torch.randn(256, 1000).to(dtype)
+    op_bwd = torch.ops.ascend_moe_ops.moe_unpermute_backward.default
+    prev = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with amo.use_backend("native"):
+                outs.append((amo.moe_unpermute(rows, res.row_id_map, probs),
+                             *op_bwd(g, rows, res.row_id_map, probs)))
+    finally:
+        torch.set_num_threads(prev)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native backend is not built")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_native_streamed_output_matches_reference(dtype):
+    """Outputs >= 16 MiB take the streaming-store path (forward [T, H] and backward [N, H])."""
+    T, H, E, K = 2048, 4096, 32, 2
+    _, probs, res, rows = _permuted(T, H, E, K, "index", dtype, dict())
+    g = torch.randn(T, H).to(dtype)
+    op_bwd = torch.ops.ascend_moe_ops.moe_unpermute_backward.default
+    out = {}
+    for b in ("native", "reference"):
+        with amo.use_backend(b):
+            out[b] = (amo.moe_unpermute(rows, res.row_id_map, None), *op_bwd(g, rows, res.row_id_map, probs))
+    assert torch.equal(out["native"][0], out["reference"][0])  # no probs: exact sums in slot order
+    assert torch.equal(out["native"][1], out["reference"][1])  # w * g rounded once: exact
+    assert torch.allclose(out["native"][2], out["reference"][2], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native backend is not built")
+def test_native_direct_call_out_of_range_rows_are_not_kept():
+    """Called directly (no range check in front), rows outside [0, N) are treated as not kept:
+    never read, never written."""
+    from ascend_moe_ops import _C
+    perm = torch.randn(10, 32)
+    rmap = torch.tensor([[0, 10], [-5, 3], [1 << 40, 2]])
+    assert torch.equal(_C.moe_unpermute(perm, rmap, None), torch.stack([perm[0], perm[3], perm[2]]))
+    gp, gw = _C.moe_unpermute_backward(torch.ones(3, 32), perm, rmap, torch.ones(3, 2))
+    assert torch.equal(gp[[0, 2, 3]], torch.ones(3, 32)) and (gp[[1, 4, 5, 6, 7, 8, 9]] == 0).all()
+    assert gw[0, 1] == 0 and gw[1, 0] == 0 and gw[2, 0] == 0
+    for args, match in [((perm, rmap.float(), None), "row_id_map must be int32 or int64"),
+                        ((perm.int(), rmap, None), "permuted must be float32/float16/bfloat16/float64"),
+                        ((perm, rmap, torch.rand(2, 2)), "probs must have the shape of row_id_map")]:
+        with pytest.raises(RuntimeError, match=match):
+            _C.moe_unpermute(*args)
+    with pytest.raises(RuntimeError, match="grad_out must have one row per row of row_id_map"):
+        _C.moe_unpermute_backward(torch.ones(2, 32), perm, rmap, None)

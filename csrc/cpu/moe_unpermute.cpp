@@ -1,0 +1,326 @@
+// Native CPU moe_unpermute and its backward. Spec: ascend_moe_ops/reference/moe_unpermute.py.
+//
+// Forward: out[t] = sum_s w[t,s] * permuted[row_id_map[t,s]] over kept slots (0 <= row < N), in
+// fp32 registers (AVX-512 FMA; fp16/bf16 converted on load and rounded to nearest even on store),
+// slots in ascending order. Each output element is produced by one thread in a fixed order, so the
+// result is bitwise identical run to run and for any thread count. Rows of slots that are not kept
+// are never read. Parallel over tokens; a token's kept rows are summed in blocks of 128 columns
+// held in 8 vector registers, so the [T, H] output is written once (streaming stores when large)
+// and no [T*K, H] intermediate exists.
+//
+// Backward: grad_permuted[row] = w[t,s] * grad_out[t] (fp32 product stored in permuted's dtype),
+// rows no slot points to are exactly zero; grad_probs[t,s] = <permuted[row], grad_out[t]> in fp32.
+// fp64 inputs (permuted in the forward, grad_out in the backward) are computed in fp64 instead, as
+// the reference does for its oracle runs.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "common/alloc.h"
+#include "common/registry.h"
+#include "common/vec.h"
+
+namespace {
+
+using at::Tensor;
+namespace V = amo::vec;
+
+bool is_float_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+void check_map(const char* op, const Tensor& row_id_map) {
+  TORCH_CHECK(row_id_map.device().is_cpu(), op, ": row_id_map must be a CPU tensor, got ", row_id_map.device());
+  TORCH_CHECK(row_id_map.dim() == 2, op, ": row_id_map must be 2-D [T, K], got shape ", row_id_map.sizes());
+  TORCH_CHECK(row_id_map.scalar_type() == at::kInt || row_id_map.scalar_type() == at::kLong, op,
+              ": row_id_map must be int32 or int64, got ", row_id_map.scalar_type());
+}
+
+// probs as contiguous fp32 [T, S] (the reference weights by probs.float()), or undefined.
+Tensor check_probs(const char* op, const c10::optional<Tensor>& probs, const Tensor& row_id_map) {
+  if (!probs.has_value() || !probs->defined()) return Tensor();
+  TORCH_CHECK(probs->device().is_cpu(), op, ": probs must be a CPU tensor, got ", probs->device());
+  TORCH_CHECK(is_float_dtype(probs->scalar_type()), op, ": probs must be a float tensor, got ",
+              probs->scalar_type());
+  TORCH_CHECK(probs->sizes() == row_id_map.sizes(), op, ": probs must have the shape of row_id_map ",
+              row_id_map.sizes(), ", got ", probs->sizes());
+  return probs->to(at::kFloat).contiguous();
+}
+
+template <typename T, bool NT>
+inline void put(T* p, V::VecF v) {
+  if constexpr (NT) {
+    V::store_nt(p, v);
+  } else {
+    V::store(p, v);
+  }
+}
+
+// o[:H] = sum_k w[k] * rows[k][:H], fp32 accumulation in slot order.
+template <typename T, bool NT>
+void combine_row(T* o, const T* const* rows, const float* w, int64_t nk, int64_t H) {
+  constexpr int64_t W = V::kWidth;
+  constexpr int64_t B = 8 * W;
+  int64_t c = 0;
+  for (; c + B <= H; c += B) {
+    V::VecF a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+    V::VecF a4 = V::zero(), a5 = V::zero(), a6 = V::zero(), a7 = V::zero();
+    for (int64_t k = 0; k < nk; ++k) {
+      const V::VecF wk = V::set1(w[k]);
+      const T* r = rows[k] + c;
+      a0 = V::fma(V::load(r + 0 * W), wk, a0);
+      a1 = V::fma(V::load(r + 1 * W), wk, a1);
+      a2 = V::fma(V::load(r + 2 * W), wk, a2);
+      a3 = V::fma(V::load(r + 3 * W), wk, a3);
+      a4 = V::fma(V::load(r + 4 * W), wk, a4);
+      a5 = V::fma(V::load(r + 5 * W), wk, a5);
+      a6 = V::fma(V::load(r + 6 * W), wk, a6);
+      a7 = V::fma(V::load(r + 7 * W), wk, a7);
+    }
+    put<T, NT>(o + c + 0 * W, a0);
+    put<T, NT>(o + c + 1 * W, a1);
+    put<T, NT>(o + c + 2 * W, a2);
+    put<T, NT>(o + c + 3 * W, a3);
+    put<T, NT>(o + c + 4 * W, a4);
+    put<T, NT>(o + c + 5 * W, a5);
+    put<T, NT>(o + c + 6 * W, a6);
+    put<T, NT>(o + c + 7 * W, a7);
+  }
+  for (; c + W <= H; c += W) {
+    V::VecF a = V::zero();
+    for (int64_t k = 0; k < nk; ++k) a = V::fma(V::load(rows[k] + c), V::set1(w[k]), a);
+    put<T, NT>(o + c, a);
+  }
+  if (c < H) {
+    const V::Mask m = V::tail_mask(H - c);
+    V::VecF a = V::zero();
+    for (int64_t k = 0; k < nk; ++k) a = V::fma(V::load(rows[k] + c, m), V::set1(w[k]), a);
+    V::store(o + c, a, m);
+  }
+}
+
+// Streaming stores need every row start aligned to one vector of T.
+template <typename T>
+bool rows_stream_aligned(const T* base, int64_t H) {
+  const int64_t vbytes = V::kWidth * static_cast<int64_t>(sizeof(T));
+  return (reinterpret_cast<uintptr_t>(base) % vbytes == 0) && ((H * static_cast<int64_t>(sizeof(T))) % vbytes == 0);
+}
+
+Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in, const c10::optional<Tensor>& probs_opt) {
+  constexpr const char* op = "moe_unpermute";
+  TORCH_CHECK(permuted_in.device().is_cpu(), op, ": permuted must be a CPU tensor, got ", permuted_in.device());
+  TORCH_CHECK(permuted_in.dim() == 2, op, ": permuted must be 2-D [N, H], got shape ", permuted_in.sizes());
+  TORCH_CHECK(is_float_dtype(permuted_in.scalar_type()),
+              op, ": permuted must be float32/float16/bfloat16/float64, got ", permuted_in.scalar_type());
+  check_map(op, row_id_map_in);
+  const Tensor probs = check_probs(op, probs_opt, row_id_map_in);
+  const Tensor permuted = permuted_in.contiguous();
+  const Tensor rows = row_id_map_in.to(at::kLong).contiguous();
+  const int64_t N = permuted.size(0), H = permuted.size(1);
+  const int64_t T = rows.size(0), S = rows.size(1);
+  Tensor out = amo::empty_large({T, H}, permuted.options());
+  if (T == 0 || H == 0) return out;
+  const int64_t* map = rows.data_ptr<int64_t>();
+  const float* pw = probs.defined() ? probs.data_ptr<float>() : nullptr;
+
+  if (permuted.scalar_type() == at::kDouble) {
+    // fp64 inputs accumulate in fp64, like the reference (the oracle runs); plain loops, slot order.
+    const Tensor p64 = probs.defined() ? probs_opt->to(at::kDouble).contiguous() : Tensor();
+    const double* w64 = p64.defined() ? p64.data_ptr<double>() : nullptr;
+    const double* src = permuted.data_ptr<double>();
+    double* dst = out.data_ptr<double>();
+    at::parallel_for(0, T, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1))),
+                     [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        double* o = dst + t * H;
+        for (int64_t c = 0; c < H; ++c) o[c] = 0.0;
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t r = map[t * S + s];
+          if (r < 0 || r >= N) continue;
+          const double w = w64 ? w64[t * S + s] : 1.0;
+          const double* x = src + r * H;
+          for (int64_t c = 0; c < H; ++c) o[c] += x[c] * w;
+        }
+      }
+    });
+    return out;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, permuted.scalar_type(), "moe_unpermute_cpu", [&] {
+    using T_ = scalar_t;
+    const T_* src = permuted.data_ptr<T_>();
+    T_* dst = out.data_ptr<T_>();
+    const bool stream = T * H * static_cast<int64_t>(sizeof(T_)) >= V::kStreamBytes && rows_stream_aligned(dst, H);
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
+    at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
+      std::vector<const T_*> rp(static_cast<size_t>(S));
+      std::vector<float> w(static_cast<size_t>(S));
+      for (int64_t t = tb; t < te; ++t) {
+        int64_t nk = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t r = map[t * S + s];
+          if (r < 0 || r >= N) continue;  // not kept (or out of range): never read
+          rp[nk] = src + r * H;
+          w[nk] = pw ? pw[t * S + s] : 1.0f;
+          ++nk;
+        }
+        if (stream)
+          combine_row<T_, true>(dst + t * H, rp.data(), w.data(), nk, H);
+        else
+          combine_row<T_, false>(dst + t * H, rp.data(), w.data(), nk, H);
+      }
+      if (stream) V::sfence();
+    });
+  });
+  return out;
+}
+
+// grad row for one slot: d[:H] = w * g[:H]; returns <p[:H], g[:H]> when p != nullptr.
+template <typename G, typename P, bool NT>
+float backward_slot(P* d, const G* g, const P* p, float w, int64_t H) {
+  constexpr int64_t W = V::kWidth;
+  const V::VecF wv = V::set1(w);
+  V::VecF a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
+  int64_t c = 0;
+  for (; c + 4 * W <= H; c += 4 * W) {
+    const V::VecF g0 = V::load(g + c), g1 = V::load(g + c + W), g2 = V::load(g + c + 2 * W),
+                  g3 = V::load(g + c + 3 * W);
+    put<P, NT>(d + c, V::mul(g0, wv));
+    put<P, NT>(d + c + W, V::mul(g1, wv));
+    put<P, NT>(d + c + 2 * W, V::mul(g2, wv));
+    put<P, NT>(d + c + 3 * W, V::mul(g3, wv));
+    if (p) {
+      a0 = V::fma(V::load(p + c), g0, a0);
+      a1 = V::fma(V::load(p + c + W), g1, a1);
+      a2 = V::fma(V::load(p + c + 2 * W), g2, a2);
+      a3 = V::fma(V::load(p + c + 3 * W), g3, a3);
+    }
+  }
+  for (; c + W <= H; c += W) {
+    const V::VecF gv = V::load(g + c);
+    put<P, NT>(d + c, V::mul(gv, wv));
+    if (p) a0 = V::fma(V::load(p + c), gv, a0);
+  }
+  if (c < H) {
+    const V::Mask m = V::tail_mask(H - c);
+    const V::VecF gv = V::load(g + c, m);
+    V::store(d + c, V::mul(gv, wv), m);
+    if (p) a0 = V::fma(V::load(p + c, m), gv, a0);
+  }
+  if (!p) return 0.f;
+  return V::reduce_add(V::add(V::add(a0, a1), V::add(a2, a3)));
+}
+
+std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in, const Tensor& permuted_in,
+                                                      const Tensor& row_id_map_in,
+                                                      const c10::optional<Tensor>& probs_opt) {
+  constexpr const char* op = "moe_unpermute_backward";
+  TORCH_CHECK(grad_out_in.device().is_cpu(), op, ": grad_out must be a CPU tensor, got ", grad_out_in.device());
+  TORCH_CHECK(grad_out_in.dim() == 2, op, ": grad_out must be 2-D [T, H], got shape ", grad_out_in.sizes());
+  TORCH_CHECK(is_float_dtype(grad_out_in.scalar_type()), op, ": grad_out must be a float tensor, got ",
+              grad_out_in.scalar_type());
+  TORCH_CHECK(permuted_in.device().is_cpu(), op, ": permuted must be a CPU tensor, got ", permuted_in.device());
+  TORCH_CHECK(permuted_in.dim() == 2, op, ": permuted must be 2-D [N, H] (or an [N, 0] stand-in without probs), got shape ",
+              permuted_in.sizes());
+  TORCH_CHECK(is_float_dtype(permuted_in.scalar_type()), op, ": permuted must be a float tensor, got ",
+              permuted_in.scalar_type());
+  check_map(op, row_id_map_in);
+  TORCH_CHECK(grad_out_in.size(0) == row_id_map_in.size(0), op, ": grad_out must have one row per row of row_id_map (",
+              row_id_map_in.size(0), "), got shape ", grad_out_in.sizes());
+  const Tensor probs = check_probs(op, probs_opt, row_id_map_in);
+  const int64_t H = grad_out_in.size(1);
+  if (probs.defined()) {
+    TORCH_CHECK(permuted_in.size(1) == H, op, ": permuted must have shape [N, ", H,
+                "] (the hidden size of grad_out) when probs is given, got ", permuted_in.sizes());
+  }
+  const Tensor grad_out = grad_out_in.contiguous();
+  const Tensor permuted = probs.defined() ? permuted_in.contiguous() : permuted_in;
+  const Tensor rows = row_id_map_in.to(at::kLong).contiguous();
+  const int64_t N = permuted.size(0);
+  const int64_t T = rows.size(0), S = rows.size(1);
+
+  Tensor grad_permuted = amo::empty_large({N, H}, grad_out.options().dtype(permuted.scalar_type()));
+  Tensor grad_probs = probs.defined() ? at::zeros({T, S}, probs.options())
+                                      : at::empty({0}, grad_out.options().dtype(at::kFloat));
+  const int64_t* map = rows.data_ptr<int64_t>();
+  const float* pw = probs.defined() ? probs.data_ptr<float>() : nullptr;
+  float* gp = probs.defined() ? grad_probs.data_ptr<float>() : nullptr;
+  std::vector<uint8_t> filled(static_cast<size_t>(N), 0);
+  Tensor grad_probs64;  // set by the fp64 path
+
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_out.scalar_type(), "moe_unpermute_backward_cpu", [&] {
+    using G = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, permuted.scalar_type(), "moe_unpermute_backward_cpu", [&] {
+      using P = scalar_t;
+      const G* g = grad_out.data_ptr<G>();
+      const P* x = probs.defined() && H > 0 ? permuted.data_ptr<P>() : nullptr;
+      P* d = grad_permuted.data_ptr<P>();
+      const bool stream = N * H * static_cast<int64_t>(sizeof(P)) >= V::kStreamBytes && rows_stream_aligned(d, H);
+      if constexpr (std::is_same_v<G, double>) {
+        // fp64 grad_out: products and dot products in fp64, like the reference; plain loops.
+        const Tensor p64 = probs.defined() ? probs_opt->to(at::kDouble).contiguous() : Tensor();
+        const double* w64 = p64.defined() ? p64.data_ptr<double>() : nullptr;
+        std::vector<double> dots(static_cast<size_t>(gp ? T * S : 0), 0.0);
+        at::parallel_for(0, T, std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1))),
+                         [&](int64_t tb, int64_t te) {
+          for (int64_t t = tb; t < te; ++t) {
+            const G* gt = g + t * H;  // G is double here
+            for (int64_t s = 0; s < S; ++s) {
+              const int64_t i = t * S + s;
+              const int64_t r = map[i];
+              if (r < 0 || r >= N) continue;
+              filled[r] = 1;
+              const double w = w64 ? w64[i] : 1.0;
+              P* dr = d + r * H;
+              for (int64_t c = 0; c < H; ++c) dr[c] = static_cast<P>(w * static_cast<double>(gt[c]));
+              if (x) {
+                const P* xr = x + r * H;
+                double acc = 0.0;
+                for (int64_t c = 0; c < H; ++c) acc += static_cast<double>(xr[c]) * static_cast<double>(gt[c]);
+                dots[i] = acc;
+              }
+            }
+          }
+        });
+        if (gp) grad_probs64 = at::from_blob(dots.data(), {T, S}, at::TensorOptions().dtype(at::kDouble)).clone();
+        amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), false);
+        return;
+      }
+      const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
+      at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
+        for (int64_t t = tb; t < te; ++t) {
+          for (int64_t s = 0; s < S; ++s) {
+            const int64_t i = t * S + s;
+            const int64_t r = map[i];
+            if (r < 0 || r >= N) continue;
+            filled[r] = 1;
+            const float w = pw ? pw[i] : 1.0f;
+            const float dot = stream ? backward_slot<G, P, true>(d + r * H, g + t * H, x ? x + r * H : nullptr, w, H)
+                                     : backward_slot<G, P, false>(d + r * H, g + t * H, x ? x + r * H : nullptr, w, H);
+            if (gp) gp[i] = dot;
+          }
+        }
+        if (stream) V::sfence();
+      });
+      // rows no slot points to: exactly zero
+      amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), stream);
+    });
+  });
+  if (grad_probs64.defined()) grad_probs = grad_probs64;
+  if (probs.defined() && grad_probs.scalar_type() != probs_opt->scalar_type()) grad_probs = grad_probs.to(probs_opt->scalar_type());
+  return std::make_tuple(grad_permuted, grad_probs);
+}
+
+}  // namespace
+
+AMO_REGISTER(moe_unpermute) {
+  m.def("moe_unpermute", &moe_unpermute_cpu,
+        "moe_unpermute(permuted, row_id_map, probs) -> [T, H]; see ascend_moe_ops.moe_unpermute",
+        pybind11::arg("permuted"), pybind11::arg("row_id_map"), pybind11::arg("probs"));
+  m.def("moe_unpermute_backward", &moe_unpermute_backward_cpu,
+        "moe_unpermute_backward(grad_out, permuted, row_id_map, probs) -> (grad_permuted, grad_probs)",
+        pybind11::arg("grad_out"), pybind11::arg("permuted"), pybind11::arg("row_id_map"), pybind11::arg("probs"));
+}
