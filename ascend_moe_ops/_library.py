@@ -38,6 +38,14 @@ SCHEMAS = {
     # backward of moe_unpermute: (grad_permuted [N,H], grad_probs [T,K] (shape [0] without probs))
     "moe_unpermute_backward": "moe_unpermute_backward(Tensor grad_out, Tensor permuted, "
                               "Tensor row_id_map, Tensor? probs) -> (Tensor, Tensor)",
+    # grouped_gemm(x [M,K], weight [E,K,N] (trans_b: [E,N,K]), group_sizes [E] int32/int64,
+    # trans_b) -> [M,N]: rows of group e are x[off_e : off_e + group_sizes[e]]; rows past
+    # sum(group_sizes) are zero
+    "grouped_gemm": "grouped_gemm(Tensor x, Tensor weight, Tensor group_sizes, bool trans_b) -> Tensor",
+    # grouped_gemm_dw(a [M,P], b [M,Q], group_sizes [E]) -> [E,P,Q]: out[e] = a_e^T . b_e over the
+    # rows of group e (zero for an empty group). The weight gradient of grouped_gemm: (x, dy) for
+    # trans_b=False, (dy, x) for trans_b=True.
+    "grouped_gemm_dw": "grouped_gemm_dw(Tensor a, Tensor b, Tensor group_sizes) -> Tensor",
 }
 
 for _schema in SCHEMAS.values():

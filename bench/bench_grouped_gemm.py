@@ -1,0 +1,226 @@
+"""grouped_gemm benchmark: forward, dX and dW separately, balanced / Zipf-skewed / fine-grained
+routing, against dense ``torch.mm`` on the same total problem, ``torch._grouped_mm`` and a
+per-expert ``torch.mm`` loop, all timed in the same process; plus one MoELayer forward+backward
+row against a pure-PyTorch MoE layer (Megatron-style sequential experts).
+
+    python -m ascend_moe_ops.bench --ops grouped_gemm [--full]
+    python -m pytest bench/bench_grouped_gemm.py          # pytest-benchmark, small shapes
+
+FLOPs = 2 * sum(group_sizes) * K * N per GEMM (the same for fwd, dX and dW). Peers give the time
+ratio peer/ours: ``dense torch.mm`` > 1x means faster than one dense GEMM of the same total size
+(so the ratio is our "% of dense"), ``torch._grouped_mm`` / ``per-expert loop`` > 1x: faster.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import ascend_moe_ops as amo
+from ascend_moe_ops import _backends
+from ascend_moe_ops.bench import Row, parity_row
+
+OP = "grouped_gemm"
+
+
+def zipf_sizes(E: int, total: int, alpha: float = 1.2, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** alpha
+    w = w[torch.randperm(E, generator=g)]
+    sizes = torch.floor(w / w.sum() * total).to(torch.int64)
+    sizes[int(torch.argmax(w))] += total - int(sizes.sum())
+    return sizes
+
+
+def cases(quick: bool):
+    """(name, E, M, K, N, sizes)."""
+    if quick:
+        spec = [("balanced E8 M2048 K1024 N704", 8, 2048, 1024, 704, "balanced"),
+                ("zipf E8 M2048 K1024 N704", 8, 2048, 1024, 704, "zipf"),
+                ("fine E64 M4096 K512 N256", 64, 4096, 512, 256, "balanced")]
+    else:
+        spec = [("balanced E32 M8192 K2048 N1408", 32, 8192, 2048, 1408, "balanced"),
+                ("zipf E32 M8192 K2048 N1408", 32, 8192, 2048, 1408, "zipf"),
+                ("fine E256 M16384 K512 N256", 256, 16384, 512, 256, "balanced")]
+    for name, E, M, K, N, kind in spec:
+        sizes = torch.full((E,), M // E, dtype=torch.int64) if kind == "balanced" else zipf_sizes(E, M)
+        yield name, E, M, K, N, sizes
+
+
+def _backends_here(device):
+    if device.type == "cuda":
+        return [b for b in ("triton",) if b in _backends.available_backends(OP, device)]
+    return [b for b in ("native",) if b in _backends.available_backends(OP, device)]
+
+
+def _loop(a, b_of, sizes_list, out):
+    start = 0
+    for e, g in enumerate(sizes_list):
+        if g:
+            torch.mm(a[start:start + g], b_of(e), out=out[start:start + g])
+        start += g
+    out[start:].zero_()
+    return out
+
+
+def _loop_dw(x, dy, sizes_list, out):
+    start = 0
+    for e, g in enumerate(sizes_list):
+        if g:
+            torch.mm(x[start:start + g].t(), dy[start:start + g], out=out[e])
+        else:
+            out[e].zero_()
+        start += g
+    return out
+
+
+def run(ctx):
+    dev = ctx.device
+    dtype = torch.bfloat16
+    rows = []
+    min_time = 0.1 if ctx.quick else 0.5
+    for name, E, M, K, N, sizes in cases(ctx.quick):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(M, K, generator=g).to(dtype).to(dev)
+        w = (torch.randn(E, K, N, generator=g) / K ** 0.5).to(dtype).to(dev)
+        dy = torch.randn(M, N, generator=g).to(dtype).to(dev)
+        dense_b = torch.randn(K, N, generator=g).to(dtype).to(dev)
+        gs = sizes.to(dev)
+        sl = sizes.tolist()
+        offs = torch.cumsum(gs, 0, dtype=torch.int32)
+        wt = w.transpose(1, 2)
+        flops = 2 * int(sizes.sum()) * K * N
+        formula = "flops = 2 * sum(group_sizes) * K * N"
+        passes = {
+            "fwd": (lambda: amo.grouped_gemm(x, w, gs),
+                    {"dense torch.mm": lambda: torch.mm(x, dense_b),
+                     "torch._grouped_mm": lambda: torch._grouped_mm(x, w, offs=offs),
+                     "per-expert loop": lambda: _loop(x, lambda e: w[e], sl, x.new_empty(M, N))}),
+            "dX": (lambda: amo.grouped_gemm(dy, w, gs, trans_b=True),
+                   {"dense torch.mm": lambda: torch.mm(dy, dense_b.t()),
+                    "torch._grouped_mm": lambda: torch._grouped_mm(dy, wt, offs=offs),
+                    "per-expert loop": lambda: _loop(dy, lambda e: w[e].t(), sl, x.new_empty(M, K))}),
+            "dW": (lambda: amo.grouped_gemm_dw(x, dy, gs),
+                   {"dense torch.mm": lambda: torch.mm(x.t(), dy),
+                    "torch._grouped_mm": lambda: torch._grouped_mm(x.t(), dy, offs=offs),
+                    "per-expert loop": lambda: _loop_dw(x, dy, sl, x.new_empty(E, K, N))}),
+        }
+        for pname, (ours, peers) in passes.items():
+            peer_t = {}
+            for peer, fn in peers.items():
+                try:
+                    peer_t[peer] = ctx.time(fn, min_time=min_time)
+                except Exception as exc:  # e.g. a torch build without _grouped_mm for this dtype
+                    print(f"  [{OP}] peer {peer} failed: {exc}")
+            for backend in _backends_here(dev):
+                with amo.use_backend(backend):
+                    t = ctx.time(ours, min_time=min_time)
+                extra = {"E": E, "M": M, "K": K, "N": N, "pass": pname,
+                         "max_group": max(sl), "empty_groups": sum(1 for s in sl if s == 0)}
+                # the least memory traffic of the pass (each operand read once, result written
+                # once): fine-grained experts stream their weights from DRAM on every call
+                elt = x.element_size()
+                min_bytes = elt * ({"fwd": M * K + E * K * N + M * N, "dX": M * N + E * K * N + M * K,
+                                    "dW": M * K + M * N + E * K * N}[pname])
+                extra["min_bytes"] = min_bytes
+                extra["GBps_at_min_bytes"] = round(min_bytes / t / 1e9, 2)
+                extra["copy_GBps_machine"] = round(ctx.machine.copy_gbps, 2)
+                if "dense torch.mm" in peer_t:
+                    extra["pct_of_dense_same_problem"] = round(100 * peer_t["dense torch.mm"] / t, 1)
+                rows.append(Row(op=OP, case=f"{pname} {name}", backend=backend, dtype="bfloat16",
+                                seconds=t, flops=flops, formula=formula, limit="flops",
+                                peers=peer_t, extra=extra))
+    rows += _moe_layer_rows(ctx, dtype, min_time)
+    return rows
+
+
+def sequential_moe(layer, x):
+    """Pure-PyTorch MoE (Megatron SequentialMLP style): per expert, gather its tokens, dense
+    SwiGLU MLP, scatter-add weighted by the router probs."""
+    ids, probs, _ = layer.router(x)
+    out = torch.zeros_like(x)
+    w1, w2 = layer.experts.w1(), layer.experts.w2()
+    for e in range(layer.num_experts):
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = x[tok] @ w1[e]
+        gate, up = h.chunk(2, -1)
+        y = (F.silu(gate) * up) @ w2[e]
+        out = out.index_add(0, tok, y * probs[tok, slot].to(x.dtype).unsqueeze(1))
+    return out
+
+
+def _moe_layer_rows(ctx, dtype, min_time):
+    dev = ctx.device
+    T, H, E, Fh, K = (1024, 512, 16, 256, 4) if ctx.quick else (4096, 1024, 64, 512, 8)
+    torch.manual_seed(0)
+    layer = amo.nn.MoELayer(H, E, Fh, K, dtype=dtype, device=dev)
+    x = torch.randn(T, H, device=dev).to(dtype).requires_grad_()
+    flops = 3 * 2 * T * K * (H * 2 * Fh + Fh * H)  # expert GEMMs, fwd + bwd (2x)
+    rows = []
+
+    def step(fn):
+        def f():
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+            fn(x).float().sum().backward()
+        return f
+
+    peer = {"pure-PyTorch MoE (sequential experts)": ctx.time(step(lambda t: sequential_moe(layer, t)),
+                                                            min_time=min_time)}
+    with amo.use_backend(None):  # default backends (whatever each op has here)
+        t = ctx.time(step(layer), min_time=min_time)
+    used = {op: _backends.active_backend(op, dev) for op in ("grouped_gemm", "moe_permute", "moe_unpermute")}
+    rows.append(Row(op=OP, case=f"MoELayer fwd+bwd T{T} H{H} E{E} F{Fh} k{K}", backend="default",
+                    dtype="bfloat16", seconds=t, flops=flops, limit="flops",
+                    formula="MoELayer flops = 3 * 2 * T * k * 3 * H * F (expert GEMMs, fwd+bwd)",
+                    peers=peer, extra={"T": T, "H": H, "E": E, "F": Fh, "k": K, "backends": used}))
+    return rows
+
+
+def parity(ctx):
+    """bf16 fwd / dX / dW of every backend here vs the fp64 reference, on a Zipf case."""
+    dev = ctx.device
+    out = []
+    sizes = zipf_sizes(16, 1000)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1024, 256, generator=g)
+    w = torch.randn(16, 256, 192, generator=g) / 16
+    dy = torch.randn(1024, 192, generator=g)
+    for backend in _backends_here(dev):
+        for name, fn in {"fwd": lambda a, b, c: amo.grouped_gemm(a, b, sizes.to(dev)),
+                         "dX": lambda a, b, c: amo.grouped_gemm(c, b, sizes.to(dev), trans_b=True),
+                         "dW": lambda a, b, c: amo.grouped_gemm_dw(a, c, sizes.to(dev))}.items():
+            with amo.use_backend("reference"):
+                ref64 = fn(x.double().to(dev), w.double().to(dev), dy.double().to(dev))
+                lowp = fn(*(t.to(torch.bfloat16).to(dev) for t in (x, w, dy)))
+            with amo.use_backend(backend):
+                res = fn(*(t.to(torch.bfloat16).to(dev) for t in (x, w, dy)))
+            out.append(parity_row(OP, f"{name} zipf E16 M1024 K256 N192", backend, res, ref64, lowp))
+    return out
+
+
+# ---- pytest-benchmark (python -m pytest bench/bench_grouped_gemm.py) -----------------------------
+def _small():
+    sizes = zipf_sizes(16, 1024)
+    x = torch.randn(1024, 512).to(torch.bfloat16)
+    w = (torch.randn(16, 512, 256) / 23).to(torch.bfloat16)
+    return x, w, sizes
+
+
+def test_bench_grouped_gemm_fwd(benchmark):
+    x, w, sizes = _small()
+    benchmark(lambda: amo.grouped_gemm(x, w, sizes))
+
+
+def test_bench_grouped_gemm_dw(benchmark):
+    x, w, sizes = _small()
+    dy = torch.randn(1024, 256).to(torch.bfloat16)
+    benchmark(lambda: amo.grouped_gemm_dw(x, dy, sizes))
+
+
+def test_bench_torch_grouped_mm_fwd(benchmark):
+    x, w, sizes = _small()
+    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
+    benchmark(lambda: torch._grouped_mm(x, w, offs=offs))
