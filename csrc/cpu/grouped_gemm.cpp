@@ -13,6 +13,11 @@
 // (6 x 4 zmm accumulators) runs over every (row block, panel), accumulating in fp32 in a
 // per-thread C tile that is rounded once into the output dtype at the end.
 //
+// Each thread claims its next item one step ahead and prefetches (into L2) the operands of the
+// next K block while it computes; large outputs get transparent huge pages before the first
+// touch (see advise_huge_pages). The bf16 micro-kernel rounds the last K block straight into the
+// output.
+//
 // dtypes: bf16 -> _mm512_dpbf16_ps (AVX512_BF16) with fp32 accumulation; fp32 -> FMA; fp16 ->
 // converted to fp32 while packing (A and B), then the fp32 kernel; fp64 (oracle use only) ->
 // at::mm per group. Built with -march=native; without AVX512_BF16/AVX512F the same drivers run
@@ -67,7 +72,10 @@ inline int64_t env_or(const char* name, int64_t dflt, int64_t lo, int64_t hi, in
 inline int64_t kc_bf16() { static const int64_t v = env_or("AMO_GG_KC", KC_BF16, 32, KC_BF16, 32); return v; }
 inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, MC, MR); return v; }
 
-typedef uint32_t u32_unaligned __attribute__((may_alias, aligned(2)));
+// software prefetch: 1 = into L2 (default), 2 = into L1, 0 = off (AMO_GG_PF, for tuning only)
+inline int64_t pf_mode() { static const int64_t v = env_or("AMO_GG_PF", 1, 0, 2, 1); return v; }
+
+inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -406,12 +414,14 @@ struct Prefetcher {
     if (t.A.s1 == 1) add(a + k0 * es, t.m, kc * es, t.A.s0 * es);
     else if (t.A.s0 == 1) add(a + k0 * t.A.s1 * es, kc, t.m * es, t.A.s1 * es);
   }
-  int64_t lines() const { return left; }
+  int64_t lines() const { return pf_mode() == 0 ? 0 : left; }
   void step(int64_t n) {
 #if AMO_GG_AVX512
+    if (pf_mode() == 0) return;
     while (n-- > 0 && cur < nr) {
       const Range& g = r[cur];
-      _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
+      if (pf_mode() == 2) _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T0);
+      else _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
       --left;
       off += 64;
       if (off >= g.row_bytes) {
@@ -502,7 +512,8 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
     const bool last = k0 + KCB >= K;
     if (!last) pf.add_block(t, k0 + KCB, std::min(KCB, K - k0 - KCB), 2);
     else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KCB, next->K), 2);
-    const int64_t per_call = ceil_div(pf.lines(), npan * ceil_div(m, MR));
+    // issue the prefetches over the first 1/pf_spread() of this block's micro-kernel calls
+    const int64_t per_call = ceil_div(pf.lines() * pf_spread(), npan * ceil_div(m, MR));
     for (int64_t j = 0; j < npan; ++j) {
       const uint32_t* bp = ws.b + j * kp_max * NR;
       for (int64_t i = 0; i < m; i += MR) {
