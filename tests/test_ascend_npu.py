@@ -211,7 +211,7 @@ def _wrap_dispatcher_for_npu(device):
     D.MoEDispatcher.combine = wrap(D.MoEDispatcher.combine)
 
 
-def _hccl_worker(rank, world, local_size, port, outdir, names):
+def _hccl_worker(rank, world, local_size, port, outdir, names, backend="hccl"):
     import datetime
     import os
     import sys
@@ -222,16 +222,21 @@ def _hccl_worker(rank, world, local_size, port, outdir, names):
         if p not in sys.path:
             sys.path.insert(0, p)
     import torch.distributed as dist
-    import torch_npu  # noqa: F401
     import test_ep_dispatcher as T
     from ascend_moe_ops.distributed import EPTopology
     results = {}
     try:
-        local_rank = rank % torch.npu.device_count()
-        torch.npu.set_device(local_rank)  # bind before the process group: HCCL uses the current device
-        dist.init_process_group("hccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        if backend == "hccl":
+            import torch_npu  # noqa: F401
+            local_rank = rank % torch.npu.device_count()
+            torch.npu.set_device(local_rank)  # bind before the process group: HCCL uses the current device
+            device = torch.device("npu", local_rank)
+        else:  # CI self-test of this harness: gloo, tensors stay on the CPU
+            torch.set_num_threads(1)
+            device = torch.device("cpu")
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=T.PG_TIMEOUT_S * 3))
-        _wrap_dispatcher_for_npu(torch.device("npu", local_rank))
+        _wrap_dispatcher_for_npu(device)
         ctx = dict(rank=rank, world=world, local_size=local_size, topo=EPTopology(local_size=local_size))
         for name in names:
             fn, args = T.SCENARIOS[name]
@@ -253,22 +258,17 @@ def _hccl_worker(rank, world, local_size, port, outdir, names):
 HCCL_WORLDS = {"2x2": (4, 2), "2x4": (8, 4), "1x4": (4, 4)}
 
 
-@pytest.mark.npu
-@pytest.mark.parametrize("world", list(HCCL_WORLDS))
-def test_ep_dispatcher_scenarios_on_hccl(world, tmp_path):
-    """Every gloo scenario of tests/test_ep_dispatcher.py on HCCL (logical nodes on one machine)."""
-    n, local = HCCL_WORLDS[world]
-    if _npu_count() < n:
-        pytest.skip(f"needs {n} NPUs, found {_npu_count()}")
+def _run_scenarios(n, local, tmp_path, backend):
     import json
     import os
     import torch.multiprocessing as mp
     import test_ep_dispatcher as T
-    os.environ.setdefault("HCCL_BUFFSIZE", "200")  # MB; the scenarios' messages are far smaller
+    if backend == "hccl":
+        os.environ.setdefault("HCCL_BUFFSIZE", "200")  # MB (the default); the scenarios' messages are far smaller
     names = list(T.SCENARIOS)
     ctx = mp.get_context("spawn")
     port = T.free_port()
-    procs = [ctx.Process(target=_hccl_worker, args=(r, n, local, port, str(tmp_path), names), daemon=True)
+    procs = [ctx.Process(target=_hccl_worker, args=(r, n, local, port, str(tmp_path), names, backend), daemon=True)
              for r in range(n)]
     for p in procs:
         p.start()
@@ -289,3 +289,19 @@ def test_ep_dispatcher_scenarios_on_hccl(world, tmp_path):
             if item is None or item[0] != "ok":
                 problems.append(f"rank {r} {name}: {item[0] if item else 'no result'}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("world", list(HCCL_WORLDS))
+def test_ep_dispatcher_scenarios_on_hccl(world, tmp_path):
+    """Every gloo scenario of tests/test_ep_dispatcher.py on HCCL (logical nodes on one machine)."""
+    n, local = HCCL_WORLDS[world]
+    if _npu_count() < n:
+        pytest.skip(f"needs {n} NPUs, found {_npu_count()}")
+    _run_scenarios(n, local, tmp_path, "hccl")
+
+
+def test_hccl_harness_on_gloo(tmp_path):
+    """The harness above (spawned ranks, wrapped dispatcher, result collection) on gloo with CPU
+    tensors, 2 nodes x 2 ranks: runs in CI so the NPU test's own logic is not first tried on an NPU."""
+    _run_scenarios(4, 2, tmp_path, "gloo")
