@@ -220,8 +220,8 @@ def test_non_contiguous_inputs(backend):
 
 @pytest.mark.parametrize("backend", backends("grouped_gemm"))
 def test_group_sizes_dw_direct(backend):
-    _skip_unsupported(backend, torch.float32)
     """grouped_gemm_dw on its own (also the op behind the weight gradient) and its autograd."""
+    _skip_unsupported(backend, torch.float32)
     g = torch.Generator().manual_seed(3)
     sizes = torch.tensor([5, 0, 9, 1])
     a = torch.randn(17, 11, generator=g, dtype=torch.float64)
