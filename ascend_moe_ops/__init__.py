@@ -9,15 +9,15 @@ from ._backends import BackendUnavailableError, active_backend, available_backen
 from .formats import group_sizes_to_group_list, group_sizes_to_offsets
 from .ops.moe_permute import PermuteResult, moe_permute
 from .ops.moe_unpermute import moe_unpermute
+from .ops.grouped_gemm import grouped_gemm, grouped_gemm_dw
 from .ops.flash_attention import flash_attention
 from .ops.mla_attention import mla_attention
-from .ops.grouped_gemm import grouped_gemm, grouped_gemm_dw
 from . import nn  # noqa: E402  (MoE layers built on the ops)
-from . import _npu  # noqa: E402  (AscendC NPU backend: loaded only when torch_npu is installed)
 from . import distributed  # noqa: E402  (EPTopology, MoEDispatcher: torch.distributed, not ops)
 from . import balance  # noqa: E402  (load balancing: aux losses, expert placement)
+from . import _npu  # noqa: E402  (AscendC NPU backend: loaded only when torch_npu is installed)
 
-_npu.load()
+_npu.load()  # after every op module, so the PrivateUse1 kernels find their schemas
 
 __version__ = "0.1.0"
 
@@ -25,7 +25,7 @@ __all__ = [
     "BackendUnavailableError", "active_backend", "available_backends", "use_backend",
     "group_sizes_to_offsets", "group_sizes_to_group_list",
     "PermuteResult", "moe_permute", "moe_unpermute",
+    "grouped_gemm", "grouped_gemm_dw",
     "flash_attention", "mla_attention",
-    "grouped_gemm", "grouped_gemm_dw", "nn",
-    "distributed", "balance",
+    "nn", "distributed", "balance",
 ]

@@ -1,4 +1,4 @@
-"""The NPU host glue (csrc/ascend/moe_permute.cpp, moe_unpermute.cpp) type-checks with
+"""The NPU host glue (csrc/ascend/moe_permute.cpp, moe_unpermute.cpp, grouped_gemm.cpp) type-checks with
 ``g++ -fsyntax-only`` against the torch headers and the headers shipped inside the torch_npu wheel
 of the same torch version (acl, torch_npu/csrc/...). The wheel is downloaded with
 ``pip download --no-deps`` and unpacked under build/ — never installed (an installed torch_npu
@@ -23,7 +23,7 @@ import torch
 
 from _ascend_cxx import ASCEND, CACHE, ROOT, ascend_headers
 
-GLUE = ["moe_permute.cpp", "moe_unpermute.cpp"]
+GLUE = ["moe_permute.cpp", "moe_unpermute.cpp", "grouped_gemm.cpp"]
 NEEDED = ["acl/acl.h", "torch_npu/csrc/framework/OpCommand.h", "torch_npu/csrc/core/npu/NPUStream.h"]
 
 

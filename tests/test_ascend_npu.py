@@ -102,3 +102,206 @@ def test_npu_matches_torch_npu_moe_token_permute():
     ours = amo.moe_permute(tokens.to(dev), routing.to(dev), num_experts=E)
     theirs = torch_npu.npu_moe_token_permute(tokens.to(dev), routing.to(dev))[0]
     assert torch.equal(ours.tokens.cpu(), theirs.cpu())
+
+
+# ------------------------------------------------------------------ grouped GEMM on the Cube (NPU)
+@pytest.mark.npu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("trans_b", [False, True], ids=["nn", "nt"])
+@pytest.mark.parametrize("case", ["odd_97x129x61", "zipf", "E256_sparse", "K0", "all_empty", "tiles"])
+def test_npu_grouped_gemm_matches_reference(dtype, trans_b, case):
+    dev = _device()
+    from test_grouped_gemm import _inputs as gg_inputs
+    x, w, sizes = gg_inputs(case, dtype, trans_b)
+    out = amo.grouped_gemm(x.to(dev), w.to(dev), sizes.to(dev), trans_b=trans_b).cpu()
+    with amo.use_backend("reference"):
+        ref64 = amo.grouped_gemm(x.double(), w.double(), sizes, trans_b=trans_b)
+        lowp = amo.grouped_gemm(x, w, sizes, trans_b=trans_b)
+    assert_close_to_ref(out, ref64, dtype=dtype, torch_lowp=lowp)
+    assert (out[int(sizes.sum()):] == 0).all()
+    xx, ww = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+    amo.grouped_gemm(xx, ww, sizes.to(dev), trans_b=trans_b).sum().backward()
+    assert (ww.grad.cpu()[sizes == 0] == 0).all(), "dW of an empty group is exactly zero"
+
+
+@pytest.mark.npu
+def test_npu_grouped_gemm_fp32_refused():
+    dev = _device()
+    x, w = torch.randn(8, 16, device=dev), torch.randn(1, 16, 16, device=dev)
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        amo.grouped_gemm(x, w, torch.tensor([8], device=dev))
+
+
+@pytest.mark.npu
+def test_npu_grouped_gemm_opcheck_and_baseline():
+    """opcheck on PrivateUse1, and torch_npu's npu_grouped_matmul (split_item=3, group_type=0,
+    cumulative group_list) as a baseline of the forward."""
+    dev = _device()
+    import torch_npu
+    g = torch.Generator().manual_seed(0)
+    sizes = torch.tensor([10, 0, 20, 1, 5])
+    x = torch.randn(40, 64, generator=g).to(torch.bfloat16).to(dev)
+    w = (torch.randn(5, 64, 48, generator=g) / 8).to(torch.bfloat16).to(dev)
+    torch.library.opcheck(torch.ops.ascend_moe_ops.grouped_gemm.default, (x, w, sizes.to(dev), False))
+    ours = amo.grouped_gemm(x[:36], w, sizes.to(dev))
+    if not hasattr(torch_npu, "npu_grouped_matmul"):
+        pytest.skip("this torch_npu has no npu_grouped_matmul")
+    theirs = torch_npu.npu_grouped_matmul([x[:36]], [w], group_list=torch.cumsum(sizes, 0).to(dev),
+                                          split_item=3, group_type=0)[0]
+    with amo.use_backend("reference"):
+        lowp = amo.grouped_gemm(x[:36].cpu(), w.cpu(), sizes)
+        ref64 = amo.grouped_gemm(x[:36].cpu().double(), w.cpu().double(), sizes)
+    assert_close_to_ref(ours.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp)
+    assert_close_to_ref(theirs.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="npu_grouped_matmul")
+
+
+# ------------------------------------------------------------------ EP dispatcher on HCCL
+# The gloo scenarios of tests/test_ep_dispatcher.py, run on HCCL: one process per NPU, each bound
+# to its device with torch.npu.set_device(local_rank) before init_process_group("hccl"). The
+# scenarios build their inputs and oracles on the CPU; the dispatcher is wrapped so that every
+# tensor it receives moves to the rank's NPU (differentiably, so gradients flow back to the CPU
+# leaves) and every tensor it returns comes back to the CPU. The collectives themselves therefore
+# run on NPU tensors through HCCL. Launch recipe and HCCL_BUFFSIZE arithmetic: docs/ascend.md.
+
+def _npu_count():
+    try:
+        import torch_npu  # noqa: F401
+        return torch.npu.device_count()
+    except Exception:
+        return 0
+
+
+def _tree(obj, fn):
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_tree(o, fn) for o in obj)
+    if isinstance(obj, list):
+        return [_tree(o, fn) for o in obj]
+    return obj
+
+
+def _wrap_dispatcher_for_npu(device):
+    from ascend_moe_ops.distributed import dispatcher as D
+
+    def to_dev(t):
+        return t.to(device)
+
+    def to_cpu(t):
+        return t.cpu() if t.device.type != "cpu" else t
+
+    class _Pending:
+        def __init__(self, p):
+            self._p = p
+
+        def wait(self):
+            return _tree(self._p.wait(), to_cpu)
+
+    def wrap(method):
+        def inner(self, *args, **kwargs):
+            args = _tree(args, to_dev)
+            kwargs = {k: _tree(v, to_dev) for k, v in kwargs.items()}
+            out = method(self, *args, **kwargs)
+            if kwargs.get("async_op"):
+                return _Pending(out)
+            return _tree(out, to_cpu)
+        return inner
+
+    D.MoEDispatcher.dispatch = wrap(D.MoEDispatcher.dispatch)
+    D.MoEDispatcher.combine = wrap(D.MoEDispatcher.combine)
+
+
+def _hccl_worker(rank, world, local_size, port, outdir, names, backend="hccl"):
+    import datetime
+    import os
+    import sys
+    import time
+    import traceback
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for p in (root, os.path.join(root, "tests")):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    import torch.distributed as dist
+    import test_ep_dispatcher as T
+    from ascend_moe_ops.distributed import EPTopology
+    results = {}
+    try:
+        if backend == "hccl":
+            import torch_npu  # noqa: F401
+            local_rank = rank % torch.npu.device_count()
+            torch.npu.set_device(local_rank)  # bind before the process group: HCCL uses the current device
+            device = torch.device("npu", local_rank)
+        else:  # CI self-test of this harness: gloo, tensors stay on the CPU
+            torch.set_num_threads(1)
+            device = torch.device("cpu")
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=T.PG_TIMEOUT_S * 3))
+        _wrap_dispatcher_for_npu(device)
+        ctx = dict(rank=rank, world=world, local_size=local_size, topo=EPTopology(local_size=local_size))
+        for name in names:
+            fn, args = T.SCENARIOS[name]
+            t0 = time.time()
+            torch.manual_seed(1234)
+            try:
+                fn(ctx, *args)
+                results[name] = ["ok", time.time() - t0]
+            except Exception:
+                results[name] = [traceback.format_exc(), time.time() - t0]
+            T._dump(results, outdir, rank)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        results["__setup__"] = [traceback.format_exc(), 0]
+        T._dump(results, outdir, rank)
+
+
+HCCL_WORLDS = {"2x2": (4, 2), "2x4": (8, 4), "1x4": (4, 4)}
+
+
+def _run_scenarios(n, local, tmp_path, backend):
+    import json
+    import os
+    import torch.multiprocessing as mp
+    import test_ep_dispatcher as T
+    if backend == "hccl":
+        os.environ.setdefault("HCCL_BUFFSIZE", "200")  # MB (the default); the scenarios' messages are far smaller
+    names = list(T.SCENARIOS)
+    ctx = mp.get_context("spawn")
+    port = T.free_port()
+    procs = [ctx.Process(target=_hccl_worker, args=(r, n, local, port, str(tmp_path), names, backend), daemon=True)
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(T.JOIN_TIMEOUT_S * 2)
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    problems = [f"hung ranks {hung}"] if hung else []
+    for r in range(n):
+        path = os.path.join(str(tmp_path), f"rank{r}.json")
+        res = json.load(open(path)) if os.path.exists(path) else {}
+        if "__setup__" in res:
+            problems.append(f"rank {r} setup: {res['__setup__'][0]}")
+        for name in names:
+            item = res.get(name)
+            if item is None or item[0] != "ok":
+                problems.append(f"rank {r} {name}: {item[0] if item else 'no result'}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("world", list(HCCL_WORLDS))
+def test_ep_dispatcher_scenarios_on_hccl(world, tmp_path):
+    """Every gloo scenario of tests/test_ep_dispatcher.py on HCCL (logical nodes on one machine)."""
+    n, local = HCCL_WORLDS[world]
+    if _npu_count() < n:
+        pytest.skip(f"needs {n} NPUs, found {_npu_count()}")
+    _run_scenarios(n, local, tmp_path, "hccl")
+
+
+def test_hccl_harness_on_gloo(tmp_path):
+    """The harness above (spawned ranks, wrapped dispatcher, result collection) on gloo with CPU
+    tensors, 2 nodes x 2 ranks: runs in CI so the NPU test's own logic is not first tried on an NPU."""
+    _run_scenarios(4, 2, tmp_path, "gloo")

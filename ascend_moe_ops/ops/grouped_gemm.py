@@ -20,6 +20,8 @@ for _op in (OP, DW):
     _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.grouped_gemm", _op)
     _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
     _backends.register_impl(_op, "triton", "triton_ref.grouped_gemm", _op)
+    # the AscendC Cube kernels on the CPU emulation layer (fp16/bf16 only; fp32 raises)
+    _backends.register_impl(_op, "ascendc-emu", "ascend_moe_ops._ascendc_emu", _op)
 
 
 def check_group_size_values(group_sizes: Tensor, num_rows: int) -> None:

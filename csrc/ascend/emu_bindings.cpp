@@ -19,11 +19,14 @@
 #include "host/row_map.h"
 #include "tiling/moe_permute_tiling.h"
 #include "tiling/moe_unpermute_tiling.h"
+#include "tiling/grouped_gemm_tiling.h"
 
 extern "C" void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling);
 extern "C" void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out, GM_ADDR tiling);
 extern "C" void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOfRow, GM_ADDR probs,
                                        GM_ADDR gradPermuted, GM_ADDR dots, GM_ADDR tiling);
+extern "C" void amo_grouped_gemm(GM_ADDR x, GM_ADDR weight, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
+extern "C" void amo_grouped_gemm_dw(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
 
 namespace {
 
@@ -151,6 +154,92 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
   return {gradPermuted, gradProbs};
 }
 
+// ---- grouped GEMM (Cube, AIC-only kernels) ------------------------------------------------------------
+// Test knobs: ASCEND_MOE_OPS_EMU_AIC = Cube core count (default 24); ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE =
+// cap on baseM/baseN/baseK*stepK (default none) to force many tiles and K chunks on small shapes.
+ChipInfo emu_cube_chip() {
+  ChipInfo chip = Ascend910B2();
+  if (const char* v = std::getenv("ASCEND_MOE_OPS_EMU_AIC")) chip.aicNum = static_cast<uint32_t>(std::max(1, std::atoi(v)));
+  return chip;
+}
+
+uint32_t cube_max_base() {
+  const char* v = std::getenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE");
+  return v ? static_cast<uint32_t>(std::max(0, std::atoi(v))) : 0u;
+}
+
+DType cube_dtype(const Tensor& t, const char* op) {
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, "ascendc-emu ", op,
+              ": the Ascend Cube kernel takes float16/bfloat16 inputs only (fp32 accumulation in L0C); got ",
+              t.scalar_type(), ". fp32 inputs are not implemented on the Cube path: use the native or reference backend");
+  return t.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
+}
+
+Tensor checked_sizes(const Tensor& groupSizes, int64_t E, int64_t M, const char* op) {
+  check_cpu(groupSizes, "group_sizes");
+  TORCH_CHECK(groupSizes.dim() == 1 && groupSizes.size(0) == E, "ascendc-emu ", op, ": group_sizes must be [", E, "]");
+  auto gs = groupSizes.to(at::kLong).contiguous();
+  const int64_t* p = gs.data_ptr<int64_t>();
+  int64_t sum = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK(p[e] >= 0, "ascendc-emu ", op, ": group_sizes must be non-negative, got ", p[e], " for group ", e);
+    sum += p[e];
+  }
+  TORCH_CHECK(sum <= M, "ascendc-emu ", op, ": sum(group_sizes) = ", sum, " exceeds the ", M, " rows of the input");
+  return gs;
+}
+
+void launch_gemm(const GroupedGemmTiling& t, const ChipInfo& chip, void (*kernel)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR),
+                 const Tensor& a, const Tensor& b, const Tensor& gs, const Tensor& out, const char* name) {
+  TORCH_CHECK(t.blockDim >= 1 && t.blockDim <= chip.aicNum, "ascendc-emu: blockDim ", t.blockDim, " outside [1, ",
+              chip.aicNum, "] Cube cores");
+  ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
+  GroupedGemmTiling tt = t;
+  auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm<void>(a), gm<void>(b), gm<void>(gs), gm<void>(out),
+                                      reinterpret_cast<GM_ADDR>(&tt));
+  TORCH_CHECK(used.l1 == t.l1Bytes && used.l0a == t.l0aBytes && used.l0b == t.l0bBytes && used.l0c == t.l0cBytes,
+              "ascendc-emu: kernel ", name, " allocated L1/L0A/L0B/L0C ", used.l1, "/", used.l0a, "/", used.l0b, "/",
+              used.l0c, " B but its tiling planned ", t.l1Bytes, "/", t.l0aBytes, "/", t.l0bBytes, "/", t.l0cBytes, " B");
+}
+
+Tensor grouped_gemm(const Tensor& x, const Tensor& weight, const Tensor& groupSizes, bool transB) {
+  check_cpu(x, "x");
+  check_cpu(weight, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 3, "ascendc-emu grouped_gemm: x [M, K] and weight [E, K, N] expected");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "ascendc-emu grouped_gemm: weight dtype differs from x");
+  const DType dt = cube_dtype(x, "grouped_gemm");
+  const int64_t M = x.size(0), K = x.size(1), E = weight.size(0), N = transB ? weight.size(1) : weight.size(2);
+  TORCH_CHECK((transB ? weight.size(2) : weight.size(1)) == K, "ascendc-emu grouped_gemm: weight K differs from x");
+  TORCH_CHECK(K < 65536 && N < 65536, "ascendc-emu grouped_gemm: K and N must be < 65536 (16-bit copy strides)");
+  auto gs = checked_sizes(groupSizes, E, M, "grouped_gemm");
+  auto xc = x.contiguous(), wc = weight.contiguous();
+  const ChipInfo chip = emu_cube_chip();
+  GroupedGemmTiling t = compute_grouped_gemm_tiling(transB ? GroupedGemmLayout::kNT : GroupedGemmLayout::kNN, M, K, N, E,
+                                                    dt, chip, cube_max_base());
+  auto out = poisoned({M, N}, x.options());
+  if (t.key == GroupedGemmTilingKey::kEmpty) return out.zero_();
+  launch_gemm(t, chip, amo_grouped_gemm, xc, wc, gs, out, "amo_grouped_gemm");
+  return out;
+}
+
+Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSizes) {
+  check_cpu(a, "a");
+  check_cpu(b, "b");
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(0) == b.size(0), "ascendc-emu grouped_gemm_dw: a [M, P], b [M, Q]");
+  TORCH_CHECK(b.scalar_type() == a.scalar_type(), "ascendc-emu grouped_gemm_dw: b dtype differs from a");
+  const DType dt = cube_dtype(a, "grouped_gemm_dw");
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1), E = groupSizes.numel();
+  TORCH_CHECK(K < 65536 && N < 65536, "ascendc-emu grouped_gemm_dw: P and Q must be < 65536 (16-bit copy strides)");
+  auto gs = checked_sizes(groupSizes, E, M, "grouped_gemm_dw");
+  auto ac = a.contiguous(), bc = b.contiguous();
+  const ChipInfo chip = emu_cube_chip();
+  GroupedGemmTiling t = compute_grouped_gemm_tiling(GroupedGemmLayout::kDW, M, K, N, E, dt, chip, cube_max_base());
+  auto out = poisoned({E, K, N}, a.options());
+  if (t.key == GroupedGemmTilingKey::kEmpty) return out.zero_();
+  launch_gemm(t, chip, amo_grouped_gemm_dw, ac, bc, gs, out, "amo_grouped_gemm_dw");
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -158,4 +247,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("moe_permute", &moe_permute, "moe_permute on the emulated AscendC kernel");
   m.def("moe_unpermute", &moe_unpermute, "moe_unpermute on the emulated AscendC kernel");
   m.def("moe_unpermute_backward", &moe_unpermute_backward, "moe_unpermute_backward on the emulated AscendC kernel");
+  m.def("grouped_gemm", &grouped_gemm, "grouped_gemm on the emulated AscendC Cube kernel (fp16/bf16)");
+  m.def("grouped_gemm_dw", &grouped_gemm_dw, "grouped_gemm_dw on the emulated AscendC Cube kernel (fp16/bf16)");
 }

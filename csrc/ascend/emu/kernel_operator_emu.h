@@ -32,8 +32,35 @@
 // construction: every output element has exactly one writer); the hardware's exact rounding of fused
 // operations (Axpy rounds the product and the sum separately here; ReduceSum follows the documented
 // A2 order: binary tree inside a 256-byte repeat, repeats summed in order); GM address alignment and
-// burst efficiency; the Cube unit (not part of this subset yet: Mmad/Matmul, L1/L0A/L0B/L0C positions
-// and their capacities are the planned extension for grouped GEMM and MLA, see docs/ascend.md).
+// burst efficiency.
+//
+// CUBE SIDE (AIC cores; used by the grouped GEMM kernels). Memories are modelled per position:
+// A1/B1 share L1, A2 is L0A, B2 is L0B, CO1 is L0C, each with its own capacity (launch_cube, from
+// ChipInfo); an AIC block has no UB (vector ops and UB DataCopy on it fail), and vector ops reject
+// tensors that do not live in UB. Fresh L1/L0 memory is 0xFF (NaN) like UB. Checked:
+//   * capacities of L1, L0A, L0B, L0C per block; L0A/L0B/L0C buffers start 512-byte aligned;
+//   * DataCopy GM -> A1/B1 with Nd2NzParams (ND -> NZ: 16-element C0 column blocks, row stride one
+//     C0, dstNzC0Stride rows between column blocks; column blocks may not overlap; only ndNum == 1,
+//     dstNzNStride == 1 and 2-byte types are emulated). The pad columns/rows of a partial fractal are
+//     NOT written (left as they were) -- stricter than assuming the hardware zero-fills them;
+//   * LoadData A1/B1 -> A2/B2 with LoadData2DParams: repeatTimes whole 512-byte fractals from
+//     startIndex + i * srcStride (fractal units) to consecutive destination fractals (+ dstGap),
+//     optionally transposed inside each fractal (ifTranspose); all fractals in bounds;
+//   * Mmad: dst CO1, fm A2, filter B2, element types (half, half, float) or (bfloat16_t, bfloat16_t,
+//     float) only (fp32 accumulation; anything else throws), 1 <= m, n, k <= 4095, operands hold
+//     whole fractals (ceil16(m) x ceil16(k), ceil16(k) x ceil16(n), ceil16(m) x ceil16(n)). Layouts:
+//     A2 zZ (fractal grid row-major, fractals row-major), B2 zN (grid row-major over (k, n), each
+//     fractal stored n-major), CO1 NZ (grid column-major, fractals row-major). The reduction reads the
+//     whole padded K fractals (ceil16(k)), so a kernel that leaves NaN in the K padding of A or B
+//     gets NaN -- again stricter than what we could verify about the hardware;
+//   * InitConstValue on A1/B1/A2/B2 (repeatTimes x blockNum 32-byte blocks, dstGap blocks between);
+//   * Fixpipe CO1 -> GM with NZ2ND (row-major output): float source, quantPre matching the GM type
+//     (NoQuant float, F322F16 half, F322BF16 bfloat16_t; round to nearest even), srcStride a multiple
+//     of 16 that is >= mSize, dstStride >= nSize, GM bounds.
+// NOT modelled on the Cube side: the hardware's accumulation order inside a fractal (the emulator sums
+// the K products one by one in fp32), hf32/fp32 Cube modes, bank/ping-pong conflicts, unitFlag,
+// bias tables, the real unit of InitConstValue's blockNum (32 B assumed), and AIC/AIV cross-core
+// synchronization (the Cube kernels here are AIC-only).
 #pragma once
 
 #include <cmath>
@@ -51,6 +78,7 @@
 #define __global__
 #define __gm__
 #define GM_ADDR uint8_t*
+#define KERNEL_TASK_TYPE_DEFAULT(x)
 
 namespace ascend_emu {
 
@@ -74,8 +102,16 @@ inline const char* state_name(SlotState s) {
 }
 
 // One UB buffer of a queue or TBuf.
+// Memories of a core: UB (AIV), L1, L0A, L0B, L0C (AIC).
+enum Space : int { kUB = 0, kL1 = 1, kL0A = 2, kL0B = 3, kL0C = 4, kNumSpaces = 5 };
+inline const char* space_name(int s) {
+  static const char* n[] = {"UB", "L1", "L0A", "L0B", "L0C"};
+  return n[s];
+}
+
 struct Slot {
-  uint64_t offset = 0;  // byte offset in UB
+  int space = kUB;
+  uint64_t offset = 0;  // byte offset in its memory (UB, L1, ...)
   uint64_t bytes = 0;
   SlotState state = SlotState::kFree;
   uint64_t generation = 0;  // bumped on every FreeTensor: stale LocalTensors are detected
@@ -83,7 +119,8 @@ struct Slot {
 };
 
 struct PipeState {
-  uint64_t used = 0;
+  uint64_t used = 0;  // UB bytes
+  uint64_t usedSpace[kNumSpaces] = {0, 0, 0, 0, 0};
   std::vector<std::shared_ptr<Slot>> slots;
   std::vector<std::string> queues;
   bool alive = true;
@@ -94,6 +131,9 @@ struct BlockContext {
   uint32_t blockNum = 1;
   uint64_t ubCapacity = 0;
   std::vector<uint8_t> ub;
+  uint64_t cap[kNumSpaces] = {0, 0, 0, 0, 0};  // L1, L0A, L0B, L0C (index kUB unused: ubCapacity)
+  std::vector<uint8_t> mem[kNumSpaces];          // index kUB unused: ub
+  bool aic = false;                              // a Cube (AIC) block: no UB
   std::shared_ptr<PipeState> pipe;
   bool active = false;
 };
@@ -279,10 +319,40 @@ class LocalTensor {
       fail(std::string(what) + " on a LocalTensor of " + slot_->owner +
            " while it is queued (between EnQue and DeQue): DeQue it first");
   }
-  T* data() const { return reinterpret_cast<T*>(ascend_emu::ctx().ub.data() + ub_addr()); }
+  T* data() const {
+    auto& c = ascend_emu::ctx();
+    uint8_t* base = slot_->space == ascend_emu::kUB ? c.ub.data() : c.mem[slot_->space].data();
+    return reinterpret_cast<T*>(base + ub_addr());
+  }
+  int space() const { return slot_ ? slot_->space : ascend_emu::kUB; }
+  // Cube-side operand check: live, in one of the allowed memories, holds n elements, aligned.
+  void need_in(uint64_t n, const char* what, int s1, int s2, uint64_t align) const {
+    live(what);
+    if (slot_->space != s1 && slot_->space != s2) {
+      std::ostringstream o;
+      o << what << ": operand of " << slot_->owner << " lives in " << ascend_emu::space_name(slot_->space)
+        << ", expected " << ascend_emu::space_name(s1) << (s2 != s1 ? std::string(" or ") + ascend_emu::space_name(s2) : "");
+      fail(o.str());
+    }
+    if (n > size_) {
+      std::ostringstream o;
+      o << what << ": " << n << " elements needed but the LocalTensor<" << type_name<T>() << "> of " << slot_->owner
+        << " in " << ascend_emu::space_name(slot_->space) << " holds " << size_;
+      fail(o.str());
+    }
+    if (ub_addr() % align) {
+      std::ostringstream o;
+      o << what << ": operand of " << slot_->owner << " starts at byte " << ub_addr() << " of "
+        << ascend_emu::space_name(slot_->space) << ", not " << align << "-byte aligned";
+      fail(o.str());
+    }
+  }
   uint64_t ub_addr() const { return slot_->offset + byteOff_; }
   void need(uint64_t n, const char* what) const {
     live(what);
+    if (slot_->space != ascend_emu::kUB)
+      fail(std::string(what) + ": operand of " + slot_->owner + " lives in " + ascend_emu::space_name(slot_->space) +
+           ", not UB (vector instructions and UB copies work on UB only)");
     if (n > size_) {
       std::ostringstream o;
       o << what << ": " << n << " elements needed but the LocalTensor<" << type_name<T>() << "> of " << slot_->owner
@@ -424,7 +494,8 @@ class TPipe {
     std::string name = "queue #" + std::to_string(state_->queues.size());
     state_->queues.push_back(name);
     std::vector<std::shared_ptr<ascend_emu::Slot>> slots;
-    for (uint8_t i = 0; i < num; ++i) slots.push_back(alloc(len, name + " buffer " + std::to_string(i), ascend_emu::SlotState::kFree));
+    for (uint8_t i = 0; i < num; ++i)
+      slots.push_back(alloc(len, name + " buffer " + std::to_string(i), ascend_emu::SlotState::kFree, space_of(SRC)));
     que.emu_init(std::move(slots), name);
     return true;
   }
@@ -433,14 +504,46 @@ class TPipe {
     if (len == 0) fail("InitBuffer of a TBuf with len=0");
     std::string name = "TBuf #" + std::to_string(state_->queues.size());
     state_->queues.push_back(name);
-    buf.emu_init(alloc(len, name, ascend_emu::SlotState::kCalc));
+    buf.emu_init(alloc(len, name, ascend_emu::SlotState::kCalc, space_of(POS)));
     return true;
   }
   void Destroy() {}
 
  private:
-  std::shared_ptr<ascend_emu::Slot> alloc(uint32_t len, const std::string& owner, ascend_emu::SlotState st) {
+  static int space_of(TPosition p) {
+    switch (p) {
+      case TPosition::A1: case TPosition::B1: return ascend_emu::kL1;
+      case TPosition::A2: return ascend_emu::kL0A;
+      case TPosition::B2: return ascend_emu::kL0B;
+      case TPosition::CO1: return ascend_emu::kL0C;
+      case TPosition::CO2: fail("TPosition::CO2 is not in the emulated subset (A2 chips fix-pipe CO1 straight to GM)");
+      default: return ascend_emu::kUB;
+    }
+  }
+  std::shared_ptr<ascend_emu::Slot> alloc(uint32_t len, const std::string& owner, ascend_emu::SlotState st, int space) {
     auto& c = ascend_emu::ctx();
+    if (space != ascend_emu::kUB) {
+      if (!c.aic) fail(owner + ": " + ascend_emu::space_name(space) + " buffers exist on AIC (Cube) cores only; this is a vector launch");
+      const uint64_t al = space == ascend_emu::kL1 ? 32 : 512;
+      uint64_t off = (state_->usedSpace[space] + al - 1) / al * al;
+      uint64_t bytes = (uint64_t(len) + al - 1) / al * al;
+      if (off + bytes > c.cap[space]) {
+        std::ostringstream o;
+        o << ascend_emu::space_name(space) << " overflow: " << owner << " needs " << bytes << " B at offset " << off
+          << ", but the " << ascend_emu::space_name(space) << " of block " << c.blockIdx << " holds " << c.cap[space] << " B";
+        fail(o.str());
+      }
+      auto s = std::make_shared<ascend_emu::Slot>();
+      s->space = space;
+      s->offset = off;
+      s->bytes = bytes;
+      s->state = st;
+      s->owner = owner;
+      state_->usedSpace[space] = off + bytes;
+      state_->slots.push_back(s);
+      return s;
+    }
+    if (c.aic) fail(owner + ": an AIC (Cube) core has no UB; vector buffers need a vector (AIV) launch");
     uint64_t bytes = ascend_emu::align32(len);
     if (state_->used + bytes > c.ubCapacity) {
       std::ostringstream o;
@@ -661,6 +764,199 @@ void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   dst.data()[0] = total;
 }
 
+
+// ---- Cube unit (AIC) ---------------------------------------------------------------------------------
+namespace detail {
+constexpr uint64_t kC0 = 16;          // fp16/bf16 elements per 32-byte C0 block
+constexpr uint64_t kFrac = 256;       // elements of a 16 x 16 fractal (512 B for 2-byte types)
+inline uint64_t up16(uint64_t x) { return (x + 15) / 16 * 16; }
+template <typename T>
+void cube_input_type(const char* what) {
+  if constexpr (!(std::is_same_v<T, half> || std::is_same_v<T, bfloat16_t>))
+    fail(std::string(what) + " on " + type_name<T>() + ": the emulated Cube subset takes half/bfloat16_t inputs only");
+}
+}  // namespace detail
+
+struct Nd2NzParams {
+  uint16_t ndNum = 1;
+  uint16_t nValue = 0;             // rows of the ND source
+  uint16_t dValue = 0;             // columns of the ND source
+  uint16_t srcNdMatrixStride = 0;
+  uint16_t srcDValue = 0;          // elements between source rows
+  uint16_t dstNzC0Stride = 0;      // rows (C0 blocks) between consecutive column blocks in L1
+  uint16_t dstNzNStride = 1;       // C0 blocks between consecutive rows in L1
+  uint16_t dstNzMatrixStride = 0;
+};
+
+// GM (ND) -> L1 (NZ): element (r, c) goes to ((c / 16) * dstNzC0Stride + r * dstNzNStride) * 16 + c % 16.
+template <typename T>
+void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2NzParams& p) {
+  detail::cube_input_type<T>("DataCopy (GM->L1, ND2NZ)");
+  if (p.ndNum != 1 || p.dstNzNStride != 1) fail("DataCopy ND2NZ: only ndNum == 1 and dstNzNStride == 1 are emulated");
+  if (p.nValue == 0 || p.dValue == 0) fail("DataCopy ND2NZ: nValue and dValue must be >= 1");
+  if (p.srcDValue < p.dValue) fail("DataCopy ND2NZ: srcDValue < dValue (source rows overlap)");
+  if (p.dstNzC0Stride < p.nValue)
+    fail("DataCopy ND2NZ: dstNzC0Stride " + std::to_string(p.dstNzC0Stride) + " < nValue " + std::to_string(p.nValue) +
+         ": column blocks would overlap in L1");
+  const uint64_t blocks = (p.dValue + detail::kC0 - 1) / detail::kC0;
+  dst.need_in((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0,
+              "DataCopy (GM->L1, ND2NZ)", ascend_emu::kL1, ascend_emu::kL1, 32);
+  src.check(0, uint64_t(p.nValue - 1) * p.srcDValue + p.dValue, "DataCopy (GM->L1, ND2NZ)");
+  T* d = dst.data();
+  const T* g = src.GetPhyAddr();
+  for (uint64_t r = 0; r < p.nValue; ++r)
+    for (uint64_t c = 0; c < p.dValue; ++c)
+      d[((c / detail::kC0) * p.dstNzC0Stride + r) * detail::kC0 + c % detail::kC0] = g[r * p.srcDValue + c];
+}
+
+struct LoadData2DParams {
+  uint16_t startIndex = 0;  // first source fractal (512-byte units from the source tensor's start)
+  uint8_t repeatTimes = 0;  // fractals moved
+  uint16_t srcStride = 0;   // fractals between consecutive source fractals
+  uint8_t sid = 0;
+  uint16_t dstGap = 0;      // fractals skipped between consecutive destination fractals
+  bool ifTranspose = false; // transpose each 16 x 16 fractal
+  uint8_t addrMode = 0;
+};
+
+// L1 (A1/B1) -> L0A (A2) / L0B (B2), whole fractals.
+template <typename T>
+void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadData2DParams& p) {
+  detail::cube_input_type<T>("LoadData");
+  if (p.repeatTimes == 0) fail("LoadData with repeatTimes = 0");
+  if (p.srcStride == 0 && p.repeatTimes > 1) fail("LoadData: srcStride 0 would read one fractal repeatedly");
+  const uint64_t lastSrc = uint64_t(p.startIndex) + uint64_t(p.repeatTimes - 1) * p.srcStride;
+  src.need_in((lastSrc + 1) * detail::kFrac, "LoadData source", ascend_emu::kL1, ascend_emu::kL1, 32);
+  dst.need_in((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac, "LoadData destination",
+              ascend_emu::kL0A, ascend_emu::kL0B, 512);
+  const T* s = src.data();
+  T* d = dst.data();
+  for (uint64_t i = 0; i < p.repeatTimes; ++i) {
+    const T* f = s + (p.startIndex + i * p.srcStride) * detail::kFrac;
+    T* o = d + i * (1 + p.dstGap) * detail::kFrac;
+    for (uint64_t r = 0; r < 16; ++r)
+      for (uint64_t c = 0; c < 16; ++c) o[r * 16 + c] = p.ifTranspose ? f[c * 16 + r] : f[r * 16 + c];
+  }
+}
+
+template <typename U>
+struct InitConstValueParams {
+  uint16_t repeatTimes = 0;
+  uint16_t blockNum = 0;  // 32-byte blocks per repeat
+  uint16_t dstGap = 0;    // 32-byte blocks skipped after each repeat
+  U initValue = U(0);
+};
+
+template <typename T, typename U>
+void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p) {
+  detail::cube_input_type<T>("InitConstValue");
+  if (p.repeatTimes == 0 || p.blockNum == 0) fail("InitConstValue with repeatTimes or blockNum = 0");
+  const uint64_t per = 32 / sizeof(T);
+  const uint64_t n = (uint64_t(p.repeatTimes - 1) * (p.blockNum + p.dstGap) + p.blockNum) * per;
+  const int s = dst.space();
+  dst.need_in(n, "InitConstValue", s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0A,
+              s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, 32);
+  T* d = dst.data();
+  const T v = static_cast<T>(static_cast<float>(p.initValue));
+  for (uint64_t r = 0; r < p.repeatTimes; ++r)
+    for (uint64_t i = 0; i < p.blockNum * per; ++i) d[r * (p.blockNum + p.dstGap) * per + i] = v;
+}
+
+struct MmadParams {
+  uint16_t m = 0;
+  uint16_t n = 0;
+  uint16_t k = 0;
+  bool isBias = false;
+  int32_t fmOffset = 0;
+  bool enSsparse = false;
+  bool enWinogradA = false;
+  bool enWinogradB = false;
+  uint8_t unitFlag = 0;
+  bool cmatrixInitVal = true;  // true: C = A * B; false: C += A * B (cmatrixSource false: from L0C)
+  bool cmatrixSource = false;
+};
+
+template <typename D, typename A, typename B>
+void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>& b, const MmadParams& p) {
+  constexpr bool ok = std::is_same_v<D, float> && std::is_same_v<A, B> &&
+                      (std::is_same_v<A, half> || std::is_same_v<A, bfloat16_t>);
+  if constexpr (!ok) {
+    fail(std::string("Mmad on (") + type_name<A>() + ", " + type_name<B>() + ") -> " + type_name<D>() +
+         ": the emulated Cube takes (half, half) or (bfloat16_t, bfloat16_t) inputs with float accumulation in L0C");
+  } else {
+    if (p.m == 0 || p.n == 0 || p.k == 0 || p.m > 4095 || p.n > 4095 || p.k > 4095)
+      fail("Mmad: m, n, k must be in [1, 4095], got m=" + std::to_string(p.m) + " n=" + std::to_string(p.n) +
+           " k=" + std::to_string(p.k));
+    if (p.isBias || p.cmatrixSource) fail("Mmad: bias / BT-buffer initial values are not in the emulated subset");
+    const uint64_t M16 = detail::up16(p.m), N16 = detail::up16(p.n), K16 = detail::up16(p.k);
+    const uint64_t Mf = M16 / 16, Nf = N16 / 16, Kf = K16 / 16;
+    a.need_in(M16 * K16, "Mmad left matrix (L0A)", ascend_emu::kL0A, ascend_emu::kL0A, 512);
+    b.need_in(K16 * N16, "Mmad right matrix (L0B)", ascend_emu::kL0B, ascend_emu::kL0B, 512);
+    c.need_in(M16 * N16, "Mmad result (L0C)", ascend_emu::kL0C, ascend_emu::kL0C, 512);
+    const A* pa = a.data();
+    const B* pb = b.data();
+    float* pc = c.data();
+    std::vector<float> bt(K16 * N16);  // B as [k][n] floats
+    for (uint64_t kk = 0; kk < K16; ++kk)
+      for (uint64_t j = 0; j < N16; ++j)
+        bt[kk * N16 + j] = static_cast<float>(pb[((kk / 16) * Nf + j / 16) * 256 + (j % 16) * 16 + kk % 16]);
+    std::vector<float> arow(K16);
+    for (uint64_t i = 0; i < p.m; ++i) {
+      for (uint64_t kk = 0; kk < K16; ++kk)
+        arow[kk] = static_cast<float>(pa[((i / 16) * Kf + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
+      for (uint64_t j = 0; j < p.n; ++j) {
+        float* out = pc + ((j / 16) * Mf + i / 16) * 256 + (i % 16) * 16 + j % 16;
+        float acc = p.cmatrixInitVal ? 0.0f : *out;
+        for (uint64_t kk = 0; kk < K16; ++kk) acc += arow[kk] * bt[kk * N16 + j];
+        *out = acc;
+      }
+    }
+  }
+}
+
+enum class QuantMode_t { NoQuant, F322F16, F322BF16 };
+
+struct FixpipeParamsV220 {
+  uint16_t nSize = 0;       // columns moved
+  uint16_t mSize = 0;       // rows moved
+  uint16_t srcStride = 0;   // rows (16-element C0 rows) between column blocks of the NZ source
+  uint32_t dstStride = 0;   // elements between rows of the ND destination
+  QuantMode_t quantPre = QuantMode_t::NoQuant;
+  uint64_t deqScalar = 0;
+  uint16_t ndNum = 1;
+  uint16_t srcNdStride = 0;
+  uint16_t dstNdStride = 0;
+  bool reluEn = false;
+  uint8_t unitFlag = 0;
+};
+
+// L0C (CO1, NZ, float) -> GM (ND, row-major), with the cast of quantPre.
+template <typename D, typename S>
+void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const FixpipeParamsV220& p) {
+  static_assert(std::is_same_v<S, float>, "emulator: Fixpipe from a float L0C only");
+  constexpr QuantMode_t want = std::is_same_v<D, half> ? QuantMode_t::F322F16
+                               : std::is_same_v<D, bfloat16_t> ? QuantMode_t::F322BF16 : QuantMode_t::NoQuant;
+  if constexpr (!(std::is_same_v<D, float> || std::is_same_v<D, half> || std::is_same_v<D, bfloat16_t>)) {
+    fail(std::string("Fixpipe to ") + type_name<D>() + " is not in the emulated subset");
+  } else {
+    if (p.quantPre != want)
+      fail(std::string("Fixpipe float -> ") + type_name<D>() + ": quantPre does not match the destination type");
+    if (p.reluEn || p.ndNum != 1) fail("Fixpipe: reluEn / ndNum != 1 are not in the emulated subset");
+    if (p.mSize == 0 || p.nSize == 0) fail("Fixpipe: mSize and nSize must be >= 1");
+    if (p.srcStride % 16 || p.srcStride < p.mSize)
+      fail("Fixpipe: srcStride " + std::to_string(p.srcStride) + " must be a multiple of 16 and >= mSize " + std::to_string(p.mSize));
+    if (p.dstStride < p.nSize) fail("Fixpipe: dstStride < nSize (destination rows overlap)");
+    const uint64_t blocks = (p.nSize + 15) / 16;
+    src.need_in((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16, "Fixpipe source (L0C)", ascend_emu::kL0C,
+                ascend_emu::kL0C, 64);
+    dst.check(0, uint64_t(p.mSize - 1) * p.dstStride + p.nSize, "Fixpipe (L0C->GM)");
+    const float* s = src.data();
+    D* d = dst.GetPhyAddr();
+    for (uint64_t i = 0; i < p.mSize; ++i)
+      for (uint64_t j = 0; j < p.nSize; ++j) d[i * p.dstStride + j] = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);
+  }
+}
+
 }  // namespace AscendC
 
 namespace ascend_emu {
@@ -685,6 +981,7 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.blockNum = blockDim;
     c.ubCapacity = ubCapacity;
     c.ub.assign(ubCapacity, 0xFF);
+    c.aic = false;
     c.pipe.reset();
     c.active = true;
     kernel(args...);
@@ -696,6 +993,59 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
       }
     }
     if (c.pipe) peak = c.pipe->used > peak ? c.pipe->used : peak;
+    c.active = false;
+  }
+  return peak;
+}
+
+// Memory sizes of an AIC core for launch_cube, and what a block allocated of each.
+struct CubeMem {
+  uint64_t l1 = 0, l0a = 0, l0b = 0, l0c = 0;
+};
+
+// Run an AIC-only (Cube) kernel once per block, blocks one after another. Each block gets fresh L1,
+// L0A, L0B, L0C of the given sizes filled with 0xFF and no UB. Returns the most of each memory any
+// block allocated.
+template <typename F, typename... Args>
+CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
+  CubeMem peak;
+  if (blockDim == 0) fail("launch with blockDim = 0");
+  auto& c = ctx();
+  if (c.active) fail("nested kernel launch");
+  struct Reset {
+    ~Reset() {
+      ctx().active = false;
+      ctx().aic = false;
+      ctx().pipe.reset();
+      for (auto& m : ctx().mem) std::vector<uint8_t>().swap(m);
+    }
+  } reset;
+  const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  for (uint32_t b = 0; b < blockDim; ++b) {
+    c.blockIdx = b;
+    c.blockNum = blockDim;
+    c.ubCapacity = 0;
+    c.ub.clear();
+    for (int s = 1; s < kNumSpaces; ++s) {
+      c.cap[s] = cap[s];
+      c.mem[s].assign(cap[s], 0xFF);
+    }
+    c.aic = true;
+    c.pipe.reset();
+    c.active = true;
+    kernel(args...);
+    if (c.pipe) {
+      for (auto& s : c.pipe->slots) {
+        if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
+          fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
+               " (every AllocTensor needs a FreeTensor)");
+      }
+      auto mx = [](uint64_t& a, uint64_t v) { a = v > a ? v : a; };
+      mx(peak.l1, c.pipe->usedSpace[kL1]);
+      mx(peak.l0a, c.pipe->usedSpace[kL0A]);
+      mx(peak.l0b, c.pipe->usedSpace[kL0B]);
+      mx(peak.l0c, c.pipe->usedSpace[kL0C]);
+    }
     c.active = false;
   }
   return peak;

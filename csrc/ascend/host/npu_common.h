@@ -1,4 +1,4 @@
-// Shared pieces of the NPU host glue (csrc/ascend/moe_*.cpp): chip facts from the ACL runtime,
+// Shared pieces of the NPU host glue (csrc/ascend/moe_*.cpp, grouped_gemm.cpp): chip facts from the ACL runtime,
 // tiling upload, and the launch inside torch_npu's task queue on the current stream.
 // Built only on a CANN machine (see docs/ascend.md); type-checked in CI against the headers of the
 // torch_npu wheel (tests/test_ascend_glue.py).
@@ -24,6 +24,8 @@
 #include "aclrtlaunch_amo_moe_permute.h"
 #include "aclrtlaunch_amo_moe_unpermute.h"
 #include "aclrtlaunch_amo_moe_unpermute_grad.h"
+#include "aclrtlaunch_amo_grouped_gemm.h"
+#include "aclrtlaunch_amo_grouped_gemm_dw.h"
 #endif
 
 namespace amo_ascend {

@@ -19,4 +19,8 @@ uint32_t aclrtlaunch_amo_moe_unpermute(uint32_t blockDim, aclrtStream stream, vo
                                        void* out, void* tiling);
 uint32_t aclrtlaunch_amo_moe_unpermute_grad(uint32_t blockDim, aclrtStream stream, void* gradOut, void* permuted,
                                             void* slotOfRow, void* probs, void* gradPermuted, void* dots, void* tiling);
+uint32_t aclrtlaunch_amo_grouped_gemm(uint32_t blockDim, aclrtStream stream, void* x, void* weight, void* groupSizes,
+                                      void* out, void* tiling);
+uint32_t aclrtlaunch_amo_grouped_gemm_dw(uint32_t blockDim, aclrtStream stream, void* a, void* b, void* groupSizes,
+                                         void* out, void* tiling);
 }

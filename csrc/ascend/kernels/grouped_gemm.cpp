@@ -1,0 +1,307 @@
+// AscendC Cube kernels of grouped_gemm (forward, both weight layouts) and of its weight gradient
+// grouped_gemm_dw. AIC-only kernels: GM -> L1 (ND2NZ DataCopy) -> L0A/L0B (LoadData) -> Mmad into
+// L0C (fp32) -> Fixpipe to GM with the cast to fp16/bf16 (NZ2ND on the way out).
+//
+// Work items are output tiles of baseM x baseN (csrc/ascend/tiling/grouped_gemm_tiling.h): item t
+// runs on core t % blockDim. The group sizes stay on the device: every core reads them from GM and
+// walks the groups itself, so the host never synchronizes.
+//   forward: items (group e, M-tile of e's rows, N-tile) for the non-empty groups in order, then zero
+//            items covering rows [sum(group_sizes), M) (written with zeros, so the output needs no
+//            memset and rows past the groups are exactly 0);
+//   dW:      items (group e, K-tile, N-tile) for every group; an empty group gives exact zeros.
+// The reduction runs in L1 chunks of baseK * stepK and L0 steps of baseK. Padding of a partial K
+// fractal is zero-filled in L1 (InitConstValue) before the ragged copy, so stale L1 contents never
+// reach the sum; partial M/N fractals only feed output rows/columns that Fixpipe does not store.
+// Zero tiles are Mmad of zero-filled L0A/L0B fractals (a Cube-only core has no vector unit to
+// fill GM).
+#include "kernels/kernel_common.h"
+#include "tiling/grouped_gemm_tiling.h"
+
+using namespace AscendC;
+
+namespace amo_ascend {
+namespace kernels {
+
+__aicore__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__aicore__ inline uint32_t Up16(int64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }
+
+template <typename T>
+class GroupedGemmKernel {
+ public:
+  // Forward: a = x [M, K], b = weight, out [M, N]. dW: a [M, K], b [M, N], out [E, K, N].
+  __aicore__ inline void Init(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out, const GroupedGemmTiling& t,
+                              TPipe* pipe) {
+    t_ = t;
+    const bool dw = t.layout == GroupedGemmLayout::kDW;
+    aGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(a), static_cast<uint64_t>(t.M * t.K));
+    bGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(b), static_cast<uint64_t>(dw ? t.M * t.N : t.E * t.K * t.N));
+    gsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(groupSizes), static_cast<uint64_t>(t.E));
+    outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), static_cast<uint64_t>(dw ? t.E * t.K * t.N : t.M * t.N));
+    const uint32_t kL1 = t.baseK * t.stepK;
+    pipe->InitBuffer(l1A_, t.l1Buffers, t.baseM * kL1 * sizeof(T));
+    pipe->InitBuffer(l1B_, t.l1Buffers, kL1 * t.baseN * sizeof(T));
+    pipe->InitBuffer(l0A_, t.l0Buffers, t.baseM * t.baseK * sizeof(T));
+    pipe->InitBuffer(l0B_, t.l0Buffers, t.baseK * t.baseN * sizeof(T));
+    pipe->InitBuffer(l0C_, t.l0cBuffers, t.baseM * t.baseN * sizeof(float));
+  }
+
+  __aicore__ inline void Process() {
+    const int64_t cores = t_.blockDim, core = GetBlockIdx();
+    const int64_t nTiles = CeilDiv(t_.N, t_.baseN);
+    int64_t item = 0, off = 0;
+    if (t_.layout == GroupedGemmLayout::kDW) {
+      const int64_t mTiles = CeilDiv(t_.K, t_.baseM);
+      for (int64_t e = 0; e < t_.E; ++e) {
+        const int64_t g = GroupRows(e, off);
+        const int64_t tiles = mTiles * nTiles;
+        for (int64_t j = FirstLocal(item, core, cores); j < tiles; j += cores) {
+          const int64_t i = j / nTiles, jn = j % nTiles;
+          Tile(e, off, i * t_.baseM, Min64(t_.baseM, t_.K - i * t_.baseM), jn * t_.baseN,
+               Min64(t_.baseN, t_.N - jn * t_.baseN), g);
+        }
+        item += tiles;
+        off += g;
+      }
+      return;
+    }
+    for (int64_t e = 0; e < t_.E; ++e) {
+      const int64_t g = GroupRows(e, off);
+      const int64_t tiles = CeilDiv(g, t_.baseM) * nTiles;
+      for (int64_t j = FirstLocal(item, core, cores); j < tiles; j += cores) {
+        const int64_t i = j / nTiles, jn = j % nTiles;
+        Tile(e, off, off + i * t_.baseM, Min64(t_.baseM, g - i * t_.baseM), jn * t_.baseN,
+             Min64(t_.baseN, t_.N - jn * t_.baseN), t_.K);
+      }
+      item += tiles;
+      off += g;
+    }
+    const int64_t tiles = CeilDiv(t_.M - off, t_.baseM) * nTiles;  // zero rows past the groups
+    for (int64_t j = FirstLocal(item, core, cores); j < tiles; j += cores) {
+      const int64_t i = j / nTiles, jn = j % nTiles;
+      Tile(-1, off, off + i * t_.baseM, Min64(t_.baseM, t_.M - off - i * t_.baseM), jn * t_.baseN,
+           Min64(t_.baseN, t_.N - jn * t_.baseN), 0);
+    }
+  }
+
+ private:
+  // Rows of group e, clamped to the rows left (the op checks sizes; the kernel never reads past M).
+  __aicore__ inline int64_t GroupRows(int64_t e, int64_t off) {
+    int64_t g = gsGm_.GetValue(e);
+    if (g < 0) g = 0;
+    return Min64(g, t_.M - off);
+  }
+  // First index j >= 0 with (item + j) % cores == core.
+  __aicore__ inline int64_t FirstLocal(int64_t item, int64_t core, int64_t cores) {
+    return ((core - item % cores) % cores + cores) % cores;
+  }
+
+  // One output tile: rows [row0, row0 + rows) x columns [col0, col0 + cols) of the output (dW: of
+  // out[e]); the reduction runs over kRed (forward: K; dW: the group's rows starting at groupOff).
+  __aicore__ inline void Tile(int64_t e, int64_t groupOff, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
+                              int64_t kRed) {
+    LocalTensor<float> c = l0C_.template AllocTensor<float>();
+    const uint32_t mp = Up16(rows), np = Up16(cols);
+    if (kRed == 0) {
+      ZeroTile(c, rows, cols);
+    } else {
+      const int64_t kL1 = static_cast<int64_t>(t_.baseK) * t_.stepK;
+      for (int64_t k0 = 0; k0 < kRed; k0 += kL1) {
+        const int64_t kc = Min64(kL1, kRed - k0);
+        const uint32_t kp = Up16(kc);
+        LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
+        LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
+        CopyA(a1, e, groupOff, row0, rows, k0, kc, mp, kp);
+        CopyB(b1, e, groupOff, col0, cols, k0, kc, np, kp);
+        l1A_.EnQue(a1);
+        l1B_.EnQue(b1);
+        a1 = l1A_.template DeQue<T>();
+        b1 = l1B_.template DeQue<T>();
+        for (int64_t s0 = 0; s0 < kc; s0 += t_.baseK) {
+          const int64_t ks = Min64(t_.baseK, kc - s0);
+          LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
+          LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
+          LoadA(a0, a1, mp, kp, static_cast<uint32_t>(s0), Up16(ks));
+          LoadB(b0, b1, np, kp, static_cast<uint32_t>(s0), Up16(ks));
+          l0A_.EnQue(a0);
+          l0B_.EnQue(b0);
+          a0 = l0A_.template DeQue<T>();
+          b0 = l0B_.template DeQue<T>();
+          MmadParams mm;
+          mm.m = static_cast<uint16_t>(rows);
+          mm.n = static_cast<uint16_t>(cols);
+          mm.k = static_cast<uint16_t>(ks);
+          mm.cmatrixInitVal = k0 == 0 && s0 == 0;
+          Mmad(c, a0, b0, mm);
+          l0A_.FreeTensor(a0);
+          l0B_.FreeTensor(b0);
+        }
+        l1A_.FreeTensor(a1);
+        l1B_.FreeTensor(b1);
+      }
+    }
+    l0C_.EnQue(c);
+    c = l0C_.template DeQue<float>();
+    FixpipeParamsV220 fp;
+    fp.nSize = static_cast<uint16_t>(cols);
+    fp.mSize = static_cast<uint16_t>(rows);
+    fp.srcStride = static_cast<uint16_t>(mp);
+    fp.dstStride = static_cast<uint32_t>(t_.N);
+    fp.quantPre = IsSame<T, half>::value ? QuantMode_t::F322F16 : QuantMode_t::F322BF16;
+    const int64_t base = t_.layout == GroupedGemmLayout::kDW ? e * t_.K * t_.N : 0;
+    Fixpipe(outGm_[base + row0 * t_.N + col0], c, fp);
+    l0C_.FreeTensor(c);
+  }
+
+  // C = 0 for a rows x cols tile: one Mmad step over a zero K fractal.
+  __aicore__ inline void ZeroTile(const LocalTensor<float>& c, int64_t rows, int64_t cols) {
+    LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
+    LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
+    ZeroL1L0(a0, Up16(rows) * 16);
+    ZeroL1L0(b0, 16 * Up16(cols));
+    MmadParams mm;
+    mm.m = static_cast<uint16_t>(rows);
+    mm.n = static_cast<uint16_t>(cols);
+    mm.k = 16;
+    mm.cmatrixInitVal = true;
+    Mmad(c, a0, b0, mm);
+    l0A_.FreeTensor(a0);
+    l0B_.FreeTensor(b0);
+  }
+
+  __aicore__ inline void ZeroL1L0(const LocalTensor<T>& t, uint32_t elems) {
+    InitConstValueParams<T> z;
+    z.repeatTimes = 1;
+    z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / 32);
+    z.dstGap = 0;
+    z.initValue = T(0);
+    InitConstValue(t, z);
+  }
+
+  // ND (GM) -> NZ (L1): nRows x nCols at src with row stride srcD; column blocks c0Stride rows apart.
+  __aicore__ inline void Nd2Nz(const LocalTensor<T>& dst, const GlobalTensor<T>& src, int64_t nRows, int64_t nCols,
+                               int64_t srcD, uint32_t c0Stride) {
+    Nd2NzParams p;
+    p.ndNum = 1;
+    p.nValue = static_cast<uint16_t>(nRows);
+    p.dValue = static_cast<uint16_t>(nCols);
+    p.srcNdMatrixStride = 0;
+    p.srcDValue = static_cast<uint16_t>(srcD);
+    p.dstNzC0Stride = static_cast<uint16_t>(c0Stride);
+    p.dstNzNStride = 1;
+    p.dstNzMatrixStride = 0;
+    DataCopy(dst, src, p);
+  }
+
+  // L1 A chunk (m = rows, k = kc), NZ. Forward: x rows, layout (m rows, k cols), c0Stride mp.
+  // dW: a_e^T, stored as (k rows, m cols) of `a`, c0Stride kp (transposed when loaded to L0A).
+  __aicore__ inline void CopyA(const LocalTensor<T>& a1, int64_t e, int64_t groupOff, int64_t row0, int64_t rows,
+                               int64_t k0, int64_t kc, uint32_t mp, uint32_t kp) {
+    if (kc % 16) ZeroL1L0(a1, mp * kp);  // K padding must be zero: the Cube sums whole K fractals
+    if (t_.layout == GroupedGemmLayout::kDW) {
+      Nd2Nz(a1, aGm_[(groupOff + k0) * t_.K + row0], kc, rows, t_.K, kp);
+    } else {
+      Nd2Nz(a1, aGm_[row0 * t_.K + k0], rows, kc, t_.K, mp);
+    }
+  }
+
+  // L1 B chunk (k = kc, n = cols). NN and dW: (k rows, n cols), c0Stride kp. NT: weight[e] is
+  // [N, K]: (n rows, k cols), c0Stride np.
+  __aicore__ inline void CopyB(const LocalTensor<T>& b1, int64_t e, int64_t groupOff, int64_t col0, int64_t cols,
+                               int64_t k0, int64_t kc, uint32_t np, uint32_t kp) {
+    if (kc % 16) ZeroL1L0(b1, np * kp);
+    if (t_.layout == GroupedGemmLayout::kNT) {
+      Nd2Nz(b1, bGm_[e * t_.N * t_.K + col0 * t_.K + k0], cols, kc, t_.K, np);
+    } else if (t_.layout == GroupedGemmLayout::kNN) {
+      Nd2Nz(b1, bGm_[e * t_.K * t_.N + k0 * t_.N + col0], kc, cols, t_.N, kp);
+    } else {
+      Nd2Nz(b1, bGm_[(groupOff + k0) * t_.N + col0], kc, cols, t_.N, kp);
+    }
+  }
+
+  // L0A (zZ: fractal grid row-major over (m, k), fractals row-major) from the L1 chunk, K fractals
+  // [s0, s0 + ksp) / 16.
+  __aicore__ inline void LoadA(const LocalTensor<T>& a0, const LocalTensor<T>& a1, uint32_t mp, uint32_t kp, uint32_t s0,
+                               uint32_t ksp) {
+    const uint32_t kf = ksp / 16;
+    for (uint32_t mf = 0; mf < mp / 16; ++mf) {
+      LoadData2DParams p;
+      p.repeatTimes = static_cast<uint8_t>(kf);
+      p.dstGap = 0;
+      if (t_.layout == GroupedGemmLayout::kDW) {  // L1 holds (k, m) fractals, column block = m
+        p.startIndex = static_cast<uint16_t>(mf * (kp / 16) + s0 / 16);
+        p.srcStride = 1;
+        p.ifTranspose = true;
+      } else {  // L1 holds (m, k) fractals, column block = k
+        p.startIndex = static_cast<uint16_t>((s0 / 16) * (mp / 16) + mf);
+        p.srcStride = static_cast<uint16_t>(mp / 16);
+        p.ifTranspose = false;
+      }
+      LoadData(a0[mf * kf * 256], a1, p);
+    }
+  }
+
+  // L0B (zN: fractal grid row-major over (k, n), each fractal stored n-major) from the L1 chunk.
+  __aicore__ inline void LoadB(const LocalTensor<T>& b0, const LocalTensor<T>& b1, uint32_t np, uint32_t kp, uint32_t s0,
+                               uint32_t ksp) {
+    const uint32_t nf = np / 16;
+    for (uint32_t kf = 0; kf < ksp / 16; ++kf) {
+      LoadData2DParams p;
+      p.repeatTimes = static_cast<uint8_t>(nf);
+      p.dstGap = 0;
+      if (t_.layout == GroupedGemmLayout::kNT) {  // L1 holds (n, k) fractals: already n-major
+        p.startIndex = static_cast<uint16_t>((s0 / 16 + kf) * (np / 16));
+        p.srcStride = 1;
+        p.ifTranspose = false;
+      } else {  // L1 holds (k, n) fractals: transpose each
+        p.startIndex = static_cast<uint16_t>(s0 / 16 + kf);
+        p.srcStride = static_cast<uint16_t>(kp / 16);
+        p.ifTranspose = true;
+      }
+      LoadData(b0[kf * nf * 256], b1, p);
+    }
+  }
+
+  GroupedGemmTiling t_;
+  GlobalTensor<T> aGm_, bGm_, outGm_;
+  GlobalTensor<int64_t> gsGm_;
+  TQue<TPosition::A1, kDoubleBuffer> l1A_;
+  TQue<TPosition::B1, kDoubleBuffer> l1B_;
+  TQue<TPosition::A2, kDoubleBuffer> l0A_;
+  TQue<TPosition::B2, kDoubleBuffer> l0B_;
+  TQue<TPosition::CO1, 1> l0C_;
+};
+
+template <typename T>
+__aicore__ inline void RunGroupedGemm(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out, const GroupedGemmTiling& t) {
+  TPipe pipe;
+  GroupedGemmKernel<T> op;
+  op.Init(a, b, groupSizes, out, t, &pipe);
+  op.Process();
+}
+
+}  // namespace kernels
+}  // namespace amo_ascend
+
+// Forward: x [M, K], weight [E, K, N] (tiling layout kNN) or [E, N, K] (kNT), group_sizes [E] int64,
+// out [M, N]; tiling: GroupedGemmTiling in GM.
+extern "C" __global__ __aicore__ void amo_grouped_gemm(GM_ADDR x, GM_ADDR weight, GM_ADDR groupSizes, GM_ADDR out,
+                                                      GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+  using namespace amo_ascend;
+  GroupedGemmTiling t;
+  kernels::CopyTiling(&t, tiling);
+  if (t.key == GroupedGemmTilingKey::kF16) kernels::RunGroupedGemm<half>(x, weight, groupSizes, out, t);
+  else if (t.key == GroupedGemmTilingKey::kBF16) kernels::RunGroupedGemm<bfloat16_t>(x, weight, groupSizes, out, t);
+}
+
+// Weight gradient: a [M, K], b [M, N], group_sizes [E] int64, out [E, K, N] (tiling layout kDW).
+extern "C" __global__ __aicore__ void amo_grouped_gemm_dw(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out,
+                                                         GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+  using namespace amo_ascend;
+  GroupedGemmTiling t;
+  kernels::CopyTiling(&t, tiling);
+  if (t.key == GroupedGemmTilingKey::kF16) kernels::RunGroupedGemm<half>(a, b, groupSizes, out, t);
+  else if (t.key == GroupedGemmTilingKey::kBF16) kernels::RunGroupedGemm<bfloat16_t>(a, b, groupSizes, out, t);
+}
