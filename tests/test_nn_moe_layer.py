@@ -9,6 +9,7 @@ import contextlib
 
 from ascend_moe_ops import _backends
 from ascend_moe_ops.nn import GroupedMLP, MoELayer
+from ascend_moe_ops.testing import assert_close_to_ref
 from conftest import backends
 
 
@@ -62,6 +63,8 @@ def _grads(module, fn, x):
 def test_moe_layer_matches_dense_loop_fp64(backend, score_func, shared):
     if backend == "triton":
         pytest.skip("the triton backend has no fp64 tl.dot; covered by the fp32 test")
+    if backend == "ascendc-emu":
+        pytest.skip("the Ascend Cube path takes fp16/bf16 only; covered by the fp16 test")
     torch.manual_seed(0)
     T, H, E, Fh, K = 40, 32, 8, 24, 3
     layer = MoELayer(H, E, Fh, K, score_func=score_func, shared_expert_ffn_hidden_size=shared,
@@ -80,6 +83,8 @@ def test_moe_layer_matches_dense_loop_fp64(backend, score_func, shared):
 
 @pytest.mark.parametrize("backend", backends("grouped_gemm"))
 def test_moe_layer_fp32_backends_agree(backend):
+    if backend == "ascendc-emu":
+        pytest.skip("the Ascend Cube path takes fp16/bf16 only; covered by the fp16 test")
     torch.manual_seed(1)
     layer = MoELayer(24, 6, 16, 2, init_std=0.2)
     x = torch.randn(2, 9, 24)
@@ -92,6 +97,24 @@ def test_moe_layer_fp32_backends_agree(backend):
     torch.testing.assert_close(gx, rgx, rtol=1e-4, atol=1e-5)
     for n in gp:
         torch.testing.assert_close(gp[n], rgp[n], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backends("grouped_gemm"))
+def test_moe_layer_fp16_matches_fp64(backend):
+    """Every backend (the Ascend Cube kernel included) in fp16 vs the fp64 layer, with the
+    2x-PyTorch rule: the reference backend in fp16 is 'the same math done by PyTorch'."""
+    torch.manual_seed(3)
+    layer64 = MoELayer(24, 6, 16, 2, init_std=0.2, dtype=torch.float64)
+    layer16 = MoELayer(24, 6, 16, 2, init_std=0.2, dtype=torch.float16)
+    layer16.load_state_dict(layer64.state_dict())
+    x = torch.randn(18, 24, dtype=torch.float64)
+    with gg_backend(backend):
+        y, gx, _ = _grads(layer16, layer16, x.half())
+    with gg_backend("reference"):
+        ly, lgx, _ = _grads(layer16, layer16, x.half())
+    ry, rgx, _ = _grads(layer64, lambda t: dense_moe(layer64, t), x)
+    assert_close_to_ref(y, ry, dtype=torch.float16, torch_lowp=ly, name="output")
+    assert_close_to_ref(gx, rgx, dtype=torch.float16, torch_lowp=lgx, name="grad x")
 
 
 def test_capacity_mode():
