@@ -13,7 +13,6 @@ import datetime
 import json
 import math
 import os
-import socket
 import sys
 import time
 import traceback
@@ -25,6 +24,7 @@ from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, Placement, a
                                     capacity_for, drop_stats, expert_counts, imbalance,
                                     plan_placement, update_expert_bias, z_loss)
 from ascend_moe_ops.testing import assert_close_to_ref
+from _spawn import free_port, spawn_ranks
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_TIMEOUT_S = 60
@@ -754,37 +754,13 @@ def _worker(rank, world, port, outdir):
         _dump(results, outdir, rank)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _CACHE = {}
 
 
 def _group_results(tmp_path_factory, world=4):
     if "res" not in _CACHE:
-        import torch.multiprocessing as mp
         outdir = str(tmp_path_factory.mktemp("balance_dist"))
-        mpc = mp.get_context("spawn")
-        port = _free_port()
-        procs = [mpc.Process(target=_worker, args=(r, world, port, outdir), daemon=True)
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.time() + JOIN_TIMEOUT_S
-        for p in procs:
-            p.join(max(0.1, deadline - time.time()))
-        hung = [i for i, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        per_rank = []
-        for r in range(world):
-            path = os.path.join(outdir, f"rank{r}.json")
-            per_rank.append(json.load(open(path)) if os.path.exists(path) else {})
+        per_rank, hung = spawn_ranks(_worker, world, (world, free_port(), outdir), outdir, JOIN_TIMEOUT_S)
         _CACHE["res"] = (per_rank, hung)
     return _CACHE["res"]
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import socket
 import sys
 import time
 import traceback
 
 import pytest
 import torch
+
+from _spawn import free_port, spawn_ranks
 
 WORLDS = {  # name -> (world size, ranks per node)
     "2x2": (4, 2),
@@ -419,33 +420,10 @@ def _worker(rank, world, local_size, port, outdir, names):
         _dump(results, outdir, rank)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_group(world, local_size, names, outdir, timeout=JOIN_TIMEOUT_S):
     """Spawn ``world`` gloo processes running ``names``; returns ``{name: [per-rank result]}``."""
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, local_size, port, outdir, names), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.time() + timeout
-    for p in procs:
-        p.join(max(0.1, deadline - time.time()))
-    hung = [i for i, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-    per_rank = []
-    for r in range(world):
-        path = os.path.join(outdir, f"rank{r}.json")
-        per_rank.append(json.load(open(path)) if os.path.exists(path) else {})
+    per_rank, hung = spawn_ranks(_worker, world, (world, local_size, free_port(), outdir, names),
+                                 outdir, timeout)
     out = {}
     for name in list(names) + ["__setup__"]:
         res = [pr.get(name) for pr in per_rank]
