@@ -7,16 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from ascend_moe_ops.reference.mla_attention import _split, up_project as _kv
+
 from . import flash_attention as _fa
-
-
-def _kv(c_kv, w_kv_up):
-    return torch.nn.functional.linear(c_kv, w_kv_up)
-
-
-def _split(kv, H, Dn, Dv):
-    kvh = kv.view(kv.shape[0], H, Dn + Dv)
-    return kvh[..., :Dn], kvh[..., Dn:]
 
 
 def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim,
