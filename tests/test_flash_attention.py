@@ -19,6 +19,12 @@ VARLEN = {"triton": [0, 1, 12, 13, 30], "default": [0, 1, 98, 99, 160]}  # lengt
 BATCH = {"triton": (2, 13, 2), "default": (2, 37, 2)}  # B, S, H
 
 
+def _fa_backends():
+    # ascendc-emu implements only the forward, for fp16/bf16 inputs: every test here runs the backward
+    # or fp32, so it is covered by tests/test_ascend_flash_attention.py instead.
+    return [b for b in backends(OP) if b != "ascendc-emu"]
+
+
 def _skip(backend, dtype):
     if backend == "triton" and dtype == torch.bfloat16 and not torch.cuda.is_available():
         pytest.skip("tl.dot on bf16 is wrong in the Triton interpreter; bf16 Triton runs on GPU only")
@@ -52,7 +58,7 @@ def _check_against_reference(backend, dtype, tensors, **kw):
     return got
 
 
-@pytest.mark.parametrize("backend", backends(OP))
+@pytest.mark.parametrize("backend", _fa_backends())
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("layout", ["batch", "varlen"])
@@ -74,7 +80,7 @@ def test_matches_reference(backend, dtype, causal, layout):
     _check_against_reference(backend, dtype, tensors, **kw)
 
 
-@pytest.mark.parametrize("backend", backends(OP))
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_equal_head_dims_and_one_token(backend):
     tensors = _inputs((1, 1), 1, 16, 16)
     _check_against_reference(backend, torch.float32, tensors, causal=True)
@@ -82,7 +88,7 @@ def test_equal_head_dims_and_one_token(backend):
     _check_against_reference(backend, torch.float32, tensors, causal=False)
 
 
-@pytest.mark.parametrize("backend", backends(OP))
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_varlen_equals_per_sequence_batch(backend):
     Dq, Dv = DIMS.get(backend, (48, 32))
     cu = [0, 7, 8, 25]
@@ -95,7 +101,7 @@ def test_varlen_equals_per_sequence_batch(backend):
         torch.testing.assert_close(packed[1][:, s:e], one[1][0], atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("backend", backends(OP))
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_empty_sequence_and_lse_layout(backend):
     q, k, v, do = _inputs((9,), 2, 16, 16)
     cu = torch.tensor([0, 4, 4, 9])
@@ -105,7 +111,7 @@ def test_empty_sequence_and_lse_layout(backend):
     assert out_b.shape == (1, 9, 2, 16) and lse_b.shape == (1, 2, 9)
 
 
-@pytest.mark.parametrize("backend", backends(OP))
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_opcheck(backend):
     Dq, Dv = DIMS.get(backend, (24, 16))
     q, k, v, do = (t.float() for t in _inputs((11,), 2, Dq, Dv))

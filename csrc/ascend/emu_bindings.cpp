@@ -20,6 +20,7 @@
 #include "tiling/moe_permute_tiling.h"
 #include "tiling/moe_unpermute_tiling.h"
 #include "tiling/grouped_gemm_tiling.h"
+#include "tiling/flash_attention_tiling.h"
 
 extern "C" void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling);
 extern "C" void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out, GM_ADDR tiling);
@@ -27,6 +28,13 @@ extern "C" void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADD
                                        GM_ADDR gradPermuted, GM_ADDR dots, GM_ADDR tiling);
 extern "C" void amo_grouped_gemm(GM_ADDR x, GM_ADDR weight, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
 extern "C" void amo_grouped_gemm_dw(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
+extern "C" void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling);
+namespace amo_ascend { namespace kernels {
+struct FaGm { GM_ADDR q; GM_ADDR k; GM_ADDR v; GM_ADDR kRope; GM_ADDR cu; GM_ADDR s; GM_ADDR p; GM_ADDR oPart; GM_ADDR o; GM_ADDR state; GM_ADDR out; GM_ADDR lse; };  // = kernels/flash_attention.cpp
+} }
 
 namespace {
 
@@ -240,9 +248,69 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
   return out;
 }
 
+// ---- flash attention forward (AIC + AIV phase kernels, see kernels/flash_attention.cpp) ------------
+// Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM.
+std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
+                                               int64_t maxSeqlen, bool causal, double softmaxScale) {
+  check_cpu(q, "q");
+  check_cpu(k, "k");
+  check_cpu(v, "v");
+  check_cpu(cuSeqlens, "cu_seqlens");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu flash_attention_fwd: q, k, v must be [T, H, D]");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "ascendc-emu flash_attention_fwd: k and v must have q's dtype");
+  const DType dt = cube_dtype(q, "flash_attention_fwd");
+  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
+  const bool rope = kRope.has_value() && kRope->defined();
+  const int64_t Dr = rope ? kRope->size(1) : 0;
+  if (rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_fwd: k_rope dtype differs from q");
+  TORCH_CHECK(Dq == Dk + Dr, "ascendc-emu flash_attention_fwd: q head dim must be Dk + Dr");
+  TORCH_CHECK(H * Dq < 65536 && H * Dv < 65536, "ascendc-emu flash_attention_fwd: H * D must be < 65536 (16-bit copy strides)");
+  auto cu = cuSeqlens.to(at::kLong).contiguous();
+  const int64_t B = cu.numel() - 1;
+  int64_t maxLen = 0;
+  for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu.data_ptr<int64_t>()[b + 1] - cu.data_ptr<int64_t>()[b]);
+  TORCH_CHECK(maxLen <= maxSeqlen, "ascendc-emu flash_attention_fwd: max_seqlen ", maxSeqlen, " < longest sequence ", maxLen);
+  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  Tensor krc = rope ? kRope->contiguous() : Tensor();
+  const ChipInfo chip = emu_cube_chip();
+  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal, dt, chip, cube_max_base());
+  t.softmaxScale = static_cast<float>(softmaxScale);
+  auto out = poisoned({T, H, Dv}, q.options());
+  auto lse = poisoned({H, T}, q.options().dtype(at::kFloat));
+  if (t.key == FlashAttentionTilingKey::kEmpty) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
+  const int64_t items = B * H * ((maxLen + t.baseM - 1) / t.baseM);
+  const int64_t dva = (Dv + 7) / 8 * 8;
+  auto f32 = q.options().dtype(at::kFloat);
+  Tensor sWs = at::zeros({items * t.baseM * t.baseN}, f32), pWs = at::zeros({items * t.baseM * t.baseN}, q.options());
+  Tensor opWs = at::zeros({items * t.baseM * dva}, f32), oWs = at::zeros({items * t.baseM * dva}, f32);
+  Tensor stWs = at::zeros({items * 3 * t.baseM}, f32);
+  amo_ascend::kernels::FaGm g{gm<void>(qc), gm<void>(kc), gm<void>(vc), rope ? gm<void>(krc) : nullptr, gm<void>(cu), gm<void>(sWs), gm<void>(pWs), gm<void>(opWs),
+                              gm<void>(oWs), gm<void>(stWs), gm<void>(out), gm<void>(lse)};
+  ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
+  const uint32_t aiv = std::min<uint32_t>(chip.aivNum, t.blockDim * ((t.baseM + t.vecRows - 1) / t.vecRows));
+  const int64_t steps = (maxLen + t.baseN - 1) / t.baseN;
+  for (int64_t j = 0; j < steps; ++j) {
+    FlashAttentionTiling tt = t;
+    tt.step = static_cast<uint32_t>(j);
+    auto tp = reinterpret_cast<GM_ADDR>(&tt);
+    auto gp = reinterpret_cast<GM_ADDR>(&g);
+    auto c1 = ascend_emu::launch_cube(t.blockDim, caps, amo_fa_qk, gp, tp);
+    ascend_emu::launch(aiv, ub_limit(chip), amo_fa_softmax, gp, tp);
+    auto c2 = ascend_emu::launch_cube(t.blockDim, caps, amo_fa_pv, gp, tp);
+    ascend_emu::launch(aiv, ub_limit(chip), amo_fa_update, gp, tp);
+    TORCH_CHECK(c1.l0a <= t.l0aBytes && c1.l0b <= t.l0bBytes && c1.l0c <= t.l0cBytes && c2.l0a <= t.l0aBytes &&
+                c2.l0b <= t.l0bBytes && c2.l0c <= t.l0cBytes && c1.l1 <= t.l1Bytes && c2.l1 <= t.l1Bytes,
+                "ascendc-emu flash_attention_fwd: a Cube phase allocated more L1/L0 than its tiling planned");
+  }
+  return {out, lse};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("flash_attention_fwd", &flash_attention_fwd, "flash_attention_fwd on the emulated AscendC kernels (fp16/bf16)");
   m.doc() = "AscendC kernels of ascend_moe_ops run on the CPU emulation layer (csrc/ascend/emu); tests only";
   m.def("moe_permute", &moe_permute, "moe_permute on the emulated AscendC kernel");
   m.def("moe_unpermute", &moe_unpermute, "moe_unpermute on the emulated AscendC kernel");

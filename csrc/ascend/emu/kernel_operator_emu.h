@@ -17,7 +17,7 @@
 //     operand must start 32-byte aligned. DataCopyPad: blockLen a multiple of sizeof(T), UB rows laid
 //     out at 32-byte aligned strides. GM accesses stay inside the GlobalTensor's buffer (SetGlobalBuffer
 //     size) and UB accesses inside the LocalTensor.
-//   * Vector ops (Add, Mul, Muls, Axpy, Duplicate, Cast, ReduceSum): operands 32-byte aligned, count
+//   * Vector ops (Add, Sub, Mul, Max, Muls, Adds, Axpy, Exp, Ln, Duplicate, Cast, ReduceSum, ReduceMax): operands 32-byte aligned, count
 //     within every operand, no partial overlap of source and destination (identical = in place is
 //     fine), element types the A2 vector unit supports (no bf16 arithmetic: Cast to float first),
 //     Cast only between the supported pairs and narrowing casts with an explicit rounding mode
@@ -693,7 +693,27 @@ void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
   }
 AMO_EMU_BINARY(Add, x + y)
 AMO_EMU_BINARY(Mul, x * y)
+AMO_EMU_BINARY(Sub, x - y)
+AMO_EMU_BINARY(Max, (x > y || std::isnan(x)) ? x : y)
 #undef AMO_EMU_BINARY
+
+// Unary fp32/fp16 ops of the flash attention softmax (computed in float, rounded to T).
+#define AMO_EMU_UNARY(NAME, EXPR)                                                           \
+  template <typename T>                                                                     \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, int32_t count) {           \
+    detail::arith_type<T>(#NAME);                                                           \
+    if constexpr (!(std::is_same_v<T, float> || std::is_same_v<T, half>))                   \
+      fail(std::string(#NAME) + " on " + type_name<T>() + ": float/half only");            \
+    dst.need(count, #NAME); src.need(count, #NAME);                                         \
+    detail::overlap(dst, src, count, #NAME);                                                \
+    for (int32_t i = 0; i < count; ++i) {                                                   \
+      float x = static_cast<float>(src.data()[i]);                                          \
+      dst.data()[i] = static_cast<T>(EXPR);                                                 \
+    }                                                                                       \
+  }
+AMO_EMU_UNARY(Exp, std::exp(x))
+AMO_EMU_UNARY(Ln, std::log(x))
+#undef AMO_EMU_UNARY
 
 template <typename T>
 void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int32_t count) {
@@ -702,6 +722,15 @@ void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   src.need(count, "Muls");
   detail::overlap(dst, src, count, "Muls");
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
+}
+
+template <typename T>
+void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int32_t count) {
+  detail::arith_type<T>("Adds");
+  dst.need(count, "Adds");
+  src.need(count, "Adds");
+  detail::overlap(dst, src, count, "Adds");
+  for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) + static_cast<float>(s));
 }
 
 // dst = src * s + dst (the product and the sum are rounded separately here)
@@ -764,6 +793,21 @@ void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   dst.data()[0] = total;
 }
 
+// Maximum of the first `count` floats into dst[0] (no index: calIndex = false).
+template <typename T>
+void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LocalTensor<T>& work, int32_t count,
+               bool calIndex = false) {
+  static_assert(std::is_same_v<T, float>, "emulator: ReduceMax is emulated for float only");
+  if (calIndex) fail("ReduceMax with calIndex is not in the emulated subset");
+  if (count <= 0) fail("ReduceMax with count <= 0");
+  src.need(count, "ReduceMax");
+  dst.need(1, "ReduceMax");
+  const int32_t repeats = (count + 63) / 64;
+  work.need(repeats, "ReduceMax work buffer");
+  float m = src.data()[0];
+  for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
+  dst.data()[0] = m;
+}
 
 // ---- Cube unit (AIC) ---------------------------------------------------------------------------------
 namespace detail {

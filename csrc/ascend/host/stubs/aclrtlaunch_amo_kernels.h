@@ -23,4 +23,9 @@ uint32_t aclrtlaunch_amo_grouped_gemm(uint32_t blockDim, aclrtStream stream, voi
                                       void* out, void* tiling);
 uint32_t aclrtlaunch_amo_grouped_gemm_dw(uint32_t blockDim, aclrtStream stream, void* a, void* b, void* groupSizes,
                                          void* out, void* tiling);
+// flash attention forward phase kernels (no NPU host glue uses them yet: emulator only, docs/ascend.md)
+uint32_t aclrtlaunch_amo_fa_qk(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fa_softmax(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fa_pv(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fa_update(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 }

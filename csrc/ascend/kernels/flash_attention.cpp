@@ -1,0 +1,455 @@
+// AscendC flash attention forward (MLA shape: Dk nope + Dr rope with a key part shared by all heads,
+// and plain equal dims), fp16/bf16 inputs, fp32 accumulation, causal or not, packed sequences.
+//
+// STRUCTURE (honest): four phase kernels, launched by the host once per key block j (step), that
+// exchange data through GM workspaces -- the same Cube -> GM -> Vector hand-off the fused CANN kernel
+// does inside one launch with cross-core flags (AIC writes S to GM, AIV reads it), here split into
+// separate launches because the emulator has no AIC/AIV cross-core synchronization:
+//   amo_fa_qk      (AIC) S_j = Q_nope . K_j^T + Q_rope . Krope_j^T: two Mmads accumulating into one
+//                  L0C tile (k_rope is read once per key block, never expanded per head); Fixpipe fp32.
+//   amo_fa_softmax (AIV) online softmax of S_j rows in fp32 in UB: scale, causal column limit, row max,
+//                  exp, row sum; new (m, l) and the rescale factor alpha = exp(m_old - m_new) per row;
+//                  P_j in the input dtype to GM (pad columns exactly zero).
+//   amo_fa_pv      (AIC) O_partial = P_j . V_j (fp32, Fixpipe).
+//   amo_fa_update  (AIV) O = alpha * O + O_partial in fp32; after the item's last key block:
+//                  out = O / l (input dtype) and lse = m + ln(l).
+// The per-row (m, l, alpha) state and the O accumulator live in GM workspaces between launches (a
+// fused kernel keeps them in UB). Work items (sequence, head, query block) are walked on the device
+// from cu_seqlens (int64) exactly as flash_attention_schedule() does: item t runs on AIC core
+// t % blockDim; on the vector side item t is split into U = ceil(baseM / vecRows) units of vecRows rows
+// (U = 2 on the 910B: two AIVs per AIC), unit t * U + u on AIV core (t * U + u) % blockNum. Every workspace row has one writer per phase.
+// Nothing here has been compiled with bisheng or run on an NPU (see docs/ascend.md).
+#include "kernels/kernel_common.h"
+#include "tiling/flash_attention_tiling.h"
+
+using namespace AscendC;
+
+namespace amo_ascend {
+namespace kernels {
+
+__aicore__ inline int64_t FaCeil(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__aicore__ inline int64_t FaMin(int64_t a, int64_t b) { return a < b ? a : b; }
+__aicore__ inline uint32_t FaUp16(int64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }
+__aicore__ inline uint32_t FaUp8(int64_t x) { return static_cast<uint32_t>((x + 7) / 8 * 8); }
+
+// One work item as the device sees it.
+struct FaItem {
+  int64_t t, seq, head, seqStart, qPos0, rows, kvLen, keyBlocks;
+};
+
+// Walks the items in schedule order; calls op.Item(it) for those with (t * units + u) % cores == core
+// for some unit u < units (units = 1 on the Cube side, 2 on the vector side: op gets the unit index).
+template <typename Op>
+__aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
+  const int64_t cores = GetBlockNum(), core = GetBlockIdx();
+  int64_t item = 0;
+  for (int64_t b = 0; b < t.B; ++b) {
+    const int64_t s0 = cu.GetValue(b), len = cu.GetValue(b + 1) - s0;
+    const int64_t qb = FaCeil(len, t.baseM);
+    for (int64_t h = 0; h < t.H; ++h)
+      for (int64_t i = 0; i < qb; ++i, ++item) {
+        for (uint32_t u = 0; u < units; ++u) {
+          if ((item * units + u) % cores != core) continue;
+          FaItem it;
+          it.t = item;
+          it.seq = b;
+          it.head = h;
+          it.seqStart = s0;
+          it.qPos0 = i * t.baseM;
+          it.rows = FaMin(t.baseM, len - it.qPos0);
+          it.kvLen = t.mask == FlashAttentionMask::kCausal ? it.qPos0 + it.rows : len;
+          it.keyBlocks = FaCeil(it.kvLen, t.baseN);
+          op.Item(it, u);
+        }
+      }
+  }
+}
+
+// ---- Cube phases ------------------------------------------------------------------------------------
+template <typename T>
+class FaCube {
+ public:
+  __aicore__ inline void Init(const FlashAttentionTiling& t, TPipe* pipe) {
+    t_ = t;
+    const uint32_t dk = FaUp16(t.Dk), dr = t.Dr ? FaUp16(t.Dr) : 0, dv = FaUp16(t.Dv);
+    uint32_t wa = dk > dr ? dk : dr;
+    wa = wa > t.baseN ? wa : t.baseN;
+    uint32_t wb = dk > dr ? dk : dr;
+    wb = wb > dv ? wb : dv;
+    pipe->InitBuffer(l1A_, 1, t.baseM * wa * sizeof(T));
+    pipe->InitBuffer(l1B_, 1, t.baseN * wb * sizeof(T));
+    pipe->InitBuffer(l0A_, 1, t.baseM * wa * sizeof(T));
+    pipe->InitBuffer(l0B_, 1, t.baseN * wb * sizeof(T));
+    const uint32_t wc = t.baseN > dv ? t.baseN : dv;
+    pipe->InitBuffer(l0C_, 1, t.baseM * wc * sizeof(float));
+  }
+
+  // A (rows x kc, ND in GM with row stride srcD) . B where B^T (cols x kc) is ND in GM (transB) or B
+  // (kc x cols) is ND in GM (!transB); accumulates into c.
+  __aicore__ inline void MatMul(const LocalTensor<float>& c, const GlobalTensor<T>& a, int64_t aStride,
+                                const GlobalTensor<T>& b, int64_t bStride, bool transB, int64_t rows, int64_t cols,
+                                int64_t kc, bool init) {
+    const uint32_t mp = FaUp16(rows), np = FaUp16(cols), kp = FaUp16(kc);
+    LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
+    LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
+    if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
+      Zero(a1, mp * kp);
+      Zero(b1, np * kp);
+    }
+    Nd2Nz(a1, a, rows, kc, aStride, mp);
+    if (transB) Nd2Nz(b1, b, cols, kc, bStride, np);
+    else Nd2Nz(b1, b, kc, cols, bStride, kp);
+    l1A_.EnQue(a1);
+    l1B_.EnQue(b1);
+    a1 = l1A_.template DeQue<T>();
+    b1 = l1B_.template DeQue<T>();
+    LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
+    LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
+    const uint32_t kf = kp / 16, nf = np / 16, mf = mp / 16;
+    for (uint32_t i = 0; i < mf; ++i) {  // L0A zZ: (m, k) fractals row-major
+      LoadData2DParams p;
+      p.startIndex = static_cast<uint16_t>(i);
+      p.repeatTimes = static_cast<uint8_t>(kf);
+      p.srcStride = static_cast<uint16_t>(mf);
+      p.ifTranspose = false;
+      LoadData(a0[i * kf * 256], a1, p);
+    }
+    for (uint32_t i = 0; i < kf; ++i) {  // L0B zN: (k, n) grid row-major, fractals n-major
+      LoadData2DParams p;
+      if (transB) {  // L1 holds (n, k) fractals: already n-major
+        p.startIndex = static_cast<uint16_t>(i * nf);
+        p.srcStride = 1;
+        p.ifTranspose = false;
+      } else {  // L1 holds (k, n) fractals: transpose each
+        p.startIndex = static_cast<uint16_t>(i);
+        p.srcStride = static_cast<uint16_t>(kf);
+        p.ifTranspose = true;
+      }
+      p.repeatTimes = static_cast<uint8_t>(nf);
+      LoadData(b0[i * nf * 256], b1, p);
+    }
+    l1A_.FreeTensor(a1);
+    l1B_.FreeTensor(b1);
+    l0A_.EnQue(a0);
+    l0B_.EnQue(b0);
+    a0 = l0A_.template DeQue<T>();
+    b0 = l0B_.template DeQue<T>();
+    MmadParams mm;
+    mm.m = static_cast<uint16_t>(rows);
+    mm.n = static_cast<uint16_t>(cols);
+    mm.k = static_cast<uint16_t>(kc);
+    mm.cmatrixInitVal = init;
+    Mmad(c, a0, b0, mm);
+    l0A_.FreeTensor(a0);
+    l0B_.FreeTensor(b0);
+  }
+
+  __aicore__ inline void Store(const GlobalTensor<float>& dst, LocalTensor<float>& c, int64_t rows, int64_t cols,
+                               int64_t dstStride) {
+    l0C_.EnQue(c);
+    c = l0C_.template DeQue<float>();
+    FixpipeParamsV220 fp;
+    fp.nSize = static_cast<uint16_t>(cols);
+    fp.mSize = static_cast<uint16_t>(rows);
+    fp.srcStride = static_cast<uint16_t>(FaUp16(rows));
+    fp.dstStride = static_cast<uint32_t>(dstStride);
+    fp.quantPre = QuantMode_t::NoQuant;
+    Fixpipe(dst, c, fp);
+    l0C_.FreeTensor(c);
+  }
+
+  FlashAttentionTiling t_;
+  TQue<TPosition::A1, 1> l1A_;
+  TQue<TPosition::B1, 1> l1B_;
+  TQue<TPosition::A2, 1> l0A_;
+  TQue<TPosition::B2, 1> l0B_;
+  TQue<TPosition::CO1, 1> l0C_;
+
+ private:
+  __aicore__ inline void Zero(const LocalTensor<T>& x, uint32_t elems) {
+    InitConstValueParams<T> z;
+    z.repeatTimes = 1;
+    z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / 32);
+    z.dstGap = 0;
+    z.initValue = T(0);
+    InitConstValue(x, z);
+  }
+  __aicore__ inline void Nd2Nz(const LocalTensor<T>& dst, const GlobalTensor<T>& src, int64_t nRows, int64_t nCols,
+                               int64_t srcD, uint32_t c0Stride) {
+    Nd2NzParams p;
+    p.ndNum = 1;
+    p.nValue = static_cast<uint16_t>(nRows);
+    p.dValue = static_cast<uint16_t>(nCols);
+    p.srcNdMatrixStride = 0;
+    p.srcDValue = static_cast<uint16_t>(srcD);
+    p.dstNzC0Stride = static_cast<uint16_t>(c0Stride);
+    p.dstNzNStride = 1;
+    p.dstNzMatrixStride = 0;
+    DataCopy(dst, src, p);
+  }
+};
+
+// (one member per declaration: GM_ADDR is a pointer macro)
+struct FaGm { GM_ADDR q; GM_ADDR k; GM_ADDR v; GM_ADDR kRope; GM_ADDR cu; GM_ADDR s; GM_ADDR p; GM_ADDR oPart; GM_ADDR o; GM_ADDR state; GM_ADDR out; GM_ADDR lse; };
+
+template <typename T>
+class FaQk {
+ public:
+  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    cube_.Init(t, &pipe);
+    t_ = t;
+    const int64_t dq = t.Dk + t.Dr;
+    q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
+    k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
+    if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
+    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
+    FaWalk(t, cu_, 1, *this);
+  }
+  __aicore__ inline void Item(const FaItem& it, uint32_t) {
+    if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
+    const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    const int64_t dq = t_.Dk + t_.Dr, qRow = it.seqStart + it.qPos0, kRow = it.seqStart + k0;
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.MatMul(c, q_[(qRow * t_.H + it.head) * dq], t_.H * dq, k_[(kRow * t_.H + it.head) * t_.Dk], t_.H * t_.Dk,
+                 true, it.rows, cols, t_.Dk, true);
+    if (t_.rope == FlashAttentionRope::kSharedKey)  // second Mmad into the same L0C tile
+      cube_.MatMul(c, q_[(qRow * t_.H + it.head) * dq + t_.Dk], t_.H * dq, kr_[kRow * t_.Dr], t_.Dr, true, it.rows,
+                   cols, t_.Dr, false);
+    cube_.Store(s_[it.t * t_.baseM * t_.baseN], c, it.rows, cols, t_.baseN);
+  }
+
+ private:
+  FaCube<T> cube_;
+  FlashAttentionTiling t_;
+  GlobalTensor<T> q_, k_, kr_;
+  GlobalTensor<int64_t> cu_;
+  GlobalTensor<float> s_;
+};
+
+template <typename T>
+class FaPv {
+ public:
+  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    cube_.Init(t, &pipe);
+    t_ = t;
+    v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
+    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart));
+    FaWalk(t, cu_, 1, *this);
+  }
+  __aicore__ inline void Item(const FaItem& it, uint32_t) {
+    if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
+    const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    const int64_t kRow = it.seqStart + k0;
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.MatMul(c, p_[it.t * t_.baseM * t_.baseN], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false,
+                 it.rows, t_.Dv, cols, true);
+    cube_.Store(o_[it.t * t_.baseM * FaUp8(t_.Dv)], c, it.rows, t_.Dv, FaUp8(t_.Dv));
+  }
+
+ private:
+  FaCube<T> cube_;
+  FlashAttentionTiling t_;
+  GlobalTensor<T> v_, p_;
+  GlobalTensor<int64_t> cu_;
+  GlobalTensor<float> o_;
+};
+
+// ---- Vector phases ----------------------------------------------------------------------------------
+// state workspace per item: [3][baseM] fp32 = row max m, row sum l, rescale alpha.
+template <typename T>
+class FaSoftmax {
+ public:
+  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
+    pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
+    pipe.InitBuffer(work_, FaUp8(FaCeil(t.baseN, 64)) * sizeof(float));
+    pipe.InitBuffer(red_, 8 * sizeof(float));
+    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
+    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
+    st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
+    FaWalk(t, cu_, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FaItem& it, uint32_t half) {
+    const int64_t j = t_.step;
+    if (j >= it.keyBlocks) return;
+    const int64_t k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    const int64_t r0 = half * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    LocalTensor<float> s = sBuf_.Get<float>();
+    LocalTensor<T> p = pBuf_.Get<T>();
+    LocalTensor<float> work = work_.Get<float>(), red = red_.Get<float>();
+    const int64_t stBase = it.t * 3 * t_.baseM;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t qPos = it.qPos0 + r;
+      int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(cols, qPos - k0 + 1) : cols;
+      ZeroFill(p, t_.baseN);
+      if (valid <= 0) {  // every key of this block is masked for this row: P row 0, state unchanged
+        st_.SetValue(stBase + 2 * t_.baseM + r, 1.0f);
+        PipeBarrier<PIPE_V>();
+        DataCopy(p_[(it.t * t_.baseM + r) * t_.baseN], p, t_.baseN);
+        continue;
+      }
+      DataCopy(s, s_[(it.t * t_.baseM + r) * t_.baseN], t_.baseN);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      const int32_t n = static_cast<int32_t>(valid);
+      Muls(s, s, t_.softmaxScale, n);
+      ReduceMax(red, s, work, n);
+      SetFlag<HardEvent::V_S>(EVENT_ID0);
+      WaitFlag<HardEvent::V_S>(EVENT_ID0);
+      const float rowMax = red.GetValue(0);
+      const bool first = j == 0;
+      const float mOld = first ? rowMax : st_.GetValue(stBase + r);
+      const float mNew = mOld > rowMax ? mOld : rowMax;
+      float alpha = 0.0f;
+      if (!first) {  // alpha = exp(m_old - m_new) on the vector unit
+        Duplicate(red, mOld - mNew, 8);
+        Exp(red, red, 8);
+        SetFlag<HardEvent::V_S>(EVENT_ID0);
+        WaitFlag<HardEvent::V_S>(EVENT_ID0);
+        alpha = red.GetValue(0);
+      }
+      Adds(s, s, -mNew, n);
+      Exp(s, s, n);
+      ReduceSum(red, s, work, n);
+      SetFlag<HardEvent::V_S>(EVENT_ID0);
+      WaitFlag<HardEvent::V_S>(EVENT_ID0);
+      const float rowSum = red.GetValue(0);
+      const float lOld = first ? 0.0f : st_.GetValue(stBase + t_.baseM + r);
+      Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      DataCopy(p_[(it.t * t_.baseM + r) * t_.baseN], p, t_.baseN);
+      st_.SetValue(stBase + r, mNew);
+      st_.SetValue(stBase + t_.baseM + r, lOld * alpha + rowSum);
+      st_.SetValue(stBase + 2 * t_.baseM + r, alpha);
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  TBuf<TPosition::VECCALC> sBuf_, pBuf_, work_, red_;
+  GlobalTensor<int64_t> cu_;
+  GlobalTensor<float> s_, st_;
+  GlobalTensor<T> p_;
+};
+
+template <typename T>
+class FaUpdate {
+ public:
+  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    dva_ = FaUp8(t.Dv);
+    pipe.InitBuffer(oBuf_, dva_ * sizeof(float));
+    pipe.InitBuffer(pvBuf_, dva_ * sizeof(float));
+    pipe.InitBuffer(outBuf_, FaUp16(t.Dv) * sizeof(T));
+    pipe.InitBuffer(red_, 8 * sizeof(float));
+    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    oPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart));
+    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.o));
+    st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
+    out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
+    FaWalk(t, cu_, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FaItem& it, uint32_t half) {
+    const int64_t j = t_.step;
+    if (j >= it.keyBlocks) return;
+    const bool last = j + 1 == it.keyBlocks;
+    const int64_t r0 = half * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    LocalTensor<float> o = oBuf_.Get<float>(), pv = pvBuf_.Get<float>(), red = red_.Get<float>();
+    LocalTensor<T> outRow = outBuf_.Get<T>();
+    const int64_t stBase = it.t * 3 * t_.baseM;
+    const int32_t dva = static_cast<int32_t>(dva_);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t wsRow = (it.t * t_.baseM + r) * dva_;
+      DataCopy(pv, oPart_[wsRow], dva_);
+      if (j == 0) {
+        DataCopy(o, oPart_[wsRow], dva_);
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      } else {
+        DataCopy(o, o_[wsRow], dva_);
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        const float alpha = st_.GetValue(stBase + 2 * t_.baseM + r);
+        Muls(o, o, alpha, dva);
+        Add(o, o, pv, dva);
+      }
+      if (!last) {
+        SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        DataCopy(o_[wsRow], o, dva_);
+        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        continue;
+      }
+      const float m = st_.GetValue(stBase + r), l = st_.GetValue(stBase + t_.baseM + r);
+      Muls(o, o, 1.0f / l, dva);
+      Cast(outRow, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
+      Duplicate(red, l, 8);
+      Ln(red, red, 8);
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      const int64_t tok = it.seqStart + it.qPos0 + r;
+      CopyRowOut(out_[(tok * t_.H + it.head) * t_.Dv], outRow, static_cast<uint32_t>(t_.Dv));
+      lse_.SetValue(it.head * t_.T + tok, m + red.GetValue(0));
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  uint32_t dva_ = 0;
+  TBuf<TPosition::VECCALC> oBuf_, pvBuf_, outBuf_, red_;
+  GlobalTensor<int64_t> cu_;
+  GlobalTensor<float> oPart_, o_, st_, lse_;
+  GlobalTensor<T> out_;
+};
+
+template <template <typename> class K>
+__aicore__ inline void FaRun(GM_ADDR gmArgs, GM_ADDR tiling) {
+  FlashAttentionTiling t;
+  CopyTiling(&t, tiling);
+  FaGm g;
+  CopyTiling(&g, gmArgs);
+  if (t.key == FlashAttentionTilingKey::kF16) {
+    K<half> k;
+    k.Run(g, t);
+  } else if (t.key == FlashAttentionTilingKey::kBF16) {
+    K<bfloat16_t> k;
+    k.Run(g, t);
+  }
+}
+
+}  // namespace kernels
+}  // namespace amo_ascend
+
+// Every phase kernel takes a GM block of the workspace/tensor addresses (struct FaGm) and the tiling.
+extern "C" __global__ __aicore__ void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaQk>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaSoftmax>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaPv>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaUpdate>(gmArgs, tiling);
+}

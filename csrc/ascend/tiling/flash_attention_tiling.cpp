@@ -1,0 +1,96 @@
+#include "flash_attention_tiling.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace amo_ascend {
+
+namespace {
+
+uint64_t up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Fill the byte plan of t for its baseM / baseN.
+void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
+  const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
+  t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
+  const uint64_t M = t.baseM, N = t.baseN, e = 2;
+  const uint64_t dk = up(t.Dk, 16), dr = t.Dr ? up(t.Dr, 16) : 0, dv = up(t.Dv, 16);
+  t.l1Bytes = M * (dk + dr) * e + t.l1Buffers * (N * (dk + dr + dv) * e + M * N * e);
+  t.l0aBytes = t.l0Buffers * M * std::max<uint64_t>({dk, dr, N}) * e;
+  t.l0bBytes = t.l0Buffers * N * std::max<uint64_t>({dk, dr, dv}) * e;
+  t.l0cBytes = t.l0cBuffers * M * std::max<uint64_t>(N, dv) * 4;
+  const uint64_t R = t.vecRows, dv8 = up(t.Dv, 8), r8 = up(R, 8);
+  t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + up(N, 64) / 64 * 4 + 32;
+}
+
+bool fits(const FlashAttentionTiling& t, const ChipInfo& chip) {
+  return t.l1Bytes <= chip.l1Bytes && t.l0aBytes <= chip.l0aBytes && t.l0bBytes <= chip.l0bBytes &&
+         t.l0cBytes <= chip.l0cBytes && t.ubBytes <= ub_budget(chip);
+}
+
+}  // namespace
+
+FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
+                                                    int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
+                                                    const ChipInfo& chip, uint32_t maxBase) {
+  if (T < 0 || H < 0 || Dk < 0 || Dr < 0 || Dv < 0 || B < 0 || maxSeqlen < 0)
+    throw std::invalid_argument("flash_attention tiling: negative size");
+  if (dtype == DType::kF32)
+    throw std::invalid_argument("flash_attention on the Ascend Cube path supports fp16 and bf16 inputs only");
+  if (chip.aicNum == 0) throw std::invalid_argument("flash_attention tiling: aicNum must be >= 1");
+  if (Dk + Dr > 4095 || Dv > 4095) throw std::invalid_argument("flash_attention tiling: head dim above the Mmad limit 4095");
+  FlashAttentionTiling t{};
+  t.key = dtype == DType::kF16 ? FlashAttentionTilingKey::kF16 : FlashAttentionTilingKey::kBF16;
+  t.mask = causal ? FlashAttentionMask::kCausal : FlashAttentionMask::kNone;
+  t.rope = Dr > 0 ? FlashAttentionRope::kSharedKey : FlashAttentionRope::kNone;
+  t.T = T; t.H = H; t.Dk = Dk; t.Dr = Dr; t.Dv = Dv; t.B = B; t.maxSeqlen = maxSeqlen;
+  t.l1Buffers = kDoubleBuffer;
+  t.l0Buffers = kDoubleBuffer;
+  t.l0cBuffers = kDoubleBuffer;
+  t.ubBuffers = kDoubleBuffer;
+  const uint32_t cap = maxBase ? std::max<uint32_t>(16, maxBase / 16 * 16) : 128u;
+  const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(up(std::max<int64_t>(maxSeqlen, 1), 16), cap));
+  t.baseM = want;
+  t.baseN = want;
+  plan(t, chip);
+  // Shrink the larger of the two blocks (keys first) until every memory fits.
+  while (!fits(t, chip)) {
+    if (t.baseN >= t.baseM && t.baseN > 16) t.baseN -= 16;
+    else if (t.baseM > 16) t.baseM -= 16;
+    else if (t.l0cBuffers > 1) t.l0cBuffers = 1;
+    else throw std::invalid_argument("flash_attention tiling: head dims too large for L0/L1/UB (Dk=" +
+                                     std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
+    plan(t, chip);
+  }
+  const int64_t items = B * H * ceil_div(std::max<int64_t>(maxSeqlen, 0), t.baseM);
+  if (T == 0 || H == 0 || items == 0) t.key = FlashAttentionTilingKey::kEmpty;
+  t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
+  return t;
+}
+
+std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const FlashAttentionTiling& t,
+                                                                      const std::vector<int64_t>& cu) {
+  std::vector<std::vector<FlashAttentionItem>> out(t.blockDim);
+  if (t.key == FlashAttentionTilingKey::kEmpty) return out;
+  int64_t item = 0;
+  for (int64_t b = 0; b + 1 < static_cast<int64_t>(cu.size()); ++b) {
+    const int64_t s0 = cu[b], len = cu[b + 1] - cu[b];
+    const int64_t qb = ceil_div(len, t.baseM);
+    for (int64_t h = 0; h < t.H; ++h)
+      for (int64_t i = 0; i < qb; ++i, ++item) {
+        FlashAttentionItem it;
+        it.seq = b;
+        it.head = h;
+        it.q0 = s0 + i * t.baseM;
+        it.rows = std::min<int64_t>(t.baseM, len - i * t.baseM);
+        it.kvLen = t.mask == FlashAttentionMask::kCausal ? i * t.baseM + it.rows : len;
+        it.keyBlocks = ceil_div(it.kvLen, t.baseN);
+        out[static_cast<size_t>(item % t.blockDim)].push_back(it);
+      }
+  }
+  return out;
+}
+
+}  // namespace amo_ascend

@@ -1,0 +1,68 @@
+// Tiling of the AscendC flash attention forward (plain C++17, no CANN include; chip facts in
+// tiling_common.h).
+//
+// Shapes (schema flash_attention_fwd in ascend_moe_ops/_library.py): q [T, H, Dq], k [T, H, Dk],
+// v [T, H, Dv], optional k_rope [T, Dr] shared by every head (then Dq = Dk + Dr, and the score is
+// q[:, :Dk]·k + q[:, Dk:]·k_rope: two Cube Mmads accumulating into the same L0C tile, so k_rope is
+// never expanded per head), packed sequences given by cu_seqlens [B + 1].
+//
+// Work items: (sequence b, head h, query block i) with i < ceil(len_b / baseM), in that order (b
+// outer, then h, then i). Item t runs on core t % blockDim. The sequence lengths stay on the device
+// (the kernel reads cu_seqlens from GM and walks the sequences itself); the host only knows B and
+// max_seqlen, which bound the item count. Each item walks its key blocks of baseN keys (causal: up to
+// the block holding the item's last query row) with the online softmax.
+//
+// Buffers (fp16/bf16 inputs, 16 x 16 fractals, fp32 accumulation):
+//   L1  : Q block baseM x up16(Dq) (nope and rope parts, one buffer), and per key block, l1Buffers deep:
+//         K block baseN x up16(Dk), K-rope block baseN x up16(Dr), V block baseN x up16(Dv),
+//         P block baseM x baseN (the fp16/bf16 probabilities written back by the vector side)
+//   L0A : l0Buffers x baseM x max(up16(Dk), up16(Dr), baseN)           (Q parts, then P)
+//   L0B : l0Buffers x max(baseN x up16(Dk), baseN x up16(Dr), baseN x up16(Dv))   (K^T parts, then V)
+//   L0C : l0cBuffers x baseM x max(baseN, up16(Dv)) fp32                (S, then O_partial)
+//   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
+//         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
+//         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
+//         (vecRows x up8(Dv) fp32 each), row max / row sum / rescale factor (3 x up8(vecRows) fp32)
+//         and a ReduceSum work buffer.
+#pragma once
+
+#include <vector>
+
+#include "tiling_common.h"
+
+namespace amo_ascend {
+
+enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
+enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
+enum class FlashAttentionRope : uint32_t { kNone = 0, kSharedKey = 1 };
+
+struct FlashAttentionTiling {
+  FlashAttentionTilingKey key;
+  FlashAttentionMask mask;
+  FlashAttentionRope rope;
+  uint32_t blockDim;                 // cores launched (<= aicNum)
+  uint32_t baseM, baseN;             // query rows x key rows per step, multiples of 16
+  uint32_t vecRows;                  // query rows per AIV core (softmax in UB)
+  uint32_t l1Buffers, l0Buffers, l0cBuffers, ubBuffers;
+  int64_t T, H, Dk, Dr, Dv, B, maxSeqlen;  // Dq = Dk + Dr
+  uint64_t l1Bytes, l0aBytes, l0bBytes, l0cBytes, ubBytes;  // planned per core
+  float softmaxScale;   // set by the host
+  uint32_t step;        // key block of the current phase launch (set by the host, see kernels/flash_attention.cpp)
+};
+
+// maxBase (0 = none) caps baseM and baseN so tests can force many small blocks.
+FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
+                                                    int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
+                                                    const ChipInfo& chip, uint32_t maxBase = 0);
+
+// Host twin of the kernel's walk (tests): the work items each core runs, in order.
+struct FlashAttentionItem {
+  int64_t seq, head;
+  int64_t q0, rows;   // query rows [q0, q0 + rows) of the packed tensor
+  int64_t kvLen;      // keys attended: [seqStart, seqStart + kvLen)
+  int64_t keyBlocks;  // ceil(kvLen / baseN)
+};
+std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const FlashAttentionTiling& t,
+                                                                      const std::vector<int64_t>& cuSeqlens);
+
+}  // namespace amo_ascend

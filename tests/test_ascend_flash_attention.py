@@ -1,0 +1,177 @@
+"""AscendC flash attention forward (csrc/ascend/tiling/flash_attention_tiling.*): tiling checked through a
+C++ driver -- every (query row, head) covered exactly once across the cores, the causal key range of
+each query block, L1/L0A/L0B/L0C/UB budgets with double buffering, 16 x 16 fractal alignment,
+blockDim <= the AIC count -- for the MLA shape (128 nope + 64 shared rope / 128), plain equal dims and
+odd varlen batches."""
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+from _ascend_cxx import ASCEND, ROOT, compile_cached
+
+F32, F16, BF16 = 0, 1, 2
+L1, L0A, L0B, L0C = 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024
+UB_BUDGET = 196608 - 8192
+
+
+@pytest.fixture(scope="module")
+def driver():
+    srcs = [os.path.join(ROOT, "tests", "cpp", "flash_attention_tiling_driver.cpp"),
+            os.path.join(ASCEND, "tiling", "tiling_common.cpp"),
+            os.path.join(ASCEND, "tiling", "flash_attention_tiling.cpp")]
+    exe = compile_cached("flash_attention_tiling_driver", srcs, flags=("-O2",))
+
+    def run(cases):
+        lines = [" ".join(str(v) for v in (H, Dk, Dr, Dv, int(causal), dt, cap, aic, len(cu) - 1, *cu))
+                 for H, Dk, Dr, Dv, causal, dt, cap, aic, cu in cases]
+        res = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+        return [json.loads(x) for x in res.stdout.splitlines()]
+
+    return run
+
+
+def cu_of(lens):
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return cu
+
+
+# (name, H, Dk, Dr, Dv, sequence lengths)
+SHAPES = [
+    ("mla_192_128", 16, 128, 64, 128, [4096]),
+    ("mla_varlen", 8, 128, 64, 128, [1, 17, 300, 1000, 0, 129]),
+    ("plain_128", 8, 128, 0, 128, [2048, 2048]),
+    ("plain_64", 4, 64, 0, 64, [5, 130, 77]),
+    ("odd_dims", 3, 40, 24, 56, [33, 1, 64]),
+    ("single_row", 1, 16, 0, 16, [1]),
+]
+
+
+def check_budgets(t, Dk, Dr, Dv):
+    M, N, R = t["baseM"], t["baseN"], t["vecRows"]
+    assert M % 16 == 0 and N % 16 == 0 and M > 0 and N > 0, "16 x 16 fractal alignment"
+    assert t["l1Buffers"] >= 2 and t["l0Buffers"] >= 2 and t["ubBuffers"] >= 2, "double buffering"
+    u16 = lambda x: (x + 15) // 16 * 16
+    u8 = lambda x: (x + 7) // 8 * 8
+    dk, dr, dv = u16(Dk), (u16(Dr) if Dr else 0), u16(Dv)
+    l1 = M * (dk + dr) * 2 + t["l1Buffers"] * (N * (dk + dr + dv) * 2 + M * N * 2)
+    l0a = t["l0Buffers"] * M * max(dk, dr, N) * 2
+    l0b = t["l0Buffers"] * N * max(dk, dr, dv) * 2
+    l0c = t["l0cBuffers"] * M * max(N, dv) * 4
+    ub = t["ubBuffers"] * R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + 3 * u8(R) * 4 + (N + 63) // 64 * 4 + 32
+    assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
+    assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
+    assert R == math.ceil(M / 2), "two AIVs per AIC split the query block"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cap", [0, 32])
+def test_every_query_row_exactly_once(driver, causal, cap):
+    cases = [(H, Dk, Dr, Dv, causal, F16, cap, 24, cu_of(lens)) for _, H, Dk, Dr, Dv, lens in SHAPES]
+    for (name, H, Dk, Dr, Dv, lens), r in zip(SHAPES, driver(cases)):
+        assert r["ok"], (name, r)
+        assert r["coverage"] == "ok", (name, r)
+        assert 1 <= r["blockDim"] <= 24, name
+        if cap:
+            assert r["baseM"] <= cap and r["baseN"] <= cap, name
+        check_budgets(r, Dk, Dr, Dv)
+
+
+def test_mla_shape_uses_full_blocks(driver):
+    (r,) = driver([(16, 128, 64, 128, True, BF16, 0, 24, [0, 4096])])
+    assert r["ok"] and r["key"] == 2
+    assert (r["baseM"], r["baseN"], r["vecRows"]) == (128, 128, 64)
+    assert r["blockDim"] == 24
+
+
+def test_few_items_few_cores(driver):
+    (r,) = driver([(1, 64, 0, 64, False, F16, 0, 24, [0, 5])])
+    assert r["ok"] and r["blockDim"] == 1 and r["items"] == 1 and r["baseM"] == 16
+
+
+def test_empty_and_refusals(driver):
+    empty, f32, huge = driver([(4, 64, 0, 64, False, F16, 0, 24, [0, 0, 0]),
+                               (4, 64, 0, 64, False, F32, 0, 24, [0, 8]),
+                               (4, 4000, 0, 4000, False, F16, 0, 24, [0, 8])])
+    assert empty["ok"] and empty["key"] == 0 and empty["items"] == 0
+    assert not f32["ok"] and "fp16 and bf16" in f32["error"]
+    assert not huge["ok"] and "too large" in huge["error"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parity of the emulated AscendC forward kernels (ascendc-emu backend) with the fp64 reference, using
+# the "2 x PyTorch's own error in the same low precision" rule. Forward only, fp16/bf16 only.
+import torch  # noqa: E402
+
+from ascend_moe_ops import _backends  # noqa: E402
+from ascend_moe_ops.reference import flash_attention as ref  # noqa: E402
+from ascend_moe_ops.testing import assert_close_to_ref  # noqa: E402
+
+EMU = "ascendc-emu"
+FWD = "flash_attention_fwd"
+needs_emu = pytest.mark.skipif(EMU not in _backends.available_backends(FWD, "cpu"),
+                               reason="the ascendc-emu extension is not built")
+
+
+def _fa_inputs(lens, H, Dk, Dr, Dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    q = torch.randn(T, H, Dk + Dr, generator=g, dtype=torch.float64)
+    k = torch.randn(T, H, Dk, generator=g, dtype=torch.float64)
+    v = torch.randn(T, H, Dv, generator=g, dtype=torch.float64)
+    kr = torch.randn(T, Dr, generator=g, dtype=torch.float64) if Dr else None
+    cu = torch.tensor(cu_of(lens), dtype=torch.int32)
+    return q, k, v, kr, cu
+
+
+def _fa_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None):
+    q, k, v, kr, cu = _fa_inputs(lens, H, Dk, Dr, Dv)
+    scale = scale if scale is not None else (Dk + Dr) ** -0.5
+    ms = max(lens) if lens else 0
+    args = lambda dt: (q.to(dt), k.to(dt), v.to(dt), None if kr is None else kr.to(dt), cu, ms, causal, scale)
+    with amo.use_backend(EMU):
+        out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype))
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    o64, l64 = ref.flash_attention_fwd(*args(torch.float64))
+    olo, llo = ref.flash_attention_fwd(*args(dtype))
+    assert_close_to_ref(out, o64, dtype=dtype, torch_lowp=olo, name="ascendc-emu out")
+    assert_close_to_ref(lse, l64, dtype=dtype, torch_lowp=llo, name="ascendc-emu lse")
+
+
+import ascend_moe_ops as amo  # noqa: E402
+
+
+@needs_emu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
+def test_emu_matches_reference_varlen(monkeypatch, dtype, causal, rope):
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")  # many query and key blocks
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
+    _fa_check([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, dtype, causal)
+
+
+@needs_emu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_emu_mla_shape(causal):
+    # MLA: 128 nope + 64 shared rope, d_v = 128, default (full) tiles
+    _fa_check([33, 20], 2, 128, 64, 128, torch.bfloat16, causal)
+
+
+@needs_emu
+def test_emu_one_token_and_odd_dims():
+    _fa_check([1], 1, 16, 0, 16, torch.float16, True)
+    _fa_check([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
+
+
+@needs_emu
+def test_emu_rejects_fp32():
+    q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
+    with amo.use_backend(EMU), pytest.raises(RuntimeError, match="float16/bfloat16"):
+        torch.ops.ascend_moe_ops.flash_attention_fwd(q.float(), k.float(), v.float(), None, cu, 4, True, 0.25)
