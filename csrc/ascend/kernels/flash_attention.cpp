@@ -93,8 +93,8 @@ class FaCube {
     LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
     LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
     if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
-      Zero(a1, mp * kp);
-      Zero(b1, np * kp);
+      ZeroCubeBuffer(a1, mp * kp);
+      ZeroCubeBuffer(b1, np * kp);
     }
     Nd2Nz(a1, a, rows, kc, aStride, mp);
     if (transB) Nd2Nz(b1, b, cols, kc, bStride, np);
@@ -164,29 +164,6 @@ class FaCube {
   TQue<TPosition::A2, 1> l0A_;
   TQue<TPosition::B2, 1> l0B_;
   TQue<TPosition::CO1, 1> l0C_;
-
- private:
-  __aicore__ inline void Zero(const LocalTensor<T>& x, uint32_t elems) {
-    InitConstValueParams<T> z;
-    z.repeatTimes = 1;
-    z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / 32);
-    z.dstGap = 0;
-    z.initValue = T(0);
-    InitConstValue(x, z);
-  }
-  __aicore__ inline void Nd2Nz(const LocalTensor<T>& dst, const GlobalTensor<T>& src, int64_t nRows, int64_t nCols,
-                               int64_t srcD, uint32_t c0Stride) {
-    Nd2NzParams p;
-    p.ndNum = 1;
-    p.nValue = static_cast<uint16_t>(nRows);
-    p.dValue = static_cast<uint16_t>(nCols);
-    p.srcNdMatrixStride = 0;
-    p.srcDValue = static_cast<uint16_t>(srcD);
-    p.dstNzC0Stride = static_cast<uint16_t>(c0Stride);
-    p.dstNzNStride = 1;
-    p.dstNzMatrixStride = 0;
-    DataCopy(dst, src, p);
-  }
 };
 
 // (one member per declaration: GM_ADDR is a pointer macro)

@@ -157,8 +157,8 @@ class GroupedGemmKernel {
   __aicore__ inline void ZeroTile(const LocalTensor<float>& c, int64_t rows, int64_t cols) {
     LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
     LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
-    ZeroL1L0(a0, Up16(rows) * 16);
-    ZeroL1L0(b0, 16 * Up16(cols));
+    ZeroCubeBuffer(a0, Up16(rows) * 16);
+    ZeroCubeBuffer(b0, 16 * Up16(cols));
     MmadParams mm;
     mm.m = static_cast<uint16_t>(rows);
     mm.n = static_cast<uint16_t>(cols);
@@ -169,35 +169,12 @@ class GroupedGemmKernel {
     l0B_.FreeTensor(b0);
   }
 
-  __aicore__ inline void ZeroL1L0(const LocalTensor<T>& t, uint32_t elems) {
-    InitConstValueParams<T> z;
-    z.repeatTimes = 1;
-    z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / 32);
-    z.dstGap = 0;
-    z.initValue = T(0);
-    InitConstValue(t, z);
-  }
-
-  // ND (GM) -> NZ (L1): nRows x nCols at src with row stride srcD; column blocks c0Stride rows apart.
-  __aicore__ inline void Nd2Nz(const LocalTensor<T>& dst, const GlobalTensor<T>& src, int64_t nRows, int64_t nCols,
-                               int64_t srcD, uint32_t c0Stride) {
-    Nd2NzParams p;
-    p.ndNum = 1;
-    p.nValue = static_cast<uint16_t>(nRows);
-    p.dValue = static_cast<uint16_t>(nCols);
-    p.srcNdMatrixStride = 0;
-    p.srcDValue = static_cast<uint16_t>(srcD);
-    p.dstNzC0Stride = static_cast<uint16_t>(c0Stride);
-    p.dstNzNStride = 1;
-    p.dstNzMatrixStride = 0;
-    DataCopy(dst, src, p);
-  }
 
   // L1 A chunk (m = rows, k = kc), NZ. Forward: x rows, layout (m rows, k cols), c0Stride mp.
   // dW: a_e^T, stored as (k rows, m cols) of `a`, c0Stride kp (transposed when loaded to L0A).
   __aicore__ inline void CopyA(const LocalTensor<T>& a1, int64_t e, int64_t groupOff, int64_t row0, int64_t rows,
                                int64_t k0, int64_t kc, uint32_t mp, uint32_t kp) {
-    if (kc % 16) ZeroL1L0(a1, mp * kp);  // K padding must be zero: the Cube sums whole K fractals
+    if (kc % 16) ZeroCubeBuffer(a1, mp * kp);  // K padding must be zero: the Cube sums whole K fractals
     if (t_.layout == GroupedGemmLayout::kDW) {
       Nd2Nz(a1, aGm_[(groupOff + k0) * t_.K + row0], kc, rows, t_.K, kp);
     } else {
@@ -209,7 +186,7 @@ class GroupedGemmKernel {
   // [N, K]: (n rows, k cols), c0Stride np.
   __aicore__ inline void CopyB(const LocalTensor<T>& b1, int64_t e, int64_t groupOff, int64_t col0, int64_t cols,
                                int64_t k0, int64_t kc, uint32_t np, uint32_t kp) {
-    if (kc % 16) ZeroL1L0(b1, np * kp);
+    if (kc % 16) ZeroCubeBuffer(b1, np * kp);
     if (t_.layout == GroupedGemmLayout::kNT) {
       Nd2Nz(b1, bGm_[e * t_.N * t_.K + col0 * t_.K + k0], cols, kc, t_.K, np);
     } else if (t_.layout == GroupedGemmLayout::kNN) {

@@ -82,5 +82,34 @@ __aicore__ inline uint32_t TileCols(const HiddenSplit& h, uint32_t j) {
   return j + 1 == h.tileNum ? h.tailCols : h.tileCols;
 }
 
+// Cube side: zero an L1/L0 buffer of `elems` elements (whole 32-byte blocks) with InitConstValue.
+// K padding must be zero: the Cube sums whole 16-wide K fractals.
+template <typename T>
+__aicore__ inline void ZeroCubeBuffer(const AscendC::LocalTensor<T>& t, uint32_t elems) {
+  AscendC::InitConstValueParams<T> z;
+  z.repeatTimes = 1;
+  z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / 32);
+  z.dstGap = 0;
+  z.initValue = T(0);
+  AscendC::InitConstValue(t, z);
+}
+
+// Cube side: ND (GM) -> NZ (L1) copy of nRows x nCols at src with row stride srcD; column blocks
+// c0Stride rows apart in L1.
+template <typename T>
+__aicore__ inline void Nd2Nz(const AscendC::LocalTensor<T>& dst, const AscendC::GlobalTensor<T>& src, int64_t nRows,
+                             int64_t nCols, int64_t srcD, uint32_t c0Stride) {
+  AscendC::Nd2NzParams p;
+  p.ndNum = 1;
+  p.nValue = static_cast<uint16_t>(nRows);
+  p.dValue = static_cast<uint16_t>(nCols);
+  p.srcNdMatrixStride = 0;
+  p.srcDValue = static_cast<uint16_t>(srcD);
+  p.dstNzC0Stride = static_cast<uint16_t>(c0Stride);
+  p.dstNzNStride = 1;
+  p.dstNzMatrixStride = 0;
+  AscendC::DataCopy(dst, src, p);
+}
+
 }  // namespace kernels
 }  // namespace amo_ascend
