@@ -166,8 +166,7 @@ class FaCube {
   TQue<TPosition::CO1, 1> l0C_;
 };
 
-// (one member per declaration: GM_ADDR is a pointer macro)
-struct FaGm { GM_ADDR q; GM_ADDR k; GM_ADDR v; GM_ADDR kRope; GM_ADDR cu; GM_ADDR s; GM_ADDR p; GM_ADDR oPart; GM_ADDR o; GM_ADDR state; GM_ADDR out; GM_ADDR lse; };
+using FaGm = FlashAttentionFwdArgs;  // device addresses as uint64 (tiling/flash_attention_tiling.h)
 
 template <typename T>
 class FaQk {

@@ -25,6 +25,36 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + up(N, 64) / 64 * 4 + 32;
 }
 
+// Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
+//   L1  : A and B operands, l1Buffers deep each: b x W (Q/dO/P^T/dS parts; K/V/dO/Q/K parts)
+//   L0A, L0B: l0Buffers x b x W;  L0C: l0cBuffers x b x W fp32 (S, dP, then each gradient product)
+//   UB  : the largest vector phase, per AIV core:
+//         softmax-grad  S and dP rows (b fp32 each), P and dS rows (b, input dtype), ReduceMax work, 8 fp32
+//         accumulate    running sum and product rows (gradCols fp32 each), output row (up16(max dim), input dtype)
+//         delta / dK_rope reduction: two fp32 rows and two input-dtype rows of up16(max(Dv, Dr)), work, 8 fp32
+void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
+  const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
+  t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
+  const uint64_t b = t.baseM, e = 2;
+  const uint64_t W = std::max<uint64_t>({b, up(t.Dk, 16), t.Dr ? up(t.Dr, 16) : 0, up(t.Dv, 16)});
+  t.l1Bytes = 2 * t.l1Buffers * b * W * e;
+  t.l0aBytes = t.l0Buffers * b * W * e;
+  t.l0bBytes = t.l0Buffers * b * W * e;
+  t.l0cBytes = t.l0cBuffers * b * W * 4;
+  const uint64_t work = up(up(b, 64) / 64 * 4, 32);
+  const uint64_t softmax = 2 * b * 4 + 2 * b * e + work + 32;
+  const uint64_t dmax = up(std::max<int64_t>({t.Dk, t.Dr, t.Dv}), 16);
+  const uint64_t acc = 2 * uint64_t(t.gradCols) * 4 + dmax * e;
+  const uint64_t rowDim = up(std::max<int64_t>(t.Dv, t.Dr), 16);
+  const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + up(up(rowDim, 64) / 64 * 4, 32) + 32;
+  t.ubBytes = std::max({softmax, acc, reduce});
+}
+
+uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {
+  const uint64_t units = (t.baseM + t.vecRows - 1) / t.vecRows;
+  return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(chip.aivNum, t.blockDim * units)));
+}
+
 bool fits(const FlashAttentionTiling& t, const ChipInfo& chip) {
   return t.l1Bytes <= chip.l1Bytes && t.l0aBytes <= chip.l0aBytes && t.l0bBytes <= chip.l0bBytes &&
          t.l0cBytes <= chip.l0cBytes && t.ubBytes <= ub_budget(chip);
@@ -67,7 +97,47 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_
   const int64_t items = B * H * ceil_div(std::max<int64_t>(maxSeqlen, 0), t.baseM);
   if (T == 0 || H == 0 || items == 0) t.key = FlashAttentionTilingKey::kEmpty;
   t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
+  t.vecBlockDim = vec_blocks(t, chip);
+  t.pass = FlashAttentionPass::kForward;
   return t;
+}
+
+FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
+                                                        int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
+                                                        const ChipInfo& chip, uint32_t maxBase) {
+  // Same checks, keys and item walk as the forward; square blocks and the backward byte plan.
+  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxSeqlen, causal, dtype, chip, maxBase);
+  t.baseM = t.baseN = std::max(t.baseM, t.baseN);
+  t.gradCols = static_cast<uint32_t>(up(Dk, 8) + up(Dr, 8) + up(Dv, 8));
+  plan_bwd(t, chip);
+  while (!fits(t, chip)) {
+    if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
+    else throw std::invalid_argument("flash_attention backward tiling: head dims too large for L0/L1/UB (Dk=" +
+                                     std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
+    plan_bwd(t, chip);
+  }
+  const int64_t items = B * H * ceil_div(std::max<int64_t>(maxSeqlen, 0), t.baseM);
+  t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
+  t.vecBlockDim = vec_blocks(t, chip);
+  t.pass = FlashAttentionPass::kBackwardKV;
+  return t;
+}
+
+FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t) {
+  FlashAttentionWorkspace w{};
+  if (t.key == FlashAttentionTilingKey::kEmpty) return w;
+  w.items = t.B * t.H * ceil_div(t.maxSeqlen, t.baseM);
+  w.steps = ceil_div(t.maxSeqlen, t.baseN);
+  w.score = w.items * t.baseM * t.baseN;
+  if (t.pass == FlashAttentionPass::kForward) {
+    w.rows = w.items * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
+    w.state = w.items * 3 * t.baseM;
+  } else {
+    w.rows = w.items * t.baseM * t.gradCols;
+    w.delta = t.T * t.H;
+    w.dkRopeHeads = t.H * t.T * t.Dr;
+  }
+  return w;
 }
 
 std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const FlashAttentionTiling& t,

@@ -35,6 +35,11 @@ namespace amo_ascend {
 enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
 enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
 enum class FlashAttentionRope : uint32_t { kNone = 0, kSharedKey = 1 };
+// Which pass a phase launch belongs to (set by the host per launch, like `step`).
+//   kForward   : items (b, h, query block i), steps over key blocks j      (kernels amo_fa_*)
+//   kBackwardKV: items (b, h, key block j),   steps over query blocks i    (kernels amo_fab_*): dK, dV, dK_rope
+//   kBackwardQ : items (b, h, query block i), steps over key blocks j      (kernels amo_fab_*): dQ
+enum class FlashAttentionPass : uint32_t { kForward = 0, kBackwardKV = 1, kBackwardQ = 2 };
 
 struct FlashAttentionTiling {
   FlashAttentionTilingKey key;
@@ -47,13 +52,58 @@ struct FlashAttentionTiling {
   int64_t T, H, Dk, Dr, Dv, B, maxSeqlen;  // Dq = Dk + Dr
   uint64_t l1Bytes, l0aBytes, l0bBytes, l0cBytes, ubBytes;  // planned per core
   float softmaxScale;   // set by the host
-  uint32_t step;        // key block of the current phase launch (set by the host, see kernels/flash_attention.cpp)
+  uint32_t step;        // key block (forward, backward Q pass) or query block (backward KV pass) of the
+                        // current phase launch (set by the host, see kernels/flash_attention.cpp)
+  FlashAttentionPass pass;  // set by the host per launch
+  uint32_t vecBlockDim; // AIV cores of the vector phases: min(aivNum, blockDim * ceil(baseM / vecRows))
+  uint32_t gradCols;    // backward: fp32 row width of the gradient workspaces, up8(Dk) + up8(Dr) + up8(Dv)
 };
+
+// Device addresses handed to the phase kernels as one GM block (uint64 each; the kernels read them
+// with CopyTiling and cast to GM_ADDR). Workspaces are fp32 unless noted; sizes in elements from
+// flash_attention_workspace().
+struct FlashAttentionFwdArgs {
+  uint64_t q, k, v, kRope, cu;      // inputs (kRope 0 without rope; cu = cu_seqlens as int64 [B + 1])
+  uint64_t s, p, oPart, o, state;   // workspaces (p in the input dtype)
+  uint64_t out, lse;                // outputs: out [T, H, Dv] input dtype, lse [H, T] fp32
+};
+struct FlashAttentionBwdArgs {
+  uint64_t q, k, v, kRope, cu, out, dout, lse;  // inputs (forward's out and lse, dout [T, H, Dv])
+  uint64_t delta;                   // [T * H] rowsum(dout * out), written by amo_fab_delta
+  uint64_t s, dp, p, ds;            // per item baseM x baseN scores; p, ds in the input dtype
+  uint64_t part, acc;               // per item baseM x gradCols products and their running sum (acc zeroed
+                                    // by the host before each pass)
+  uint64_t dkRopeHeads;             // [H, T, Dr] per-head dK_rope (rope only), summed by amo_fab_dkrope
+  uint64_t dq, dk, dv, dkRope;      // outputs in the input dtype (dkRope [T, Dr], rope only)
+};
+
+struct FlashAttentionWorkspace {
+  int64_t items;        // work items of a pass: B * H * ceil(maxSeqlen / baseM)
+  int64_t steps;        // phase launches per pass: ceil(maxSeqlen / baseN) (forward, backward Q pass) or
+                        // ceil(maxSeqlen / baseM) (backward KV pass; equal, blocks are square there)
+  int64_t score;        // s, p (and dp, ds): items * baseM * baseN
+  int64_t rows;         // forward oPart, o: items * baseM * up8(Dv); backward part, acc: items * baseM * gradCols
+  int64_t state;        // forward: items * 3 * baseM
+  int64_t delta;        // backward: T * H
+  int64_t dkRopeHeads;  // backward: H * T * Dr
+};
+FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
 // maxBase (0 = none) caps baseM and baseN so tests can force many small blocks.
 FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
                                                     int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
                                                     const ChipInfo& chip, uint32_t maxBase = 0);
+
+// Backward tiling: square blocks (baseM == baseN), buffers sized for every product of the two passes
+// (S = Q K^T + Q_rope K_rope^T and dP = dO V^T; then dV = P^T dO, dK = dS^T Q, dK_rope = dS^T Q_rope in
+// the KV pass and dQ = dS [K | K_rope] in the Q pass). Launch order (host):
+//   amo_fab_delta (AIV, vecBlockDim)
+//   for pass in (kBackwardKV, kBackwardQ): zero acc; for step < steps:
+//       amo_fab_qk (AIC, blockDim), amo_fab_softmax (AIV), amo_fab_grad (AIC), amo_fab_acc (AIV)
+//   amo_fab_dkrope (AIV, vecBlockDim; rope only)
+FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
+                                                        int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
+                                                        const ChipInfo& chip, uint32_t maxBase = 0);
 
 // Host twin of the kernel's walk (tests): the work items each core runs, in order.
 struct FlashAttentionItem {
