@@ -1,8 +1,10 @@
-"""AscendC flash attention forward (csrc/ascend/tiling/flash_attention_tiling.*): tiling checked through a
-C++ driver -- every (query row, head) covered exactly once across the cores, the causal key range of
-each query block, L1/L0A/L0B/L0C/UB budgets with double buffering, 16 x 16 fractal alignment,
-blockDim <= the AIC count -- for the MLA shape (128 nope + 64 shared rope / 128), plain equal dims and
-odd varlen batches."""
+"""AscendC flash attention, forward and backward (csrc/ascend/tiling/flash_attention_tiling.*): tiling
+checked through a C++ driver -- every (query row, head) covered exactly once across the cores, the
+causal key range of each query block, L1/L0A/L0B/L0C/UB budgets with double buffering, 16 x 16 fractal
+alignment, blockDim <= the AIC count; for the backward's two passes, every gradient row written by
+exactly one block and each item's blocks tiling exactly the rows it must visit -- for the MLA shape
+(128 nope + 64 shared rope / 128), plain equal dims and odd varlen batches. Then parity of the
+emulated kernels (ascendc-emu backend) with the fp64 reference, forward and backward."""
 
 import json
 import math
@@ -25,10 +27,11 @@ def driver():
             os.path.join(ASCEND, "tiling", "flash_attention_tiling.cpp")]
     exe = compile_cached("flash_attention_tiling_driver", srcs, flags=("-O2",))
 
-    def run(cases):
+    def run(cases, bwd=False):
         lines = [" ".join(str(v) for v in (H, Dk, Dr, Dv, int(causal), dt, cap, aic, len(cu) - 1, *cu))
                  for H, Dk, Dr, Dv, causal, dt, cap, aic, cu in cases]
-        res = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+        res = subprocess.run([exe] + (["bwd"] if bwd else []), input="\n".join(lines) + "\n",
+                             capture_output=True, text=True, check=True)
         return [json.loads(x) for x in res.stdout.splitlines()]
 
     return run
@@ -103,6 +106,59 @@ def test_empty_and_refusals(driver):
     assert not huge["ok"] and "too large" in huge["error"]
 
 
+def check_bwd_budgets(t, Dk, Dr, Dv):
+    b, R = t["baseM"], t["vecRows"]
+    assert t["baseN"] == b and b % 16 == 0 and b > 0, "square 16-aligned blocks"
+    assert t["l1Buffers"] >= 2 and t["l0Buffers"] >= 2, "double buffering planned"
+    u16 = lambda x: (x + 15) // 16 * 16
+    u8 = lambda x: (x + 7) // 8 * 8
+    W = max(b, u16(Dk), u16(Dr) if Dr else 0, u16(Dv))
+    gc = u8(Dk) + u8(Dr) + u8(Dv)
+    assert t["gradCols"] == gc and gc % 8 == 0, "gradient rows of whole 32-byte blocks"
+    l1, l0a, l0b, l0c = 2 * t["l1Buffers"] * b * W * 2, t["l0Buffers"] * b * W * 2, t["l0Buffers"] * b * W * 2, \
+        t["l0cBuffers"] * b * W * 4
+    d = u16(max(Dv, Dr))
+    ub = max(2 * b * 4 + 2 * b * 2, 2 * gc * 4 + u16(max(Dk, Dr, Dv)) * 2,
+             2 * d * 4 + 2 * d * 2 + u8((d + 63) // 64) * 4 + 32)
+    assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
+    assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
+    assert R == math.ceil(b / 2)
+    assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cap", [0, 16, 32])
+def test_bwd_every_gradient_row_exactly_once(driver, causal, cap):
+    cases = [(H, Dk, Dr, Dv, causal, BF16, cap, 5, cu_of(lens)) for _, H, Dk, Dr, Dv, lens in SHAPES]
+    for (name, H, Dk, Dr, Dv, lens), r in zip(SHAPES, driver(cases, bwd=True)):
+        assert r["ok"], (name, r)
+        assert r["coverage"] == "ok", (name, r)
+        assert 1 <= r["blockDim"] <= 5, name
+        if cap:
+            assert r["baseM"] <= cap, name
+        check_bwd_budgets(r, Dk, Dr, Dv)
+
+
+def test_bwd_mla_and_plain_192_block_sizes(driver):
+    mla, plain = driver([(16, 128, 64, 128, True, BF16, 0, 24, [0, 4096]),
+                         (16, 192, 0, 128, True, BF16, 0, 24, [0, 4096])], bwd=True)
+    assert mla["ok"] and plain["ok"]
+    # MLA: W = 128, 128 x 128 blocks fit double-buffered L0A (2 x 128 x 128 x 2 B = 64 KiB).
+    # Plain 192/128: W = 192, double-buffered L0A needs 2 x b x 192 x 2 B <= 64 KiB -> b = 80.
+    assert (mla["baseM"], mla["gradCols"]) == (128, 128 + 64 + 128)
+    assert (plain["baseM"], plain["gradCols"]) == (80, 192 + 128)
+    assert mla["blockDim"] == 24 and mla["vecBlockDim"] == 48
+    # causal: the KV pass skips blocks above the diagonal: 16 heads x (32 * 33 / 2) blocks per pass
+    assert mla["blocks"] == 2 * 16 * 32 * 33 // 2
+
+
+def test_bwd_refusals(driver):
+    f32, huge = driver([(4, 64, 0, 64, False, F32, 0, 24, [0, 8]),
+                        (4, 4000, 0, 4000, False, F16, 0, 24, [0, 8])], bwd=True)
+    assert not f32["ok"] and "fp16 and bf16" in f32["error"]
+    assert not huge["ok"] and "too large" in huge["error"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Parity of the emulated AscendC forward kernels (ascendc-emu backend) with the fp64 reference, using
 # the "2 x PyTorch's own error in the same low precision" rule. Forward only, fp16/bf16 only.
@@ -168,6 +224,89 @@ def test_emu_mla_shape(causal):
 def test_emu_one_token_and_odd_dims():
     _fa_check([1], 1, 16, 0, 16, torch.float16, True)
     _fa_check([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
+
+
+BWD = "flash_attention_bwd"
+
+
+def _fab_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None, seed=0):
+    """Backward of the emulated kernels vs the fp64 reference; out/lse come from the emulated forward
+    (what autograd saves on this backend)."""
+    q, k, v, kr, cu = _fa_inputs(lens, H, Dk, Dr, Dv, seed=seed)
+    do = torch.randn(q.shape[0], H, Dv, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    scale = scale if scale is not None else (Dk + Dr) ** -0.5
+    ms = max(lens) if lens else 0
+    args = lambda dt: (q.to(dt), k.to(dt), v.to(dt), None if kr is None else kr.to(dt))
+    o64, l64 = ref.flash_attention_fwd(*args(torch.float64), cu, ms, causal, scale)
+    olo, llo = ref.flash_attention_fwd(*args(dtype), cu, ms, causal, scale)
+    want = ref.flash_attention_bwd(do, *args(torch.float64), o64, l64, cu, ms, causal, scale)
+    lowp = ref.flash_attention_bwd(do.to(dtype), *args(dtype), olo, llo, cu, ms, causal, scale)
+    with amo.use_backend(EMU):
+        oemu, lemu = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype), cu, ms, causal, scale)
+        got = torch.ops.ascend_moe_ops.flash_attention_bwd(do.to(dtype), *args(dtype), oemu, lemu, cu, ms,
+                                                           causal, scale)
+    for name, g, w, lo in zip(("dq", "dk", "dv", "dk_rope"), got, want, lowp):
+        if kr is None and name == "dk_rope":
+            assert g.numel() == 0
+            continue
+        assert g.dtype == dtype and g.shape == w.shape, name
+        assert_close_to_ref(g, w, dtype=dtype, torch_lowp=lo, name=f"ascendc-emu {name}")
+
+
+@needs_emu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
+def test_emu_backward_matches_reference_varlen(monkeypatch, dtype, causal, rope):
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")  # many query and key blocks per item
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
+    _fab_check([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, dtype, causal)
+
+
+@needs_emu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_emu_backward_mla_shape(causal):
+    # MLA: 128 nope + 64 shared rope / 128, default (full 128 x 128) blocks, dK_rope summed over heads
+    _fab_check([150, 20], 2, 128, 64, 128, torch.bfloat16, causal)
+
+
+@needs_emu
+def test_emu_backward_odd_dims_one_token():
+    _fab_check([1], 1, 16, 0, 16, torch.float16, True)
+    _fab_check([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
+
+
+@needs_emu
+def test_emu_autograd_through_flash_attention(monkeypatch):
+    """The public op on the ascendc-emu backend: forward and backward both run the AscendC kernels
+    and the gradients match the fp64 reference (2 x PyTorch's own fp16 error)."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "32")
+    g = torch.Generator().manual_seed(5)
+    B, S, H, Dq, Dv = 2, 37, 2, 48, 32
+    q, k = (torch.randn(B, S, H, Dq, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, S, H, Dv, generator=g, dtype=torch.float64)
+    do = torch.randn(B, S, H, Dv, generator=g, dtype=torch.float64)
+
+    def grads(dtype, backend):
+        leaves = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
+        with amo.use_backend(backend):
+            out = amo.flash_attention(*leaves, causal=True)
+            out.backward(do.to(dtype))
+        return [out] + [t.grad for t in leaves]
+
+    got, want, lowp = grads(torch.float16, EMU), grads(torch.float64, "reference"), grads(torch.float16, "reference")
+    for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, want, lowp):
+        assert_close_to_ref(a, b, dtype=torch.float16, torch_lowp=c, name=f"ascendc-emu autograd {name}")
+
+
+@needs_emu
+def test_emu_backward_rejects_fp32_and_bad_lse():
+    q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
+    o = torch.zeros(4, 1, 16)
+    with amo.use_backend(EMU), pytest.raises(RuntimeError, match="float16/bfloat16"):
+        torch.ops.ascend_moe_ops.flash_attention_bwd(o, q.float(), k.float(), v.float(), None, o,
+                                                     torch.zeros(1, 4), cu, 4, True, 0.25)
 
 
 @needs_emu

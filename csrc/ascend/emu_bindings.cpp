@@ -32,9 +32,12 @@ extern "C" void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling);
-namespace amo_ascend { namespace kernels {
-struct FaGm { GM_ADDR q; GM_ADDR k; GM_ADDR v; GM_ADDR kRope; GM_ADDR cu; GM_ADDR s; GM_ADDR p; GM_ADDR oPart; GM_ADDR o; GM_ADDR state; GM_ADDR out; GM_ADDR lse; };  // = kernels/flash_attention.cpp
-} }
+extern "C" void amo_fab_delta(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fab_qk(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fab_grad(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fab_acc(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fab_dkrope(GM_ADDR gmArgs, GM_ADDR tiling);
 
 namespace {
 
@@ -77,6 +80,21 @@ uint32_t checked_blocks(uint32_t blockDim, const ChipInfo& chip) {
 
 Tensor poisoned(at::IntArrayRef shape, const at::TensorOptions& opts) {
   return at::full(shape, std::numeric_limits<float>::quiet_NaN(), opts);
+}
+
+uint64_t addr(const Tensor& t) { return reinterpret_cast<uint64_t>(t.data_ptr()); }
+
+// A phase kernel may use less than its tiling planned (the plan covers every phase), never more.
+void check_ub(uint64_t used, const FlashAttentionTiling& t, const char* kernel) {
+  TORCH_CHECK(used <= t.ubBytes, "ascendc-emu: kernel ", kernel, " allocated ", used, " B of UB but its tiling planned ",
+              t.ubBytes, " B");
+}
+
+void check_cube(const ascend_emu::CubeMem& used, const FlashAttentionTiling& t, const char* kernel) {
+  TORCH_CHECK(used.l1 <= t.l1Bytes && used.l0a <= t.l0aBytes && used.l0b <= t.l0bBytes && used.l0c <= t.l0cBytes,
+              "ascendc-emu: kernel ", kernel, " allocated L1/L0A/L0B/L0C ", used.l1, "/", used.l0a, "/", used.l0b, "/",
+              used.l0c, " B, more than its tiling planned (", t.l1Bytes, "/", t.l0aBytes, "/", t.l0bBytes, "/",
+              t.l0cBytes, " B)");
 }
 
 void check_cpu(const Tensor& t, const char* name) {
@@ -280,37 +298,100 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   auto out = poisoned({T, H, Dv}, q.options());
   auto lse = poisoned({H, T}, q.options().dtype(at::kFloat));
   if (t.key == FlashAttentionTilingKey::kEmpty) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
-  const int64_t items = B * H * ((maxLen + t.baseM - 1) / t.baseM);
-  const int64_t dva = (Dv + 7) / 8 * 8;
+  const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
-  Tensor sWs = at::zeros({items * t.baseM * t.baseN}, f32), pWs = at::zeros({items * t.baseM * t.baseN}, q.options());
-  Tensor opWs = at::zeros({items * t.baseM * dva}, f32), oWs = at::zeros({items * t.baseM * dva}, f32);
-  Tensor stWs = at::zeros({items * 3 * t.baseM}, f32);
-  amo_ascend::kernels::FaGm g{gm<void>(qc), gm<void>(kc), gm<void>(vc), rope ? gm<void>(krc) : nullptr, gm<void>(cu), gm<void>(sWs), gm<void>(pWs), gm<void>(opWs),
-                              gm<void>(oWs), gm<void>(stWs), gm<void>(out), gm<void>(lse)};
+  Tensor sWs = at::zeros({w.score}, f32), pWs = at::zeros({w.score}, q.options());
+  Tensor opWs = at::zeros({w.rows}, f32), oWs = at::zeros({w.rows}, f32);
+  Tensor stWs = at::zeros({w.state}, f32);
+  FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
+                          addr(opWs), addr(oWs), addr(stWs), addr(out), addr(lse)};
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
-  const uint32_t aiv = std::min<uint32_t>(chip.aivNum, t.blockDim * ((t.baseM + t.vecRows - 1) / t.vecRows));
-  const int64_t steps = (maxLen + t.baseN - 1) / t.baseN;
-  for (int64_t j = 0; j < steps; ++j) {
+  for (int64_t j = 0; j < w.steps; ++j) {
     FlashAttentionTiling tt = t;
     tt.step = static_cast<uint32_t>(j);
     auto tp = reinterpret_cast<GM_ADDR>(&tt);
     auto gp = reinterpret_cast<GM_ADDR>(&g);
     auto c1 = ascend_emu::launch_cube(t.blockDim, caps, amo_fa_qk, gp, tp);
-    ascend_emu::launch(aiv, ub_limit(chip), amo_fa_softmax, gp, tp);
+    check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fa_softmax, gp, tp), t, "amo_fa_softmax");
     auto c2 = ascend_emu::launch_cube(t.blockDim, caps, amo_fa_pv, gp, tp);
-    ascend_emu::launch(aiv, ub_limit(chip), amo_fa_update, gp, tp);
-    TORCH_CHECK(c1.l0a <= t.l0aBytes && c1.l0b <= t.l0bBytes && c1.l0c <= t.l0cBytes && c2.l0a <= t.l0aBytes &&
-                c2.l0b <= t.l0bBytes && c2.l0c <= t.l0cBytes && c1.l1 <= t.l1Bytes && c2.l1 <= t.l1Bytes,
-                "ascendc-emu flash_attention_fwd: a Cube phase allocated more L1/L0 than its tiling planned");
+    check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fa_update, gp, tp), t, "amo_fa_update");
+    check_cube(c1, t, "amo_fa_qk");
+    check_cube(c2, t, "amo_fa_pv");
   }
   return {out, lse};
+}
+
+// ---- flash attention backward (AIC + AIV phase kernels, two passes; see kernels/flash_attention.cpp) --
+std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gradOut, const Tensor& q, const Tensor& k,
+                                                               const Tensor& v, const c10::optional<Tensor>& kRope,
+                                                               const Tensor& out, const Tensor& lse,
+                                                               const Tensor& cuSeqlens, int64_t maxSeqlen, bool causal,
+                                                               double softmaxScale) {
+  for (auto& [x, name] : {std::pair<const Tensor&, const char*>{gradOut, "grad_out"}, {q, "q"}, {k, "k"}, {v, "v"},
+                          {out, "out"}, {lse, "lse"}, {cuSeqlens, "cu_seqlens"}})
+    check_cpu(x, name);
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu flash_attention_bwd: q, k, v must be [T, H, D]");
+  const DType dt = cube_dtype(q, "flash_attention_bwd");
+  for (auto* x : {&k, &v, &gradOut, &out})
+    TORCH_CHECK(x->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_bwd: every input must have q's dtype");
+  TORCH_CHECK(lse.scalar_type() == at::kFloat, "ascendc-emu flash_attention_bwd: lse must be float32");
+  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
+  const bool rope = kRope.has_value() && kRope->defined();
+  const int64_t Dr = rope ? kRope->size(1) : 0;
+  if (rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_bwd: k_rope dtype differs from q");
+  TORCH_CHECK(Dq == Dk + Dr, "ascendc-emu flash_attention_bwd: q head dim must be Dk + Dr");
+  TORCH_CHECK(H * Dq < 65536 && H * Dv < 65536, "ascendc-emu flash_attention_bwd: H * D must be < 65536 (16-bit copy strides)");
+  TORCH_CHECK(gradOut.sizes() == out.sizes() && out.size(0) == T && out.size(1) == H && out.size(2) == Dv,
+              "ascendc-emu flash_attention_bwd: grad_out and out must be [T, H, Dv]");
+  auto cu = cuSeqlens.to(at::kLong).contiguous();
+  const int64_t B = cu.numel() - 1;
+  int64_t maxLen = 0;
+  for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu.data_ptr<int64_t>()[b + 1] - cu.data_ptr<int64_t>()[b]);
+  TORCH_CHECK(maxLen <= maxSeqlen, "ascendc-emu flash_attention_bwd: max_seqlen ", maxSeqlen, " < longest sequence ", maxLen);
+  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(), doc = gradOut.contiguous();
+  auto lc = lse.contiguous();
+  Tensor krc = rope ? kRope->contiguous() : Tensor();
+  const ChipInfo chip = emu_cube_chip();
+  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal, dt, chip, cube_max_base());
+  t.softmaxScale = static_cast<float>(softmaxScale);
+  auto dq = poisoned({T, H, Dq}, q.options()), dk = poisoned({T, H, Dk}, q.options()), dv = poisoned({T, H, Dv}, q.options());
+  auto dkr = rope ? poisoned({T, Dr}, q.options()) : at::empty({0}, q.options());
+  if (t.key == FlashAttentionTilingKey::kEmpty) return {dq.zero_(), dk.zero_(), dv.zero_(), dkr.zero_()};
+  const FlashAttentionWorkspace w = flash_attention_workspace(t);
+  auto f32 = q.options().dtype(at::kFloat);
+  // workspaces start as NaN (like fresh device memory could be), except acc, which the protocol zeroes
+  Tensor delta = poisoned({w.delta}, f32), sWs = poisoned({w.score}, f32), dpWs = poisoned({w.score}, f32);
+  Tensor pWs = poisoned({w.score}, q.options()), dsWs = poisoned({w.score}, q.options());
+  Tensor part = poisoned({w.rows}, f32), acc = at::zeros({w.rows}, f32);
+  Tensor dkrh = poisoned({std::max<int64_t>(w.dkRopeHeads, 1)}, f32);
+  FlashAttentionBwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(oc), addr(doc), addr(lc),
+                          addr(delta), addr(sWs), addr(dpWs), addr(pWs), addr(dsWs), addr(part), addr(acc),
+                          rope ? addr(dkrh) : 0, addr(dq), addr(dk), addr(dv), rope ? addr(dkr) : 0};
+  ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
+  auto gp = reinterpret_cast<GM_ADDR>(&g);
+  FlashAttentionTiling tt = t;
+  auto tp = reinterpret_cast<GM_ADDR>(&tt);
+  check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_delta, gp, tp), t, "amo_fab_delta");
+  for (FlashAttentionPass pass : {FlashAttentionPass::kBackwardKV, FlashAttentionPass::kBackwardQ}) {
+    acc.zero_();
+    for (int64_t j = 0; j < w.steps; ++j) {
+      tt.pass = pass;
+      tt.step = static_cast<uint32_t>(j);
+      check_cube(ascend_emu::launch_cube(t.blockDim, caps, amo_fab_qk, gp, tp), t, "amo_fab_qk");
+      check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_softmax, gp, tp), t, "amo_fab_softmax");
+      check_cube(ascend_emu::launch_cube(t.blockDim, caps, amo_fab_grad, gp, tp), t, "amo_fab_grad");
+      check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_acc, gp, tp), t, "amo_fab_acc");
+    }
+  }
+  if (rope) check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_dkrope, gp, tp), t, "amo_fab_dkrope");
+  return {dq, dk, dv, dkr};
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("flash_attention_fwd", &flash_attention_fwd, "flash_attention_fwd on the emulated AscendC kernels (fp16/bf16)");
+  m.def("flash_attention_bwd", &flash_attention_bwd, "flash_attention_bwd on the emulated AscendC kernels (fp16/bf16)");
   m.doc() = "AscendC kernels of ascend_moe_ops run on the CPU emulation layer (csrc/ascend/emu); tests only";
   m.def("moe_permute", &moe_permute, "moe_permute on the emulated AscendC kernel");
   m.def("moe_unpermute", &moe_unpermute, "moe_unpermute on the emulated AscendC kernel");

@@ -2,8 +2,13 @@
 // stdin line:  H Dk Dr Dv causal dtype maxBase aicNum B cu_0 ... cu_B
 // Prints one JSON object per line: the tiling and the result of the exact-once coverage check of
 // every (query row, head) pair, plus the causal key-range check.
+// With the argument "bwd": the backward tiling, and for each pass of flash_attention_bwd_schedule:
+// every gradient row (key rows in the KV pass, query rows in the Q pass) written by exactly one
+// block, and each item's blocks tiling exactly the rows it must visit (no gap, no overlap).
 #include <cstdint>
+#include <algorithm>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -13,7 +18,57 @@
 
 using namespace amo_ascend;
 
-int main() {
+// Backward pass check; returns "" or the first error.
+std::string check_bwd(FlashAttentionTiling t, FlashAttentionPass pass, const std::vector<int64_t>& cu, int64_t H,
+                      bool causal, size_t* blocks) {
+  t.pass = pass;
+  const bool kv = pass == FlashAttentionPass::kBackwardKV;
+  const int64_t T = cu.back(), b = t.baseM;
+  auto sched = flash_attention_bwd_schedule(t, cu);
+  std::vector<uint8_t> written(static_cast<size_t>(T * H), 0);
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> visits;  // item -> visited ranges
+  std::map<int64_t, std::pair<int64_t, int64_t>> own;                  // item -> its own rows
+  std::map<int64_t, int64_t> seqOf;
+  for (size_t core = 0; core < sched.size(); ++core)
+    for (auto& k : sched[core]) {
+      ++*blocks;
+      if (static_cast<size_t>(k.item % t.blockDim) != core) return "block on the wrong core";
+      const int64_t s0 = cu[k.seq], s1 = cu[k.seq + 1];
+      if (k.rows < 1 || k.rows > b || k.cols < 1 || k.cols > b) return "block larger than baseM x baseN";
+      if (k.q0 < s0 || k.q0 + k.rows > s1 || k.k0 < s0 || k.k0 + k.cols > s1) return "block crosses its sequence";
+      if (causal && k.q0 + k.rows - 1 < k.k0) return "block entirely above the causal diagonal";
+      const auto mine = kv ? std::make_pair(k.k0, k.cols) : std::make_pair(k.q0, k.rows);
+      auto it = own.find(k.item);
+      if (it != own.end() && it->second != mine) return "item changes its own rows between steps";
+      own[k.item] = mine;
+      seqOf[k.item] = k.seq;
+      visits[k.item].push_back(kv ? std::make_pair(k.q0, k.rows) : std::make_pair(k.k0, k.cols));
+      if (k.last)
+        for (int64_t r = mine.first; r < mine.first + mine.second; ++r)
+          if (++written[static_cast<size_t>(r * H + k.head)] > 1) return "gradient row written twice";
+    }
+  for (auto c : written)
+    if (c != 1) return "gradient row never written";
+  for (auto& [item, v] : visits) {
+    std::sort(v.begin(), v.end());
+    const int64_t s0 = cu[seqOf[item]], s1 = cu[seqOf[item] + 1];
+    const auto mine = own[item];
+    // rows to visit: KV pass -> every query row that sees a key of the block; Q pass -> the keys seen
+    int64_t from = s0, to = s1;
+    if (causal && kv) from = s0 + (mine.first - s0) / b * b;
+    if (causal && !kv) to = mine.first + mine.second;
+    int64_t at = from;
+    for (auto& [r0, n] : v) {
+      if (r0 != at) return "item's visits leave a gap or overlap";
+      at = r0 + n;
+    }
+    if (at != to) return "item's visits do not reach the end of its range";
+  }
+  return "";
+}
+
+int main(int argc, char** argv) {
+  const bool bwd = argc > 1 && std::string(argv[1]) == "bwd";
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -30,8 +85,26 @@ int main() {
     chip.aicNum = aic;
     chip.aivNum = 2 * aic;
     try {
-      FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal != 0,
-                                                              static_cast<DType>(dtype), chip, maxBase);
+      FlashAttentionTiling t = bwd ? compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal != 0,
+                                                                        static_cast<DType>(dtype), chip, maxBase)
+                                   : compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal != 0,
+                                                                    static_cast<DType>(dtype), chip, maxBase);
+      if (bwd) {
+        size_t blocks = 0;
+        std::string err = check_bwd(t, FlashAttentionPass::kBackwardKV, cu, H, causal != 0, &blocks);
+        if (err.empty()) err = check_bwd(t, FlashAttentionPass::kBackwardQ, cu, H, causal != 0, &blocks);
+        const auto w = flash_attention_workspace(t);
+        std::ostringstream o;
+        o << "{\"ok\":true,\"key\":" << uint32_t(t.key) << ",\"blockDim\":" << t.blockDim
+          << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"baseM\":" << t.baseM << ",\"baseN\":" << t.baseN
+          << ",\"vecRows\":" << t.vecRows << ",\"gradCols\":" << t.gradCols << ",\"l1Buffers\":" << t.l1Buffers
+          << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"l1Bytes\":" << t.l1Bytes
+          << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes << ",\"l0cBytes\":" << t.l0cBytes
+          << ",\"ubBytes\":" << t.ubBytes << ",\"items\":" << w.items << ",\"steps\":" << w.steps
+          << ",\"blocks\":" << blocks << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
+        std::cout << o.str() << std::endl;
+        continue;
+      }
       auto sched = flash_attention_schedule(t, cu);
       std::vector<uint8_t> cover(static_cast<size_t>(T * H), 0);
       std::string err;

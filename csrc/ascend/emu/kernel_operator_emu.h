@@ -154,7 +154,7 @@ using ascend_emu::fail;
 enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, A2, B1, B2, CO1, CO2 };
 using QuePosition = TPosition;
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, S_MTE3, MTE3_S, MTE2_S, S_MTE2, MTE3_MTE2 };
+enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, S_MTE3, MTE3_S, MTE2_S, S_MTE2, MTE3_MTE2, V_MTE2 };
 enum pipe_t { PIPE_S, PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
 using event_t = int32_t;
 constexpr event_t EVENT_ID0 = 0;

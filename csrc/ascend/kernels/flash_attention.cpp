@@ -69,26 +69,40 @@ __aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<
 template <typename T>
 class FaCube {
  public:
+  // Forward buffers: Q parts / P on the A side, K parts / V on the B side, S / O_partial in L0C.
   __aicore__ inline void Init(const FlashAttentionTiling& t, TPipe* pipe) {
-    t_ = t;
     const uint32_t dk = FaUp16(t.Dk), dr = t.Dr ? FaUp16(t.Dr) : 0, dv = FaUp16(t.Dv);
     uint32_t wa = dk > dr ? dk : dr;
     wa = wa > t.baseN ? wa : t.baseN;
     uint32_t wb = dk > dr ? dk : dr;
     wb = wb > dv ? wb : dv;
-    pipe->InitBuffer(l1A_, 1, t.baseM * wa * sizeof(T));
-    pipe->InitBuffer(l1B_, 1, t.baseN * wb * sizeof(T));
-    pipe->InitBuffer(l0A_, 1, t.baseM * wa * sizeof(T));
-    pipe->InitBuffer(l0B_, 1, t.baseN * wb * sizeof(T));
     const uint32_t wc = t.baseN > dv ? t.baseN : dv;
-    pipe->InitBuffer(l0C_, 1, t.baseM * wc * sizeof(float));
+    InitSizes(pipe, t.baseM * wa, t.baseN * wb, t.baseM * wc);
   }
 
-  // A (rows x kc, ND in GM with row stride srcD) . B where B^T (cols x kc) is ND in GM (transB) or B
-  // (kc x cols) is ND in GM (!transB); accumulates into c.
+  // Backward buffers (square blocks b): every operand and product fits b x W, W = the widest of b and
+  // the padded head dims (see compute_flash_attention_bwd_tiling).
+  __aicore__ inline void InitBwd(const FlashAttentionTiling& t, TPipe* pipe) {
+    uint32_t w = t.baseM;
+    const uint32_t dims[3] = {FaUp16(t.Dk), FaUp16(t.Dr), FaUp16(t.Dv)};
+    for (uint32_t d : dims) w = d > w ? d : w;
+    InitSizes(pipe, t.baseM * w, t.baseM * w, t.baseM * w);
+  }
+
+  __aicore__ inline void InitSizes(TPipe* pipe, uint32_t aElems, uint32_t bElems, uint32_t cElems) {
+    pipe->InitBuffer(l1A_, 1, aElems * sizeof(T));
+    pipe->InitBuffer(l1B_, 1, bElems * sizeof(T));
+    pipe->InitBuffer(l0A_, 1, aElems * sizeof(T));
+    pipe->InitBuffer(l0B_, 1, bElems * sizeof(T));
+    pipe->InitBuffer(l0C_, 1, cElems * sizeof(float));
+  }
+
+  // A . B into c (rows x cols, K = kc). A is ND in GM with row stride aStride: A itself (rows x kc,
+  // !transA) or A^T (kc x rows, transA: each fractal is transposed on its way to L0A). B likewise:
+  // B^T (cols x kc, transB) or B (kc x cols, !transB). init: C = A.B, else C += A.B.
   __aicore__ inline void MatMul(const LocalTensor<float>& c, const GlobalTensor<T>& a, int64_t aStride,
                                 const GlobalTensor<T>& b, int64_t bStride, bool transB, int64_t rows, int64_t cols,
-                                int64_t kc, bool init) {
+                                int64_t kc, bool init, bool transA = false) {
     const uint32_t mp = FaUp16(rows), np = FaUp16(cols), kp = FaUp16(kc);
     LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
     LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
@@ -96,7 +110,8 @@ class FaCube {
       ZeroCubeBuffer(a1, mp * kp);
       ZeroCubeBuffer(b1, np * kp);
     }
-    Nd2Nz(a1, a, rows, kc, aStride, mp);
+    if (transA) Nd2Nz(a1, a, kc, rows, aStride, kp);  // L1 holds (k, m) fractals, m-major
+    else Nd2Nz(a1, a, rows, kc, aStride, mp);        // L1 holds (m, k) fractals, k-major
     if (transB) Nd2Nz(b1, b, cols, kc, bStride, np);
     else Nd2Nz(b1, b, kc, cols, bStride, kp);
     l1A_.EnQue(a1);
@@ -108,10 +123,10 @@ class FaCube {
     const uint32_t kf = kp / 16, nf = np / 16, mf = mp / 16;
     for (uint32_t i = 0; i < mf; ++i) {  // L0A zZ: (m, k) fractals row-major
       LoadData2DParams p;
-      p.startIndex = static_cast<uint16_t>(i);
+      p.startIndex = static_cast<uint16_t>(transA ? i * kf : i);
       p.repeatTimes = static_cast<uint8_t>(kf);
-      p.srcStride = static_cast<uint16_t>(mf);
-      p.ifTranspose = false;
+      p.srcStride = static_cast<uint16_t>(transA ? 1 : mf);
+      p.ifTranspose = transA;
       LoadData(a0[i * kf * 256], a1, p);
     }
     for (uint32_t i = 0; i < kf; ++i) {  // L0B zN: (k, n) grid row-major, fractals n-major
@@ -394,11 +409,411 @@ class FaUpdate {
   GlobalTensor<T> out_;
 };
 
-template <template <typename> class K>
+// ==== Backward ========================================================================================
+// Two passes over the same square blocks (b = baseM = baseN), so every gradient row has one writer and
+// nothing needs atomics (deterministic):
+//   KV pass: item (sequence, head, key block j), steps over the query blocks i -> dK_j, dV_j and the
+//            per-head dK_rope_j (summed over heads afterwards by amo_fab_dkrope, in head order);
+//   Q pass : item (sequence, head, query block i), steps over the key blocks j -> dQ_i.
+// Per step, four phase launches exchange data through GM workspaces (as in the forward):
+//   amo_fab_qk      (AIC) S = Q K^T (+ Q_rope K_rope^T, second Mmad into the same L0C tile), dP = dO V^T
+//   amo_fab_softmax (AIV) P = exp(scale * S - lse) (causal columns 0), dS = P * (dP - delta), both rounded
+//                   to the input dtype for the Cube (as the forward rounds P)
+//   amo_fab_grad    (AIC) KV pass: dV += P^T dO, dK += dS^T Q_nope, dK_rope += dS^T Q_rope (transposed
+//                   L0A loads); Q pass: dQ_nope += dS K, dQ_rope += dS K_rope -> `part` workspace
+//   amo_fab_acc     (AIV) acc += part in fp32; at the item's last step, dK/dQ = scale * acc in the input
+//                   dtype, dV = acc, per-head dK_rope = scale * acc (fp32)
+// before: amo_fab_delta (AIV) delta = rowsum(dO * O) in fp32 per (token, head).
+// Nothing here has been compiled with bisheng or run on an NPU (see docs/ascend.md).
+
+// One item at one step of a backward pass.
+struct FabItem {
+  int64_t t, head, seqStart;
+  int64_t qPos0, rows;  // query rows [qPos0, qPos0 + rows) of the sequence
+  int64_t k0, cols;     // key rows [k0, k0 + cols)
+  bool last;            // last step of the item: write its gradient rows
+};
+
+// Walks the items of t.pass at step t.step in schedule order (same item numbering as FaWalk); calls
+// op.Item(it, u) for the units u < units with (t * units + u) % cores == core, skipping steps that
+// have no (unmasked) block for the item.
+template <typename Op>
+__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
+  const int64_t cores = GetBlockNum(), core = GetBlockIdx(), b = t.baseM, step = t.step;
+  const bool kv = t.pass == FlashAttentionPass::kBackwardKV, causal = t.mask == FlashAttentionMask::kCausal;
+  int64_t item = 0;
+  for (int64_t s = 0; s < t.B; ++s) {
+    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0;
+    const int64_t nb = FaCeil(len, b);
+    for (int64_t h = 0; h < t.H; ++h)
+      for (int64_t i = 0; i < nb; ++i, ++item) {
+        FabItem it;
+        it.t = item;
+        it.head = h;
+        it.seqStart = s0;
+        if (kv) {  // item = key block i, step = query block
+          it.k0 = i * b;
+          it.cols = FaMin(b, len - it.k0);
+          it.qPos0 = step * b;
+          if (it.qPos0 >= len) continue;
+          it.rows = FaMin(b, len - it.qPos0);
+          if (causal && it.qPos0 + it.rows - 1 < it.k0) continue;  // block entirely above the diagonal
+          it.last = step == nb - 1;
+        } else {   // item = query block i, step = key block
+          it.qPos0 = i * b;
+          it.rows = FaMin(b, len - it.qPos0);
+          const int64_t kvLen = causal ? it.qPos0 + it.rows : len;
+          it.k0 = step * b;
+          if (it.k0 >= kvLen) continue;
+          it.cols = FaMin(b, kvLen - it.k0);
+          it.last = step == FaCeil(kvLen, b) - 1;
+        }
+        for (uint32_t u = 0; u < units; ++u)
+          if ((item * units + u) % cores == core) op.Item(it, u);
+      }
+  }
+}
+
+template <typename T>
+struct FabTensors {
+  __aicore__ inline void Set(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    const int64_t dq = t.Dk + t.Dr;
+    q.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
+    k.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
+    v.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    if (t.Dr) kr.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
+    dout.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dout), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    out.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    lse.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
+    delta.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.delta), static_cast<uint64_t>(t.T * t.H));
+    cu.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
+    dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp));
+    p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
+    ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds));
+    part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part));
+    acc.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.acc));
+    if (t.Dr) dkrh.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dkRopeHeads), static_cast<uint64_t>(t.H * t.T * t.Dr));
+    dqo.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dq), static_cast<uint64_t>(t.T * t.H * dq));
+    dko.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dk), static_cast<uint64_t>(t.T * t.H * t.Dk));
+    dvo.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dv), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    if (t.Dr) dkro.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dkRope), static_cast<uint64_t>(t.T * t.Dr));
+  }
+  GlobalTensor<T> q, k, v, kr, dout, out, p, ds, dqo, dko, dvo, dkro;
+  GlobalTensor<float> lse, delta, s, dp, part, acc, dkrh;
+  GlobalTensor<int64_t> cu;
+};
+
+// Column offsets of the gradient workspace row (fp32): [nope | rope | v], each padded to 8 (32 bytes).
+__aicore__ inline int64_t FabRopeCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk); }
+__aicore__ inline int64_t FabVCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk) + (t.Dr ? FaUp8(t.Dr) : 0); }
+
+template <typename T>
+class FabQk {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    cube_.InitBwd(t, &pipe);
+    t_ = t;
+    g_.Set(g, t);
+    FabWalk(t, g_.cu, 1, *this);
+  }
+  __aicore__ inline void Item(const FabItem& it, uint32_t) {
+    const int64_t dq = t_.Dk + t_.Dr, H = t_.H, b = t_.baseM;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.MatMul(c, g_.q[(qRow * H + it.head) * dq], H * dq, g_.k[(kRow * H + it.head) * t_.Dk], H * t_.Dk, true,
+                 it.rows, it.cols, t_.Dk, true);
+    if (t_.rope == FlashAttentionRope::kSharedKey)
+      cube_.MatMul(c, g_.q[(qRow * H + it.head) * dq + t_.Dk], H * dq, g_.kr[kRow * t_.Dr], t_.Dr, true, it.rows,
+                   it.cols, t_.Dr, false);
+    cube_.Store(g_.s[ws], c, it.rows, it.cols, b);
+    c = cube_.l0C_.template AllocTensor<float>();
+    cube_.MatMul(c, g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, g_.v[(kRow * H + it.head) * t_.Dv], H * t_.Dv,
+                 true, it.rows, it.cols, t_.Dv, true);
+    cube_.Store(g_.dp[ws], c, it.rows, it.cols, b);
+  }
+
+ private:
+  FaCube<T> cube_;
+  FlashAttentionTiling t_;
+  FabTensors<T> g_;
+};
+
+template <typename T>
+class FabGrad {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    cube_.InitBwd(t, &pipe);
+    t_ = t;
+    g_.Set(g, t);
+    FabWalk(t, g_.cu, 1, *this);
+  }
+  __aicore__ inline void Item(const FabItem& it, uint32_t) {
+    const int64_t dq = t_.Dk + t_.Dr, H = t_.H, b = t_.baseM, gc = t_.gradCols;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
+    const int64_t row0 = it.t * b * gc;
+    const bool rope = t_.rope == FlashAttentionRope::kSharedKey;
+    LocalTensor<float> c;
+    if (t_.pass == FlashAttentionPass::kBackwardKV) {  // products with key rows as M: A = P^T or dS^T
+      c = cube_.l0C_.template AllocTensor<float>();
+      cube_.MatMul(c, g_.p[ws], b, g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, false, it.cols, t_.Dv, it.rows,
+                   true, true);
+      cube_.Store(g_.part[row0 + FabVCol(t_)], c, it.cols, t_.Dv, gc);
+      c = cube_.l0C_.template AllocTensor<float>();
+      cube_.MatMul(c, g_.ds[ws], b, g_.q[(qRow * H + it.head) * dq], H * dq, false, it.cols, t_.Dk, it.rows, true, true);
+      cube_.Store(g_.part[row0], c, it.cols, t_.Dk, gc);
+      if (rope) {
+        c = cube_.l0C_.template AllocTensor<float>();
+        cube_.MatMul(c, g_.ds[ws], b, g_.q[(qRow * H + it.head) * dq + t_.Dk], H * dq, false, it.cols, t_.Dr, it.rows,
+                     true, true);
+        cube_.Store(g_.part[row0 + FabRopeCol(t_)], c, it.cols, t_.Dr, gc);
+      }
+    } else {  // query rows as M: A = dS
+      c = cube_.l0C_.template AllocTensor<float>();
+      cube_.MatMul(c, g_.ds[ws], b, g_.k[(kRow * H + it.head) * t_.Dk], H * t_.Dk, false, it.rows, t_.Dk, it.cols, true);
+      cube_.Store(g_.part[row0], c, it.rows, t_.Dk, gc);
+      if (rope) {
+        c = cube_.l0C_.template AllocTensor<float>();
+        cube_.MatMul(c, g_.ds[ws], b, g_.kr[kRow * t_.Dr], t_.Dr, false, it.rows, t_.Dr, it.cols, true);
+        cube_.Store(g_.part[row0 + FabRopeCol(t_)], c, it.rows, t_.Dr, gc);
+      }
+    }
+  }
+
+ private:
+  FaCube<T> cube_;
+  FlashAttentionTiling t_;
+  FabTensors<T> g_;
+};
+
+// P and dS rows of the item's query rows handled by this AIV unit.
+template <typename T>
+class FabSoftmax {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    g_.Set(g, t);
+    pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
+    pipe.InitBuffer(dpBuf_, t.baseN * sizeof(float));
+    pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
+    pipe.InitBuffer(dsBuf_, t.baseN * sizeof(T));
+    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
+    const int64_t b = t_.baseM, ws = it.t * b * b;
+    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    LocalTensor<float> s = sBuf_.Get<float>(), dp = dpBuf_.Get<float>();
+    LocalTensor<T> p = pBuf_.Get<T>(), ds = dsBuf_.Get<T>();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t qPos = it.qPos0 + r, tok = it.seqStart + qPos;
+      const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(it.cols, qPos - it.k0 + 1) : it.cols;
+      ZeroFill(p, t_.baseN);
+      ZeroFill(ds, t_.baseN);
+      if (valid > 0) {
+        DataCopy(s, g_.s[ws + r * b], t_.baseN);
+        DataCopy(dp, g_.dp[ws + r * b], t_.baseN);
+        const float lse = g_.lse.GetValue(it.head * t_.T + tok);
+        const float delta = g_.delta.GetValue(tok * t_.H + it.head);
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        const int32_t n = static_cast<int32_t>(valid);
+        Muls(s, s, t_.softmaxScale, n);
+        Adds(s, s, -lse, n);
+        Exp(s, s, n);             // P in fp32
+        Adds(dp, dp, -delta, n);
+        Mul(dp, dp, s, n);        // dS = P * (dP - delta) in fp32
+        Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+        Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+      } else {
+        PipeBarrier<PIPE_V>();
+      }
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      DataCopy(g_.p[ws + r * b], p, t_.baseN);
+      DataCopy(g_.ds[ws + r * b], ds, t_.baseN);
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  FabTensors<T> g_;
+  TBuf<TPosition::VECCALC> sBuf_, dpBuf_, pBuf_, dsBuf_;
+};
+
+// acc += part for the gradient rows of this AIV unit; the item's last step writes them out.
+template <typename T>
+class FabAcc {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    g_.Set(g, t);
+    uint32_t dmax = static_cast<uint32_t>(t.Dk > t.Dv ? t.Dk : t.Dv);
+    dmax = dmax > t.Dr ? dmax : static_cast<uint32_t>(t.Dr);
+    pipe.InitBuffer(accBuf_, t.gradCols * sizeof(float));
+    pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
+    pipe.InitBuffer(outBuf_, FaUp16(dmax) * sizeof(T));
+    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
+    const bool kv = t_.pass == FlashAttentionPass::kBackwardKV;
+    const int64_t b = t_.baseM, gc = t_.gradCols, extent = kv ? it.cols : it.rows;
+    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(extent, r0 + t_.vecRows);
+    // the Q pass has no V segment: add only [nope | rope]
+    const int32_t n = static_cast<int32_t>(kv ? gc : FabVCol(t_));
+    LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
+    LocalTensor<T> o = outBuf_.Get<T>();
+    const float scale = t_.softmaxScale;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t wsRow = (it.t * b + r) * gc;
+      DataCopy(acc, g_.acc[wsRow], static_cast<uint32_t>(n));
+      DataCopy(part, g_.part[wsRow], static_cast<uint32_t>(n));
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      Add(acc, acc, part, n);
+      if (!it.last) {
+        SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+        DataCopy(g_.acc[wsRow], acc, static_cast<uint32_t>(n));
+        SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        continue;
+      }
+      Muls(acc, acc, scale, static_cast<int32_t>(FabVCol(t_)));  // dK / dQ and dK_rope carry the softmax scale
+      if (kv) {
+        const int64_t tok = it.seqStart + it.k0 + r;
+        WriteRow(g_.dko[(tok * t_.H + it.head) * t_.Dk], acc, o, t_.Dk);
+        WriteRow(g_.dvo[(tok * t_.H + it.head) * t_.Dv], acc[FabVCol(t_)], o, t_.Dv);
+        if (t_.Dr) {
+          SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+          WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+          CopyRowOut(g_.dkrh[(it.head * t_.T + tok) * t_.Dr], acc[FabRopeCol(t_)], static_cast<uint32_t>(t_.Dr));
+          SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+          WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+        }
+      } else {
+        const int64_t tok = it.seqStart + it.qPos0 + r, dq = t_.Dk + t_.Dr;
+        WriteRow(g_.dqo[(tok * t_.H + it.head) * dq], acc, o, t_.Dk);
+        if (t_.Dr) WriteRow(g_.dqo[(tok * t_.H + it.head) * dq + t_.Dk], acc[FabRopeCol(t_)], o, t_.Dr);
+      }
+    }
+  }
+
+ private:
+  // fp32 row -> input dtype -> GM
+  __aicore__ inline void WriteRow(const GlobalTensor<T>& dst, const LocalTensor<float>& src, const LocalTensor<T>& o,
+                                  int64_t cols) {
+    Cast(o, src, RoundMode::CAST_RINT, static_cast<uint32_t>(cols));
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    CopyRowOut(dst, o, static_cast<uint32_t>(cols));
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+  FlashAttentionTiling t_;
+  FabTensors<T> g_;
+  TBuf<TPosition::VECCALC> accBuf_, partBuf_, outBuf_;
+};
+
+// Rows r of a [rows x D] job handled by this core: r = core, core + cores, ...
+// delta[r] = sum(dO[r] * O[r]) over Dv (r = token * H + head), fp32.
+template <typename T>
+class FabDelta {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    g_.Set(g, t);
+    InitRowBuffers(pipe, t, xBuf_, yBuf_, fxBuf_, fyBuf_, work_, red_);
+    LocalTensor<T> x = xBuf_.Get<T>(), y = yBuf_.Get<T>();
+    LocalTensor<float> fx = fxBuf_.Get<float>(), fy = fyBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
+    const uint32_t dv = static_cast<uint32_t>(t.Dv);
+    for (int64_t r = GetBlockIdx(); r < t.T * t.H; r += GetBlockNum()) {
+      CopyRowIn(x, g_.dout[r * t.Dv], dv);
+      CopyRowIn(y, g_.out[r * t.Dv], dv);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      Cast(fx, x, RoundMode::CAST_NONE, dv);
+      Cast(fy, y, RoundMode::CAST_NONE, dv);
+      Mul(fx, fx, fy, static_cast<int32_t>(dv));
+      ReduceSum(red, fx, work, static_cast<int32_t>(dv));
+      SetFlag<HardEvent::V_S>(EVENT_ID0);
+      WaitFlag<HardEvent::V_S>(EVENT_ID0);
+      g_.delta.SetValue(r, red.GetValue(0));
+      SetFlag<HardEvent::S_V>(EVENT_ID0);
+      WaitFlag<HardEvent::S_V>(EVENT_ID0);
+    }
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  FabTensors<T> g_;
+  TBuf<TPosition::VECCALC> xBuf_, yBuf_, fxBuf_, fyBuf_, work_, red_;
+
+ public:
+  // The row buffers of the two reduction kernels (same sizes: the tiling plans them once).
+  static __aicore__ inline void InitRowBuffers(TPipe& pipe, const FlashAttentionTiling& t, TBuf<TPosition::VECCALC>& x,
+                                               TBuf<TPosition::VECCALC>& y, TBuf<TPosition::VECCALC>& fx,
+                                               TBuf<TPosition::VECCALC>& fy, TBuf<TPosition::VECCALC>& work,
+                                               TBuf<TPosition::VECCALC>& red) {
+    const uint32_t d = FaUp16(t.Dv > t.Dr ? t.Dv : t.Dr);
+    pipe.InitBuffer(x, d * sizeof(T));
+    pipe.InitBuffer(y, d * sizeof(T));
+    pipe.InitBuffer(fx, d * sizeof(float));
+    pipe.InitBuffer(fy, d * sizeof(float));
+    pipe.InitBuffer(work, FaUp8(FaCeil(d, 64)) * sizeof(float));
+    pipe.InitBuffer(red, 8 * sizeof(float));
+  }
+};
+
+// dK_rope[token] = sum over heads (in head order) of the per-head rows, rounded to the input dtype.
+template <typename T>
+class FabDkRope {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    g_.Set(g, t);
+    FabDelta<T>::InitRowBuffers(pipe, t, xBuf_, yBuf_, sumBuf_, rowBuf_, work_, red_);
+    LocalTensor<T> o = xBuf_.Get<T>();
+    LocalTensor<float> sum = sumBuf_.Get<float>(), row = rowBuf_.Get<float>();
+    const uint32_t dr = static_cast<uint32_t>(t.Dr);
+    for (int64_t tok = GetBlockIdx(); tok < t.T; tok += GetBlockNum()) {
+      CopyRowIn(sum, g_.dkrh[tok * t.Dr], dr);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      for (int64_t h = 1; h < t.H; ++h) {
+        CopyRowIn(row, g_.dkrh[(h * t.T + tok) * t.Dr], dr);
+        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+        Add(sum, sum, row, static_cast<int32_t>(dr));
+        SetFlag<HardEvent::V_MTE2>(EVENT_ID0);
+        WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
+      }
+      Cast(o, sum, RoundMode::CAST_RINT, dr);
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      CopyRowOut(g_.dkro[tok * t.Dr], o, dr);
+      SetFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
+    }
+  }
+
+ private:
+  FabTensors<T> g_;
+  TBuf<TPosition::VECCALC> xBuf_, yBuf_, sumBuf_, rowBuf_, work_, red_;
+};
+
+template <template <typename> class K, typename Args = FaGm>
 __aicore__ inline void FaRun(GM_ADDR gmArgs, GM_ADDR tiling) {
   FlashAttentionTiling t;
   CopyTiling(&t, tiling);
-  FaGm g;
+  Args g;
   CopyTiling(&g, gmArgs);
   if (t.key == FlashAttentionTilingKey::kF16) {
     K<half> k;
@@ -429,3 +844,17 @@ extern "C" __global__ __aicore__ void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tili
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   amo_ascend::kernels::FaRun<amo_ascend::kernels::FaUpdate>(gmArgs, tiling);
 }
+
+// Backward phase kernels: GM block of FlashAttentionBwdArgs + the tiling (pass and step set by the host).
+#define AMO_FAB_KERNEL(NAME, CLASS, TYPE)                                                        \
+  extern "C" __global__ __aicore__ void NAME(GM_ADDR gmArgs, GM_ADDR tiling) {                   \
+    KERNEL_TASK_TYPE_DEFAULT(TYPE);                                                              \
+    amo_ascend::kernels::FaRun<amo_ascend::kernels::CLASS, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling); \
+  }
+AMO_FAB_KERNEL(amo_fab_delta, FabDelta, KERNEL_TYPE_AIV_ONLY)
+AMO_FAB_KERNEL(amo_fab_qk, FabQk, KERNEL_TYPE_AIC_ONLY)
+AMO_FAB_KERNEL(amo_fab_softmax, FabSoftmax, KERNEL_TYPE_AIV_ONLY)
+AMO_FAB_KERNEL(amo_fab_grad, FabGrad, KERNEL_TYPE_AIC_ONLY)
+AMO_FAB_KERNEL(amo_fab_acc, FabAcc, KERNEL_TYPE_AIV_ONLY)
+AMO_FAB_KERNEL(amo_fab_dkrope, FabDkRope, KERNEL_TYPE_AIV_ONLY)
+#undef AMO_FAB_KERNEL

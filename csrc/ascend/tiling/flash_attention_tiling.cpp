@@ -29,7 +29,7 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
 //   L1  : A and B operands, l1Buffers deep each: b x W (Q/dO/P^T/dS parts; K/V/dO/Q/K parts)
 //   L0A, L0B: l0Buffers x b x W;  L0C: l0cBuffers x b x W fp32 (S, dP, then each gradient product)
 //   UB  : the largest vector phase, per AIV core:
-//         softmax-grad  S and dP rows (b fp32 each), P and dS rows (b, input dtype), ReduceMax work, 8 fp32
+//         softmax-grad  S and dP rows (b fp32 each), P and dS rows (b, input dtype)
 //         accumulate    running sum and product rows (gradCols fp32 each), output row (up16(max dim), input dtype)
 //         delta / dK_rope reduction: two fp32 rows and two input-dtype rows of up16(max(Dv, Dr)), work, 8 fp32
 void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
@@ -41,8 +41,7 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   t.l0aBytes = t.l0Buffers * b * W * e;
   t.l0bBytes = t.l0Buffers * b * W * e;
   t.l0cBytes = t.l0cBuffers * b * W * 4;
-  const uint64_t work = up(up(b, 64) / 64 * 4, 32);
-  const uint64_t softmax = 2 * b * 4 + 2 * b * e + work + 32;
+  const uint64_t softmax = 2 * b * 4 + 2 * b * e;
   const uint64_t dmax = up(std::max<int64_t>({t.Dk, t.Dr, t.Dv}), 16);
   const uint64_t acc = 2 * uint64_t(t.gradCols) * 4 + dmax * e;
   const uint64_t rowDim = up(std::max<int64_t>(t.Dv, t.Dr), 16);
@@ -159,6 +158,50 @@ std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const Flas
         it.keyBlocks = ceil_div(it.kvLen, t.baseN);
         out[static_cast<size_t>(item % t.blockDim)].push_back(it);
       }
+  }
+  return out;
+}
+
+std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(const FlashAttentionTiling& t,
+                                                                              const std::vector<int64_t>& cu) {
+  std::vector<std::vector<FlashAttentionBwdBlock>> out(t.blockDim);
+  if (t.key == FlashAttentionTilingKey::kEmpty) return out;
+  const int64_t b = t.baseM, steps = ceil_div(t.maxSeqlen, b);
+  const bool kv = t.pass == FlashAttentionPass::kBackwardKV, causal = t.mask == FlashAttentionMask::kCausal;
+  for (int64_t step = 0; step < steps; ++step) {
+    int64_t item = 0;
+    for (int64_t s = 0; s + 1 < static_cast<int64_t>(cu.size()); ++s) {
+      const int64_t s0 = cu[s], len = cu[s + 1] - cu[s], nb = ceil_div(len, b);
+      for (int64_t h = 0; h < t.H; ++h)
+        for (int64_t i = 0; i < nb; ++i, ++item) {
+          FlashAttentionBwdBlock k{};
+          k.item = item;
+          k.step = step;
+          k.seq = s;
+          k.head = h;
+          int64_t qPos0, kPos0;
+          if (kv) {
+            kPos0 = i * b;
+            k.cols = std::min(b, len - kPos0);
+            qPos0 = step * b;
+            if (qPos0 >= len) continue;
+            k.rows = std::min(b, len - qPos0);
+            if (causal && qPos0 + k.rows - 1 < kPos0) continue;
+            k.last = step == nb - 1;
+          } else {
+            qPos0 = i * b;
+            k.rows = std::min(b, len - qPos0);
+            const int64_t kvLen = causal ? qPos0 + k.rows : len;
+            kPos0 = step * b;
+            if (kPos0 >= kvLen) continue;
+            k.cols = std::min(b, kvLen - kPos0);
+            k.last = step == ceil_div(kvLen, b) - 1;
+          }
+          k.q0 = s0 + qPos0;
+          k.k0 = s0 + kPos0;
+          out[static_cast<size_t>(item % t.blockDim)].push_back(k);
+        }
+    }
   }
   return out;
 }

@@ -115,4 +115,16 @@ struct FlashAttentionItem {
 std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const FlashAttentionTiling& t,
                                                                       const std::vector<int64_t>& cuSeqlens);
 
+// Host twin of the backward kernels' walk (FabWalk): for pass t.pass, every (item, step) block a core
+// runs, in launch order (steps outer), with the query and key rows it covers. Blocks entirely above
+// the causal diagonal are not listed (the kernels skip them).
+struct FlashAttentionBwdBlock {
+  int64_t item, step, seq, head;
+  int64_t q0, rows;  // query rows [q0, q0 + rows) of the packed tensor
+  int64_t k0, cols;  // key rows [k0, k0 + cols) of the packed tensor
+  bool last;         // the item's last block: its gradient rows are written out
+};
+std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(const FlashAttentionTiling& t,
+                                                                              const std::vector<int64_t>& cuSeqlens);
+
 }  // namespace amo_ascend
