@@ -1,8 +1,8 @@
-"""The NPU host glue (csrc/ascend/moe_permute.cpp, moe_unpermute.cpp, grouped_gemm.cpp) type-checks with
-``g++ -fsyntax-only`` against the torch headers and the headers shipped inside the torch_npu wheel
-of the same torch version (acl, torch_npu/csrc/...). The wheel is downloaded with
-``pip download --no-deps`` and unpacked under build/ — never installed (an installed torch_npu
-breaks ``import torch`` on a machine without CANN). The kernel launchers that CANN's
+"""The NPU host glue (csrc/ascend/moe_permute.cpp, moe_unpermute.cpp, grouped_gemm.cpp,
+flash_attention.cpp) type-checks with ``g++ -fsyntax-only`` against the torch headers and the headers
+shipped inside the torch_npu wheel of the same torch version (acl, torch_npu/csrc/...). The wheel is
+downloaded with ``pip download --no-deps`` and unpacked under build/ — never installed (an installed
+torch_npu breaks ``import torch`` on a machine without CANN). The kernel launchers that CANN's
 ascendc_library() generates (aclrtlaunch_<kernel>) are replaced by the labelled stub declarations in
 csrc/ascend/host/stubs. Skips, with the reason printed, when the wheel or a header is unavailable.
 
@@ -23,7 +23,7 @@ import torch
 
 from _ascend_cxx import ASCEND, CACHE, ROOT, ascend_headers
 
-GLUE = ["moe_permute.cpp", "moe_unpermute.cpp", "grouped_gemm.cpp"]
+GLUE = ["moe_permute.cpp", "moe_unpermute.cpp", "grouped_gemm.cpp", "flash_attention.cpp"]
 NEEDED = ["acl/acl.h", "torch_npu/csrc/framework/OpCommand.h", "torch_npu/csrc/core/npu/NPUStream.h"]
 
 
@@ -78,7 +78,7 @@ def _syntax_check_cmd(src, npu_inc):
 
 
 def test_glue_type_checks_against_torch_npu_headers(npu_include):
-    """Both glue files, compiled in parallel; a pass is cached on the hash of sources + headers."""
+    """Every glue file, compiled in parallel; a pass is cached on the hash of sources + headers."""
     h = hashlib.sha256(torch.__version__.encode() + npu_include.encode())
     for path in [os.path.join(ASCEND, g) for g in GLUE] + ascend_headers():
         with open(path, "rb") as f:

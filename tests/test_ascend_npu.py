@@ -305,3 +305,145 @@ def test_hccl_harness_on_gloo(tmp_path):
     """The harness above (spawned ranks, wrapped dispatcher, result collection) on gloo with CPU
     tensors, 2 nodes x 2 ranks: runs in CI so the NPU test's own logic is not first tried on an NPU."""
     _run_scenarios(4, 2, tmp_path, "gloo")
+
+
+# ------------------------------------------------------------------ flash attention (phase kernels, NPU)
+# csrc/ascend/flash_attention.cpp launches the phase kernels of kernels/flash_attention.cpp; these tests
+# compare forward and backward with the fp64 reference (2 x PyTorch's own low-precision error rule).
+FA_SHAPES = {  # name: (H, Dk, Dr, Dv, sequence lengths)
+    "mla_128+64_128": (4, 128, 64, 128, [1, 17, 300, 0, 129]),
+    "plain_128": (4, 128, 0, 128, [200, 57, 1]),
+    "plain_64_odd": (3, 64, 0, 64, [5, 130, 77]),
+}
+
+
+def _fa_inputs_npu(lens, H, Dk, Dr, Dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    q = torch.randn(T, H, Dk + Dr, generator=g, dtype=torch.float64)
+    k = torch.randn(T, H, Dk, generator=g, dtype=torch.float64)
+    v = torch.randn(T, H, Dv, generator=g, dtype=torch.float64)
+    kr = torch.randn(T, Dr, generator=g, dtype=torch.float64) if Dr else None
+    gout = torch.randn(T, H, Dv, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    return q, k, v, kr, gout, cu
+
+
+def _fa_on(device, dtype, q, k, v, kr, gout, cu, max_seqlen, causal, scale):
+    """Forward then backward of torch.ops.ascend_moe_ops on `device`, results on the CPU."""
+    to = lambda t: None if t is None else t.to(dtype).to(device)
+    qd, kd, vd, krd, gd = to(q), to(k), to(v), to(kr), to(gout)
+    cud = cu.to(device)
+    ops = torch.ops.ascend_moe_ops
+    out, lse = ops.flash_attention_fwd(qd, kd, vd, krd, cud, max_seqlen, causal, scale)
+    grads = ops.flash_attention_bwd(gd, qd, kd, vd, krd, out, lse, cud, max_seqlen, causal, scale)
+    return [t.cpu() for t in (out, lse, *grads)]
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", list(FA_SHAPES))
+def test_npu_flash_attention_matches_reference(dtype, causal, shape):
+    dev = _device()
+    H, Dk, Dr, Dv, lens = FA_SHAPES[shape]
+    q, k, v, kr, gout, cu = _fa_inputs_npu(lens, H, Dk, Dr, Dv)
+    scale = (Dk + Dr) ** -0.5
+    ms = max(lens)
+    ours = _fa_on(dev, dtype, q, k, v, kr, gout, cu, ms, causal, scale)
+    with amo.use_backend("reference"):
+        ref64 = _fa_on("cpu", torch.float64, q, k, v, kr, gout, cu, ms, causal, scale)
+        lowp = _fa_on("cpu", dtype, q, k, v, kr, gout, cu, ms, causal, scale)
+    assert ours[0].dtype == dtype and ours[1].dtype == torch.float32
+    names = ["out", "lse", "dq", "dk", "dv", "dk_rope"]
+    for name, o, r, lo in zip(names, ours, ref64, lowp):
+        if name == "dk_rope" and not Dr:
+            assert o.shape == (0,), "dk_rope is an empty [0] tensor without k_rope"
+            continue
+        assert_close_to_ref(o, r, dtype=dtype, torch_lowp=lo, name=f"npu flash_attention {name}")
+
+
+@pytest.mark.npu
+def test_npu_flash_attention_autograd_and_larger_max_seqlen():
+    """The public wrapper on NPU tensors (autograd -> flash_attention_bwd on PrivateUse1), with a
+    max_seqlen above the longest sequence (only bounds the work items)."""
+    dev = _device()
+    lens, H, D = [64, 3, 190], 2, 64
+    q, k, v, _, gout, cu = _fa_inputs_npu(lens, H, D, 0, D, seed=1)
+    leaves = [t.to(torch.bfloat16).to(dev).requires_grad_() for t in (q, k, v)]
+    out = amo.flash_attention(*leaves, causal=True, cu_seqlens=cu.to(dev), max_seqlen=300)
+    out.backward(gout.to(torch.bfloat16).to(dev))
+    with amo.use_backend("reference"):
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        o64 = amo.flash_attention(*ref, causal=True, cu_seqlens=cu, max_seqlen=190)
+        o64.backward(gout)
+        low = [t.to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
+        olo = amo.flash_attention(*low, causal=True, cu_seqlens=cu, max_seqlen=190)
+        olo.backward(gout.to(torch.bfloat16))
+    assert_close_to_ref(out.detach().cpu(), o64.detach(), dtype=torch.bfloat16, torch_lowp=olo.detach(), name="out")
+    for name, a, r, lo in zip("qkv", leaves, ref, low):
+        assert_close_to_ref(a.grad.cpu(), r.grad, dtype=torch.bfloat16, torch_lowp=lo.grad, name=f"d{name}")
+
+
+@pytest.mark.npu
+def test_npu_flash_attention_refusals_and_empty():
+    dev = _device()
+    ops = torch.ops.ascend_moe_ops
+    q = torch.randn(8, 2, 64, device=dev)
+    cu = torch.tensor([0, 8], device=dev)
+    with pytest.raises(RuntimeError, match="float16 or bfloat16"):
+        ops.flash_attention_fwd(q, q, q, None, cu, 8, True, 0.125)
+    qh = q.half()
+    with pytest.raises(RuntimeError, match="Dk \\+ Dr"):
+        ops.flash_attention_fwd(qh, qh[..., :32], qh, None, cu, 8, True, 0.125)
+    e = torch.empty(0, 2, 64, dtype=torch.float16, device=dev)
+    out, lse = ops.flash_attention_fwd(e, e, e, None, torch.tensor([0], device=dev), 0, True, 0.125)
+    assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
+    dq, dk, dv, dkr = ops.flash_attention_bwd(e, e, e, e, None, out, lse, torch.tensor([0], device=dev), 0, True, 0.125)
+    assert dq.shape == e.shape and dk.shape == e.shape and dv.shape == e.shape and dkr.shape == (0,)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
+def test_npu_flash_attention_opcheck(rope):
+    dev = _device()
+    Dk, Dr, Dv = (128, 64, 128) if rope else (64, 0, 64)
+    q, k, v, kr, gout, cu = _fa_inputs_npu([9, 40], 2, Dk, Dr, Dv, seed=2)
+    to = lambda t: None if t is None else t.to(torch.bfloat16).to(dev)
+    args = (to(q), to(k), to(v), to(kr), cu.to(dev), 40, True, (Dk + Dr) ** -0.5)
+    torch.library.opcheck(torch.ops.ascend_moe_ops.flash_attention_fwd.default, args)
+    out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*args)
+    torch.library.opcheck(torch.ops.ascend_moe_ops.flash_attention_bwd.default,
+                          (to(gout), *args[:4], out, lse, *args[4:]))
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["d128", "mla_192_128"])
+def test_npu_flash_attention_vs_npu_fusion_attention(causal, dims):
+    """Baseline (optional): torch_npu's npu_fusion_attention in the TND (varlen) layout, both compared
+    with the fp64 reference. Skipped where this torch_npu lacks the op or refuses the shape."""
+    dev = _device()
+    import torch_npu
+    if not hasattr(torch_npu, "npu_fusion_attention"):
+        pytest.skip("this torch_npu has no npu_fusion_attention")
+    Dqk, Dv = dims
+    lens, H = [100, 257, 31], 4
+    q, k, v, _, _, cu = _fa_inputs_npu(lens, H, Dqk, 0, Dv, seed=3)
+    scale = Dqk ** -0.5
+    bf = lambda t: t.to(torch.bfloat16).to(dev)
+    ours, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(bf(q), bf(k), bf(v), None, cu.to(dev), max(lens), causal, scale)
+    mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1).to(dev) if causal else None
+    ends = cu[1:].tolist()
+    try:
+        theirs = torch_npu.npu_fusion_attention(bf(q), bf(k), bf(v), H, "TND", atten_mask=mask, scale=scale,
+                                                actual_seq_qlen=ends, actual_seq_kvlen=ends,
+                                                sparse_mode=3 if causal else 0)[0]
+    except (RuntimeError, TypeError) as exc:
+        pytest.skip(f"npu_fusion_attention refuses this case: {str(exc)[:200]}")
+    with amo.use_backend("reference"):
+        ref64, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(q, k, v, None, cu, max(lens), causal, scale)
+        lowp, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(q.to(torch.bfloat16), k.to(torch.bfloat16),
+                                                               v.to(torch.bfloat16), None, cu, max(lens), causal, scale)
+    assert_close_to_ref(ours.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="ascend_moe_ops")
+    assert_close_to_ref(theirs.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="npu_fusion_attention")

@@ -1,5 +1,6 @@
-// Shared pieces of the NPU host glue (csrc/ascend/moe_*.cpp, grouped_gemm.cpp): chip facts from the ACL runtime,
-// tiling upload, and the launch inside torch_npu's task queue on the current stream.
+// Shared pieces of the NPU host glue (csrc/ascend/moe_*.cpp, grouped_gemm.cpp, flash_attention.cpp): chip
+// facts from the ACL runtime, tiling (and argument block) upload, and the launch inside torch_npu's task
+// queue on the current stream.
 // Built only on a CANN machine (see docs/ascend.md); type-checked in CI against the headers of the
 // torch_npu wheel (tests/test_ascend_glue.py).
 #pragma once
@@ -26,6 +27,16 @@
 #include "aclrtlaunch_amo_moe_unpermute_grad.h"
 #include "aclrtlaunch_amo_grouped_gemm.h"
 #include "aclrtlaunch_amo_grouped_gemm_dw.h"
+#include "aclrtlaunch_amo_fa_qk.h"
+#include "aclrtlaunch_amo_fa_softmax.h"
+#include "aclrtlaunch_amo_fa_pv.h"
+#include "aclrtlaunch_amo_fa_update.h"
+#include "aclrtlaunch_amo_fab_delta.h"
+#include "aclrtlaunch_amo_fab_qk.h"
+#include "aclrtlaunch_amo_fab_softmax.h"
+#include "aclrtlaunch_amo_fab_grad.h"
+#include "aclrtlaunch_amo_fab_acc.h"
+#include "aclrtlaunch_amo_fab_dkrope.h"
 #endif
 
 namespace amo_ascend {

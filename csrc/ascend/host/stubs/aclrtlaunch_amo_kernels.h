@@ -23,9 +23,16 @@ uint32_t aclrtlaunch_amo_grouped_gemm(uint32_t blockDim, aclrtStream stream, voi
                                       void* out, void* tiling);
 uint32_t aclrtlaunch_amo_grouped_gemm_dw(uint32_t blockDim, aclrtStream stream, void* a, void* b, void* groupSizes,
                                          void* out, void* tiling);
-// flash attention forward phase kernels (no NPU host glue uses them yet: emulator only, docs/ascend.md)
+// flash attention phase kernels (kernels/flash_attention.cpp), launched by csrc/ascend/flash_attention.cpp:
+// forward (amo_fa_*) and backward (amo_fab_*), each taking the uint64 argument block and the tiling
 uint32_t aclrtlaunch_amo_fa_qk(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fa_softmax(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fa_pv(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fa_update(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_delta(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_qk(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_softmax(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_grad(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_acc(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_dkrope(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 }
