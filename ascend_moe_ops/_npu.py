@@ -45,8 +45,20 @@ def load() -> str:
     except Exception as exc:  # toolkit/driver problems: report, keep the CPU backends working
         _STATUS = f"not loaded: {type(exc).__name__}: {exc}"
         return _STATUS
+    _register_composites()
     _STATUS = f"loaded {path}"
     return _STATUS
+
+
+def _register_composites() -> None:
+    """Ops whose Ascend path is a composition of the AscendC kernels in Python (mla_attention: the
+    grouped GEMM Cube kernels for the up-projection and its gradients, the flash attention kernels
+    for the attention) are served on PrivateUse1 by those Python functions (UNVERIFIED on an NPU)."""
+    from . import _library
+    from .ops import mla_attention as mla
+
+    _library._lib.impl("mla_attention_fwd", mla.ascend_fwd, "PrivateUse1")
+    _library._lib.impl("mla_attention_bwd", mla.ascend_bwd, "PrivateUse1")
 
 
 def status() -> str:

@@ -6,6 +6,7 @@ The one test without the marker checks that the package imports and reports the 
 status cleanly on a machine without torch_npu (this one runs in CI).
 """
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -447,3 +448,36 @@ def test_npu_flash_attention_vs_npu_fusion_attention(causal, dims):
                                                                v.to(torch.bfloat16), None, cu, max(lens), causal, scale)
     assert_close_to_ref(ours.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="ascend_moe_ops")
     assert_close_to_ref(theirs.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="npu_fusion_attention")
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("recompute", ["kv", "none"])
+def test_npu_mla_attention_matches_reference(dtype, recompute):
+    """MLA on the NPU: the Python composition of the AscendC kernels (grouped GEMM up-projection,
+    flash attention with the shared rope key) served on PrivateUse1; forward and backward vs fp64."""
+    dev = _device()
+    H, Dn, Dr, Dv, Dc = 4, 128, 64, 128, 512
+    cu = torch.tensor([0, 1, 98, 99, 160])
+    T = int(cu[-1])
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(T, H, Dn + Dr, generator=g, dtype=torch.float64)
+    c = torch.randn(T, Dc, generator=g, dtype=torch.float64)
+    kpe = torch.randn(T, Dr, generator=g, dtype=torch.float64)
+    w = torch.randn(H * (Dn + Dv), Dc, generator=g, dtype=torch.float64) / Dc ** 0.5
+    do = torch.randn(T, H, Dv, generator=g, dtype=torch.float64)
+
+    def run(dt, device, backend=None):
+        xs = [t.to(dt).to(device).requires_grad_() for t in (q, c, kpe, w)]
+        ctx = amo.use_backend(backend) if backend else contextlib.nullcontext()
+        with ctx:
+            out = amo.mla_attention(*xs, num_heads=H, qk_nope_dim=Dn, v_dim=Dv, softmax_scale=0.1352,
+                                    cu_seqlens=cu.to(device), max_seqlen=97, recompute=recompute)
+            out.backward(do.to(dt).to(device))
+        return [out.detach().cpu()] + [t.grad.cpu() for t in xs]
+
+    got = run(dtype, dev)
+    want = run(torch.float64, "cpu", "reference")
+    low = run(dtype, "cpu", "reference")
+    for name, a, b, lo in zip(("out", "dq", "dc_kv", "dk_pe", "dw"), got, want, low):
+        assert_close_to_ref(a, b, dtype=dtype, torch_lowp=lo, name=f"npu mla {name}")

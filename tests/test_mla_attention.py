@@ -27,6 +27,13 @@ def _key(backend):
 def _skip(backend, dtype):
     if backend == "triton" and dtype == torch.bfloat16 and not torch.cuda.is_available():
         pytest.skip("tl.dot on bf16 is wrong in the Triton interpreter; bf16 Triton runs on GPU only")
+    if backend == "ascendc-emu" and dtype == torch.float32:
+        pytest.skip("no fp32 on the Ascend Cube path (the refusal is tested by test_ascend_path_refuses_fp32)")
+
+
+def _fp(backend):
+    """dtype of the fp32 tests on a backend: fp16 on the Ascend path (no fp32 Cube kernels)."""
+    return torch.float16 if backend == "ascendc-emu" else torch.float32
 
 
 def _inputs(tok, H, Dn, Dr, Dv, Dc, seed=0):
@@ -91,7 +98,7 @@ def test_recompute_modes_bitwise_equal(backend, dtype):
 
 def _saved(backend, recompute, dims, T=24):
     H, Dn, Dr, Dv, Dc = dims
-    q, c, kpe, w, do = (t.float().requires_grad_() for t in _inputs((1, T), *dims))
+    q, c, kpe, w, do = (t.to(_fp(backend)).requires_grad_() for t in _inputs((1, T), *dims))
     saved = []
 
     def pack(t):
@@ -127,7 +134,7 @@ def test_recompute_kv_saves_no_per_head_k_or_v(backend):
 @pytest.mark.parametrize("backend", backends(OP))
 def test_opcheck(backend):
     H, Dn, Dr, Dv, Dc = DIMS["triton"]
-    q, c, kpe, w, do = (t.float() for t in _inputs((10,), H, Dn, Dr, Dv, Dc))
+    q, c, kpe, w, do = (t.to(_fp(backend)) for t in _inputs((10,), H, Dn, Dr, Dv, Dc))
     cu = torch.tensor([0, 3, 10], dtype=torch.int32)
     with amo.use_backend(backend):
         for save_kv in (False, True):
@@ -137,6 +144,15 @@ def test_opcheck(backend):
         out, lse, kv = torch.ops.ascend_moe_ops.mla_attention_fwd(q, c, kpe, w, cu, 7, H, Dn, Dv, SCALE, True, False)
         torch.library.opcheck(torch.ops.ascend_moe_ops.mla_attention_bwd.default,
                               (do, q, c, kpe, w, out, lse, kv, cu, 7, H, Dn, Dv, SCALE, True))
+
+
+@pytest.mark.parametrize("backend", [b for b in backends(OP) if b == "ascendc-emu"])
+def test_ascend_path_refuses_fp32(backend):
+    H, Dn, Dr, Dv, Dc = DIMS["triton"]
+    q, c, kpe, w, do = (t.float() for t in _inputs((6,), H, Dn, Dr, Dv, Dc))
+    with amo.use_backend(backend), pytest.raises(RuntimeError, match="mla_attention_fwd on the Ascend path takes float16"):
+        amo.mla_attention(q, c, kpe, w, num_heads=H, qk_nope_dim=Dn, v_dim=Dv, softmax_scale=SCALE,
+                          cu_seqlens=torch.tensor([0, 6]))
 
 
 def test_compile_fullgraph():

@@ -20,6 +20,62 @@ for _op in (OP, BWD):
     _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.mla_attention", _op)
     _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
     _backends.register_impl(_op, "triton", "triton_ref.mla_attention", _op)
+# The Ascend path composes the AscendC kernels (see ascend_fwd / ascend_bwd below): ascendc-emu runs
+# them on the CPU emulation layer; on an NPU the same functions serve PrivateUse1 (ascend_moe_ops._npu).
+_backends.register_impl(OP, "ascendc-emu", "ascend_moe_ops.ops.mla_attention", "ascend_fwd")
+_backends.register_impl(BWD, "ascendc-emu", "ascend_moe_ops.ops.mla_attention", "ascend_bwd")
+
+
+# ----------------------------------------------------------------------------- Ascend composition
+# MLA on the Ascend kernels: the up-projection kv = c_kv . w_kv_up^T and its two gradients are the
+# grouped GEMM Cube kernels with one group (grouped_gemm, grouped_gemm_dw), the attention is the
+# AscendC flash attention with k_pe as the shared rope key (never expanded per head). Each op is
+# called through its router, so the active backend's kernels run (ascendc-emu on CPU tensors, the
+# PrivateUse1 kernels on NPU tensors). The per-head K_nope / V are split out of kv with one copy each
+# (the attention kernels take [T, H, D] rows); they live only inside the call (recompute="kv" saves
+# none of them). fp16/bf16 only, as the Cube kernels.
+def _ascend_dtype(q, op):
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"{op} on the Ascend path takes float16/bfloat16 inputs only (the Cube kernels "
+                           f"accumulate in fp32); got {q.dtype}. Use the native or reference backend for fp32")
+
+
+def _up_project(c_kv, w_kv_up):
+    T = c_kv.shape[0]
+    sizes = torch.full((1,), T, dtype=torch.int64, device=c_kv.device)
+    return _library.op("grouped_gemm")(c_kv, w_kv_up.unsqueeze(0), sizes, True)
+
+
+def _split(kv, H, Dn, Dv):
+    kvh = kv.view(kv.shape[0], H, Dn + Dv)
+    return kvh[..., :Dn].contiguous(), kvh[..., Dn:].contiguous()
+
+
+def ascend_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
+               softmax_scale, causal, save_kv):
+    _ascend_dtype(q, OP)
+    kv = _up_project(c_kv, w_kv_up)
+    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    out, lse = _library.op("flash_attention_fwd")(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal,
+                                                  softmax_scale)
+    return out, lse, (kv if save_kv else kv.new_empty((0,)))
+
+
+def ascend_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, num_heads,
+               qk_nope_dim, v_dim, softmax_scale, causal):
+    _ascend_dtype(q, BWD)
+    if kv.numel() == 0:  # recompute="kv": the same kernel as the forward, so bitwise the same kv
+        kv = _up_project(c_kv, w_kv_up)
+    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    dq, dk_nope, dv, dk_pe = _library.op("flash_attention_bwd")(grad_out, q, k_nope, v, k_pe, out, lse,
+                                                                cu_seqlens, max_seqlen, causal,
+                                                                softmax_scale)
+    T = c_kv.shape[0]
+    dkv = torch.cat((dk_nope, dv), dim=-1).reshape(T, -1)
+    sizes = torch.full((1,), T, dtype=torch.int64, device=c_kv.device)
+    dc_kv = _library.op("grouped_gemm")(dkv, w_kv_up.unsqueeze(0), sizes, False)
+    dw = _library.op("grouped_gemm_dw")(dkv, c_kv, sizes)[0]
+    return dq, dc_kv, dk_pe, dw
 
 
 def _check_fwd(q, c_kv, k_pe, w, cu_seqlens, max_seqlen, *rest):
