@@ -159,6 +159,18 @@ class FaCube {
     l0B_.FreeTensor(b0);
   }
 
+  // S = Q_nope . K^T (+ Q_rope . K_rope^T as a second Mmad into the same L0C tile: k_rope is read once
+  // per key block, never expanded per head) for query rows [qRow, qRow + rows) and key rows
+  // [kRow, kRow + cols) of head h.
+  __aicore__ inline void Scores(const LocalTensor<float>& c, const FlashAttentionTiling& t, const GlobalTensor<T>& q,
+                                const GlobalTensor<T>& k, const GlobalTensor<T>& kr, int64_t qRow, int64_t kRow,
+                                int64_t h, int64_t rows, int64_t cols) {
+    const int64_t dq = t.Dk + t.Dr;
+    MatMul(c, q[(qRow * t.H + h) * dq], t.H * dq, k[(kRow * t.H + h) * t.Dk], t.H * t.Dk, true, rows, cols, t.Dk, true);
+    if (t.rope == FlashAttentionRope::kSharedKey)
+      MatMul(c, q[(qRow * t.H + h) * dq + t.Dk], t.H * dq, kr[kRow * t.Dr], t.Dr, true, rows, cols, t.Dr, false);
+  }
+
   __aicore__ inline void Store(const GlobalTensor<float>& dst, LocalTensor<float>& c, int64_t rows, int64_t cols,
                                int64_t dstStride) {
     l0C_.EnQue(c);
@@ -201,13 +213,9 @@ class FaQk {
   __aicore__ inline void Item(const FaItem& it, uint32_t) {
     if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
     const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
-    const int64_t dq = t_.Dk + t_.Dr, qRow = it.seqStart + it.qPos0, kRow = it.seqStart + k0;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + k0;
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.MatMul(c, q_[(qRow * t_.H + it.head) * dq], t_.H * dq, k_[(kRow * t_.H + it.head) * t_.Dk], t_.H * t_.Dk,
-                 true, it.rows, cols, t_.Dk, true);
-    if (t_.rope == FlashAttentionRope::kSharedKey)  // second Mmad into the same L0C tile
-      cube_.MatMul(c, q_[(qRow * t_.H + it.head) * dq + t_.Dk], t_.H * dq, kr_[kRow * t_.Dr], t_.Dr, true, it.rows,
-                   cols, t_.Dr, false);
+    cube_.Scores(c, t_, q_, k_, kr_, qRow, kRow, it.head, it.rows, cols);
     cube_.Store(s_[it.t * t_.baseM * t_.baseN], c, it.rows, cols, t_.baseN);
   }
 
@@ -508,84 +516,78 @@ struct FabTensors {
 __aicore__ inline int64_t FabRopeCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk); }
 __aicore__ inline int64_t FabVCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk) + (t.Dr ? FaUp8(t.Dr) : 0); }
 
-template <typename T>
-class FabQk {
+// The two backward Cube phases: backward buffers, the argument tensors, the walk (Derived::Item).
+template <typename T, typename Derived>
+class FabCubePhase {
  public:
   __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
     TPipe pipe;
     cube_.InitBwd(t, &pipe);
     t_ = t;
     g_.Set(g, t);
-    FabWalk(t, g_.cu, 1, *this);
-  }
-  __aicore__ inline void Item(const FabItem& it, uint32_t) {
-    const int64_t dq = t_.Dk + t_.Dr, H = t_.H, b = t_.baseM;
-    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
-    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.MatMul(c, g_.q[(qRow * H + it.head) * dq], H * dq, g_.k[(kRow * H + it.head) * t_.Dk], H * t_.Dk, true,
-                 it.rows, it.cols, t_.Dk, true);
-    if (t_.rope == FlashAttentionRope::kSharedKey)
-      cube_.MatMul(c, g_.q[(qRow * H + it.head) * dq + t_.Dk], H * dq, g_.kr[kRow * t_.Dr], t_.Dr, true, it.rows,
-                   it.cols, t_.Dr, false);
-    cube_.Store(g_.s[ws], c, it.rows, it.cols, b);
-    c = cube_.l0C_.template AllocTensor<float>();
-    cube_.MatMul(c, g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, g_.v[(kRow * H + it.head) * t_.Dv], H * t_.Dv,
-                 true, it.rows, it.cols, t_.Dv, true);
-    cube_.Store(g_.dp[ws], c, it.rows, it.cols, b);
+    FabWalk(t, g_.cu, 1, *static_cast<Derived*>(this));
   }
 
- private:
+ protected:
   FaCube<T> cube_;
   FlashAttentionTiling t_;
   FabTensors<T> g_;
 };
 
 template <typename T>
-class FabGrad {
+class FabQk : public FabCubePhase<T, FabQk<T>> {
+  using Base = FabCubePhase<T, FabQk<T>>;
+  using Base::cube_;
+  using Base::g_;
+  using Base::t_;
+
  public:
-  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
-    TPipe pipe;
-    cube_.InitBwd(t, &pipe);
-    t_ = t;
-    g_.Set(g, t);
-    FabWalk(t, g_.cu, 1, *this);
+  __aicore__ inline void Item(const FabItem& it, uint32_t) {
+    const int64_t H = t_.H, b = t_.baseM;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.Scores(c, t_, g_.q, g_.k, g_.kr, qRow, kRow, it.head, it.rows, it.cols);
+    cube_.Store(g_.s[ws], c, it.rows, it.cols, b);
+    c = cube_.l0C_.template AllocTensor<float>();  // dP = dO . V^T
+    cube_.MatMul(c, g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, g_.v[(kRow * H + it.head) * t_.Dv], H * t_.Dv,
+                 true, it.rows, it.cols, t_.Dv, true);
+    cube_.Store(g_.dp[ws], c, it.rows, it.cols, b);
   }
+};
+
+template <typename T>
+class FabGrad : public FabCubePhase<T, FabGrad<T>> {
+  using Base = FabCubePhase<T, FabGrad<T>>;
+  using Base::cube_;
+  using Base::g_;
+  using Base::t_;
+
+ public:
   __aicore__ inline void Item(const FabItem& it, uint32_t) {
     const int64_t dq = t_.Dk + t_.Dr, H = t_.H, b = t_.baseM, gc = t_.gradCols;
     const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
-    const int64_t row0 = it.t * b * gc;
+    const GlobalTensor<float> part = g_.part[it.t * b * gc];
     const bool rope = t_.rope == FlashAttentionRope::kSharedKey;
-    LocalTensor<float> c;
-    if (t_.pass == FlashAttentionPass::kBackwardKV) {  // products with key rows as M: A = P^T or dS^T
-      c = cube_.l0C_.template AllocTensor<float>();
-      cube_.MatMul(c, g_.p[ws], b, g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, false, it.cols, t_.Dv, it.rows,
-                   true, true);
-      cube_.Store(g_.part[row0 + FabVCol(t_)], c, it.cols, t_.Dv, gc);
-      c = cube_.l0C_.template AllocTensor<float>();
-      cube_.MatMul(c, g_.ds[ws], b, g_.q[(qRow * H + it.head) * dq], H * dq, false, it.cols, t_.Dk, it.rows, true, true);
-      cube_.Store(g_.part[row0], c, it.cols, t_.Dk, gc);
-      if (rope) {
-        c = cube_.l0C_.template AllocTensor<float>();
-        cube_.MatMul(c, g_.ds[ws], b, g_.q[(qRow * H + it.head) * dq + t_.Dk], H * dq, false, it.cols, t_.Dr, it.rows,
-                     true, true);
-        cube_.Store(g_.part[row0 + FabRopeCol(t_)], c, it.cols, t_.Dr, gc);
-      }
+    if (t_.pass == FlashAttentionPass::kBackwardKV) {  // key rows as M: A = P^T or dS^T (transposed loads)
+      const GlobalTensor<T> qn = g_.q[(qRow * H + it.head) * dq];
+      Product(part[FabVCol(t_)], g_.p[ws], g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, it.cols, t_.Dv, it.rows, true);
+      Product(part, g_.ds[ws], qn, H * dq, it.cols, t_.Dk, it.rows, true);
+      if (rope) Product(part[FabRopeCol(t_)], g_.ds[ws], qn[t_.Dk], H * dq, it.cols, t_.Dr, it.rows, true);
     } else {  // query rows as M: A = dS
-      c = cube_.l0C_.template AllocTensor<float>();
-      cube_.MatMul(c, g_.ds[ws], b, g_.k[(kRow * H + it.head) * t_.Dk], H * t_.Dk, false, it.rows, t_.Dk, it.cols, true);
-      cube_.Store(g_.part[row0], c, it.rows, t_.Dk, gc);
-      if (rope) {
-        c = cube_.l0C_.template AllocTensor<float>();
-        cube_.MatMul(c, g_.ds[ws], b, g_.kr[kRow * t_.Dr], t_.Dr, false, it.rows, t_.Dr, it.cols, true);
-        cube_.Store(g_.part[row0 + FabRopeCol(t_)], c, it.rows, t_.Dr, gc);
-      }
+      Product(part, g_.ds[ws], g_.k[(kRow * H + it.head) * t_.Dk], H * t_.Dk, it.rows, t_.Dk, it.cols, false);
+      if (rope) Product(part[FabRopeCol(t_)], g_.ds[ws], g_.kr[kRow * t_.Dr], t_.Dr, it.rows, t_.Dr, it.cols, false);
     }
   }
 
  private:
-  FaCube<T> cube_;
-  FlashAttentionTiling t_;
-  FabTensors<T> g_;
+  // dst (m x n rows of the gradient workspace) = A . B with A = the b x b block at `a` (transposed when
+  // transA) and B = k x n rows of `bm` with row stride bStride.
+  __aicore__ inline void Product(const GlobalTensor<float>& dst, const GlobalTensor<T>& a, const GlobalTensor<T>& bm,
+                                 int64_t bStride, int64_t m, int64_t n, int64_t k, bool transA) {
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.MatMul(c, a, t_.baseM, bm, bStride, false, m, n, k, true, transA);
+    cube_.Store(dst, c, m, n, t_.gradCols);
+  }
 };
 
 // P and dS rows of the item's query rows handled by this AIV unit.
