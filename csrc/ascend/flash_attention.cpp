@@ -143,19 +143,8 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, 
   auto stWs = at::zeros({ws.state}, f32);
   auto out = at::empty({s.T, s.H, s.Dv}, qc.options());
   auto lse = at::empty({s.H, s.T}, f32);
-  FlashAttentionFwdArgs a{};
-  a.q = addr(qc);
-  a.k = addr(kc);
-  a.v = addr(vc);
-  a.kRope = s.rope ? addr(krc) : 0;
-  a.cu = addr(cu);
-  a.s = addr(sWs);
-  a.p = addr(pWs);
-  a.oPart = addr(opWs);
-  a.o = addr(oWs);
-  a.state = addr(stWs);
-  a.out = addr(out);
-  a.lse = addr(lse);
+  const FlashAttentionFwdArgs a{addr(qc),  addr(kc),  addr(vc), s.rope ? addr(krc) : 0, addr(cu),  addr(sWs),
+                                addr(pWs), addr(opWs), addr(oWs), addr(stWs), addr(out), addr(lse)};
   auto args = upload_tiling(a, qc);
   const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, sWs, pWs, opWs, oWs, stWs, out, lse};
   for (int64_t j = 0; j < ws.steps; ++j) {
@@ -214,27 +203,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_n
   auto dk = at::empty({s.T, s.H, s.Dk}, qc.options());
   auto dv = at::empty({s.T, s.H, s.Dv}, qc.options());
   auto dkRope = s.rope ? at::empty({s.T, s.Dr}, qc.options()) : at::empty({0}, qc.options());
-  FlashAttentionBwdArgs a{};
-  a.q = addr(qc);
-  a.k = addr(kc);
-  a.v = addr(vc);
-  a.kRope = s.rope ? addr(krc) : 0;
-  a.cu = addr(cu);
-  a.out = addr(oc);
-  a.dout = addr(doc);
-  a.lse = addr(lc);
-  a.delta = addr(delta);
-  a.s = addr(sWs);
-  a.dp = addr(dpWs);
-  a.p = addr(pWs);
-  a.ds = addr(dsWs);
-  a.part = addr(part);
-  a.acc = addr(acc);
-  a.dkRopeHeads = s.rope ? addr(dkRopeHeads) : 0;
-  a.dq = addr(dq);
-  a.dk = addr(dk);
-  a.dv = addr(dv);
-  a.dkRope = s.rope ? addr(dkRope) : 0;
+  // field order of FlashAttentionBwdArgs: inputs, delta, scores, gradient workspaces, dK_rope per head, outputs
+  const FlashAttentionBwdArgs a{addr(qc),    addr(kc),   addr(vc),  s.rope ? addr(krc) : 0, addr(cu), addr(oc),
+                                addr(doc),   addr(lc),   addr(delta), addr(sWs), addr(dpWs), addr(pWs), addr(dsWs),
+                                addr(part),  addr(acc),  s.rope ? addr(dkRopeHeads) : 0,
+                                addr(dq),    addr(dk),   addr(dv),  s.rope ? addr(dkRope) : 0};
   auto args = upload_tiling(a, qc);
   const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, oc, doc, lc, delta, sWs, dpWs, pWs, dsWs, part, acc,
                                      dkRopeHeads, dq, dk, dv, dkRope};

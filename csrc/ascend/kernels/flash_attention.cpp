@@ -848,15 +848,28 @@ extern "C" __global__ __aicore__ void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tili
 }
 
 // Backward phase kernels: GM block of FlashAttentionBwdArgs + the tiling (pass and step set by the host).
-#define AMO_FAB_KERNEL(NAME, CLASS, TYPE)                                                        \
-  extern "C" __global__ __aicore__ void NAME(GM_ADDR gmArgs, GM_ADDR tiling) {                   \
-    KERNEL_TASK_TYPE_DEFAULT(TYPE);                                                              \
-    amo_ascend::kernels::FaRun<amo_ascend::kernels::CLASS, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling); \
-  }
-AMO_FAB_KERNEL(amo_fab_delta, FabDelta, KERNEL_TYPE_AIV_ONLY)
-AMO_FAB_KERNEL(amo_fab_qk, FabQk, KERNEL_TYPE_AIC_ONLY)
-AMO_FAB_KERNEL(amo_fab_softmax, FabSoftmax, KERNEL_TYPE_AIV_ONLY)
-AMO_FAB_KERNEL(amo_fab_grad, FabGrad, KERNEL_TYPE_AIC_ONLY)
-AMO_FAB_KERNEL(amo_fab_acc, FabAcc, KERNEL_TYPE_AIV_ONLY)
-AMO_FAB_KERNEL(amo_fab_dkrope, FabDkRope, KERNEL_TYPE_AIV_ONLY)
-#undef AMO_FAB_KERNEL
+// (Written out one by one: CANN generates a launcher per kernel entry, so no macro hides them.)
+extern "C" __global__ __aicore__ void amo_fab_delta(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabDelta, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fab_qk(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabQk, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabSoftmax, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fab_grad(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabGrad, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fab_acc(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabAcc, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
+}
+extern "C" __global__ __aicore__ void amo_fab_dkrope(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabDkRope, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
+}
