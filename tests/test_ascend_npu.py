@@ -319,14 +319,10 @@ FA_SHAPES = {  # name: (H, Dk, Dr, Dv, sequence lengths)
 
 
 def _fa_inputs_npu(lens, H, Dk, Dr, Dv, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    T = sum(lens)
-    q = torch.randn(T, H, Dk + Dr, generator=g, dtype=torch.float64)
-    k = torch.randn(T, H, Dk, generator=g, dtype=torch.float64)
-    v = torch.randn(T, H, Dv, generator=g, dtype=torch.float64)
-    kr = torch.randn(T, Dr, generator=g, dtype=torch.float64) if Dr else None
-    gout = torch.randn(T, H, Dv, generator=g, dtype=torch.float64)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    """The emulator tests' inputs (fp64) plus an output gradient."""
+    from test_ascend_flash_attention import _fa_inputs
+    q, k, v, kr, cu = _fa_inputs(lens, H, Dk, Dr, Dv, seed=seed)
+    gout = torch.randn(q.shape[0], H, Dv, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     return q, k, v, kr, gout, cu
 
 
