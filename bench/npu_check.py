@@ -254,15 +254,18 @@ class Run:
         self.dtype = torch.bfloat16
         self.timer = Timer(self.device, args.iters, args.warmup)
         self.parity, self.results, self.errors = [], [], []
-        self.npu = None
+        self.npu = None  # the module whose ops are the baselines (None: no baselines)
+        self.npu_version = "not used"
         self.baseline_note = ""
         if self.device.type == "cpu":
             self.baseline_note = "cpu smoke mode: no baselines"
-        elif args.no_baselines:
-            self.baseline_note = "--no-baselines"
         else:
             import torch_npu
-            self.npu = torch_npu
+            self.npu_version = getattr(torch_npu, "__version__", "?")
+            if args.no_baselines:
+                self.baseline_note = "--no-baselines"
+            else:
+                self.npu = torch_npu
 
     # which implementation runs "ours": the PrivateUse1 kernels on the NPU, ascendc-emu on the CPU
     def ours(self):
@@ -516,15 +519,28 @@ class Run:
                 self.parity.append(p.row())
                 del out
         flops = 2 * M * K * N
-        gl = torch.cumsum(sd, 0)
+        gl = torch.cumsum(sd, 0)  # cumulative group_list (group_list_type 0)
         gmm = self.npu.npu_grouped_matmul if self.npu is not None else None
+        copies = {}
+
+        def once(name, make):  # a transposed copy made on first use, outside the timed calls
+            if name not in copies:
+                copies[name] = make()
+            return copies[name]
+
         base_cands = {
             "fwd": [("torch_npu.npu_grouped_matmul", lambda: gmm([xd], [wd], group_list=gl, split_item=3,
                                                              group_type=0)[0])],
             "dX": [("torch_npu.npu_grouped_matmul (W^T view)",
-                    lambda: gmm([dyd], [wd.transpose(1, 2)], group_list=gl, split_item=3, group_type=0)[0])],
+                    lambda: gmm([dyd], [wd.transpose(1, 2)], group_list=gl, split_item=3, group_type=0)[0]),
+                   ("torch_npu.npu_grouped_matmul (W^T copied once, untimed)",
+                    lambda: gmm([dyd], [once("wT", lambda: wd.transpose(1, 2).contiguous())], group_list=gl,
+                                split_item=3, group_type=0)[0])],
             "dW": [("torch_npu.npu_grouped_matmul group_type=2 (x^T view)",
-                    lambda: gmm([xd.t()], [dyd], group_list=gl, split_item=3, group_type=2)[0])],
+                    lambda: gmm([xd.t()], [dyd], group_list=gl, split_item=3, group_type=2)[0]),
+                   ("torch_npu.npu_grouped_matmul group_type=2 (x^T copied once, untimed)",
+                    lambda: gmm([once("xT", lambda: xd.t().contiguous())], [dyd], group_list=gl,
+                                split_item=3, group_type=2)[0])],
         }
         for pname, fn in passes.items():
             def ours_fn(fn=fn):
@@ -696,12 +712,11 @@ class Run:
         torch = self.torch
         from ascend_moe_ops import _npu
         if self.device.type == "npu":
-            name = torch.npu.get_device_name(0)
-            tnpu = getattr(self.npu, "__version__", "?") if self.npu else "not imported"
+            self.device_name = torch.npu.get_device_name(0)
         else:
-            name, tnpu = "cpu (ascendc-emu smoke mode)", "not used"
-        print(f"npu_check {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC; device {name}; "
-              f"torch {torch.__version__}; torch_npu {tnpu}; shapes {self.args.shapes}")
+            self.device_name = "cpu (ascendc-emu smoke mode)"
+        print(f"npu_check {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC; device {self.device_name}; "
+              f"torch {torch.__version__}; torch_npu {self.npu_version}; shapes {self.args.shapes}")
         print(f"  AscendC backend: {_npu.status()}")
         print(f"  timing: median of {self.args.iters} after {self.args.warmup} warm-up runs, {self.timer.method}")
         self.limits = measure_limits(self.device, self.shp, self.timer)
@@ -749,10 +764,12 @@ class Run:
         print(f"\nlimits: copy {self.limits['copy_GBps']:.1f} GB/s [{COPY_FORMULA}]; bf16 mm "
               f"{self.limits['mm_bf16_TFLOPs']:.3f} TFLOP/s [{MM_FORMULA}]")
         print("speed-up = baseline ms / ours ms; rate and % limit are ours. s = bytes per element, N = T*K.")
-        used = {}
-        for r in self.results:
-            if r["baseline"]:
-                used[r["baseline"]] = True
+        used = sorted({f"{r['op']} {r['case'].split(' ')[-1]}: {r['baseline']}" for r in self.results
+                       if r["baseline_ms"] is not None})
+        if used:
+            print("baselines timed:")
+            for u in used:
+                print(f"  {u}")
         notes = sorted({f"{r['op']} {r['case']}: {r['baseline_error']}" for r in self.results
                         if r["baseline_error"] and r["baseline_ms"] is None})
         if notes and self.npu is not None:
@@ -767,7 +784,8 @@ class Run:
     def payload(self):
         from ascend_moe_ops import _npu
         return dict(
-            script="bench/npu_check.py", device=str(self.device), shapes=self.args.shapes,
+            script="bench/npu_check.py", device=str(self.device), device_name=self.device_name,
+            torch_npu=self.npu_version, shapes=self.args.shapes,
             shape_table={k: v for k, v in self.shp.items()}, dtype="bfloat16",
             date_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             torch=self.torch.__version__, npu_backend=_npu.status(), timing=self.timer.method,
