@@ -54,6 +54,10 @@ same strings are in the JSON):
 Rates and "% of limit" are those of our op: bandwidth rows against the measured copy bandwidth,
 FLOP rows against the measured dense bf16 mm. "speed-up" = baseline ms / ours ms (> 1: ours faster).
 
+The fp64 reference of the full shapes runs on the host CPU (the attention reference materializes
+the H x S x S scores: an estimated ~10 GiB of host memory at S=4096, H=16; the grouped GEMM reference
+runs a few experts at a time); ``--skip-parity`` skips it, ``--shapes smoke`` checks parity quickly.
+
 ``--device cpu`` is a smoke test of this script: tiny shapes, our ops on CPU tensors with the
 ``ascendc-emu`` backend forced (the AscendC kernel sources on the CPU emulation layer), no
 baselines; its timings mean nothing. Exit status: 0 when every parity check passed and every op ran,
