@@ -70,6 +70,10 @@ def check_budgets(t, Dk, Dr, Dv):
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(M / 2), "two AIVs per AIC split the query block"
+    # fused kernel, per AIV: S row, P row, work, 8 fp32, O accumulator, O_partial row, output row, (m, l, alpha)
+    fused = N * 4 + N * 2 + u8((N + 63) // 64) * 4 + 32 + R * u8(Dv) * 4 + u8(Dv) * 4 + u16(Dv) * 2 + 3 * u8(R) * 4
+    assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
+    assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -314,3 +318,66 @@ def test_emu_rejects_fp32():
     q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
     with amo.use_backend(EMU), pytest.raises(RuntimeError, match="float16/bfloat16"):
         torch.ops.ascend_moe_ops.flash_attention_fwd(q.float(), k.float(), v.float(), None, cu, 4, True, 0.25)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The fused forward (one mixed AIC + AIV launch) and the emulator's cross-core flag rules.
+MIX_RULES = [
+    ("deadlock", "deadlock: every live block of the AI Core group waits"),
+    ("one_aiv_sets", "deadlock"),
+    ("set_never_waited", "cross-core flag 3 was set but never waited for"),
+    ("mode0", "only mode 2"),
+    ("flag_id_11", "outside 0..10"),
+    ("too_many_sets", "set more than 15 times"),
+]
+
+
+@pytest.fixture(scope="module")
+def mix_driver():
+    return compile_cached("emu_mix_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_mix_rules_driver.cpp")],
+                          flags=("-pthread",))
+
+
+def _mix(exe, case):
+    return subprocess.run([exe, case], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+
+
+@pytest.mark.parametrize("case, match", MIX_RULES, ids=[r[0] for r in MIX_RULES])
+def test_emulator_enforces_cross_core_rule(mix_driver, case, match):
+    out = _mix(mix_driver, case)
+    assert out.startswith("EmuError: AscendC emulator:"), f"{case} was not caught: {out}"
+    assert match in out, out
+
+
+def test_emulator_mixed_launch_ids_and_ping_pong(mix_driver):
+    assert _mix(mix_driver, "ok_pingpong") == "ok"
+    vals = [float(x) for x in _mix(mix_driver, "ids").split()]
+    # 3 AI Cores: AIC blocks 0..2 (GetBlockNum 3, ratio 1), AIV blocks 0..5 (ratio 2)
+    assert vals[:3] == [311.0] * 3 and vals[8:14] == [322.0] * 6
+
+
+@needs_emu
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_emu_fused_forward_equals_phase_kernels(monkeypatch, rope, causal):
+    """The fused mixed kernel and the four phase kernels do the same arithmetic in the same order:
+    bitwise equal outputs (16 x 16 blocks, 3 AI Cores, varlen with an empty sequence)."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
+    q, k, v, kr, cu = _fa_inputs([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, seed=4)
+    args = tuple(None if t is None else t.to(torch.bfloat16) for t in (q, k, v, kr)) + (cu, 40, causal, 0.17)
+    res = {}
+    for mode in ("fused", "phases"):
+        monkeypatch.setenv("ASCEND_MOE_OPS_FA_FORWARD", mode)
+        with amo.use_backend(EMU):
+            res[mode] = torch.ops.ascend_moe_ops.flash_attention_fwd(*args)
+    assert torch.equal(res["fused"][0], res["phases"][0]) and torch.equal(res["fused"][1], res["phases"][1])
+
+
+@needs_emu
+def test_emu_forward_mode_variable_is_checked(monkeypatch):
+    monkeypatch.setenv("ASCEND_MOE_OPS_FA_FORWARD", "fast")
+    q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
+    with amo.use_backend(EMU), pytest.raises(RuntimeError, match="must be 'fused' or 'phases'"):
+        torch.ops.ascend_moe_ops.flash_attention_fwd(q.half(), k.half(), v.half(), None, cu, 4, True, 0.25)

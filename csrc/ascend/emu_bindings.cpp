@@ -32,6 +32,7 @@ extern "C" void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fa_fused(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fab_delta(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fab_qk(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
@@ -185,7 +186,10 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
 // cap on baseM/baseN/baseK*stepK (default none) to force many tiles and K chunks on small shapes.
 ChipInfo emu_cube_chip() {
   ChipInfo chip = Ascend910B2();
-  if (const char* v = std::getenv("ASCEND_MOE_OPS_EMU_AIC")) chip.aicNum = static_cast<uint32_t>(std::max(1, std::atoi(v)));
+  if (const char* v = std::getenv("ASCEND_MOE_OPS_EMU_AIC")) {
+    chip.aicNum = static_cast<uint32_t>(std::max(1, std::atoi(v)));
+    chip.aivNum = 2 * chip.aicNum;  // A2/A3 AI Cores: one AIC and two AIVs each
+  }
   return chip;
 }
 
@@ -266,8 +270,17 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
   return out;
 }
 
-// ---- flash attention forward (AIC + AIV phase kernels, see kernels/flash_attention.cpp) ------------
-// Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM.
+// ---- flash attention forward (see kernels/flash_attention.cpp) ---------------------------------------
+// Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
+// ASCEND_MOE_OPS_FA_FORWARD=phases runs the four phase kernels per key block instead of the fused
+// mixed kernel amo_fa_fused (the default; the NPU glue reads the same variable).
+bool fa_forward_fused() {
+  const char* v = std::getenv("ASCEND_MOE_OPS_FA_FORWARD");
+  if (!v || !*v || std::string(v) == "fused") return true;
+  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_FORWARD must be 'fused' or 'phases', got '", v, "'");
+  return false;
+}
+
 std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
                                                const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
                                                int64_t maxSeqlen, bool causal, double softmaxScale) {
@@ -300,12 +313,27 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   if (t.key == FlashAttentionTilingKey::kEmpty) return {out.zero_(), lse.fill_(-std::numeric_limits<float>::infinity())};
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
+  ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
+  if (fa_forward_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
+    Tensor sWs = poisoned({w.fusedScore}, f32), pWs = poisoned({w.fusedScore}, q.options());
+    Tensor opWs = poisoned({w.fusedRows}, f32);
+    FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
+                            addr(opWs), 0, 0, addr(out), addr(lse)};
+    TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "ascendc-emu flash_attention_fwd: the fused kernel "
+                "needs the two AIVs of an AI Core to cover the query block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
+    FlashAttentionTiling tt = t;
+    auto used = ascend_emu::launch_mix(t.blockDim, ub_limit(chip), caps, amo_fa_fused, reinterpret_cast<GM_ADDR>(&g),
+                                       reinterpret_cast<GM_ADDR>(&tt));
+    check_cube(used.cube, t, "amo_fa_fused (AIC)");
+    TORCH_CHECK(used.ub == t.ubFusedBytes, "ascendc-emu: kernel amo_fa_fused allocated ", used.ub,
+                " B of UB per AIV but its tiling planned ", t.ubFusedBytes, " B");
+    return {out, lse};
+  }
   Tensor sWs = at::zeros({w.score}, f32), pWs = at::zeros({w.score}, q.options());
   Tensor opWs = at::zeros({w.rows}, f32), oWs = at::zeros({w.rows}, f32);
   Tensor stWs = at::zeros({w.state}, f32);
   FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
                           addr(opWs), addr(oWs), addr(stWs), addr(out), addr(lse)};
-  ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
   for (int64_t j = 0; j < w.steps; ++j) {
     FlashAttentionTiling tt = t;
     tt.step = static_cast<uint32_t>(j);

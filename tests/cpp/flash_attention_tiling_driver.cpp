@@ -128,7 +128,8 @@ int main(int argc, char** argv) {
         << ",\"baseN\":" << t.baseN << ",\"vecRows\":" << t.vecRows << ",\"l1Buffers\":" << t.l1Buffers
         << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"ubBuffers\":" << t.ubBuffers
         << ",\"l1Bytes\":" << t.l1Bytes << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes
-        << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"items\":" << items
+        << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes
+        << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"items\":" << items
         << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
       std::cout << o.str() << std::endl;
     } catch (const std::exception& e) {

@@ -57,17 +57,30 @@
 //   * Fixpipe CO1 -> GM with NZ2ND (row-major output): float source, quantPre matching the GM type
 //     (NoQuant float, F322F16 half, F322BF16 bfloat16_t; round to nearest even), srcStride a multiple
 //     of 16 that is >= mSize, dstStride >= nSize, GM bounds.
+// MIXED KERNELS (KERNEL_TYPE_MIX_AIC_1_2; ascend_emu::launch_mix): each AI Core group = one AIC block
+// and two AIV blocks running CONCURRENTLY as three threads (groups one after another). GetBlockIdx is
+// the group on the AIC and 2 * group + sub on an AIV, GetBlockNum the group count, GetTaskRatio 1 / 2,
+// g_coreType AIC / AIV. CrossCoreSetFlag<2, pipe>(id) / CrossCoreWaitFlag(id) are real counters per
+// group with the documented mode-2 semantics (an AIC set releases one wait on EACH AIV; the AIC's
+// wait needs a set from BOTH AIVs); checked: mode 2 only, flag ids 0..10, at most 15 pending sets per
+// counter, a deadlock (every live block of the group waiting) throws, and a group that ends with a
+// set nobody waited for throws. GM is shared between the threads, so a kernel that reads a workspace
+// before the matching flag can see stale data -- the emulator does not detect such a race itself,
+// but the tests' results then differ from the reference (or vary from run to run).
 // NOT modelled on the Cube side: the hardware's accumulation order inside a fractal (the emulator sums
 // the K products one by one in fp32), hf32/fp32 Cube modes, bank/ping-pong conflicts, unitFlag,
-// bias tables, the real unit of InitConstValue's blockNum (32 B assumed), and AIC/AIV cross-core
-// synchronization (the Cube kernels here are AIC-only).
+// bias tables, the real unit of InitConstValue's blockNum (32 B assumed), cross-core flag modes 0
+// and 1, and the hardware's timing of cross-core flags.
 #pragma once
 
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -136,6 +149,22 @@ struct BlockContext {
   bool aic = false;                              // a Cube (AIC) block: no UB
   std::shared_ptr<PipeState> pipe;
   bool active = false;
+  struct MixGroup* mix = nullptr;                // set in a mixed launch: the block's AI Core group
+  uint32_t sub = 0;                              // AIV index inside the group (0 / 1)
+};
+
+// Cross-core flag state of one AI Core group of a mixed launch (mode 2: AIC <-> its two AIVs).
+struct MixGroup {
+  static constexpr int kFlags = 11;
+  std::mutex m;
+  std::condition_variable cv;
+  int aic[kFlags] = {};        // pending releases of the AIC's waits
+  int aiv[2][kFlags] = {};     // pending releases of each AIV's waits
+  int fromAiv[2][kFlags] = {}; // AIV sets not yet matched by the other AIV's set
+  int running = 3, blocked = 0;
+  int* waitingOn[3] = {nullptr, nullptr, nullptr};  // the counter each block (AIC, AIV0, AIV1) waits on
+  bool abort = false;
+  std::string error;
 };
 
 inline BlockContext& ctx() {
@@ -155,7 +184,7 @@ enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, A2, B1, B2, CO1, CO2 };
 using QuePosition = TPosition;
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
 enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, S_MTE3, MTE3_S, MTE2_S, S_MTE2, MTE3_MTE2, V_MTE2 };
-enum pipe_t { PIPE_S, PIPE_V, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
+enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
 using event_t = int32_t;
 constexpr event_t EVENT_ID0 = 0;
 
@@ -566,6 +595,84 @@ class TPipe {
 // ---- block index, synchronization --------------------------------------------------------------------
 inline int64_t GetBlockIdx() { return ascend_emu::ctx().blockIdx; }
 inline int64_t GetBlockNum() { return ascend_emu::ctx().blockNum; }
+inline int64_t GetTaskRatio() { return ascend_emu::ctx().mix && !ascend_emu::ctx().aic ? 2 : 1; }
+enum CoreType { AIC = 1, AIV = 2 };
+#define g_coreType (ascend_emu::ctx().aic ? AscendC::AIC : AscendC::AIV)
+
+namespace detail {
+inline ascend_emu::MixGroup& mix_group(const char* what) {
+  auto* g = ascend_emu::ctx().mix;
+  if (!g) fail(std::string(what) + " outside a mixed (AIC + AIV) launch");
+  return *g;
+}
+inline void check_flag(uint16_t id, const char* what) {
+  if (id >= ascend_emu::MixGroup::kFlags) fail(std::string(what) + ": flagId " + std::to_string(id) + " outside 0..10");
+}
+}  // namespace detail
+
+// Mode 2 (AIC <-> the two AIVs of its AI Core): an AIC set releases one wait on each AIV; the two
+// AIV sets together release one wait on the AIC.
+template <uint8_t modeId, pipe_t pipe>
+inline void CrossCoreSetFlag(uint16_t flagId) {
+  if (modeId != 2) fail("CrossCoreSetFlag: only mode 2 (AIC <-> AIV of one AI Core) is emulated");
+  detail::check_flag(flagId, "CrossCoreSetFlag");
+  auto& c = ascend_emu::ctx();
+  auto& g = detail::mix_group("CrossCoreSetFlag");
+  std::lock_guard<std::mutex> lk(g.m);
+  auto bump = [&](int& n) {
+    if (++n > 15) fail("CrossCoreSetFlag: flag " + std::to_string(flagId) + " set more than 15 times without a wait");
+  };
+  if (c.aic) {
+    bump(g.aiv[0][flagId]);
+    bump(g.aiv[1][flagId]);
+  } else {
+    bump(g.fromAiv[c.sub][flagId]);
+    if (g.fromAiv[0][flagId] > 0 && g.fromAiv[1][flagId] > 0) {
+      --g.fromAiv[0][flagId];
+      --g.fromAiv[1][flagId];
+      bump(g.aic[flagId]);
+    }
+  }
+  g.cv.notify_all();
+}
+
+inline void CrossCoreWaitFlag(uint16_t flagId) {
+  detail::check_flag(flagId, "CrossCoreWaitFlag");
+  auto& c = ascend_emu::ctx();
+  auto& g = detail::mix_group("CrossCoreWaitFlag");
+  std::unique_lock<std::mutex> lk(g.m);
+  int& n = c.aic ? g.aic[flagId] : g.aiv[c.sub][flagId];
+  const int me = c.aic ? 0 : 1 + static_cast<int>(c.sub);
+  ++g.blocked;
+  g.waitingOn[me] = &n;
+  for (;;) {
+    if (g.abort) {
+      --g.blocked;
+      g.waitingOn[me] = nullptr;
+      fail("aborted: another block of the AI Core group failed");
+    }
+    if (n > 0) {
+      --n;
+      --g.blocked;
+      g.waitingOn[me] = nullptr;
+      return;
+    }
+    // deadlock: every live block waits, and none of the counters they wait on can release them
+    bool stuck = g.blocked == g.running;
+    for (int w = 0; w < 3 && stuck; ++w)
+      if (g.waitingOn[w] && *g.waitingOn[w] > 0) stuck = false;
+    if (stuck) {
+      g.abort = true;
+      g.error = std::string("deadlock: every live block of the AI Core group waits on a cross-core flag (") +
+                (c.aic ? "AIC" : "AIV") + " waits on flag " + std::to_string(flagId) + ")";
+      g.cv.notify_all();
+      --g.blocked;
+      fail(g.error);
+    }
+    g.cv.wait(lk);
+  }
+}
+
 template <HardEvent E> inline void SetFlag(event_t) {}
 template <HardEvent E> inline void WaitFlag(event_t) {}
 template <pipe_t P> inline void PipeBarrier() {}
@@ -1091,6 +1198,86 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
       mx(peak.l0c, c.pipe->usedSpace[kL0C]);
     }
     c.active = false;
+  }
+  return peak;
+}
+
+// What a mixed launch's blocks allocated at most: Cube memories (AIC) and UB (AIV).
+struct MixMem {
+  CubeMem cube;
+  uint64_t ub = 0;
+};
+
+// Run a mixed kernel (KERNEL_TYPE_MIX_AIC_1_2) on `groups` AI Cores: per group one AIC block (Cube
+// memories `caps`, no UB) and two AIV blocks (UB of `ubCapacity` bytes) as three concurrent threads
+// sharing the group's cross-core flags; groups run one after another.
+template <typename F, typename... Args>
+MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel, Args... args) {
+  if (groups == 0) fail("launch with blockDim = 0");
+  if (ctx().active) fail("nested kernel launch");
+  MixMem peak;
+  const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  for (uint32_t grp = 0; grp < groups; ++grp) {
+    MixGroup g;
+    std::mutex peakMu;
+    auto body = [&](bool aic, uint32_t sub) {
+      auto& c = ctx();
+      c.blockIdx = aic ? grp : 2 * grp + sub;
+      c.blockNum = groups;
+      c.aic = aic;
+      c.sub = sub;
+      c.mix = &g;
+      c.ubCapacity = aic ? 0 : ubCapacity;
+      c.ub.assign(aic ? 0 : ubCapacity, 0xFF);
+      for (int s = 1; s < kNumSpaces; ++s) {
+        c.cap[s] = aic ? cap[s] : 0;
+        c.mem[s].assign(aic ? cap[s] : 0, 0xFF);
+      }
+      c.pipe.reset();
+      c.active = true;
+      try {
+        kernel(args...);
+        if (c.pipe)
+          for (auto& sl : c.pipe->slots)
+            if (sl->state == SlotState::kAllocated || sl->state == SlotState::kQueued || sl->state == SlotState::kDequeued)
+              fail(std::string(aic ? "AIC" : "AIV") + " block ended with " + sl->owner + " still " + state_name(sl->state));
+        std::lock_guard<std::mutex> lk(peakMu);
+        if (c.pipe) {
+          auto mx = [](uint64_t& a, uint64_t v) { a = v > a ? v : a; };
+          if (aic) {
+            mx(peak.cube.l1, c.pipe->usedSpace[kL1]);
+            mx(peak.cube.l0a, c.pipe->usedSpace[kL0A]);
+            mx(peak.cube.l0b, c.pipe->usedSpace[kL0B]);
+            mx(peak.cube.l0c, c.pipe->usedSpace[kL0C]);
+          } else {
+            mx(peak.ub, c.pipe->used);
+          }
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lk(g.m);
+        if (!g.abort) {
+          g.abort = true;
+          g.error = e.what();
+        }
+      }
+      c.active = false;
+      c.mix = nullptr;
+      c.pipe.reset();
+      {
+        std::lock_guard<std::mutex> lk(g.m);
+        --g.running;
+      }
+      g.cv.notify_all();
+    };
+    std::thread a(body, true, 0u), v0(body, false, 0u), v1(body, false, 1u);
+    a.join();
+    v0.join();
+    v1.join();
+    if (g.abort) throw EmuError("AI Core group " + std::to_string(grp) + ": " + g.error);
+    for (int f = 0; f < MixGroup::kFlags; ++f)
+      if (g.aic[f] || g.aiv[0][f] || g.aiv[1][f] || g.fromAiv[0][f] || g.fromAiv[1][f])
+        fail("AI Core group " + std::to_string(grp) + ": cross-core flag " + std::to_string(f) +
+             " was set but never waited for");
   }
   return peak;
 }

@@ -40,8 +40,8 @@ struct FaItem {
 // Walks the items in schedule order; calls op.Item(it) for those with (t * units + u) % cores == core
 // for some unit u < units (units = 1 on the Cube side, 2 on the vector side: op gets the unit index).
 template <typename Op>
-__aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
-  const int64_t cores = GetBlockNum(), core = GetBlockIdx();
+__aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, int64_t core,
+                                int64_t cores, uint32_t units, Op& op) {
   int64_t item = 0;
   for (int64_t b = 0; b < t.B; ++b) {
     const int64_t s0 = cu.GetValue(b), len = cu.GetValue(b + 1) - s0;
@@ -63,6 +63,11 @@ __aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<
         }
       }
   }
+}
+
+template <typename Op>
+__aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
+  FaWalkOn(t, cu, GetBlockIdx(), GetBlockNum(), units, op);
 }
 
 // ---- Cube phases ------------------------------------------------------------------------------------
@@ -811,6 +816,189 @@ class FabDkRope {
   TBuf<TPosition::VECCALC> xBuf_, yBuf_, sumBuf_, rowBuf_, work_, red_;
 };
 
+// ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
+// The same math as the four phase kernels, in one kernel: per AI Core group (one AIC + its two AIVs)
+// the items t with t % groups == group, and per item the key blocks j in order:
+//   AIC : S_j = Q K_j^T (+ rope) -> GM slot S of the group;          CrossCoreSetFlag(kFaFlagS)
+//   AIVs: wait S; online softmax of its half of the rows with (m, l, alpha) and the O accumulator kept
+//         in UB across the key blocks; P_j -> GM slot P;             CrossCoreSetFlag(kFaFlagP)
+//   AIC : wait P (both AIVs); O_part = P_j V_j -> GM slot O;         CrossCoreSetFlag(kFaFlagO)
+//   AIVs: wait O; O = alpha * O + O_part in UB; after the last block out = O / l, lse = m + ln(l).
+// Each GM slot is rewritten only after the flag that proves its reader is done with it (S_{j+1} after
+// P_j, P_{j+1} after O_j, O_{j+1} after P_{j+1}), so one slot per group suffices. The Cube and the
+// vector units take turns (no overlap of S_{j+1} with the softmax of j yet: the next step would be a
+// second slot per workspace and a one-block lookahead on the AIC). Slots: fused* sizes of
+// flash_attention_workspace(). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
+constexpr uint16_t kFaFlagS = 0, kFaFlagP = 1, kFaFlagO = 2;
+
+template <typename T>
+class FaFused {
+ public:
+  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
+    t_ = t;
+    dva_ = FaUp8(t.Dv);
+    aic_ = g_coreType == AIC;
+    const int64_t ratio = GetTaskRatio();
+    group_ = GetBlockIdx() / ratio;
+    sub_ = static_cast<uint32_t>(GetBlockIdx() % ratio);
+    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    const uint64_t score = static_cast<uint64_t>(t.baseM) * t.baseN, rows = static_cast<uint64_t>(t.baseM) * dva_;
+    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * score, score);
+    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * score, score);
+    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart) + group_ * rows, rows);
+    TPipe pipe;
+    if (aic_) {
+      const int64_t dq = t.Dk + t.Dr;
+      cube_.Init(t, &pipe);
+      q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
+      k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
+      v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
+      if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
+    } else {
+      const uint32_t r8 = FaUp8(t.vecRows);
+      pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
+      pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
+      pipe.InitBuffer(work_, FaUp8(FaCeil(t.baseN, 64)) * sizeof(float));
+      pipe.InitBuffer(red_, 8 * sizeof(float));
+      pipe.InitBuffer(oAcc_, t.vecRows * dva_ * sizeof(float));
+      pipe.InitBuffer(pv_, dva_ * sizeof(float));
+      pipe.InitBuffer(outBuf_, FaUp16(t.Dv) * sizeof(T));
+      pipe.InitBuffer(state_, 3 * r8 * sizeof(float));
+      out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
+      lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
+    }
+    FaWalkOn(t, cu_, group_, GetBlockNum(), 1, *this);
+  }
+
+  __aicore__ inline void Item(const FaItem& it, uint32_t) {
+    if (aic_) CubeItem(it);
+    else VecItem(it);
+  }
+
+ private:
+  __aicore__ inline void CubeItem(const FaItem& it) {
+    const int64_t qRow = it.seqStart + it.qPos0;
+    for (int64_t j = 0; j < it.keyBlocks; ++j) {
+      const int64_t k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
+      LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+      cube_.Scores(c, t_, q_, k_, kr_, qRow, kRow, it.head, it.rows, cols);
+      cube_.Store(s_, c, it.rows, cols, t_.baseN);
+      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS);
+      CrossCoreWaitFlag(kFaFlagP);
+      c = cube_.l0C_.template AllocTensor<float>();
+      cube_.MatMul(c, p_, t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows, t_.Dv, cols, true);
+      cube_.Store(o_, c, it.rows, t_.Dv, dva_);
+      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO);
+    }
+  }
+
+  __aicore__ inline void VecItem(const FaItem& it) {
+    // both AIVs take part in every flag exchange, also one whose half of the rows is empty
+    const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    const uint32_t r8 = FaUp8(t_.vecRows);
+    LocalTensor<float> st = state_.Get<float>();
+    LocalTensor<float> m = st, l = st[r8], alpha = st[2 * r8];
+    for (int64_t j = 0; j < it.keyBlocks; ++j) {
+      const int64_t k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+      CrossCoreWaitFlag(kFaFlagS);
+      for (int64_t r = r0; r < r1; ++r) SoftmaxRow(it, r, r - r0, j, k0, cols, m, l, alpha);
+      CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP);
+      CrossCoreWaitFlag(kFaFlagO);
+      for (int64_t r = r0; r < r1; ++r) UpdateRow(it, r, r - r0, j, j + 1 == it.keyBlocks, m, l, alpha);
+    }
+  }
+
+  __aicore__ inline void SoftmaxRow(const FaItem& it, int64_t r, int64_t u, int64_t j, int64_t k0, int64_t cols,
+                                    const LocalTensor<float>& m, const LocalTensor<float>& l,
+                                    const LocalTensor<float>& alpha) {
+    LocalTensor<float> s = sBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
+    LocalTensor<T> p = pBuf_.Get<T>();
+    const int64_t qPos = it.qPos0 + r;
+    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(cols, qPos - k0 + 1) : cols;
+    ZeroFill(p, t_.baseN);
+    if (valid <= 0) {  // every key of this block is masked for the row: P row 0, state unchanged
+      alpha.SetValue(u, 1.0f);
+    } else {
+      DataCopy(s, s_[r * t_.baseN], t_.baseN);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      const int32_t n = static_cast<int32_t>(valid);
+      Muls(s, s, t_.softmaxScale, n);
+      ReduceMax(red, s, work, n);
+      SetFlag<HardEvent::V_S>(EVENT_ID0);
+      WaitFlag<HardEvent::V_S>(EVENT_ID0);
+      const float rowMax = red.GetValue(0);
+      const float mOld = j == 0 ? rowMax : m.GetValue(u);
+      const float mNew = mOld > rowMax ? mOld : rowMax;
+      float a = 0.0f;
+      if (j != 0) {
+        Duplicate(red, mOld - mNew, 8);
+        Exp(red, red, 8);
+        SetFlag<HardEvent::V_S>(EVENT_ID0);
+        WaitFlag<HardEvent::V_S>(EVENT_ID0);
+        a = red.GetValue(0);
+      }
+      Adds(s, s, -mNew, n);
+      Exp(s, s, n);
+      ReduceSum(red, s, work, n);
+      SetFlag<HardEvent::V_S>(EVENT_ID0);
+      WaitFlag<HardEvent::V_S>(EVENT_ID0);
+      const float lOld = j == 0 ? 0.0f : l.GetValue(u);
+      m.SetValue(u, mNew);
+      l.SetValue(u, lOld * a + red.GetValue(0));
+      alpha.SetValue(u, a);
+      Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+    }
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(p_[r * t_.baseN], p, t_.baseN);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+  __aicore__ inline void UpdateRow(const FaItem& it, int64_t r, int64_t u, int64_t j, bool last,
+                                   const LocalTensor<float>& m, const LocalTensor<float>& l,
+                                   const LocalTensor<float>& alpha) {
+    LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>(), red = red_.Get<float>();
+    const int32_t dva = static_cast<int32_t>(dva_);
+    if (j == 0) {
+      DataCopy(o, o_[r * dva_], dva_);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    } else {
+      DataCopy(pv, o_[r * dva_], dva_);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      Muls(o, o, alpha.GetValue(u), dva);
+      Add(o, o, pv, dva);
+    }
+    if (!last) return;
+    LocalTensor<T> outRow = outBuf_.Get<T>();
+    const float lv = l.GetValue(u);
+    Muls(o, o, 1.0f / lv, dva);
+    Cast(outRow, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
+    Duplicate(red, lv, 8);
+    Ln(red, red, 8);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    const int64_t tok = it.seqStart + it.qPos0 + r;
+    CopyRowOut(out_[(tok * t_.H + it.head) * t_.Dv], outRow, static_cast<uint32_t>(t_.Dv));
+    lse_.SetValue(it.head * t_.T + tok, m.GetValue(u) + red.GetValue(0));
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+  FlashAttentionTiling t_;
+  uint32_t dva_ = 0, sub_ = 0;
+  int64_t group_ = 0;
+  bool aic_ = false;
+  FaCube<T> cube_;
+  TBuf<TPosition::VECCALC> sBuf_, pBuf_, work_, red_, oAcc_, pv_, outBuf_, state_;
+  GlobalTensor<int64_t> cu_;
+  GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
+  GlobalTensor<float> s_, o_, lse_;
+};
+
 template <template <typename> class K, typename Args = FaGm>
 __aicore__ inline void FaRun(GM_ADDR gmArgs, GM_ADDR tiling) {
   FlashAttentionTiling t;
@@ -845,6 +1033,12 @@ extern "C" __global__ __aicore__ void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling) 
 extern "C" __global__ __aicore__ void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   amo_ascend::kernels::FaRun<amo_ascend::kernels::FaUpdate>(gmArgs, tiling);
+}
+
+// Fused forward: one mixed launch on blockDim AI Cores (1 AIC + 2 AIVs each), same argument block.
+extern "C" __global__ __aicore__ void amo_fa_fused(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaFused>(gmArgs, tiling);
 }
 
 // Backward phase kernels: GM block of FlashAttentionBwdArgs + the tiling (pass and step set by the host).

@@ -23,6 +23,8 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   t.l0cBytes = t.l0cBuffers * M * std::max<uint64_t>(N, dv) * 4;
   const uint64_t R = t.vecRows, dv8 = up(t.Dv, 8), r8 = up(R, 8);
   t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + up(N, 64) / 64 * 4 + 32;
+  t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + up(up(N, 64) / 64 * 4, 32) + 32 + R * dv8 * 4 + dv8 * 4 +
+                                         up(t.Dv, 16) * e + 3 * r8 * 4);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
@@ -47,6 +49,7 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t rowDim = up(std::max<int64_t>(t.Dv, t.Dr), 16);
   const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + up(up(rowDim, 64) / 64 * 4, 32) + 32;
   t.ubBytes = std::max({softmax, acc, reduce});
+  t.ubFusedBytes = 0;  // forward only
 }
 
 uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {
@@ -56,7 +59,7 @@ uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {
 
 bool fits(const FlashAttentionTiling& t, const ChipInfo& chip) {
   return t.l1Bytes <= chip.l1Bytes && t.l0aBytes <= chip.l0aBytes && t.l0bBytes <= chip.l0bBytes &&
-         t.l0cBytes <= chip.l0cBytes && t.ubBytes <= ub_budget(chip);
+         t.l0cBytes <= chip.l0cBytes && t.ubBytes <= ub_budget(chip) && t.ubFusedBytes <= ub_budget(chip);
 }
 
 }  // namespace
@@ -131,6 +134,8 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
   if (t.pass == FlashAttentionPass::kForward) {
     w.rows = w.items * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
     w.state = w.items * 3 * t.baseM;
+    w.fusedScore = static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;
+    w.fusedRows = static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
   } else {
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;

@@ -19,6 +19,9 @@
 //   L0A : l0Buffers x baseM x max(up16(Dk), up16(Dr), baseN)           (Q parts, then P)
 //   L0B : l0Buffers x max(baseN x up16(Dk), baseN x up16(Dr), baseN x up16(Dv))   (K^T parts, then V)
 //   L0C : l0cBuffers x baseM x max(baseN, up16(Dv)) fp32                (S, then O_partial)
+//   UB of the fused kernel amo_fa_fused (ubFusedBytes): S row (baseN fp32), P row (baseN, input dtype),
+//         ReduceMax/ReduceSum work, 8 fp32, the O accumulator (vecRows x up8(Dv) fp32), one O_partial row,
+//         the output row (up16(Dv), input dtype) and (m, l, alpha) (3 x up8(vecRows) fp32).
 //   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
 //         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
 //         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
@@ -57,6 +60,7 @@ struct FlashAttentionTiling {
   FlashAttentionPass pass;  // set by the host per launch
   uint32_t vecBlockDim; // AIV cores of the vector phases: min(aivNum, blockDim * ceil(baseM / vecRows))
   uint32_t gradCols;    // backward: fp32 row width of the gradient workspaces, up8(Dk) + up8(Dr) + up8(Dv)
+  uint32_t ubFusedBytes;  // forward, fused mixed kernel amo_fa_fused: UB per AIV (state and O kept in UB)
 };
 
 // Device addresses handed to the phase kernels as one GM block (uint64 each; the kernels read them
@@ -86,6 +90,8 @@ struct FlashAttentionWorkspace {
   int64_t state;        // forward: items * 3 * baseM
   int64_t delta;        // backward: T * H
   int64_t dkRopeHeads;  // backward: H * T * Dr
+  int64_t fusedScore;   // fused forward: one S and one P slot per AI Core group, blockDim * baseM * baseN
+  int64_t fusedRows;    // fused forward: one O_partial slot per group, blockDim * baseM * up8(Dv)
 };
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
