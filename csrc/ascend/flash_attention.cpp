@@ -20,7 +20,9 @@
 // with the CANN toolkit nor run on an NPU (docs/ascend.md).
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -96,7 +98,16 @@ at::Tensor device_cu(const at::Tensor& cuSeqlens, const at::Tensor& like) {
   return cuSeqlens.to(like.device(), at::kLong, /*non_blocking=*/true).contiguous();
 }
 
-// One phase kernel launch (every kernel takes (GM_ADDR gmArgs, GM_ADDR tiling)).
+// Forward variant: the fused mixed kernel amo_fa_fused (default) or the four phase kernels per key
+// block (ASCEND_MOE_OPS_FA_FORWARD=phases: a fallback should the mixed kernel misbehave on a device).
+bool fa_forward_fused() {
+  const char* v = std::getenv("ASCEND_MOE_OPS_FA_FORWARD");
+  if (!v || !*v || std::string(v) == "fused") return true;
+  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_FORWARD must be 'fused' or 'phases', got '", v, "'");
+  return false;
+}
+
+// One kernel launch (every kernel takes (GM_ADDR gmArgs, GM_ADDR tiling)).
 template <typename Launcher>
 void launch_phase(const char* name, Launcher launcher, uint32_t blockDim, const at::Tensor& args,
                   const at::Tensor& tiling, std::vector<at::Tensor> keep) {
@@ -134,15 +145,30 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, 
             at::full({s.H, s.T}, -std::numeric_limits<float>::infinity(), f32)};
   auto cu = device_cu(cuSeqlens, qc);
   const FlashAttentionWorkspace ws = flash_attention_workspace(t);
-  // Workspaces zeroed like the emulator's (the kernels initialise the state at step 0; zeros keep the
-  // padding rows of partial query blocks defined).
+  auto out = at::empty({s.T, s.H, s.Dv}, qc.options());
+  auto lse = at::empty({s.H, s.T}, f32);
+  if (fa_forward_fused()) {
+    // One mixed launch on blockDim AI Cores; one S / P / O_partial slot per AI Core (every slot row is
+    // written before it is read, so no memset).
+    TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "flash_attention_fwd: the fused kernel needs the two "
+                "AIVs of an AI Core to cover the query block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
+    auto sWs = at::empty({ws.fusedScore}, f32);
+    auto pWs = at::empty({ws.fusedScore}, qc.options());
+    auto opWs = at::empty({ws.fusedRows}, f32);
+    const FlashAttentionFwdArgs a{addr(qc), addr(kc), addr(vc), s.rope ? addr(krc) : 0, addr(cu), addr(sWs),
+                                  addr(pWs), addr(opWs), 0, 0, addr(out), addr(lse)};
+    auto args = upload_tiling(a, qc);
+    auto tiling = step_tiling(t, FlashAttentionPass::kForward, 0, qc);
+    launch_phase("amo_fa_fused", aclrtlaunch_amo_fa_fused, t.blockDim, args, tiling,
+                 {qc, kc, vc, krc, cu, sWs, pWs, opWs, out, lse});
+    return {out, lse};
+  }
+  // Phase kernels (ASCEND_MOE_OPS_FA_FORWARD=phases): workspaces zeroed like the emulator's.
   auto sWs = at::zeros({ws.score}, f32);
   auto pWs = at::zeros({ws.score}, qc.options());
   auto opWs = at::zeros({ws.rows}, f32);
   auto oWs = at::zeros({ws.rows}, f32);
   auto stWs = at::zeros({ws.state}, f32);
-  auto out = at::empty({s.T, s.H, s.Dv}, qc.options());
-  auto lse = at::empty({s.H, s.T}, f32);
   const FlashAttentionFwdArgs a{addr(qc),  addr(kc),  addr(vc), s.rope ? addr(krc) : 0, addr(cu),  addr(sWs),
                                 addr(pWs), addr(opWs), addr(oWs), addr(stWs), addr(out), addr(lse)};
   auto args = upload_tiling(a, qc);

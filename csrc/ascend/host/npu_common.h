@@ -31,6 +31,7 @@
 #include "aclrtlaunch_amo_fa_softmax.h"
 #include "aclrtlaunch_amo_fa_pv.h"
 #include "aclrtlaunch_amo_fa_update.h"
+#include "aclrtlaunch_amo_fa_fused.h"
 #include "aclrtlaunch_amo_fab_delta.h"
 #include "aclrtlaunch_amo_fab_qk.h"
 #include "aclrtlaunch_amo_fab_softmax.h"

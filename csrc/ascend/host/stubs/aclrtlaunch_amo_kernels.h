@@ -29,6 +29,7 @@ uint32_t aclrtlaunch_amo_fa_qk(uint32_t blockDim, aclrtStream stream, void* gmAr
 uint32_t aclrtlaunch_amo_fa_softmax(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fa_pv(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fa_update(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fa_fused(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);  // mixed AIC+AIV
 uint32_t aclrtlaunch_amo_fab_delta(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fab_qk(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fab_softmax(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
