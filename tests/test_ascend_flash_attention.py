@@ -127,6 +127,9 @@ def check_bwd_budgets(t, Dk, Dr, Dv):
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(b / 2)
+    # fused pass kernel, per AIV: softmax-grad rows, running sums of its R gradient rows, a product row, output row
+    fused = 2 * b * 4 + 2 * b * 2 + R * gc * 4 + gc * 4 + u16(max(Dk, Dr, Dv)) * 2
+    assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
 
@@ -359,25 +362,30 @@ def test_emulator_mixed_launch_ids_and_ping_pong(mix_driver):
 @needs_emu
 @pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_emu_fused_forward_equals_phase_kernels(monkeypatch, rope, causal):
-    """The fused mixed kernel and the four phase kernels do the same arithmetic in the same order:
-    bitwise equal outputs (16 x 16 blocks, 3 AI Cores, varlen with an empty sequence)."""
+def test_emu_fused_kernels_equal_phase_kernels(monkeypatch, rope, causal):
+    """The fused mixed kernels (forward; backward one launch per pass) and the phase kernels do the same
+    arithmetic in the same order: bitwise equal out, lse, dq, dk, dv, dk_rope (16 x 16 blocks, 3 AI
+    Cores, varlen with an empty sequence)."""
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
     Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
     q, k, v, kr, cu = _fa_inputs([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, seed=4)
-    args = tuple(None if t is None else t.to(torch.bfloat16) for t in (q, k, v, kr)) + (cu, 40, causal, 0.17)
+    do = torch.randn(q.shape[0], 2, Dv, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    qkv = tuple(None if t is None else t.to(torch.bfloat16) for t in (q, k, v, kr))
     res = {}
     for mode in ("fused", "phases"):
-        monkeypatch.setenv("ASCEND_MOE_OPS_FA_FORWARD", mode)
+        monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", mode)
         with amo.use_backend(EMU):
-            res[mode] = torch.ops.ascend_moe_ops.flash_attention_fwd(*args)
-    assert torch.equal(res["fused"][0], res["phases"][0]) and torch.equal(res["fused"][1], res["phases"][1])
+            out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*qkv, cu, 40, causal, 0.17)
+            grads = torch.ops.ascend_moe_ops.flash_attention_bwd(do, *qkv, out, lse, cu, 40, causal, 0.17)
+        res[mode] = (out, lse) + tuple(grads)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dk_rope"), res["fused"], res["phases"]):
+        assert torch.equal(a, b), f"{name}: fused and phase kernels differ"
 
 
 @needs_emu
-def test_emu_forward_mode_variable_is_checked(monkeypatch):
-    monkeypatch.setenv("ASCEND_MOE_OPS_FA_FORWARD", "fast")
+def test_emu_kernels_variable_is_checked(monkeypatch):
+    monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", "fast")
     q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
-    with amo.use_backend(EMU), pytest.raises(RuntimeError, match="must be 'fused' or 'phases'"):
+    with amo.use_backend(EMU), pytest.raises(RuntimeError, match="ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases'"):
         torch.ops.ascend_moe_ops.flash_attention_fwd(q.half(), k.half(), v.half(), None, cu, 4, True, 0.25)

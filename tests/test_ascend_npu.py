@@ -343,7 +343,7 @@ def _fa_on(device, dtype, q, k, v, kr, gout, cu, max_seqlen, causal, scale):
 @pytest.mark.parametrize("shape", list(FA_SHAPES))
 @pytest.mark.parametrize("forward", ["fused", "phases"])
 def test_npu_flash_attention_matches_reference(dtype, causal, shape, forward, monkeypatch):
-    monkeypatch.setenv("ASCEND_MOE_OPS_FA_FORWARD", forward)  # the mixed kernel, or the phase kernels
+    monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", forward)  # the mixed kernel, or the phase kernels
     dev = _device()
     H, Dk, Dr, Dv, lens = FA_SHAPES[shape]
     q, k, v, kr, gout, cu = _fa_inputs_npu(lens, H, Dk, Dr, Dv)

@@ -39,6 +39,7 @@ extern "C" void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fab_grad(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fab_acc(GM_ADDR gmArgs, GM_ADDR tiling);
 extern "C" void amo_fab_dkrope(GM_ADDR gmArgs, GM_ADDR tiling);
+extern "C" void amo_fab_fused(GM_ADDR gmArgs, GM_ADDR tiling);
 
 namespace {
 
@@ -272,13 +273,25 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
 
 // ---- flash attention forward (see kernels/flash_attention.cpp) ---------------------------------------
 // Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
-// ASCEND_MOE_OPS_FA_FORWARD=phases runs the four phase kernels per key block instead of the fused
-// mixed kernel amo_fa_fused (the default; the NPU glue reads the same variable).
-bool fa_forward_fused() {
-  const char* v = std::getenv("ASCEND_MOE_OPS_FA_FORWARD");
+// ASCEND_MOE_OPS_FA_KERNELS=phases runs the phase kernels (four launches per key block, per pass in the
+// backward) instead of the fused mixed kernels amo_fa_fused / amo_fab_fused (the default; the NPU glue
+// reads the same variable).
+bool fa_fused() {
+  const char* v = std::getenv("ASCEND_MOE_OPS_FA_KERNELS");
   if (!v || !*v || std::string(v) == "fused") return true;
-  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_FORWARD must be 'fused' or 'phases', got '", v, "'");
+  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases', got '", v, "'");
   return false;
+}
+
+void check_fused_rows(const FlashAttentionTiling& t, const char* op) {
+  TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "ascendc-emu ", op, ": the fused kernel needs the two "
+              "AIVs of an AI Core to cover a block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
+}
+
+void check_mix(const ascend_emu::MixMem& used, const FlashAttentionTiling& t, const char* kernel) {
+  check_cube(used.cube, t, kernel);
+  TORCH_CHECK(used.ub == t.ubFusedBytes, "ascendc-emu: kernel ", kernel, " allocated ", used.ub,
+              " B of UB per AIV but its tiling planned ", t.ubFusedBytes, " B");
 }
 
 std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -314,19 +327,16 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
-  if (fa_forward_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
+  if (fa_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
+    check_fused_rows(t, "flash_attention_fwd");
     Tensor sWs = poisoned({w.fusedScore}, f32), pWs = poisoned({w.fusedScore}, q.options());
     Tensor opWs = poisoned({w.fusedRows}, f32);
     FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
                             addr(opWs), 0, 0, addr(out), addr(lse)};
-    TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "ascendc-emu flash_attention_fwd: the fused kernel "
-                "needs the two AIVs of an AI Core to cover the query block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
     FlashAttentionTiling tt = t;
     auto used = ascend_emu::launch_mix(t.blockDim, ub_limit(chip), caps, amo_fa_fused, reinterpret_cast<GM_ADDR>(&g),
                                        reinterpret_cast<GM_ADDR>(&tt));
-    check_cube(used.cube, t, "amo_fa_fused (AIC)");
-    TORCH_CHECK(used.ub == t.ubFusedBytes, "ascendc-emu: kernel amo_fa_fused allocated ", used.ub,
-                " B of UB per AIV but its tiling planned ", t.ubFusedBytes, " B");
+    check_mix(used, t, "amo_fa_fused");
     return {out, lse};
   }
   Tensor sWs = at::zeros({w.score}, f32), pWs = at::zeros({w.score}, q.options());
@@ -387,13 +397,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
   if (t.key == FlashAttentionTilingKey::kEmpty) return {dq.zero_(), dk.zero_(), dv.zero_(), dkr.zero_()};
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
+  const bool fused = fa_fused();
+  if (fused) check_fused_rows(t, "flash_attention_bwd");
+  const int64_t score = fused ? w.fusedScore : w.score, rowsWs = fused ? w.fusedRows : w.rows;
   // workspaces start as NaN (like fresh device memory could be), except acc, which the protocol zeroes
-  Tensor delta = poisoned({w.delta}, f32), sWs = poisoned({w.score}, f32), dpWs = poisoned({w.score}, f32);
-  Tensor pWs = poisoned({w.score}, q.options()), dsWs = poisoned({w.score}, q.options());
-  Tensor part = poisoned({w.rows}, f32), acc = at::zeros({w.rows}, f32);
+  Tensor delta = poisoned({w.delta}, f32), sWs = poisoned({score}, f32), dpWs = poisoned({score}, f32);
+  Tensor pWs = poisoned({score}, q.options()), dsWs = poisoned({score}, q.options());
+  Tensor part = poisoned({rowsWs}, f32), acc = fused ? at::empty({0}, f32) : at::zeros({w.rows}, f32);
   Tensor dkrh = poisoned({std::max<int64_t>(w.dkRopeHeads, 1)}, f32);
   FlashAttentionBwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(oc), addr(doc), addr(lc),
-                          addr(delta), addr(sWs), addr(dpWs), addr(pWs), addr(dsWs), addr(part), addr(acc),
+                          addr(delta), addr(sWs), addr(dpWs), addr(pWs), addr(dsWs), addr(part), fused ? 0 : addr(acc),
                           rope ? addr(dkrh) : 0, addr(dq), addr(dk), addr(dv), rope ? addr(dkr) : 0};
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
   auto gp = reinterpret_cast<GM_ADDR>(&g);
@@ -401,9 +414,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
   auto tp = reinterpret_cast<GM_ADDR>(&tt);
   check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_delta, gp, tp), t, "amo_fab_delta");
   for (FlashAttentionPass pass : {FlashAttentionPass::kBackwardKV, FlashAttentionPass::kBackwardQ}) {
+    tt.pass = pass;
+    if (fused) {
+      check_mix(ascend_emu::launch_mix(t.blockDim, ub_limit(chip), caps, amo_fab_fused, gp, tp), t, "amo_fab_fused");
+      continue;
+    }
     acc.zero_();
     for (int64_t j = 0; j < w.steps; ++j) {
-      tt.pass = pass;
       tt.step = static_cast<uint32_t>(j);
       check_cube(ascend_emu::launch_cube(t.blockDim, caps, amo_fab_qk, gp, tp), t, "amo_fab_qk");
       check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_softmax, gp, tp), t, "amo_fab_softmax");

@@ -98,12 +98,12 @@ at::Tensor device_cu(const at::Tensor& cuSeqlens, const at::Tensor& like) {
   return cuSeqlens.to(like.device(), at::kLong, /*non_blocking=*/true).contiguous();
 }
 
-// Forward variant: the fused mixed kernel amo_fa_fused (default) or the four phase kernels per key
-// block (ASCEND_MOE_OPS_FA_FORWARD=phases: a fallback should the mixed kernel misbehave on a device).
-bool fa_forward_fused() {
-  const char* v = std::getenv("ASCEND_MOE_OPS_FA_FORWARD");
+// Kernel variant: the fused mixed kernels amo_fa_fused / amo_fab_fused (default) or the phase kernels
+// (ASCEND_MOE_OPS_FA_KERNELS=phases: a fallback should the mixed kernels misbehave on a device).
+bool fa_fused() {
+  const char* v = std::getenv("ASCEND_MOE_OPS_FA_KERNELS");
   if (!v || !*v || std::string(v) == "fused") return true;
-  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_FORWARD must be 'fused' or 'phases', got '", v, "'");
+  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases', got '", v, "'");
   return false;
 }
 
@@ -147,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, 
   const FlashAttentionWorkspace ws = flash_attention_workspace(t);
   auto out = at::empty({s.T, s.H, s.Dv}, qc.options());
   auto lse = at::empty({s.H, s.T}, f32);
-  if (fa_forward_fused()) {
+  if (fa_fused()) {
     // One mixed launch on blockDim AI Cores; one S / P / O_partial slot per AI Core (every slot row is
     // written before it is read, so no memset).
     TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "flash_attention_fwd: the fused kernel needs the two "
@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, 
                  {qc, kc, vc, krc, cu, sWs, pWs, opWs, out, lse});
     return {out, lse};
   }
-  // Phase kernels (ASCEND_MOE_OPS_FA_FORWARD=phases): workspaces zeroed like the emulator's.
+  // Phase kernels (ASCEND_MOE_OPS_FA_KERNELS=phases): workspaces zeroed like the emulator's.
   auto sWs = at::zeros({ws.score}, f32);
   auto pWs = at::zeros({ws.score}, qc.options());
   auto opWs = at::zeros({ws.rows}, f32);
@@ -217,13 +217,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_n
   auto cu = device_cu(cuSeqlens, qc);
   const FlashAttentionWorkspace w = flash_attention_workspace(t);  // t.pass == kBackwardKV: backward sizes
   const auto f32 = qc.options().dtype(at::kFloat);
+  // fused: one slot per AI Core and the running sums in UB (no acc); phases: per-item workspaces and
+  // GM running sums zeroed before each pass
+  const bool fused = fa_fused();
+  if (fused)
+    TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, op, ": the fused kernel needs the two AIVs of an "
+                "AI Core to cover a block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
+  const int64_t score = fused ? w.fusedScore : w.score, rowsWs = fused ? w.fusedRows : w.rows;
   auto delta = at::empty({w.delta}, f32);
-  auto sWs = at::empty({w.score}, f32);
-  auto dpWs = at::empty({w.score}, f32);
-  auto pWs = at::empty({w.score}, qc.options());
-  auto dsWs = at::empty({w.score}, qc.options());
-  auto part = at::empty({w.rows}, f32);
-  auto acc = at::empty({w.rows}, f32);  // zeroed before each pass below
+  auto sWs = at::empty({score}, f32);
+  auto dpWs = at::empty({score}, f32);
+  auto pWs = at::empty({score}, qc.options());
+  auto dsWs = at::empty({score}, qc.options());
+  auto part = at::empty({rowsWs}, f32);
+  auto acc = at::empty({fused ? 0 : w.rows}, f32);
   auto dkRopeHeads = s.rope ? at::empty({w.dkRopeHeads}, f32) : at::empty({0}, f32);
   auto dq = at::empty({s.T, s.H, s.Dq}, qc.options());
   auto dk = at::empty({s.T, s.H, s.Dk}, qc.options());
@@ -241,6 +248,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_n
   auto base = step_tiling(t, FlashAttentionPass::kBackwardKV, 0, qc);
   launch_phase("amo_fab_delta", aclrtlaunch_amo_fab_delta, t.vecBlockDim, args, base, keep);
   for (const FlashAttentionPass pass : {FlashAttentionPass::kBackwardKV, FlashAttentionPass::kBackwardQ}) {
+    if (fused) {  // one mixed launch per pass
+      launch_phase("amo_fab_fused", aclrtlaunch_amo_fab_fused, t.blockDim, args, step_tiling(t, pass, 0, qc), keep);
+      continue;
+    }
     acc.zero_();  // an NPU op on the same stream, queued before this pass's launches
     for (int64_t j = 0; j < w.steps; ++j) {
       auto tiling = step_tiling(t, pass, j, qc);

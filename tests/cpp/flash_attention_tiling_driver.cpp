@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
           << ",\"vecRows\":" << t.vecRows << ",\"gradCols\":" << t.gradCols << ",\"l1Buffers\":" << t.l1Buffers
           << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"l1Bytes\":" << t.l1Bytes
           << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes << ",\"l0cBytes\":" << t.l0cBytes
-          << ",\"ubBytes\":" << t.ubBytes << ",\"items\":" << w.items << ",\"steps\":" << w.steps
+          << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"items\":" << w.items
+          << ",\"steps\":" << w.steps
           << ",\"blocks\":" << blocks << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
         std::cout << o.str() << std::endl;
         continue;

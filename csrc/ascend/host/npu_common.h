@@ -38,6 +38,7 @@
 #include "aclrtlaunch_amo_fab_grad.h"
 #include "aclrtlaunch_amo_fab_acc.h"
 #include "aclrtlaunch_amo_fab_dkrope.h"
+#include "aclrtlaunch_amo_fab_fused.h"
 #endif
 
 namespace amo_ascend {

@@ -444,47 +444,83 @@ struct FabItem {
   int64_t t, head, seqStart;
   int64_t qPos0, rows;  // query rows [qPos0, qPos0 + rows) of the sequence
   int64_t k0, cols;     // key rows [k0, k0 + cols)
+  bool first;           // first (unmasked) step of the item (fused kernel: start the running sums)
   bool last;            // last step of the item: write its gradient rows
 };
 
-// Walks the items of t.pass at step t.step in schedule order (same item numbering as FaWalk); calls
-// op.Item(it, u) for the units u < units with (t * units + u) % cores == core, skipping steps that
-// have no (unmasked) block for the item.
-template <typename Op>
-__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
-  const int64_t cores = GetBlockNum(), core = GetBlockIdx(), b = t.baseM, step = t.step;
-  const bool kv = t.pass == FlashAttentionPass::kBackwardKV, causal = t.mask == FlashAttentionMask::kCausal;
+// Geometry of item block i (of a sequence of length len) at `step` for the pass of t; false when the
+// item has no (unmasked) block at that step. KV pass: item = key block i, step = query block;
+// Q pass: item = query block i, step = key block (up to the causal diagonal).
+__aicore__ inline bool FabBlock(const FlashAttentionTiling& t, int64_t len, int64_t i, int64_t step, FabItem& it) {
+  const int64_t b = t.baseM;
+  const bool causal = t.mask == FlashAttentionMask::kCausal;
+  if (t.pass == FlashAttentionPass::kBackwardKV) {
+    it.k0 = i * b;
+    it.cols = FaMin(b, len - it.k0);
+    it.qPos0 = step * b;
+    if (it.qPos0 >= len) return false;
+    it.rows = FaMin(b, len - it.qPos0);
+    if (causal && it.qPos0 + it.rows - 1 < it.k0) return false;  // block entirely above the diagonal
+    it.first = causal ? step == it.k0 / b : step == 0;
+    it.last = step == FaCeil(len, b) - 1;
+    return true;
+  }
+  it.qPos0 = i * b;
+  it.rows = FaMin(b, len - it.qPos0);
+  const int64_t kvLen = causal ? it.qPos0 + it.rows : len;
+  it.k0 = step * b;
+  if (it.k0 >= kvLen) return false;
+  it.cols = FaMin(b, kvLen - it.k0);
+  it.first = step == 0;
+  it.last = step == FaCeil(kvLen, b) - 1;
+  return true;
+}
+
+// Calls visit(item, sequence start, sequence length, block i, head) for every item in schedule order
+// (sequences, then heads, then blocks: the numbering of FaWalk).
+template <typename Visit>
+__aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visit& visit) {
   int64_t item = 0;
   for (int64_t s = 0; s < t.B; ++s) {
-    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0;
-    const int64_t nb = FaCeil(len, b);
+    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0, nb = FaCeil(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
-      for (int64_t i = 0; i < nb; ++i, ++item) {
-        FabItem it;
-        it.t = item;
-        it.head = h;
-        it.seqStart = s0;
-        if (kv) {  // item = key block i, step = query block
-          it.k0 = i * b;
-          it.cols = FaMin(b, len - it.k0);
-          it.qPos0 = step * b;
-          if (it.qPos0 >= len) continue;
-          it.rows = FaMin(b, len - it.qPos0);
-          if (causal && it.qPos0 + it.rows - 1 < it.k0) continue;  // block entirely above the diagonal
-          it.last = step == nb - 1;
-        } else {   // item = query block i, step = key block
-          it.qPos0 = i * b;
-          it.rows = FaMin(b, len - it.qPos0);
-          const int64_t kvLen = causal ? it.qPos0 + it.rows : len;
-          it.k0 = step * b;
-          if (it.k0 >= kvLen) continue;
-          it.cols = FaMin(b, kvLen - it.k0);
-          it.last = step == FaCeil(kvLen, b) - 1;
-        }
-        for (uint32_t u = 0; u < units; ++u)
-          if ((item * units + u) % cores == core) op.Item(it, u);
-      }
+      for (int64_t i = 0; i < nb; ++i, ++item) visit(item, s0, len, i, h);
   }
+}
+
+// Phase kernels: the blocks of t.pass at step t.step; op.Item(it, u) for the units u < units with
+// (t * units + u) % cores == core.
+template <typename Op>
+__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
+  const int64_t cores = GetBlockNum(), core = GetBlockIdx();
+  auto visit = [&](int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
+    FabItem it;
+    it.t = item;
+    it.head = h;
+    it.seqStart = s0;
+    if (!FabBlock(t, len, i, t.step, it)) return;
+    for (uint32_t u = 0; u < units; ++u)
+      if ((item * units + u) % cores == core) op.Item(it, u);
+  };
+  FabItems(t, cu, visit);
+}
+
+// Fused kernel: the items with item % cores == core, each with all its blocks in step order.
+template <typename Op>
+__aicore__ inline void FabWalkItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, int64_t core,
+                                    int64_t cores, Op& op) {
+  auto visit = [&](int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
+    if (item % cores != core) return;
+    const int64_t steps = FaCeil(len, t.baseM);
+    for (int64_t step = 0; step < steps; ++step) {
+      FabItem it;
+      it.t = item;
+      it.head = h;
+      it.seqStart = s0;
+      if (FabBlock(t, len, i, step, it)) op.Block(it);
+    }
+  };
+  FabItems(t, cu, visit);
 }
 
 template <typename T>
@@ -521,8 +557,57 @@ struct FabTensors {
 __aicore__ inline int64_t FabRopeCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk); }
 __aicore__ inline int64_t FabVCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk) + (t.Dr ? FaUp8(t.Dr) : 0); }
 
-// The two backward Cube phases: backward buffers, the argument tensors, the walk (Derived::Item).
-template <typename T, typename Derived>
+// Cube math of the backward, on explicit workspace tensors: the score block (S, dP) of one block, and
+// the pass's gradient products. ws: this block's offset in the S/dP/P/dS and part workspaces (a per-item
+// region for the phase kernels, 0 in the fused kernel's per-AI-Core slots).
+template <typename T>
+struct FabQkMath {
+  __aicore__ inline void Item(FaCube<T>& cube, const FlashAttentionTiling& t, FabTensors<T>& g, const FabItem& it,
+                              int64_t ws) {
+    const int64_t H = t.H, b = t.baseM;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0;
+    LocalTensor<float> c = cube.l0C_.template AllocTensor<float>();
+    cube.Scores(c, t, g.q, g.k, g.kr, qRow, kRow, it.head, it.rows, it.cols);
+    cube.Store(g.s[ws], c, it.rows, it.cols, b);
+    c = cube.l0C_.template AllocTensor<float>();  // dP = dO . V^T
+    cube.MatMul(c, g.dout[(qRow * H + it.head) * t.Dv], H * t.Dv, g.v[(kRow * H + it.head) * t.Dv], H * t.Dv, true,
+                it.rows, it.cols, t.Dv, true);
+    cube.Store(g.dp[ws], c, it.rows, it.cols, b);
+  }
+};
+
+template <typename T>
+struct FabGradMath {
+  __aicore__ inline void Item(FaCube<T>& cube, const FlashAttentionTiling& t, FabTensors<T>& g, const FabItem& it,
+                              int64_t ws) {
+    const int64_t dq = t.Dk + t.Dr, H = t.H, b = t.baseM;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0;
+    const GlobalTensor<float> part = g.part[(ws / b) * t.gradCols];  // ws = item * b * b -> item * b * gradCols
+    const bool rope = t.rope == FlashAttentionRope::kSharedKey;
+    if (t.pass == FlashAttentionPass::kBackwardKV) {  // key rows as M: A = P^T or dS^T (transposed loads)
+      const GlobalTensor<T> qn = g.q[(qRow * H + it.head) * dq];
+      Product(cube, t, part[FabVCol(t)], g.p[ws], g.dout[(qRow * H + it.head) * t.Dv], H * t.Dv, it.cols, t.Dv, it.rows, true);
+      Product(cube, t, part, g.ds[ws], qn, H * dq, it.cols, t.Dk, it.rows, true);
+      if (rope) Product(cube, t, part[FabRopeCol(t)], g.ds[ws], qn[t.Dk], H * dq, it.cols, t.Dr, it.rows, true);
+    } else {  // query rows as M: A = dS
+      Product(cube, t, part, g.ds[ws], g.k[(kRow * H + it.head) * t.Dk], H * t.Dk, it.rows, t.Dk, it.cols, false);
+      if (rope) Product(cube, t, part[FabRopeCol(t)], g.ds[ws], g.kr[kRow * t.Dr], t.Dr, it.rows, t.Dr, it.cols, false);
+    }
+  }
+
+  // dst (m x n rows of the gradient workspace) = A . B with A = the b x b block at `a` (transposed when
+  // transA) and B = k x n rows of `bm` with row stride bStride.
+  __aicore__ inline void Product(FaCube<T>& cube, const FlashAttentionTiling& t, const GlobalTensor<float>& dst,
+                                 const GlobalTensor<T>& a, const GlobalTensor<T>& bm, int64_t bStride, int64_t m,
+                                 int64_t n, int64_t k, bool transA) {
+    LocalTensor<float> c = cube.l0C_.template AllocTensor<float>();
+    cube.MatMul(c, a, t.baseM, bm, bStride, false, m, n, k, true, transA);
+    cube.Store(dst, c, m, n, t.gradCols);
+  }
+};
+
+// The two backward Cube phase kernels: backward buffers, the argument tensors, the walk.
+template <typename T, typename Math>
 class FabCubePhase {
  public:
   __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
@@ -530,185 +615,105 @@ class FabCubePhase {
     cube_.InitBwd(t, &pipe);
     t_ = t;
     g_.Set(g, t);
-    FabWalk(t, g_.cu, 1, *static_cast<Derived*>(this));
+    FabWalk(t, g_.cu, 1, *this);
   }
+  __aicore__ inline void Item(const FabItem& it, uint32_t) { math_.Item(cube_, t_, g_, it, it.t * t_.baseM * t_.baseM); }
 
- protected:
+ private:
   FaCube<T> cube_;
   FlashAttentionTiling t_;
   FabTensors<T> g_;
+  Math math_;
 };
 
 template <typename T>
-class FabQk : public FabCubePhase<T, FabQk<T>> {
-  using Base = FabCubePhase<T, FabQk<T>>;
-  using Base::cube_;
-  using Base::g_;
-  using Base::t_;
-
- public:
-  __aicore__ inline void Item(const FabItem& it, uint32_t) {
-    const int64_t H = t_.H, b = t_.baseM;
-    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
-    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.Scores(c, t_, g_.q, g_.k, g_.kr, qRow, kRow, it.head, it.rows, it.cols);
-    cube_.Store(g_.s[ws], c, it.rows, it.cols, b);
-    c = cube_.l0C_.template AllocTensor<float>();  // dP = dO . V^T
-    cube_.MatMul(c, g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, g_.v[(kRow * H + it.head) * t_.Dv], H * t_.Dv,
-                 true, it.rows, it.cols, t_.Dv, true);
-    cube_.Store(g_.dp[ws], c, it.rows, it.cols, b);
-  }
-};
-
+using FabQk = FabCubePhase<T, FabQkMath<T>>;
 template <typename T>
-class FabGrad : public FabCubePhase<T, FabGrad<T>> {
-  using Base = FabCubePhase<T, FabGrad<T>>;
-  using Base::cube_;
-  using Base::g_;
-  using Base::t_;
+using FabGrad = FabCubePhase<T, FabGradMath<T>>;
 
+// Vector-side row work of the backward, shared by the phase kernels and the fused kernel.
+template <typename T>
+class FabRows {
  public:
-  __aicore__ inline void Item(const FabItem& it, uint32_t) {
-    const int64_t dq = t_.Dk + t_.Dr, H = t_.H, b = t_.baseM, gc = t_.gradCols;
-    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0, ws = it.t * b * b;
-    const GlobalTensor<float> part = g_.part[it.t * b * gc];
-    const bool rope = t_.rope == FlashAttentionRope::kSharedKey;
-    if (t_.pass == FlashAttentionPass::kBackwardKV) {  // key rows as M: A = P^T or dS^T (transposed loads)
-      const GlobalTensor<T> qn = g_.q[(qRow * H + it.head) * dq];
-      Product(part[FabVCol(t_)], g_.p[ws], g_.dout[(qRow * H + it.head) * t_.Dv], H * t_.Dv, it.cols, t_.Dv, it.rows, true);
-      Product(part, g_.ds[ws], qn, H * dq, it.cols, t_.Dk, it.rows, true);
-      if (rope) Product(part[FabRopeCol(t_)], g_.ds[ws], qn[t_.Dk], H * dq, it.cols, t_.Dr, it.rows, true);
-    } else {  // query rows as M: A = dS
-      Product(part, g_.ds[ws], g_.k[(kRow * H + it.head) * t_.Dk], H * t_.Dk, it.rows, t_.Dk, it.cols, false);
-      if (rope) Product(part[FabRopeCol(t_)], g_.ds[ws], g_.kr[kRow * t_.Dr], t_.Dr, it.rows, t_.Dr, it.cols, false);
+  __aicore__ inline void Init(TPipe& pipe, const FlashAttentionTiling& t, FabTensors<T>* g, bool grad, bool out) {
+    t_ = t;
+    g_ = g;
+    if (grad) {
+      pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
+      pipe.InitBuffer(dpBuf_, t.baseN * sizeof(float));
+      pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
+      pipe.InitBuffer(dsBuf_, t.baseN * sizeof(T));
+    }
+    if (out) {
+      uint32_t dmax = static_cast<uint32_t>(t.Dk > t.Dv ? t.Dk : t.Dv);
+      dmax = dmax > t.Dr ? dmax : static_cast<uint32_t>(t.Dr);
+      pipe.InitBuffer(outBuf_, FaUp16(dmax) * sizeof(T));
     }
   }
 
- private:
-  // dst (m x n rows of the gradient workspace) = A . B with A = the b x b block at `a` (transposed when
-  // transA) and B = k x n rows of `bm` with row stride bStride.
-  __aicore__ inline void Product(const GlobalTensor<float>& dst, const GlobalTensor<T>& a, const GlobalTensor<T>& bm,
-                                 int64_t bStride, int64_t m, int64_t n, int64_t k, bool transA) {
-    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.MatMul(c, a, t_.baseM, bm, bStride, false, m, n, k, true, transA);
-    cube_.Store(dst, c, m, n, t_.gradCols);
-  }
-};
-
-// P and dS rows of the item's query rows handled by this AIV unit.
-template <typename T>
-class FabSoftmax {
- public:
-  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
-    TPipe pipe;
-    t_ = t;
-    g_.Set(g, t);
-    pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
-    pipe.InitBuffer(dpBuf_, t.baseN * sizeof(float));
-    pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
-    pipe.InitBuffer(dsBuf_, t.baseN * sizeof(T));
-    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
-  }
-  __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
-    const int64_t b = t_.baseM, ws = it.t * b * b;
-    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+  // P = exp(scale * S - lse) (causal columns 0) and dS = P * (dP - delta) for query row r of the block,
+  // from the score rows sRow / dpRow (fp32) to pRow / dsRow (input dtype, baseN wide, pads zero).
+  __aicore__ inline void GradRow(const FabItem& it, int64_t r, const GlobalTensor<float>& sRow,
+                                 const GlobalTensor<float>& dpRow, const GlobalTensor<T>& pRow,
+                                 const GlobalTensor<T>& dsRow) {
     LocalTensor<float> s = sBuf_.Get<float>(), dp = dpBuf_.Get<float>();
     LocalTensor<T> p = pBuf_.Get<T>(), ds = dsBuf_.Get<T>();
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t qPos = it.qPos0 + r, tok = it.seqStart + qPos;
-      const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(it.cols, qPos - it.k0 + 1) : it.cols;
-      ZeroFill(p, t_.baseN);
-      ZeroFill(ds, t_.baseN);
-      if (valid > 0) {
-        DataCopy(s, g_.s[ws + r * b], t_.baseN);
-        DataCopy(dp, g_.dp[ws + r * b], t_.baseN);
-        const float lse = g_.lse.GetValue(it.head * t_.T + tok);
-        const float delta = g_.delta.GetValue(tok * t_.H + it.head);
-        SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        const int32_t n = static_cast<int32_t>(valid);
-        Muls(s, s, t_.softmaxScale, n);
-        Adds(s, s, -lse, n);
-        Exp(s, s, n);             // P in fp32
-        Adds(dp, dp, -delta, n);
-        Mul(dp, dp, s, n);        // dS = P * (dP - delta) in fp32
-        Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
-        Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
-      } else {
-        PipeBarrier<PIPE_V>();
-      }
-      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-      DataCopy(g_.p[ws + r * b], p, t_.baseN);
-      DataCopy(g_.ds[ws + r * b], ds, t_.baseN);
-      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
-    }
-  }
-
- private:
-  FlashAttentionTiling t_;
-  FabTensors<T> g_;
-  TBuf<TPosition::VECCALC> sBuf_, dpBuf_, pBuf_, dsBuf_;
-};
-
-// acc += part for the gradient rows of this AIV unit; the item's last step writes them out.
-template <typename T>
-class FabAcc {
- public:
-  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
-    TPipe pipe;
-    t_ = t;
-    g_.Set(g, t);
-    uint32_t dmax = static_cast<uint32_t>(t.Dk > t.Dv ? t.Dk : t.Dv);
-    dmax = dmax > t.Dr ? dmax : static_cast<uint32_t>(t.Dr);
-    pipe.InitBuffer(accBuf_, t.gradCols * sizeof(float));
-    pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
-    pipe.InitBuffer(outBuf_, FaUp16(dmax) * sizeof(T));
-    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
-  }
-  __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
-    const bool kv = t_.pass == FlashAttentionPass::kBackwardKV;
-    const int64_t b = t_.baseM, gc = t_.gradCols, extent = kv ? it.cols : it.rows;
-    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(extent, r0 + t_.vecRows);
-    // the Q pass has no V segment: add only [nope | rope]
-    const int32_t n = static_cast<int32_t>(kv ? gc : FabVCol(t_));
-    LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
-    LocalTensor<T> o = outBuf_.Get<T>();
-    const float scale = t_.softmaxScale;
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t wsRow = (it.t * b + r) * gc;
-      DataCopy(acc, g_.acc[wsRow], static_cast<uint32_t>(n));
-      DataCopy(part, g_.part[wsRow], static_cast<uint32_t>(n));
+    const int64_t qPos = it.qPos0 + r, tok = it.seqStart + qPos;
+    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(it.cols, qPos - it.k0 + 1) : it.cols;
+    ZeroFill(p, t_.baseN);
+    ZeroFill(ds, t_.baseN);
+    if (valid > 0) {
+      DataCopy(s, sRow, t_.baseN);
+      DataCopy(dp, dpRow, t_.baseN);
+      const float lse = g_->lse.GetValue(it.head * t_.T + tok);
+      const float delta = g_->delta.GetValue(tok * t_.H + it.head);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      Add(acc, acc, part, n);
-      if (!it.last) {
+      const int32_t n = static_cast<int32_t>(valid);
+      Muls(s, s, t_.softmaxScale, n);
+      Adds(s, s, -lse, n);
+      Exp(s, s, n);             // P in fp32
+      Adds(dp, dp, -delta, n);
+      Mul(dp, dp, s, n);        // dS = P * (dP - delta) in fp32
+      Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+      Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+    } else {
+      PipeBarrier<PIPE_V>();
+    }
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(pRow, p, t_.baseN);
+    DataCopy(dsRow, ds, t_.baseN);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+  // Gradient row r of the item is complete in acc (fp32 [nope | rope | v]): scale and write it out --
+  // KV pass: dK, dV and the per-head dK_rope row; Q pass: dQ (nope and rope columns).
+  __aicore__ inline void WriteGrad(const FabItem& it, int64_t r, const LocalTensor<float>& acc) {
+    LocalTensor<T> o = outBuf_.Get<T>();
+    Muls(acc, acc, t_.softmaxScale, static_cast<int32_t>(FabVCol(t_)));  // dK / dQ and dK_rope carry the scale
+    if (t_.pass == FlashAttentionPass::kBackwardKV) {
+      const int64_t tok = it.seqStart + it.k0 + r;
+      WriteRow(g_->dko[(tok * t_.H + it.head) * t_.Dk], acc, o, t_.Dk);
+      WriteRow(g_->dvo[(tok * t_.H + it.head) * t_.Dv], acc[FabVCol(t_)], o, t_.Dv);
+      if (t_.Dr) {
         SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-        DataCopy(g_.acc[wsRow], acc, static_cast<uint32_t>(n));
+        CopyRowOut(g_->dkrh[(it.head * t_.T + tok) * t_.Dr], acc[FabRopeCol(t_)], static_cast<uint32_t>(t_.Dr));
         SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
-        continue;
       }
-      Muls(acc, acc, scale, static_cast<int32_t>(FabVCol(t_)));  // dK / dQ and dK_rope carry the softmax scale
-      if (kv) {
-        const int64_t tok = it.seqStart + it.k0 + r;
-        WriteRow(g_.dko[(tok * t_.H + it.head) * t_.Dk], acc, o, t_.Dk);
-        WriteRow(g_.dvo[(tok * t_.H + it.head) * t_.Dv], acc[FabVCol(t_)], o, t_.Dv);
-        if (t_.Dr) {
-          SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-          WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-          CopyRowOut(g_.dkrh[(it.head * t_.T + tok) * t_.Dr], acc[FabRopeCol(t_)], static_cast<uint32_t>(t_.Dr));
-          SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-          WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
-        }
-      } else {
-        const int64_t tok = it.seqStart + it.qPos0 + r, dq = t_.Dk + t_.Dr;
-        WriteRow(g_.dqo[(tok * t_.H + it.head) * dq], acc, o, t_.Dk);
-        if (t_.Dr) WriteRow(g_.dqo[(tok * t_.H + it.head) * dq + t_.Dk], acc[FabRopeCol(t_)], o, t_.Dr);
-      }
+    } else {
+      const int64_t tok = it.seqStart + it.qPos0 + r, dq = t_.Dk + t_.Dr;
+      WriteRow(g_->dqo[(tok * t_.H + it.head) * dq], acc, o, t_.Dk);
+      if (t_.Dr) WriteRow(g_->dqo[(tok * t_.H + it.head) * dq + t_.Dk], acc[FabRopeCol(t_)], o, t_.Dr);
     }
+  }
+
+  // Columns of a gradient row that the pass accumulates (the Q pass has no V segment).
+  __aicore__ inline int32_t AccCols() const {
+    return static_cast<int32_t>(t_.pass == FlashAttentionPass::kBackwardKV ? t_.gradCols : FabVCol(t_));
   }
 
  private:
@@ -724,8 +729,78 @@ class FabAcc {
   }
 
   FlashAttentionTiling t_;
+  FabTensors<T>* g_ = nullptr;
+  TBuf<TPosition::VECCALC> sBuf_, dpBuf_, pBuf_, dsBuf_, outBuf_;
+};
+
+// P and dS rows of the item's query rows handled by this AIV unit.
+template <typename T>
+class FabSoftmax {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    g_.Set(g, t);
+    rows_.Init(pipe, t, &g_, true, false);
+    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
+    const int64_t b = t_.baseM, ws = it.t * b * b;
+    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    for (int64_t r = r0; r < r1; ++r)
+      rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
+  }
+
+ private:
+  FlashAttentionTiling t_;
   FabTensors<T> g_;
-  TBuf<TPosition::VECCALC> accBuf_, partBuf_, outBuf_;
+  FabRows<T> rows_;
+};
+
+// acc += part for the gradient rows of this AIV unit (running sums in GM); the item's last step writes
+// them out.
+template <typename T>
+class FabAcc {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    g_.Set(g, t);
+    pipe.InitBuffer(accBuf_, t.gradCols * sizeof(float));
+    pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
+    rows_.Init(pipe, t, &g_, false, true);
+    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
+    const bool kv = t_.pass == FlashAttentionPass::kBackwardKV;
+    const int64_t b = t_.baseM, gc = t_.gradCols, extent = kv ? it.cols : it.rows;
+    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(extent, r0 + t_.vecRows);
+    const int32_t n = rows_.AccCols();
+    LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t wsRow = (it.t * b + r) * gc;
+      DataCopy(acc, g_.acc[wsRow], static_cast<uint32_t>(n));
+      DataCopy(part, g_.part[wsRow], static_cast<uint32_t>(n));
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      Add(acc, acc, part, n);
+      if (it.last) {
+        rows_.WriteGrad(it, r, acc);
+        continue;
+      }
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      DataCopy(g_.acc[wsRow], acc, static_cast<uint32_t>(n));
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  FabTensors<T> g_;
+  FabRows<T> rows_;
+  TBuf<TPosition::VECCALC> accBuf_, partBuf_;
 };
 
 // Rows r of a [rows x D] job handled by this core: r = core, core + cores, ...
@@ -999,6 +1074,88 @@ class FaFused {
   GlobalTensor<float> s_, o_, lse_;
 };
 
+// ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
+// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items with
+// item % groups == group, each with all its blocks in step order:
+//   AIC : S and dP -> GM slots;                                  CrossCoreSetFlag(kFabFlagS)
+//   AIVs: wait; P and dS for its half of the query rows -> slots; CrossCoreSetFlag(kFabFlagP)
+//   AIC : wait (both AIVs); the pass's products -> GM slot `part`; CrossCoreSetFlag(kFabFlagG)
+//   AIVs: wait; acc += part for its half of the gradient rows, the running sums kept in UB for the
+//         whole item; after the item's last block the rows are written out (scale, cast).
+// Each slot is rewritten only after the flag proving its reader is done (S/dP after P, P/dS after the
+// next S, part after the next P). No GM running sums and no zeroing, one launch per pass.
+constexpr uint16_t kFabFlagS = 3, kFabFlagP = 4, kFabFlagG = 5;
+
+template <typename T>
+class FabFused {
+ public:
+  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
+    t_ = t;
+    aic_ = g_coreType == AIC;
+    const int64_t ratio = GetTaskRatio();
+    group_ = GetBlockIdx() / ratio;
+    sub_ = GetBlockIdx() % ratio;
+    g_.Set(g, t);
+    const uint64_t score = static_cast<uint64_t>(t.baseM) * t.baseM, rows = static_cast<uint64_t>(t.baseM) * t.gradCols;
+    // this AI Core's slots (the phase kernels' per-item workspaces shrink to one slot per AI Core)
+    g_.s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * score, score);
+    g_.dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp) + group_ * score, score);
+    g_.p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * score, score);
+    g_.ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds) + group_ * score, score);
+    g_.part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part) + group_ * rows, rows);
+    TPipe pipe;
+    if (aic_) {
+      cube_.InitBwd(t, &pipe);
+    } else {
+      pipe.InitBuffer(accBuf_, t.vecRows * t.gradCols * sizeof(float));
+      pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
+      rows_.Init(pipe, t, &g_, true, true);
+    }
+    FabWalkItems(t, g_.cu, group_, GetBlockNum(), *this);
+  }
+
+  __aicore__ inline void Block(const FabItem& it) {
+    if (aic_) {
+      qk_.Item(cube_, t_, g_, it, 0);
+      CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS);
+      CrossCoreWaitFlag(kFabFlagP);
+      grad_.Item(cube_, t_, g_, it, 0);
+      CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG);
+      return;
+    }
+    const int64_t b = t_.baseM;
+    const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    CrossCoreWaitFlag(kFabFlagS);
+    for (int64_t r = r0; r < r1; ++r) rows_.GradRow(it, r, g_.s[r * b], g_.dp[r * b], g_.p[r * b], g_.ds[r * b]);
+    CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP);
+    CrossCoreWaitFlag(kFabFlagG);
+    const int64_t extent = t_.pass == FlashAttentionPass::kBackwardKV ? it.cols : it.rows;
+    const int64_t g0 = sub_ * t_.vecRows, g1 = FaMin(extent, g0 + t_.vecRows);
+    const int32_t n = rows_.AccCols();
+    LocalTensor<float> part = partBuf_.Get<float>();
+    for (int64_t r = g0; r < g1; ++r) {
+      LocalTensor<float> acc = accBuf_.Get<float>()[(r - g0) * t_.gradCols];
+      DataCopy(part, g_.part[r * t_.gradCols], static_cast<uint32_t>(n));
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      if (it.first) Muls(acc, part, 1.0f, n);  // start the running sum (x * 1 is exact)
+      else Add(acc, acc, part, n);
+      if (it.last) rows_.WriteGrad(it, r, acc);
+    }
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  bool aic_ = false;
+  int64_t group_ = 0, sub_ = 0;
+  FabTensors<T> g_;
+  FaCube<T> cube_;
+  FabQkMath<T> qk_;
+  FabGradMath<T> grad_;
+  FabRows<T> rows_;
+  TBuf<TPosition::VECCALC> accBuf_, partBuf_;
+};
+
 template <template <typename> class K, typename Args = FaGm>
 __aicore__ inline void FaRun(GM_ADDR gmArgs, GM_ADDR tiling) {
   FlashAttentionTiling t;
@@ -1039,6 +1196,12 @@ extern "C" __global__ __aicore__ void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tili
 extern "C" __global__ __aicore__ void amo_fa_fused(GM_ADDR gmArgs, GM_ADDR tiling) {
   KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
   amo_ascend::kernels::FaRun<amo_ascend::kernels::FaFused>(gmArgs, tiling);
+}
+
+// Fused backward pass (pass set by the host): one mixed launch on blockDim AI Cores.
+extern "C" __global__ __aicore__ void amo_fab_fused(GM_ADDR gmArgs, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
+  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabFused, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
 }
 
 // Backward phase kernels: GM block of FlashAttentionBwdArgs + the tiling (pass and step set by the host).

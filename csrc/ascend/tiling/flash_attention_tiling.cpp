@@ -49,7 +49,10 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t rowDim = up(std::max<int64_t>(t.Dv, t.Dr), 16);
   const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + up(up(rowDim, 64) / 64 * 4, 32) + 32;
   t.ubBytes = std::max({softmax, acc, reduce});
-  t.ubFusedBytes = 0;  // forward only
+  // fused pass kernel amo_fab_fused, per AIV: the softmax-grad rows, the running sums of its vecRows
+  // gradient rows (fp32, kept in UB for the whole item), one product row and the output row
+  t.ubFusedBytes = static_cast<uint32_t>(softmax + uint64_t(t.vecRows) * t.gradCols * 4 + uint64_t(t.gradCols) * 4 +
+                                         dmax * e);
 }
 
 uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {
@@ -140,6 +143,8 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;
     w.dkRopeHeads = t.H * t.T * t.Dr;
+    w.fusedScore = static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;
+    w.fusedRows = static_cast<int64_t>(t.blockDim) * t.baseM * t.gradCols;
   }
   return w;
 }

@@ -60,7 +60,7 @@ struct FlashAttentionTiling {
   FlashAttentionPass pass;  // set by the host per launch
   uint32_t vecBlockDim; // AIV cores of the vector phases: min(aivNum, blockDim * ceil(baseM / vecRows))
   uint32_t gradCols;    // backward: fp32 row width of the gradient workspaces, up8(Dk) + up8(Dr) + up8(Dv)
-  uint32_t ubFusedBytes;  // forward, fused mixed kernel amo_fa_fused: UB per AIV (state and O kept in UB)
+  uint32_t ubFusedBytes;  // fused mixed kernels (amo_fa_fused / amo_fab_fused): UB per AIV
 };
 
 // Device addresses handed to the phase kernels as one GM block (uint64 each; the kernels read them
@@ -90,8 +90,9 @@ struct FlashAttentionWorkspace {
   int64_t state;        // forward: items * 3 * baseM
   int64_t delta;        // backward: T * H
   int64_t dkRopeHeads;  // backward: H * T * Dr
-  int64_t fusedScore;   // fused forward: one S and one P slot per AI Core group, blockDim * baseM * baseN
-  int64_t fusedRows;    // fused forward: one O_partial slot per group, blockDim * baseM * up8(Dv)
+  int64_t fusedScore;   // fused kernels: one slot per AI Core for S, P (and dP, dS): blockDim * baseM * baseN
+  int64_t fusedRows;    // fused kernels: one O_partial slot (forward: blockDim * baseM * up8(Dv)) or one
+                        // gradient-product slot (backward: blockDim * baseM * gradCols) per AI Core
 };
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
@@ -104,7 +105,8 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_
 // (S = Q K^T + Q_rope K_rope^T and dP = dO V^T; then dV = P^T dO, dK = dS^T Q, dK_rope = dS^T Q_rope in
 // the KV pass and dQ = dS [K | K_rope] in the Q pass). Launch order (host):
 //   amo_fab_delta (AIV, vecBlockDim)
-//   for pass in (kBackwardKV, kBackwardQ): zero acc; for step < steps:
+//   fused (default): for pass in (kBackwardKV, kBackwardQ): amo_fab_fused (mixed, blockDim AI Cores)
+//   phases: for pass in (kBackwardKV, kBackwardQ): zero acc; for step < steps:
 //       amo_fab_qk (AIC, blockDim), amo_fab_softmax (AIV), amo_fab_grad (AIC), amo_fab_acc (AIV)
 //   amo_fab_dkrope (AIV, vecBlockDim; rope only)
 FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,

@@ -36,4 +36,5 @@ uint32_t aclrtlaunch_amo_fab_softmax(uint32_t blockDim, aclrtStream stream, void
 uint32_t aclrtlaunch_amo_fab_grad(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fab_acc(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fab_dkrope(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
+uint32_t aclrtlaunch_amo_fab_fused(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);  // mixed AIC+AIV
 }
