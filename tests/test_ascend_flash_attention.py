@@ -341,8 +341,12 @@ def mix_driver():
                           flags=("-pthread",))
 
 
-def _mix(exe, case):
-    return subprocess.run([exe, case], capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+def _mix(exe, case, schedule=None):
+    env = dict(os.environ)
+    env.pop("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE", None)
+    if schedule:
+        env["ASCEND_MOE_OPS_EMU_MIX_SCHEDULE"] = schedule
+    return subprocess.run([exe, case], capture_output=True, text=True, check=True, timeout=60, env=env).stdout.strip()
 
 
 @pytest.mark.parametrize("case, match", MIX_RULES, ids=[r[0] for r in MIX_RULES])
@@ -354,20 +358,31 @@ def test_emulator_enforces_cross_core_rule(mix_driver, case, match):
 
 def test_emulator_mixed_launch_ids_and_ping_pong(mix_driver):
     assert _mix(mix_driver, "ok_pingpong") == "ok"
+    assert _mix(mix_driver, "ok_pingpong", "switch") == "ok"
     vals = [float(x) for x in _mix(mix_driver, "ids").split()]
     # 3 AI Cores: AIC blocks 0..2 (GetBlockNum 3, ratio 1), AIV blocks 0..5 (ratio 2)
     assert vals[:3] == [311.0] * 3 and vals[8:14] == [322.0] * 6
 
 
+def test_emulator_schedules_expose_a_missing_handshake(mix_driver):
+    """A producer that rewrites its slot without waiting for the consumers' flag: the default schedule
+    (run until blocked) lets it run ahead and the consumers read overwritten data; the "switch"
+    schedule happens to hide it -- which is why the fused kernels are tested under both."""
+    assert _mix(mix_driver, "racy_no_ack") == "wrong"
+    assert _mix(mix_driver, "racy_no_ack", "switch") == "ok"
+
+
 @needs_emu
+@pytest.mark.parametrize("schedule", ["run-to-block", "switch"])
 @pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_emu_fused_kernels_equal_phase_kernels(monkeypatch, rope, causal):
+def test_emu_fused_kernels_equal_phase_kernels(monkeypatch, rope, causal, schedule):
     """The fused mixed kernels (forward; backward one launch per pass) and the phase kernels do the same
     arithmetic in the same order: bitwise equal out, lse, dq, dk, dv, dk_rope (16 x 16 blocks, 3 AI
     Cores, varlen with an empty sequence)."""
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE", schedule)
     Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
     q, k, v, kr, cu = _fa_inputs([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, seed=4)
     do = torch.randn(q.shape[0], 2, Dv, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)

@@ -40,6 +40,20 @@ static void pingpong() {
 static std::map<std::string, std::function<void()>> kernels() {
   return {
       {"ok_pingpong", pingpong},
+      {"racy_no_ack", [] {  // the AIC rewrites the slot without waiting for the AIVs to have read it
+         GlobalTensor<float> gm;
+         gm.SetGlobalBuffer(g_gm.data(), g_gm.size());
+         const int64_t grp = GetBlockIdx() / GetTaskRatio();
+         for (int round = 0; round < 3; ++round) {
+           if (g_coreType == AIC) {
+             gm.SetValue(grp * 4, static_cast<float>(10 * round));
+             CrossCoreSetFlag<2, PIPE_FIX>(0);
+           } else {
+             CrossCoreWaitFlag(0);
+             if (gm.GetValue(grp * 4) != 10 * round) g_result = "wrong";
+           }
+         }
+       }},
       {"deadlock", [] {
          if (g_coreType == AIC) CrossCoreWaitFlag(1);  // nobody sets flag 1
        }},

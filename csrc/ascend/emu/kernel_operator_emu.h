@@ -27,9 +27,10 @@
 //
 // WHAT IT DOES NOT CHECK: timing and performance; pipe races and missing SetFlag/WaitFlag/PipeBarrier
 // (instructions run one after another in program order, so a missing synchronization is invisible;
-// the sync calls are accepted and ignored); UB bank conflicts; blocks running concurrently (blocks run
-// one after another, so races between cores on GM are invisible too — the kernels avoid them by
-// construction: every output element has exactly one writer); the hardware's exact rounding of fused
+// the sync calls are accepted and ignored); UB bank conflicts; blocks running concurrently (blocks of
+// single-type launches run one after another, mixed launches under the deterministic scheduler below,
+// so races between cores on GM are not observed as such -- the kernels avoid them by construction:
+// every output element has exactly one writer); the hardware's exact rounding of fused
 // operations (Axpy rounds the product and the sum separately here; ReduceSum follows the documented
 // A2 order: binary tree inside a 256-byte repeat, repeats summed in order); GM address alignment and
 // burst efficiency.
@@ -58,15 +59,20 @@
 //     (NoQuant float, F322F16 half, F322BF16 bfloat16_t; round to nearest even), srcStride a multiple
 //     of 16 that is >= mSize, dstStride >= nSize, GM bounds.
 // MIXED KERNELS (KERNEL_TYPE_MIX_AIC_1_2; ascend_emu::launch_mix): each AI Core group = one AIC block
-// and two AIV blocks running CONCURRENTLY as three threads (groups one after another). GetBlockIdx is
+// and two AIV blocks as three threads under a DETERMINISTIC scheduler (one runs at a time; groups one
+// after another): a block runs until it waits on a flag it cannot take, then the next block that can
+// run gets the turn (AIC, AIV0, AIV1 round robin). ASCEND_MOE_OPS_EMU_MIX_SCHEDULE=switch also hands
+// the turn on after every CrossCoreSetFlag. The two schedules are adversarial in opposite ways: the
+// default lets a producer run as far ahead as its flags allow (a consumer that reads a slot too late
+// sees it overwritten); "switch" runs consumers as early as possible. GetBlockIdx is
 // the group on the AIC and 2 * group + sub on an AIV, GetBlockNum the group count, GetTaskRatio 1 / 2,
 // g_coreType AIC / AIV. CrossCoreSetFlag<2, pipe>(id) / CrossCoreWaitFlag(id) are real counters per
 // group with the documented mode-2 semantics (an AIC set releases one wait on EACH AIV; the AIC's
 // wait needs a set from BOTH AIVs); checked: mode 2 only, flag ids 0..10, at most 15 pending sets per
-// counter, a deadlock (every live block of the group waiting) throws, and a group that ends with a
-// set nobody waited for throws. GM is shared between the threads, so a kernel that reads a workspace
-// before the matching flag can see stale data -- the emulator does not detect such a race itself,
-// but the tests' results then differ from the reference (or vary from run to run).
+// counter, a deadlock (no block of the group can run) throws, and a group that ends with a set nobody
+// waited for throws. GM is shared, so a kernel that touches a workspace slot outside the order its
+// flags impose reads stale or overwritten data under one of the schedules -- the emulator does not
+// name such a race itself, but the tests' results then differ from the reference.
 // NOT modelled on the Cube side: the hardware's accumulation order inside a fractal (the emulator sums
 // the K products one by one in fp32), hf32/fp32 Cube modes, bank/ping-pong conflicts, unitFlag,
 // bias tables, the real unit of InitConstValue's blockNum (32 B assumed), cross-core flag modes 0
@@ -75,6 +81,7 @@
 
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -153,7 +160,10 @@ struct BlockContext {
   uint32_t sub = 0;                              // AIV index inside the group (0 / 1)
 };
 
-// Cross-core flag state of one AI Core group of a mixed launch (mode 2: AIC <-> its two AIVs).
+// Cross-core flag state of one AI Core group of a mixed launch (mode 2: AIC <-> its two AIVs), and
+// its deterministic scheduler: the three blocks are threads, but exactly one holds the run token at a
+// time; it runs until it waits on a flag it cannot take (or, with the "switch" schedule, until it sets
+// a flag), then the token goes to the next block (AIC, AIV0, AIV1 round robin) that can run.
 struct MixGroup {
   static constexpr int kFlags = 11;
   std::mutex m;
@@ -161,10 +171,26 @@ struct MixGroup {
   int aic[kFlags] = {};        // pending releases of the AIC's waits
   int aiv[2][kFlags] = {};     // pending releases of each AIV's waits
   int fromAiv[2][kFlags] = {}; // AIV sets not yet matched by the other AIV's set
-  int running = 3, blocked = 0;
   int* waitingOn[3] = {nullptr, nullptr, nullptr};  // the counter each block (AIC, AIV0, AIV1) waits on
+  bool done[3] = {false, false, false};
+  int turn = 0;                // the block holding the run token
+  bool switchOnSet = false;    // schedule: also hand the token on after every CrossCoreSetFlag
   bool abort = false;
   std::string error;
+
+  bool runnable(int j) const { return !done[j] && (!waitingOn[j] || *waitingOn[j] > 0); }
+  // Hand the token from block `me` to the next runnable block (me itself last); false = nobody can run.
+  bool pass(int me) {
+    for (int k = 1; k <= 3; ++k) {
+      const int j = (me + k) % 3;
+      if (runnable(j)) {
+        turn = j;
+        cv.notify_all();
+        return true;
+      }
+    }
+    return false;
+  }
 };
 
 inline BlockContext& ctx() {
@@ -618,7 +644,7 @@ inline void CrossCoreSetFlag(uint16_t flagId) {
   detail::check_flag(flagId, "CrossCoreSetFlag");
   auto& c = ascend_emu::ctx();
   auto& g = detail::mix_group("CrossCoreSetFlag");
-  std::lock_guard<std::mutex> lk(g.m);
+  std::unique_lock<std::mutex> lk(g.m);
   auto bump = [&](int& n) {
     if (++n > 15) fail("CrossCoreSetFlag: flag " + std::to_string(flagId) + " set more than 15 times without a wait");
   };
@@ -633,7 +659,12 @@ inline void CrossCoreSetFlag(uint16_t flagId) {
       bump(g.aic[flagId]);
     }
   }
-  g.cv.notify_all();
+  if (g.switchOnSet) {  // let the others run first: the setter continues when the token comes back
+    const int me = c.aic ? 0 : 1 + static_cast<int>(c.sub);
+    g.pass(me);
+    g.cv.wait(lk, [&] { return g.turn == me || g.abort; });
+    if (g.abort) fail("aborted: another block of the AI Core group failed");
+  }
 }
 
 inline void CrossCoreWaitFlag(uint16_t flagId) {
@@ -643,34 +674,20 @@ inline void CrossCoreWaitFlag(uint16_t flagId) {
   std::unique_lock<std::mutex> lk(g.m);
   int& n = c.aic ? g.aic[flagId] : g.aiv[c.sub][flagId];
   const int me = c.aic ? 0 : 1 + static_cast<int>(c.sub);
-  ++g.blocked;
-  g.waitingOn[me] = &n;
-  for (;;) {
-    if (g.abort) {
-      --g.blocked;
-      g.waitingOn[me] = nullptr;
-      fail("aborted: another block of the AI Core group failed");
-    }
-    if (n > 0) {
-      --n;
-      --g.blocked;
-      g.waitingOn[me] = nullptr;
-      return;
-    }
-    // deadlock: every live block waits, and none of the counters they wait on can release them
-    bool stuck = g.blocked == g.running;
-    for (int w = 0; w < 3 && stuck; ++w)
-      if (g.waitingOn[w] && *g.waitingOn[w] > 0) stuck = false;
-    if (stuck) {
+  if (n == 0) {  // cannot go on: hand the token to a block that can, and wait until it comes back
+    g.waitingOn[me] = &n;
+    if (!g.pass(me)) {
       g.abort = true;
       g.error = std::string("deadlock: every live block of the AI Core group waits on a cross-core flag (") +
                 (c.aic ? "AIC" : "AIV") + " waits on flag " + std::to_string(flagId) + ")";
       g.cv.notify_all();
-      --g.blocked;
       fail(g.error);
     }
-    g.cv.wait(lk);
+    g.cv.wait(lk, [&] { return (g.turn == me && n > 0) || g.abort; });
+    g.waitingOn[me] = nullptr;
+    if (g.abort) fail("aborted: another block of the AI Core group failed");
   }
+  --n;
 }
 
 template <HardEvent E> inline void SetFlag(event_t) {}
@@ -1209,8 +1226,8 @@ struct MixMem {
 };
 
 // Run a mixed kernel (KERNEL_TYPE_MIX_AIC_1_2) on `groups` AI Cores: per group one AIC block (Cube
-// memories `caps`, no UB) and two AIV blocks (UB of `ubCapacity` bytes) as three concurrent threads
-// sharing the group's cross-core flags; groups run one after another.
+// memories `caps`, no UB) and two AIV blocks (UB of `ubCapacity` bytes) as three threads sharing the
+// group's cross-core flags, one running at a time (MixGroup's scheduler); groups one after another.
 template <typename F, typename... Args>
 MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel, Args... args) {
   if (groups == 0) fail("launch with blockDim = 0");
@@ -1220,7 +1237,18 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   for (uint32_t grp = 0; grp < groups; ++grp) {
     MixGroup g;
     std::mutex peakMu;
+    const char* sched = std::getenv("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE");
+    g.switchOnSet = sched && std::string(sched) == "switch";
     auto body = [&](bool aic, uint32_t sub) {
+      const int me = aic ? 0 : 1 + static_cast<int>(sub);
+      {
+        std::unique_lock<std::mutex> lk(g.m);
+        g.cv.wait(lk, [&] { return g.turn == me || g.abort; });
+        if (g.abort) {
+          g.done[me] = true;
+          return;
+        }
+      }
       auto& c = ctx();
       c.blockIdx = aic ? grp : 2 * grp + sub;
       c.blockNum = groups;
@@ -1259,13 +1287,16 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
           g.abort = true;
           g.error = e.what();
         }
+        g.cv.notify_all();
       }
       c.active = false;
       c.mix = nullptr;
       c.pipe.reset();
-      {
-        std::lock_guard<std::mutex> lk(g.m);
-        --g.running;
+      std::lock_guard<std::mutex> lk(g.m);
+      g.done[me] = true;
+      if (!g.abort && !(g.done[0] && g.done[1] && g.done[2]) && !g.pass(me)) {
+        g.abort = true;
+        g.error = "deadlock: every live block of the AI Core group waits on a cross-core flag nobody will set";
       }
       g.cv.notify_all();
     };
