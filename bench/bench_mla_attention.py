@@ -164,8 +164,17 @@ def run(ctx):
     return rows
 
 
+def _out_and_grads(ins, H, do):
+    xs = [t.detach().clone().requires_grad_() for t in ins]
+    out = ours_mla(*xs, H)
+    out.backward(do)
+    return [out.detach()] + [t.grad for t in xs]
+
+
 def parity(ctx):
-    """mla_attention (default backend) vs the fp64 reference, bf16 and fp32, small shape."""
+    """mla_attention vs the fp64 reference on a small shape: the default backend (fp32 and bf16
+    output), and, where the emulator is built, the AscendC path (ascendc-emu: the grouped GEMM and
+    fused flash attention kernels) in bf16, output and every gradient."""
     out = []
     S, H = 64, 4
     backend = amo.active_backend("mla_attention_fwd", ctx.device)
@@ -176,6 +185,16 @@ def parity(ctx):
             ref = ours_mla(*(t.double() for t in ins), H)
             low = ours_mla(*ins, H)
         out.append(parity_row(OP, f"B=1 S={S} H={H} out", backend, got, ref, low))
+    if "ascendc-emu" in amo.available_backends("mla_attention_fwd", ctx.device):
+        ins = make_inputs(S, H, ctx.device, dtype=torch.bfloat16)
+        do = torch.randn(1, S, H, DV, generator=torch.Generator().manual_seed(1)).to(ctx.device, torch.bfloat16)
+        with amo.use_backend("ascendc-emu"):
+            got = _out_and_grads(ins, H, do)
+        with amo.use_backend("reference"):
+            ref = _out_and_grads([t.double() for t in ins], H, do.double())
+            low = _out_and_grads(ins, H, do)
+        for name, a, r, lo in zip(("out", "dq", "dc_kv", "dk_pe", "dw_kv_up"), got, ref, low):
+            out.append(parity_row(OP, f"B=1 S={S} H={H} {name}", "ascendc-emu", a, r, lo))
     return out
 
 
