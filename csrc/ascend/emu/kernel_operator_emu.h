@@ -667,6 +667,10 @@ inline void CrossCoreSetFlag(uint16_t flagId) {
   }
 }
 
+// Documented prototype: template <uint8_t modeId = 0, pipe_t pipe = PIPE_S> (older CANN: no template);
+// the kernels call it without template arguments, which both accept. The wait side does not depend on
+// the mode here (the counters are the set side's).
+template <uint8_t modeId = 0, pipe_t pipe = PIPE_S>
 inline void CrossCoreWaitFlag(uint16_t flagId) {
   detail::check_flag(flagId, "CrossCoreWaitFlag");
   auto& c = ascend_emu::ctx();
