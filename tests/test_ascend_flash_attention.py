@@ -70,8 +70,9 @@ def check_budgets(t, Dk, Dr, Dv):
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(M / 2), "two AIVs per AIC split the query block"
-    # fused kernel, per AIV: S row, P row, work, 8 fp32, O accumulator, O_partial row, output row, (m, l, alpha)
-    fused = N * 4 + N * 2 + u8((N + 63) // 64) * 4 + 32 + R * u8(Dv) * 4 + u8(Dv) * 4 + u16(Dv) * 2 + 3 * u8(R) * 4
+    # fused kernel, per AIV: S row, P row, work, 8 fp32, O accumulator, O_partial row, output row,
+    # m, l and the alpha of the two blocks in flight
+    fused = N * 4 + N * 2 + u8((N + 63) // 64) * 4 + 32 + R * u8(Dv) * 4 + u8(Dv) * 4 + u16(Dv) * 2 + 4 * u8(R) * 4
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 

@@ -892,19 +892,21 @@ class FabDkRope {
 };
 
 // ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
-// The same math as the four phase kernels, in one kernel: per AI Core group (one AIC + its two AIVs)
-// the items t with t % groups == group, and per item the key blocks j in order:
-//   AIC : S_j = Q K_j^T (+ rope) -> GM slot S of the group;          CrossCoreSetFlag(kFaFlagS)
-//   AIVs: wait S; online softmax of its half of the rows with (m, l, alpha) and the O accumulator kept
-//         in UB across the key blocks; P_j -> GM slot P;             CrossCoreSetFlag(kFaFlagP)
-//   AIC : wait P (both AIVs); O_part = P_j V_j -> GM slot O;         CrossCoreSetFlag(kFaFlagO)
-//   AIVs: wait O; O = alpha * O + O_part in UB; after the last block out = O / l, lse = m + ln(l).
-// Each GM slot is rewritten only after the flag that proves its reader is done with it (S_{j+1} after
-// P_j, P_{j+1} after O_j, O_{j+1} after P_{j+1}), so one slot per group suffices. The Cube and the
-// vector units take turns (no overlap of S_{j+1} with the softmax of j yet: the next step would be a
-// second slot per workspace and a one-block lookahead on the AIC). Slots: fused* sizes of
-// flash_attention_workspace(). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
-constexpr uint16_t kFaFlagS = 0, kFaFlagP = 1, kFaFlagO = 2;
+// The same math as the four phase kernels, in one kernel: per AI Core (one AIC + its two AIVs) the
+// items t with t % groups == group, and per item the key blocks j, PIPELINED over two GM slots per
+// workspace (slot j % 2) so the Cube and the vector units overlap:
+//   AIC : S_0 -> slot; then for each j: S_{j+1} -> slot (lookahead, flag S[(j+1)%2]); wait P[j%2]
+//         (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%2].
+//   AIVs: for each j: wait S[j%2]; online softmax of its half of the rows (m, l and alpha_j in UB);
+//         P_j -> slot; flag P[j%2]; then wait O[(j-1)%2] and O = alpha_{j-1} O + O_part_{j-1} (O in
+//         UB); after the last block the final update, out = O / l and lse = m + ln(l).
+// So the AIVs' softmax of block j runs while the AIC computes S_{j+1}, and their update of block j-1
+// while it computes P_j V_j. Slot hazards: S slot (j+1)%2 is rewritten after the AIC waited P_{j-1}
+// (its readers are done); P slot j%2 after the AIVs' update j-2 (which waited O_{j-2}, set after the
+// AIC read P_{j-2}); O slot j%2 after the AIC waited P_j (set after the AIVs' update j-2 read it).
+// Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
+// under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
+constexpr uint16_t kFaFlagS = 0, kFaFlagP = 2, kFaFlagO = 4;  // + slot (0 / 1)
 
 template <typename T>
 class FaFused {
@@ -917,10 +919,11 @@ class FaFused {
     group_ = GetBlockIdx() / ratio;
     sub_ = static_cast<uint32_t>(GetBlockIdx() % ratio);
     cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
-    const uint64_t score = static_cast<uint64_t>(t.baseM) * t.baseN, rows = static_cast<uint64_t>(t.baseM) * dva_;
-    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * score, score);
-    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * score, score);
-    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart) + group_ * rows, rows);
+    score_ = static_cast<uint64_t>(t.baseM) * t.baseN;
+    rowsSlot_ = static_cast<uint64_t>(t.baseM) * dva_;
+    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
+    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * 2 * score_, 2 * score_);
+    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart) + group_ * 2 * rowsSlot_, 2 * rowsSlot_);
     TPipe pipe;
     if (aic_) {
       const int64_t dq = t.Dk + t.Dr;
@@ -938,7 +941,7 @@ class FaFused {
       pipe.InitBuffer(oAcc_, t.vecRows * dva_ * sizeof(float));
       pipe.InitBuffer(pv_, dva_ * sizeof(float));
       pipe.InitBuffer(outBuf_, FaUp16(t.Dv) * sizeof(T));
-      pipe.InitBuffer(state_, 3 * r8 * sizeof(float));
+      pipe.InitBuffer(state_, 4 * r8 * sizeof(float));  // m, l, alpha of the two blocks in flight
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
@@ -953,18 +956,25 @@ class FaFused {
  private:
   __aicore__ inline void CubeItem(const FaItem& it) {
     const int64_t qRow = it.seqStart + it.qPos0;
+    ScoresBlock(it, qRow, 0);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      const int64_t k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
+      if (j + 1 < it.keyBlocks) ScoresBlock(it, qRow, j + 1);  // lookahead: overlaps the softmax of j
+      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
+      CrossCoreWaitFlag(kFaFlagP + slot);
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-      cube_.Scores(c, t_, q_, k_, kr_, qRow, kRow, it.head, it.rows, cols);
-      cube_.Store(s_, c, it.rows, cols, t_.baseN);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS);
-      CrossCoreWaitFlag(kFaFlagP);
-      c = cube_.l0C_.template AllocTensor<float>();
-      cube_.MatMul(c, p_, t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows, t_.Dv, cols, true);
-      cube_.Store(o_, c, it.rows, t_.Dv, dva_);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO);
+      cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
+                   t_.Dv, cols, true);
+      cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
+      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO + slot);
     }
+  }
+
+  __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
+    const int64_t slot = j % 2, k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.Scores(c, t_, q_, k_, kr_, qRow, it.seqStart + k0, it.head, it.rows, cols);
+    cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
+    CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
   }
 
   __aicore__ inline void VecItem(const FaItem& it) {
@@ -972,15 +982,24 @@ class FaFused {
     const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
     const uint32_t r8 = FaUp8(t_.vecRows);
     LocalTensor<float> st = state_.Get<float>();
-    LocalTensor<float> m = st, l = st[r8], alpha = st[2 * r8];
+    LocalTensor<float> m = st, l = st[r8];
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      const int64_t k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
-      CrossCoreWaitFlag(kFaFlagS);
-      for (int64_t r = r0; r < r1; ++r) SoftmaxRow(it, r, r - r0, j, k0, cols, m, l, alpha);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP);
-      CrossCoreWaitFlag(kFaFlagO);
-      for (int64_t r = r0; r < r1; ++r) UpdateRow(it, r, r - r0, j, j + 1 == it.keyBlocks, m, l, alpha);
+      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+      CrossCoreWaitFlag(kFaFlagS + slot);
+      for (int64_t r = r0; r < r1; ++r) SoftmaxRow(it, r, r - r0, j, k0, cols, m, l, st[(2 + slot) * r8]);
+      CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
+      if (j > 0) UpdateBlock(it, j - 1, r0, r1, m, l);  // overlaps the AIC's P_j V_j
     }
+    UpdateBlock(it, it.keyBlocks - 1, r0, r1, m, l);
+  }
+
+  __aicore__ inline void UpdateBlock(const FaItem& it, int64_t j, int64_t r0, int64_t r1, const LocalTensor<float>& m,
+                                     const LocalTensor<float>& l) {
+    const int64_t slot = j % 2;
+    const uint32_t r8 = FaUp8(t_.vecRows);
+    CrossCoreWaitFlag(kFaFlagO + slot);
+    LocalTensor<float> alpha = state_.Get<float>()[(2 + slot) * r8];
+    for (int64_t r = r0; r < r1; ++r) UpdateRow(it, r, r - r0, j, j + 1 == it.keyBlocks, m, l, alpha);
   }
 
   __aicore__ inline void SoftmaxRow(const FaItem& it, int64_t r, int64_t u, int64_t j, int64_t k0, int64_t cols,
@@ -994,7 +1013,7 @@ class FaFused {
     if (valid <= 0) {  // every key of this block is masked for the row: P row 0, state unchanged
       alpha.SetValue(u, 1.0f);
     } else {
-      DataCopy(s, s_[r * t_.baseN], t_.baseN);
+      DataCopy(s, s_[(j % 2) * score_ + r * t_.baseN], t_.baseN);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       const int32_t n = static_cast<int32_t>(valid);
@@ -1026,7 +1045,7 @@ class FaFused {
     }
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    DataCopy(p_[r * t_.baseN], p, t_.baseN);
+    DataCopy(p_[(j % 2) * score_ + r * t_.baseN], p, t_.baseN);
     SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
   }
@@ -1036,12 +1055,13 @@ class FaFused {
                                    const LocalTensor<float>& alpha) {
     LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>(), red = red_.Get<float>();
     const int32_t dva = static_cast<int32_t>(dva_);
+    const GlobalTensor<float> part = o_[(j % 2) * rowsSlot_ + r * dva_];
     if (j == 0) {
-      DataCopy(o, o_[r * dva_], dva_);
+      DataCopy(o, part, dva_);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
     } else {
-      DataCopy(pv, o_[r * dva_], dva_);
+      DataCopy(pv, part, dva_);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       Muls(o, o, alpha.GetValue(u), dva);
@@ -1065,6 +1085,7 @@ class FaFused {
 
   FlashAttentionTiling t_;
   uint32_t dva_ = 0, sub_ = 0;
+  uint64_t score_ = 0, rowsSlot_ = 0;  // elements of one S / P slot and of one O_partial slot
   int64_t group_ = 0;
   bool aic_ = false;
   FaCube<T> cube_;

@@ -24,7 +24,7 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t R = t.vecRows, dv8 = up(t.Dv, 8), r8 = up(R, 8);
   t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + up(N, 64) / 64 * 4 + 32;
   t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + up(up(N, 64) / 64 * 4, 32) + 32 + R * dv8 * 4 + dv8 * 4 +
-                                         up(t.Dv, 16) * e + 3 * r8 * 4);
+                                         up(t.Dv, 16) * e + 4 * r8 * 4);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
@@ -137,8 +137,8 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
   if (t.pass == FlashAttentionPass::kForward) {
     w.rows = w.items * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
     w.state = w.items * 3 * t.baseM;
-    w.fusedScore = static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;
-    w.fusedRows = static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
+    w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
+    w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
   } else {
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;

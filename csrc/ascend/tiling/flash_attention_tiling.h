@@ -21,7 +21,8 @@
 //   L0C : l0cBuffers x baseM x max(baseN, up16(Dv)) fp32                (S, then O_partial)
 //   UB of the fused kernel amo_fa_fused (ubFusedBytes): S row (baseN fp32), P row (baseN, input dtype),
 //         ReduceMax/ReduceSum work, 8 fp32, the O accumulator (vecRows x up8(Dv) fp32), one O_partial row,
-//         the output row (up16(Dv), input dtype) and (m, l, alpha) (3 x up8(vecRows) fp32).
+//         the output row (up16(Dv), input dtype) and m, l and the alpha of the two blocks in flight
+//         (4 x up8(vecRows) fp32).
 //   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
 //         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
 //         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
@@ -90,9 +91,10 @@ struct FlashAttentionWorkspace {
   int64_t state;        // forward: items * 3 * baseM
   int64_t delta;        // backward: T * H
   int64_t dkRopeHeads;  // backward: H * T * Dr
-  int64_t fusedScore;   // fused kernels: one slot per AI Core for S, P (and dP, dS): blockDim * baseM * baseN
-  int64_t fusedRows;    // fused kernels: one O_partial slot (forward: blockDim * baseM * up8(Dv)) or one
-                        // gradient-product slot (backward: blockDim * baseM * gradCols) per AI Core
+  int64_t fusedScore;   // fused kernels, S and P (and dP, dS) slots: forward two per AI Core (pipelined),
+                        // 2 * blockDim * baseM * baseN; backward one, blockDim * baseM * baseN
+  int64_t fusedRows;    // fused kernels: O_partial slots (forward, two per AI Core: 2 * blockDim * baseM *
+                        // up8(Dv)) or one gradient-product slot (backward: blockDim * baseM * gradCols)
 };
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
