@@ -476,51 +476,88 @@ __aicore__ inline bool FabBlock(const FlashAttentionTiling& t, int64_t len, int6
   return true;
 }
 
-// Calls visit(item, sequence start, sequence length, block i, head) for every item in schedule order
-// (sequences, then heads, then blocks: the numbering of FaWalk).
-template <typename Visit>
-__aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visit& visit) {
+// Calls visit.Visit(item, sequence start, sequence length, block i, head) for every item in schedule
+// order (sequences, then heads, then blocks: the numbering of FaWalk). (Visitors are structs with
+// __aicore__ members, not lambdas: device code calls only __aicore__ functions.)
+template <typename Visitor>
+__aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visitor& visit) {
   int64_t item = 0;
   for (int64_t s = 0; s < t.B; ++s) {
     const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0, nb = FaCeil(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
-      for (int64_t i = 0; i < nb; ++i, ++item) visit(item, s0, len, i, h);
+      for (int64_t i = 0; i < nb; ++i, ++item) visit.Visit(item, s0, len, i, h);
   }
 }
 
 // Phase kernels: the blocks of t.pass at step t.step; op.Item(it, u) for the units u < units with
 // (t * units + u) % cores == core.
 template <typename Op>
-__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
-  const int64_t cores = GetBlockNum(), core = GetBlockIdx();
-  auto visit = [&](int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
+struct FabStepVisitor {
+  __aicore__ inline void Visit(int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
     FabItem it;
     it.t = item;
     it.head = h;
     it.seqStart = s0;
-    if (!FabBlock(t, len, i, t.step, it)) return;
+    if (!FabBlock(*t, len, i, t->step, it)) return;
     for (uint32_t u = 0; u < units; ++u)
-      if ((item * units + u) % cores == core) op.Item(it, u);
-  };
-  FabItems(t, cu, visit);
+      if ((item * units + u) % cores == core) op->Item(it, u);
+  }
+  const FlashAttentionTiling* t;
+  int64_t core, cores;
+  uint32_t units;
+  Op* op;
+};
+
+template <typename Op>
+__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
+  FabStepVisitor<Op> v{&t, GetBlockIdx(), GetBlockNum(), units, &op};
+  FabItems(t, cu, v);
 }
 
-// Fused kernel: the items with item % cores == core, each with all its blocks in step order.
+// The n-th valid block of one item (its valid steps are the contiguous range [first, first + count):
+// causal masking only trims the ends).
+struct FabNth {
+  __aicore__ inline bool At(int64_t step, FabItem& it) const {
+    it.t = item;
+    it.head = head;
+    it.seqStart = s0;
+    return FabBlock(*t, len, i, step, it);
+  }
+  __aicore__ inline FabItem operator()(int64_t n) const {
+    FabItem it;
+    At(first + n, it);
+    return it;
+  }
+  const FlashAttentionTiling* t;
+  int64_t item, s0, len, i, head, first;
+};
+
+// Fused kernel: the items with item % cores == core; op.Item(count, nth) with nth(n) the FabItem of the
+// item's n-th valid block, n < count.
+template <typename Op>
+struct FabItemVisitor {
+  __aicore__ inline void Visit(int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
+    if (item % cores != core) return;
+    FabNth nth{t, item, s0, len, i, h, -1};
+    int64_t count = 0;
+    for (int64_t step = 0; step < FaCeil(len, t->baseM); ++step) {
+      FabItem it;
+      if (!nth.At(step, it)) continue;
+      if (nth.first < 0) nth.first = step;
+      ++count;
+    }
+    if (count > 0) op->Item(count, nth);
+  }
+  const FlashAttentionTiling* t;
+  int64_t core, cores;
+  Op* op;
+};
+
 template <typename Op>
 __aicore__ inline void FabWalkItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, int64_t core,
                                     int64_t cores, Op& op) {
-  auto visit = [&](int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
-    if (item % cores != core) return;
-    const int64_t steps = FaCeil(len, t.baseM);
-    for (int64_t step = 0; step < steps; ++step) {
-      FabItem it;
-      it.t = item;
-      it.head = h;
-      it.seqStart = s0;
-      if (FabBlock(t, len, i, step, it)) op.Block(it);
-    }
-  };
-  FabItems(t, cu, visit);
+  FabItemVisitor<Op> v{&t, core, cores, &op};
+  FabItems(t, cu, v);
 }
 
 template <typename T>
@@ -1097,15 +1134,18 @@ class FaFused {
 
 // ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
 // Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items with
-// item % groups == group, each with all its blocks in step order:
-//   AIC : S and dP -> GM slots;                                  CrossCoreSetFlag(kFabFlagS)
-//   AIVs: wait; P and dS for its half of the query rows -> slots; CrossCoreSetFlag(kFabFlagP)
-//   AIC : wait (both AIVs); the pass's products -> GM slot `part`; CrossCoreSetFlag(kFabFlagG)
-//   AIVs: wait; acc += part for its half of the gradient rows, the running sums kept in UB for the
-//         whole item; after the item's last block the rows are written out (scale, cast).
-// Each slot is rewritten only after the flag proving its reader is done (S/dP after P, P/dS after the
-// next S, part after the next P). No GM running sums and no zeroing, one launch per pass.
-constexpr uint16_t kFabFlagS = 3, kFabFlagP = 4, kFabFlagG = 5;
+// item % groups == group, each with its N blocks in step order, PIPELINED over two GM slots (block n
+// uses slot n % 2):
+//   AIC : S, dP of block 0; then for each n: S, dP of block n+1 (lookahead, flag S[(n+1)%2]); wait
+//         P[n%2] (both AIVs); the pass's products of block n -> part slot; flag G[n%2].
+//   AIVs: for each n: wait S[n%2]; P and dS of its half of the query rows -> slot; flag P[n%2]; then
+//         wait G[(n-1)%2] and add block n-1's products to the running sums of its half of the gradient
+//         rows (kept in UB for the whole item); after the last block the rows are written out.
+// Slot hazards: the S/dP slot of block n+1 is rewritten after the AIC waited P of block n-1 (its
+// readers are done); the P/dS slot of block n after the AIVs waited G of block n-2 (the AIC read it
+// before); the part slot of block n after the AIC waited P of block n (set after the AIVs added block
+// n-2). No GM running sums and no zeroing, one launch per pass.
+constexpr uint16_t kFabFlagS = 3, kFabFlagP = 5, kFabFlagG = 7;  // + slot (0 / 1)
 
 template <typename T>
 class FabFused {
@@ -1117,13 +1157,15 @@ class FabFused {
     group_ = GetBlockIdx() / ratio;
     sub_ = GetBlockIdx() % ratio;
     g_.Set(g, t);
-    const uint64_t score = static_cast<uint64_t>(t.baseM) * t.baseM, rows = static_cast<uint64_t>(t.baseM) * t.gradCols;
-    // this AI Core's slots (the phase kernels' per-item workspaces shrink to one slot per AI Core)
-    g_.s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * score, score);
-    g_.dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp) + group_ * score, score);
-    g_.p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * score, score);
-    g_.ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds) + group_ * score, score);
-    g_.part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part) + group_ * rows, rows);
+    score_ = static_cast<uint64_t>(t.baseM) * t.baseM;
+    const uint64_t rows = static_cast<uint64_t>(t.baseM) * t.gradCols;
+    // this AI Core's two slots (the phase kernels' per-item workspaces shrink to 2 slots per AI Core);
+    // slot k of S/dP/P/dS starts at k * b * b and its part slot at k * b * gradCols, as FabGradMath expects
+    g_.s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
+    g_.dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp) + group_ * 2 * score_, 2 * score_);
+    g_.p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * 2 * score_, 2 * score_);
+    g_.ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds) + group_ * 2 * score_, 2 * score_);
+    g_.part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part) + group_ * 2 * rows, 2 * rows);
     TPipe pipe;
     if (aic_) {
       cube_.InitBwd(t, &pipe);
@@ -1135,28 +1177,49 @@ class FabFused {
     FabWalkItems(t, g_.cu, group_, GetBlockNum(), *this);
   }
 
-  __aicore__ inline void Block(const FabItem& it) {
+  __aicore__ inline void Item(int64_t count, const FabNth& nth) {
     if (aic_) {
-      qk_.Item(cube_, t_, g_, it, 0);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS);
-      CrossCoreWaitFlag(kFabFlagP);
-      grad_.Item(cube_, t_, g_, it, 0);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG);
+      ScoresBlock(nth(0), 0);
+      for (int64_t n = 0; n < count; ++n) {
+        if (n + 1 < count) ScoresBlock(nth(n + 1), (n + 1) % 2);  // overlaps the AIVs' P, dS of block n
+        const int64_t slot = n % 2;
+        CrossCoreWaitFlag(kFabFlagP + slot);
+        grad_.Item(cube_, t_, g_, nth(n), static_cast<int64_t>(slot * score_));
+        CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG + slot);
+      }
       return;
     }
-    const int64_t b = t_.baseM;
-    const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
-    CrossCoreWaitFlag(kFabFlagS);
-    for (int64_t r = r0; r < r1; ++r) rows_.GradRow(it, r, g_.s[r * b], g_.dp[r * b], g_.p[r * b], g_.ds[r * b]);
-    CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP);
-    CrossCoreWaitFlag(kFabFlagG);
+    for (int64_t n = 0; n < count; ++n) {
+      const FabItem it = nth(n);
+      const int64_t slot = n % 2, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
+      const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+      CrossCoreWaitFlag(kFabFlagS + slot);
+      for (int64_t r = r0; r < r1; ++r)
+        rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
+      CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP + slot);
+      if (n > 0) AccBlock(nth(n - 1), (n - 1) % 2);  // overlaps the AIC's products of block n
+    }
+    AccBlock(nth(count - 1), (count - 1) % 2);
+  }
+
+ private:
+  __aicore__ inline void ScoresBlock(const FabItem& it, int64_t slot) {
+    qk_.Item(cube_, t_, g_, it, static_cast<int64_t>(slot * score_));
+    CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS + slot);
+  }
+
+  // Running sums of this AIV's half of the gradient rows += the block's products; written out at the
+  // item's last block.
+  __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
+    CrossCoreWaitFlag(kFabFlagG + slot);
     const int64_t extent = t_.pass == FlashAttentionPass::kBackwardKV ? it.cols : it.rows;
     const int64_t g0 = sub_ * t_.vecRows, g1 = FaMin(extent, g0 + t_.vecRows);
     const int32_t n = rows_.AccCols();
+    const int64_t base = slot * static_cast<int64_t>(t_.baseM) * t_.gradCols;
     LocalTensor<float> part = partBuf_.Get<float>();
     for (int64_t r = g0; r < g1; ++r) {
       LocalTensor<float> acc = accBuf_.Get<float>()[(r - g0) * t_.gradCols];
-      DataCopy(part, g_.part[r * t_.gradCols], static_cast<uint32_t>(n));
+      DataCopy(part, g_.part[base + r * t_.gradCols], static_cast<uint32_t>(n));
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       if (it.first) Muls(acc, part, 1.0f, n);  // start the running sum (x * 1 is exact)
@@ -1165,10 +1228,10 @@ class FabFused {
     }
   }
 
- private:
   FlashAttentionTiling t_;
   bool aic_ = false;
   int64_t group_ = 0, sub_ = 0;
+  uint64_t score_ = 0;  // elements of one S / dP / P / dS slot
   FabTensors<T> g_;
   FaCube<T> cube_;
   FabQkMath<T> qk_;

@@ -143,8 +143,8 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;
     w.dkRopeHeads = t.H * t.T * t.Dr;
-    w.fusedScore = static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;
-    w.fusedRows = static_cast<int64_t>(t.blockDim) * t.baseM * t.gradCols;
+    w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
+    w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.gradCols;
   }
   return w;
 }

@@ -30,7 +30,9 @@
 //         and a ReduceSum work buffer.
 #pragma once
 
+#ifndef __CCE_AICORE__  // host only: the kernels (device pass of bisheng) see the POD structs
 #include <vector>
+#endif
 
 #include "tiling_common.h"
 
@@ -91,10 +93,10 @@ struct FlashAttentionWorkspace {
   int64_t state;        // forward: items * 3 * baseM
   int64_t delta;        // backward: T * H
   int64_t dkRopeHeads;  // backward: H * T * Dr
-  int64_t fusedScore;   // fused kernels, S and P (and dP, dS) slots: forward two per AI Core (pipelined),
-                        // 2 * blockDim * baseM * baseN; backward one, blockDim * baseM * baseN
-  int64_t fusedRows;    // fused kernels: O_partial slots (forward, two per AI Core: 2 * blockDim * baseM *
-                        // up8(Dv)) or one gradient-product slot (backward: blockDim * baseM * gradCols)
+  int64_t fusedScore;   // fused kernels (pipelined, two slots per AI Core): S and P (and dP, dS),
+                        // 2 * blockDim * baseM * baseN
+  int64_t fusedRows;    // fused kernels: O_partial slots (forward: 2 * blockDim * baseM * up8(Dv)) or
+                        // gradient-product slots (backward: 2 * blockDim * baseM * gradCols)
 };
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
@@ -115,6 +117,7 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, in
                                                         int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
                                                         const ChipInfo& chip, uint32_t maxBase = 0);
 
+#ifndef __CCE_AICORE__  // host-side twins of the kernels' walks (tests)
 // Host twin of the kernel's walk (tests): the work items each core runs, in order.
 struct FlashAttentionItem {
   int64_t seq, head;
@@ -136,5 +139,7 @@ struct FlashAttentionBwdBlock {
 };
 std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(const FlashAttentionTiling& t,
                                                                               const std::vector<int64_t>& cuSeqlens);
+
+#endif  // __CCE_AICORE__
 
 }  // namespace amo_ascend

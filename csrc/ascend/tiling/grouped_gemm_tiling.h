@@ -22,7 +22,9 @@
 // baseM, baseN, baseK are multiples of 16; every buffer is a multiple of 512 bytes (one fractal).
 #pragma once
 
+#ifndef __CCE_AICORE__  // host only: the kernels (device pass of bisheng) see the POD structs
 #include <vector>
+#endif
 
 #include "tiling_common.h"
 
@@ -52,6 +54,7 @@ GroupedGemmTiling compute_grouped_gemm_tiling(GroupedGemmLayout layout, int64_t 
                                               DType dtype, const ChipInfo& chip, uint32_t maxBase = 0);
 
 // Host twin of the kernel's walk (for tests): the output tiles each core writes, in order.
+#ifndef __CCE_AICORE__  // host-side twins of the kernels' walks (tests)
 struct GroupedGemmItem {
   int64_t group;  // -1 for a forward zero item
   int64_t row0, rows;  // forward: rows of out; dW: rows of out[group] (the K dimension)
@@ -60,5 +63,7 @@ struct GroupedGemmItem {
 };
 std::vector<std::vector<GroupedGemmItem>> grouped_gemm_schedule(const GroupedGemmTiling& t,
                                                                 const std::vector<int64_t>& groupSizes);
+
+#endif  // __CCE_AICORE__
 
 }  // namespace amo_ascend
