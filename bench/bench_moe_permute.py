@@ -33,7 +33,7 @@ from ascend_moe_ops.bench import Row, parity_row
 
 OP = "moe_permute"
 FULL_SHAPE = dict(T=4096, H=7680, E=256, K=8)  # Pangu Ultra MoE layer (issue 2 target shape)
-QUICK_SHAPE = dict(T=1024, H=1024, E=64, K=8)  # 16 MiB of permuted bf16 rows: past the caches
+QUICK_SHAPE = dict(T=1024, H=1024, E=64, K=8)  # 16 MiB of permuted bf16 rows: fits a 32 MiB L3 (see docs/benchmarks.md)
 DTYPE = torch.bfloat16
 ROUTINGS = ("balanced", "skewed")
 

@@ -92,7 +92,7 @@ SHAPES = {
 }
 DN, DR, DV = 128, 64, 128  # MLA head dims: q/k nope 128 + shared rope 64, v 128
 DQK = DN + DR
-MLA_SCALE = 0.1352  # DeepSeek-V3's YaRN-adjusted softmax scale (bench/bench_mla.py)
+MLA_SCALE = 0.1352  # DeepSeek-V3's YaRN-adjusted softmax scale (bench/bench_mla_attention.py)
 
 FORMULAS = {
     ("permute", "fwd"): "bytes = T*H*s + N*H*s (N = T*K)",
@@ -495,7 +495,7 @@ class Run:
             "dW": lambda: amo.grouped_gemm_dw(xd, dyd, sd),
         }
         if not self.args.skip_parity:
-            # the fp64 reference, a few experts at a time (the E=256 weights are 32 GiB in fp64)
+            # the fp64 reference, a few experts at a time (the E=256 weights are 30 GiB in fp64)
             chunk = max(1, (2**30) // (K * N * 8))
             for pname, fn in passes.items():
                 with self.ours():

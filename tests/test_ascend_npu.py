@@ -216,14 +216,13 @@ def _hccl_worker(rank, world, local_size, port, outdir, names, backend="hccl"):
     import datetime
     import os
     import sys
-    import time
-    import traceback
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for p in (root, os.path.join(root, "tests")):
         if p not in sys.path:
             sys.path.insert(0, p)
     import torch.distributed as dist
     import test_ep_dispatcher as T
+    from _spawn import run_scenarios, setup_failure
     from ascend_moe_ops.distributed import EPTopology
     results = {}
     try:
@@ -239,57 +238,27 @@ def _hccl_worker(rank, world, local_size, port, outdir, names, backend="hccl"):
                                 timeout=datetime.timedelta(seconds=T.PG_TIMEOUT_S * 3))
         _wrap_dispatcher_for_npu(device)
         ctx = dict(rank=rank, world=world, local_size=local_size, topo=EPTopology(local_size=local_size))
-        for name in names:
-            fn, args = T.SCENARIOS[name]
-            t0 = time.time()
-            torch.manual_seed(1234)
-            try:
-                fn(ctx, *args)
-                results[name] = ["ok", time.time() - t0]
-            except Exception:
-                results[name] = [traceback.format_exc(), time.time() - t0]
-            T._dump(results, outdir, rank)
+        run_scenarios(T.scenario_calls(ctx, names), results, outdir, rank)
         dist.barrier()
         dist.destroy_process_group()
     except Exception:
-        results["__setup__"] = [traceback.format_exc(), 0]
-        T._dump(results, outdir, rank)
+        setup_failure(results, outdir, rank)
 
 
 HCCL_WORLDS = {"2x2": (4, 2), "2x4": (8, 4), "1x4": (4, 4)}
 
 
 def _run_scenarios(n, local, tmp_path, backend):
-    import json
     import os
-    import torch.multiprocessing as mp
     import test_ep_dispatcher as T
+    from _spawn import free_port, problems, spawn_ranks
     if backend == "hccl":
         os.environ.setdefault("HCCL_BUFFSIZE", "200")  # MB (the default); the scenarios' messages are far smaller
     names = list(T.SCENARIOS)
-    ctx = mp.get_context("spawn")
-    port = T.free_port()
-    procs = [ctx.Process(target=_hccl_worker, args=(r, n, local, port, str(tmp_path), names, backend), daemon=True)
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(T.JOIN_TIMEOUT_S * 2)
-    hung = [i for i, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    problems = [f"hung ranks {hung}"] if hung else []
-    for r in range(n):
-        path = os.path.join(str(tmp_path), f"rank{r}.json")
-        res = json.load(open(path)) if os.path.exists(path) else {}
-        if "__setup__" in res:
-            problems.append(f"rank {r} setup: {res['__setup__'][0]}")
-        for name in names:
-            item = res.get(name)
-            if item is None or item[0] != "ok":
-                problems.append(f"rank {r} {name}: {item[0] if item else 'no result'}")
-    assert not problems, "\n".join(problems)
+    per_rank, hung = spawn_ranks(_hccl_worker, n, (n, local, free_port(), str(tmp_path), names, backend),
+                                 str(tmp_path), T.JOIN_TIMEOUT_S * 2)
+    bad = ([f"hung ranks {hung}"] if hung else []) + problems(per_rank, hung, names)
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.npu

@@ -10,12 +10,11 @@ deadline, so a deadlock fails instead of hanging.
 from __future__ import annotations
 
 import datetime
-import json
+import functools
 import math
 import os
+import re
 import sys
-import time
-import traceback
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, Placement, a
                                     capacity_for, drop_stats, expert_counts, imbalance,
                                     plan_placement, update_expert_bias, z_loss)
 from ascend_moe_ops.testing import assert_close_to_ref
-from _spawn import free_port, spawn_ranks
+from _spawn import free_port, problems, run_scenarios, setup_failure, spawn_ranks
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_TIMEOUT_S = 60
@@ -355,10 +354,12 @@ def scenario_aux_levels(ctx):
     members = {"ep_group": ctx["ep_members"], "dp_group": ctx["dp_members"],
                "global": list(range(ctx["world"]))}
     scores, ids = _rank_data(rank, E, K)
+    losses = {}
     for level in ("ep_group", "dp_group", "global"):
         group = groups[level]
         s = scores.clone().requires_grad_()
         loss = aux_loss(s, ids, level=level, group=group, coeff=0.1)
+        losses[level] = loss.item()
         counts = [0] * E
         n = 0
         for m in members[level]:
@@ -373,8 +374,9 @@ def scenario_aux_levels(ctx):
                              dtype=torch.float64).expand_as(s)
         torch.testing.assert_close(s.grad, g_ref)
     # ep level differs from global and micro-batch (it is the middle level)
-    mb = aux_loss(scores, ids, level="micro_batch")
+    mb = aux_loss(scores, ids, level="micro_batch", coeff=0.1)
     assert torch.isfinite(mb)
+    assert losses["ep_group"] not in (losses["global"], mb.item()), (losses, mb.item())
     dist.barrier()
 
 
@@ -460,6 +462,16 @@ def _layer_forward(ctx, dispatcher, executor, params, step=0):
     return out.detach()
 
 
+def _check_dense(ctx, executor, params, out, ref):
+    """Step 0 (the initial weights): output and expert-weight gradients against
+    ``ref = _dense_reference(world)``."""
+    ref_out, ref_g1, ref_g2 = ref
+    torch.testing.assert_close(out, ref_out[ctx["rank"]], **REF_TOL)
+    g = _gather_global(executor, [params[0].grad, params[1].grad], ctx["world"])
+    torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
+    torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
+
+
 def _make_params(placement, rank):
     w1, w2 = _global_weights()
     s2e = placement.slot_to_expert[rank]
@@ -493,17 +505,6 @@ def _gather_global(executor, tensors, world):
                 seen.add(e)
         out.append(g)
     return out
-
-
-def _need_dispatcher():
-    try:
-        from ascend_moe_ops.distributed import EPTopology, MoEDispatcher  # noqa: F401
-    except ImportError:
-        raise _Skip("ascend_moe_ops.distributed (the EP dispatcher) is not available")
-
-
-class _Skip(Exception):
-    pass
 
 
 def _permuted_placement(R, S):
@@ -572,44 +573,23 @@ def scenario_executor_errors(ctx):
     params = _make_params(p0, rank)
     ex = PlacementExecutor(p0, params)
     bad = _permuted_placement(world, S) if rank == 1 else p0
-    try:
+    with pytest.raises(ValueError, match="differs between ranks"):
         ex.apply(bad)
-    except ValueError as e:
-        assert "differs between ranks" in str(e), str(e)
-    else:
-        raise AssertionError("a placement that differs between ranks was accepted")
-    try:
+    with pytest.raises(ValueError, match="one row per local slot"):
         PlacementExecutor(p0, [torch.zeros(S + 1, 3)])
-    except ValueError as e:
-        assert "one row per local slot" in str(e)
-    else:
-        raise AssertionError("wrong leading dim accepted")
-    try:
+    with pytest.raises(ValueError, match="distinct ranks|ranks x"):
         ex.apply(Placement(torch.tensor([[0, 0]] * world), 1))
-    except ValueError as e:
-        assert "distinct ranks" in str(e) or "ranks x" in str(e), str(e)
-    else:
-        raise AssertionError("bad placement accepted")
     from ascend_moe_ops.balance import check_consistent
-    try:
+    with pytest.raises(ValueError, match=re.escape("predicted_load differs between ranks: ranks [3]")):
         check_consistent(torch.ones(E_D) * (2.0 if rank == 3 else 1.0), None, "predicted_load")
-    except ValueError as e:
-        assert "predicted_load differs between ranks: ranks [3]" in str(e), str(e)
-    else:
-        raise AssertionError("loads that differ between ranks were accepted")
     rep = plan_placement(torch.arange(1.0, E_D + 1), world, S + 1, None, replicas=True)
-    try:
+    with pytest.raises(ValueError, match="cannot hold replicas"):
         PlacementExecutor(rep, _make_params(rep, rank), mode="expert")
-    except ValueError as e:
-        assert "cannot hold replicas" in str(e)
-    else:
-        raise AssertionError("replicas accepted in expert mode")
 
 
 def scenario_layer_expert_mode(ctx):
     """After a re-placement the EP MoE layer's forward and backward are unchanged, and Adam
     continues exactly as without the re-placement (flat and hierarchical dispatch, 2 nodes x 2)."""
-    _need_dispatcher()
     for algorithm in ("hierarchical", "flat"):
         _layer_expert_mode(ctx, algorithm)
 
@@ -622,7 +602,7 @@ def _layer_expert_mode(ctx, algorithm):
     from ascend_moe_ops.distributed import MoEDispatcher
     rank, world, topo = ctx["rank"], ctx["world"], ctx["topo"]
     S = E_D // world
-    ref_out, ref_g1, ref_g2 = _dense_reference(world)
+    ref = _dense_reference(world)
     p0, p1 = Placement.contiguous(E_D, world, S), _permuted_placement(world, S)
     results = {}
     for name, placements in (("A", [p0, p0, p0]), ("B", [p0, p1, p1])):
@@ -645,10 +625,7 @@ def _layer_expert_mode(ctx, algorithm):
                 opt.zero_grad(set_to_none=False)
             out = _layer_forward(ctx, disp, ex, params, step)
             if step == 0:
-                torch.testing.assert_close(out, ref_out[rank], **REF_TOL)
-                g = _gather_global(ex, [params[0].grad, params[1].grad], world)
-                torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
-                torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
+                _check_dense(ctx, ex, params, out, ref)
             opt.step()
             opt.zero_grad(set_to_none=False)
         results[name] = _gather_global(ex, params + [opt.state[params[0]]["exp_avg_sq"]], world)
@@ -660,12 +637,11 @@ def _layer_expert_mode(ctx, algorithm):
 def scenario_layer_slot_mode_replicas(ctx):
     """Slot mode with replicas: same outputs, gradients and optimizer trajectory as the
     unreplicated layer."""
-    _need_dispatcher()
     from ascend_moe_ops.balance import PlacementExecutor
     from ascend_moe_ops.distributed import MoEDispatcher
     rank, world, topo = ctx["rank"], ctx["world"], ctx["topo"]
     S = 3
-    ref_out, ref_g1, ref_g2 = _dense_reference(world)
+    ref = _dense_reference(world)
     q0 = Placement.contiguous(E_D, world, S)
     load = torch.tensor([40.0, 10, 10, 10, 10, 10, 5, 5])
     q1 = plan_placement(load, world, S, q0, replicas=True)
@@ -681,12 +657,8 @@ def scenario_layer_slot_mode_replicas(ctx):
             ex.apply(q1)
         out = _layer_forward(ctx, disp, ex, params, step)
         ex.sync_replica_grads()
-        if step in (0, 1):
-            if step == 0:
-                torch.testing.assert_close(out, ref_out[rank], **REF_TOL)
-                g = _gather_global(ex, [params[0].grad, params[1].grad], world)
-                torch.testing.assert_close(g[0], ref_g1, **REF_TOL)
-                torch.testing.assert_close(g[1], ref_g2, **REF_TOL)
+        if step == 0:
+            _check_dense(ctx, ex, params, out, ref)
         opt.step()
         opt.zero_grad(set_to_none=False)
     final = _gather_global(ex, params + [opt.state[params[0]]["exp_avg_sq"]], world)
@@ -696,6 +668,8 @@ def scenario_layer_slot_mode_replicas(ctx):
     # replica routing is deterministic across calls and ranks
     _, ids, _, _ = _tokens(rank)
     assert torch.equal(ex.route(ids), ex.route(ids))
+    from ascend_moe_ops.balance import check_consistent
+    check_consistent(ex.route(_tokens(0)[1]), ex.group, "route() of the same ids")
 
 
 SCENARIOS = {
@@ -708,13 +682,6 @@ SCENARIOS = {
 }
 
 
-def _dump(results, outdir, rank):
-    tmp = os.path.join(outdir, f".rank{rank}.json")
-    with open(tmp, "w") as f:
-        json.dump(results, f)
-    os.replace(tmp, os.path.join(outdir, f"rank{rank}.json"))
-
-
 def _worker(rank, world, port, outdir):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if _ROOT not in sys.path:
@@ -723,6 +690,7 @@ def _worker(rank, world, port, outdir):
     import warnings
     warnings.filterwarnings("ignore")
     import torch.distributed as dist
+    from ascend_moe_ops.distributed import EPTopology
     results = {}
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -730,28 +698,13 @@ def _worker(rank, world, port, outdir):
         ep = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         dp = [dist.new_group([0, 2]), dist.new_group([1, 3])]
         ctx = dict(rank=rank, world=world, ep_groups=ep[rank // 2], dp_groups=dp[rank % 2],
-                   ep_members=[2 * (rank // 2), 2 * (rank // 2) + 1], dp_members=[rank % 2, rank % 2 + 2])
-        try:
-            from ascend_moe_ops.distributed import EPTopology
-            ctx["topo"] = EPTopology(local_size=2)
-        except ImportError:
-            pass
-        for name, fn in SCENARIOS.items():
-            t0 = time.time()
-            torch.manual_seed(1234)
-            try:
-                fn(ctx)
-                results[name] = ["ok", time.time() - t0]
-            except _Skip as e:
-                results[name] = ["skip: " + str(e), time.time() - t0]
-            except Exception:
-                results[name] = [traceback.format_exc(), time.time() - t0]
-            _dump(results, outdir, rank)
-            dist.barrier()
+                   ep_members=[2 * (rank // 2), 2 * (rank // 2) + 1], dp_members=[rank % 2, rank % 2 + 2],
+                   topo=EPTopology(local_size=2))
+        run_scenarios([(name, functools.partial(fn, ctx)) for name, fn in SCENARIOS.items()],
+                      results, outdir, rank, after_each=dist.barrier)
         dist.destroy_process_group()
     except Exception:
-        results["__setup__"] = [traceback.format_exc(), 0]
-        _dump(results, outdir, rank)
+        setup_failure(results, outdir, rank)
 
 
 _CACHE = {}
@@ -768,18 +721,6 @@ def _group_results(tmp_path_factory, world=4):
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_distributed(scenario, tmp_path_factory):
     per_rank, hung = _group_results(tmp_path_factory)
-    problems, skipped = [], []
-    for r, res in enumerate(per_rank):
-        if "__setup__" in res:
-            pytest.fail(f"rank {r}: process group setup failed:\n{res['__setup__'][0]}")
-        item = res.get(scenario)
-        if item is None:
-            problems.append(f"rank {r}: no result (hung ranks: {hung})")
-        elif item[0].startswith("skip: "):
-            skipped.append(item[0][6:])
-        elif item[0] != "ok":
-            problems.append(f"rank {r}:\n{item[0]}")
-    if problems:
-        pytest.fail("\n".join(problems))
-    if skipped:
-        pytest.skip(skipped[0])
+    bad = problems(per_rank, hung, [scenario])
+    if bad:
+        pytest.fail("\n".join(bad))

@@ -12,16 +12,16 @@ Oracle: a closed-form single-process computation in fp64 with toy experts ``y = 
 from __future__ import annotations
 
 import datetime
-import json
+import functools
 import os
+import re
 import sys
 import time
-import traceback
 
 import pytest
 import torch
 
-from _spawn import free_port, spawn_ranks
+from _spawn import free_port, problems, run_scenarios, setup_failure, spawn_ranks
 
 WORLDS = {  # name -> (world size, ranks per node)
     "2x2": (4, 2),
@@ -257,26 +257,11 @@ def scenario_expert_map(ctx, algorithm):
     # uneven placement (rank 0 owns one extra expert, the last rank one fewer)
     m3 = torch.arange(E) // 3
     m3[3] = 0
-    with _raises(ValueError, "different numbers of experts"):
+    with pytest.raises(ValueError, match=re.escape("different numbers of experts")):
         disp.set_expert_to_rank(m3)
     du = MoEDispatcher(ctx["topo"], E, algorithm=algorithm, expert_to_rank=m3, allow_uneven=True)
     assert du.num_local_experts == (4 if ctx["rank"] == 0 else 2 if ctx["rank"] == 1 else 3)
     _check_against_oracle(du, inputs, ctx["rank"])
-
-
-class _raises:
-    def __init__(self, exc, match):
-        self.exc, self.match = exc, match
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, et, ev, tb):
-        if et is None:
-            raise AssertionError(f"expected {self.exc.__name__} matching {self.match!r}")
-        if not issubclass(et, self.exc) or self.match not in str(ev):
-            return False
-        return True
 
 
 def scenario_errors(ctx):
@@ -284,23 +269,23 @@ def scenario_errors(ctx):
     from ascend_moe_ops.distributed import EPTopology, MoEDispatcher, SplitMismatchError
     topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
     E = 2 * W
-    with _raises(ValueError, "not divisible by local_size"):
+    with pytest.raises(ValueError, match=re.escape("not divisible by local_size")):
         EPTopology(local_size=W + 1 if W > 2 else 3)
-    with _raises(ValueError, "not divisible by the EP world size"):
+    with pytest.raises(ValueError, match=re.escape("not divisible by the EP world size")):
         MoEDispatcher(topo, E + 1)
     disp = MoEDispatcher(topo, E, algorithm="flat")
     x = torch.randn(4, 3)
-    with _raises(ValueError, "outside the valid range"):
+    with pytest.raises(ValueError, match=re.escape("outside the valid range")):
         disp.dispatch(x, torch.full((4, 2), E), None)
-    with _raises(ValueError, "probs must have shape"):
+    with pytest.raises(ValueError, match=re.escape("probs must have shape")):
         disp.dispatch(x, torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 3))
-    with _raises(ValueError, "one row per token"):
+    with pytest.raises(ValueError, match=re.escape("one row per token")):
         disp.dispatch(x, torch.zeros(5, 2, dtype=torch.long), None)
     # a map that differs between ranks is caught on every rank
     m = torch.arange(E) // 2
     if rank == 0:
         m = torch.roll(m, 2)
-    with _raises(ValueError, "differs between EP ranks"):
+    with pytest.raises(ValueError, match=re.escape("differs between EP ranks")):
         disp.set_expert_to_rank(m)
 
     # debug mode: a deliberately wrong split is caught before any data moves, on every rank
@@ -308,32 +293,32 @@ def scenario_errors(ctx):
     recv = [1] * W
     if rank == 0:
         send = [2] + [1] * (W - 1)
-    with _raises(SplitMismatchError, "rank 0 sends 2 rows to rank 0, which expects 1"):
+    with pytest.raises(SplitMismatchError, match=re.escape("rank 0 sends 2 rows to rank 0, which expects 1")):
         amd.all_to_all(torch.randn(W + 1, 3), send, recv, None, debug=True)
-    with _raises(SplitMismatchError, "sends"):
+    with pytest.raises(SplitMismatchError, match=re.escape("sends")):
         amd.check_splits([0] * W, [0] * (W - 1) + [int(rank == 0)], None)
     dbg = MoEDispatcher(topo, E, algorithm="hierarchical", debug=True)
     ids = torch.zeros(4, 2, dtype=torch.long)
     # non-matching dtypes across ranks
     xx = torch.randn(4, 3, dtype=torch.float32 if rank == 1 else torch.float64)
-    with _raises(SplitMismatchError, "disagree on tokens dtype"):
+    with pytest.raises(SplitMismatchError, match=re.escape("disagree on tokens dtype")):
         dbg.dispatch(xx, ids, None)
     # bad ids on one rank: that rank raises ValueError, every other rank a clear error too
     bad = torch.full((4, 2), E) if rank == W - 1 else ids
     if rank == W - 1:
-        with _raises(ValueError, "outside the valid range"):
+        with pytest.raises(ValueError, match=re.escape("outside the valid range")):
             dbg.dispatch(x, bad, None)
     else:
-        with _raises(SplitMismatchError, f"EP ranks [{W - 1}] rejected"):
+        with pytest.raises(SplitMismatchError, match=re.escape(f"EP ranks [{W - 1}] rejected")):
             dbg.dispatch(x, bad, None)
     # the debug dispatcher still works on good input
     inputs = _inputs(W, [3] * W, 4, E, 2, seed=21)
     h = _check_against_oracle(dbg, inputs, rank)
     # combine with the wrong number of rows or without a handle: raised before any collective
     rows = int(h.tokens_per_local_expert.sum())
-    with _raises(ValueError, f"expert_output must have {rows} rows"):
+    with pytest.raises(ValueError, match=re.escape(f"expert_output must have {rows} rows")):
         dbg.combine(torch.zeros(rows + 1, 4, dtype=torch.float64), h)
-    with _raises(TypeError, "handle must be the DispatchHandle"):
+    with pytest.raises(TypeError, match=re.escape("handle must be the DispatchHandle")):
         dbg.combine(torch.zeros(rows, 4), None)
 
 
@@ -379,11 +364,9 @@ SCENARIOS["auto"] = (scenario_auto, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
 
 
-def _dump(results, outdir, rank):
-    tmp = os.path.join(outdir, f".rank{rank}.json")
-    with open(tmp, "w") as f:
-        json.dump(results, f)
-    os.replace(tmp, os.path.join(outdir, f"rank{rank}.json"))  # atomic: a killed rank leaves no torn file
+def scenario_calls(ctx, names):
+    """``(name, fn)`` pairs for :func:`_spawn.run_scenarios` (also used by the HCCL harness)."""
+    return [(name, functools.partial(SCENARIOS[name][0], ctx, *SCENARIOS[name][1])) for name in names]
 
 
 def _worker(rank, world, local_size, port, outdir, names):
@@ -401,37 +384,17 @@ def _worker(rank, world, local_size, port, outdir, names):
                                 world_size=world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
         ctx = dict(rank=rank, world=world, local_size=local_size,
                    topo=EPTopology(local_size=local_size))
-        for name in names:
-            fn, args = SCENARIOS[name]
-            if os.environ.get("EP_TEST_VERBOSE"):
-                print(f"rank {rank}: {name}", flush=True)
-            t0 = time.time()
-            torch.manual_seed(1234)
-            try:
-                fn(ctx, *args)
-                results[name] = ["ok", time.time() - t0]
-            except Exception:
-                results[name] = [traceback.format_exc(), time.time() - t0]
-            _dump(results, outdir, rank)
+        run_scenarios(scenario_calls(ctx, names), results, outdir, rank,
+                      log=bool(os.environ.get("EP_TEST_VERBOSE")))
         dist.barrier()
         dist.destroy_process_group()
     except Exception:
-        results["__setup__"] = [traceback.format_exc(), 0]
-        _dump(results, outdir, rank)
+        setup_failure(results, outdir, rank)
 
 
 def run_group(world, local_size, names, outdir, timeout=JOIN_TIMEOUT_S):
-    """Spawn ``world`` gloo processes running ``names``; returns ``{name: [per-rank result]}``."""
-    per_rank, hung = spawn_ranks(_worker, world, (world, local_size, free_port(), outdir, names),
-                                 outdir, timeout)
-    out = {}
-    for name in list(names) + ["__setup__"]:
-        res = [pr.get(name) for pr in per_rank]
-        if name == "__setup__" and all(x is None for x in res):
-            continue
-        out[name] = res
-    out["__hung__"] = hung
-    return out
+    """Spawn ``world`` gloo processes running ``names``; returns ``(per_rank results, hung ranks)``."""
+    return spawn_ranks(_worker, world, (world, local_size, free_port(), outdir, names), outdir, timeout)
 
 
 _CACHE = {}
@@ -447,18 +410,10 @@ def _group_results(name, tmp_path_factory):
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @pytest.mark.parametrize("world", list(WORLDS))
 def test_ep_dispatcher(world, scenario, tmp_path_factory):
-    res = _group_results(world, tmp_path_factory)
-    if "__setup__" in res:
-        pytest.fail(f"process group setup failed: {res['__setup__']}")
-    per_rank = res[scenario]
-    problems = []
-    for r, item in enumerate(per_rank):
-        if item is None:
-            problems.append(f"rank {r}: no result (hung ranks: {res['__hung__']})")
-        elif item[0] != "ok":
-            problems.append(f"rank {r}:\n{item[0]}")
-    if problems:
-        pytest.fail("\n".join(problems))
+    per_rank, hung = _group_results(world, tmp_path_factory)
+    bad = problems(per_rank, hung, [scenario])
+    if bad:
+        pytest.fail("\n".join(bad))
 
 
 if __name__ == "__main__":  # quick manual run: python tests/test_ep_dispatcher.py 2x2 [scenario...]
@@ -466,7 +421,6 @@ if __name__ == "__main__":  # quick manual run: python tests/test_ep_dispatcher.
     w = sys.argv[1] if len(sys.argv) > 1 else "2x2"
     names = sys.argv[2:] or list(SCENARIOS)
     t0 = time.time()
-    r = run_group(*WORLDS[w], names, tempfile.mkdtemp())
-    for k, v in r.items():
-        print(k, v if k.startswith("__") else [x if x is None or x[0] == "ok" else x for x in v])
+    per_rank, hung = run_group(*WORLDS[w], names, tempfile.mkdtemp())
+    print("\n".join(problems(per_rank, hung, names)) or "all ok", f"hung: {hung}")
     print(f"{time.time() - t0:.1f}s")

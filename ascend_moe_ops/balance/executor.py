@@ -243,9 +243,13 @@ class PlacementExecutor:
         rep = torch.nonzero(rc > 1).flatten()
         if rep.numel() == 0:
             return
-        slot_of = {int(e): j for j, e in enumerate(rep.tolist())}
-        mine = [(i, slot_of[int(e)]) for i, e in enumerate(pl.slot_to_expert[self.rank].tolist())
-                if int(e) in slot_of]
+        # my local slots holding a replicated expert, and that expert's row in the reduce buffer
+        row_of = torch.full((pl.num_experts,), -1, dtype=torch.int64)
+        row_of[rep] = torch.arange(rep.numel())
+        rows = row_of[pl.slot_to_expert[self.rank].clamp(min=0)]
+        rows = torch.where(pl.slot_to_expert[self.rank] >= 0, rows, torch.full_like(rows, -1))
+        local = torch.nonzero(rows >= 0).flatten()
+        rows = rows[local]
         for p in self.params:
             if not isinstance(p, torch.nn.Parameter):
                 continue
@@ -253,12 +257,11 @@ class PlacementExecutor:
             buf = torch.zeros((rep.numel(),) + tuple(p.shape[1:]), dtype=torch.float32
                               if p.dtype in (torch.float16, torch.bfloat16) else p.dtype,
                               device=p.device)
+            li, ri = local.to(p.device), rows.to(p.device)
             if g is not None:
-                for i, j in mine:
-                    buf[j] += g[i].to(buf.dtype)
+                buf.index_add_(0, ri, g.index_select(0, li).to(buf.dtype))
             dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
-            if mine:
+            if local.numel():
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                for i, j in mine:
-                    p.grad[i].copy_(buf[j].to(p.dtype))
+                p.grad.index_copy_(0, li, buf.index_select(0, ri).to(p.dtype))

@@ -156,8 +156,10 @@ class Placement:
         dev = topk_idx.device
         if token_index is None:
             token_index = torch.arange(T, device=dev)
-        slots = self.expert_slots().to(dev)
-        rc = self.replica_count.to(dev)
+        key = ("route", dev)
+        if key not in self._cache:  # device copies made once, not on every routing call
+            self._cache[key] = (self.expert_slots().to(dev), self.replica_count.to(dev))
+        slots, rc = self._cache[key]
         ids = topk_idx.long()
         safe = ids.clamp(min=0)
         rep = token_index.long().view(-1, 1) % rc[safe]

@@ -54,9 +54,9 @@ class DispatchHandle:
         return f"DispatchHandle({self.algorithm}, T={self.num_tokens}, stats={self.stats})"
 
 
-class PendingDispatch:
-    """Returned by ``dispatch(..., async_op=True)``: the main collective is in flight.
-    ``wait()`` finishes the dispatch and returns ``(expert_tokens, tokens_per_local_expert, handle)``."""
+class _PendingResult:
+    """Finishes a call whose main collective is in flight; ``wait()`` returns its result (once
+    computed, the same object on every later call)."""
 
     def __init__(self, finish):
         self._finish = finish
@@ -69,18 +69,13 @@ class PendingDispatch:
         return self._result
 
 
-class PendingCombine:
+class PendingDispatch(_PendingResult):
+    """Returned by ``dispatch(..., async_op=True)``: the main collective is in flight.
+    ``wait()`` finishes the dispatch and returns ``(expert_tokens, tokens_per_local_expert, handle)``."""
+
+
+class PendingCombine(_PendingResult):
     """Returned by ``combine(..., async_op=True)``; ``wait()`` returns the ``[T, H]`` output."""
-
-    def __init__(self, finish):
-        self._finish = finish
-        self._result = None
-
-    def wait(self) -> Tensor:
-        if self._result is None:
-            self._result = self._finish()
-            self._finish = None
-        return self._result
 
 
 def _unpermute(x: Tensor, row_id_map: Tensor, probs: Optional[Tensor]) -> Tensor:

@@ -69,29 +69,21 @@ class EPTopology:
 
         G, N = local_size, self.num_nodes
         world = group is None or group is dist.group.WORLD
-        self.intra_group = None
-        self.inter_group = None
+
+        def subgroup(members, mine):
+            # with the world group every rank creates every subgroup, in the same order;
+            # with an explicit EP group only the members of each subgroup create it
+            if world:
+                pg = dist.new_group(members)
+                return pg if mine else None
+            return dist.new_group(members, use_local_synchronization=True) if mine else None
+
         # Same creation order on every rank: all intra-node groups, then all inter-node groups.
-        for n in range(N):
-            members = [self.ranks[n * G + i] for i in range(G)]
-            if world:
-                pg = dist.new_group(members)
-            elif n == self.node:
-                pg = dist.new_group(members, use_local_synchronization=True)
-            else:
-                continue
-            if n == self.node:
-                self.intra_group = pg
-        for i in range(G):
-            members = [self.ranks[n * G + i] for n in range(N)]
-            if world:
-                pg = dist.new_group(members)
-            elif i == self.local_rank:
-                pg = dist.new_group(members, use_local_synchronization=True)
-            else:
-                continue
-            if i == self.local_rank:
-                self.inter_group = pg
+        intra = [subgroup([self.ranks[n * G + i] for i in range(G)], n == self.node) for n in range(N)]
+        inter = [subgroup([self.ranks[n * G + i] for n in range(N)], i == self.local_rank)
+                 for i in range(G)]
+        self.intra_group = intra[self.node]
+        self.inter_group = inter[self.local_rank]
 
     def node_of(self, ep_rank: int) -> int:
         return ep_rank // self.local_size

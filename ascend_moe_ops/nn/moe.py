@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..balance.aux_loss import capacity_for
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.moe_permute import moe_permute
 from ..ops.moe_unpermute import moe_unpermute
@@ -190,7 +191,7 @@ class MoELayer(nn.Module):
     def capacity(self, num_tokens: int) -> Optional[int]:
         if self.capacity_factor is None:
             return None
-        return max(1, math.ceil(self.capacity_factor * num_tokens * self.top_k / self.num_experts))
+        return max(1, capacity_for(num_tokens, self.top_k, self.num_experts, self.capacity_factor))
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
