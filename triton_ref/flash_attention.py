@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ascend_moe_ops.reference.flash_attention import lse_dtype
+
 
 @triton.jit
 def _fwd_kernel(Q, K, K2, V, O, LSE, CU, sm_scale,
@@ -228,8 +230,7 @@ def flash_attention_fwd(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax
     B = cu_seqlens.shape[0] - 1
     D1, D2, k2, k2h, BD1, BD2, BDV = _dims(q, k, v, k_rope)
     out = torch.zeros((T, H, Dv), dtype=q.dtype, device=q.device)
-    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse = torch.full((H, T), float("-inf"), dtype=lse_dtype, device=q.device)
+    lse = torch.full((H, T), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
     BM, BN, prec = _config(q, max_seqlen)
     if T == 0 or max_seqlen == 0:
         return out, lse

@@ -41,6 +41,13 @@ def check_int(name: str, value, *, minimum: Optional[int] = None) -> int:
     return value
 
 
+def check_float(name: str, value) -> float:
+    """A Python int or float (not a bool), returned as float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    return float(value)
+
+
 def is_fake(t: torch.Tensor) -> bool:
     from torch._subclasses.fake_tensor import is_fake as _is_fake
     return _is_fake(t) or t.device.type == "meta"

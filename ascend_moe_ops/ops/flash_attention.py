@@ -168,12 +168,11 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
     cu, max_len, batch = pack_layout("q", q, cu_seqlens, max_seqlen, token_dims)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    softmax_scale = _checks.check_float("softmax_scale", softmax_scale)
     H = q.shape[-2]
     qp, kp, vp = (t.reshape(-1, H, t.shape[-1]) for t in (q, k, v))
     out, lse = _library.op(OP)(qp.contiguous(), kp.contiguous(), vp.contiguous(), None, cu,
-                               max_len, bool(causal), float(softmax_scale))
+                               max_len, bool(causal), softmax_scale)
     if batch is not None:
         out = out.view(*batch, H, v.shape[-1])
         lse = lse.view(H, *batch).transpose(0, 1)

@@ -166,8 +166,7 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
     _checks.check_int("v_dim", v_dim, minimum=1)
     if recompute not in ("kv", "none"):
         raise ValueError(f"recompute must be 'kv' or 'none', got {recompute!r}")
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    softmax_scale = _checks.check_float("softmax_scale", softmax_scale)
     if q.dim() not in (3, 4):
         raise ValueError(f"q must be [B, S, H, Dn+Dr] or packed [T, H, Dn+Dr], got shape {tuple(q.shape)}")
     if q.shape[-2] != num_heads:
@@ -191,7 +190,7 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
     qp = q.reshape(-1, num_heads, q.shape[-1]).contiguous()
     out, _, _ = _library.op(OP)(qp, c_kv.reshape(-1, latent).contiguous(),
                                 k_pe.reshape(-1, rope_dim).contiguous(), w_kv_up.contiguous(), cu,
-                                max_len, num_heads, qk_nope_dim, v_dim, float(softmax_scale),
+                                max_len, num_heads, qk_nope_dim, v_dim, softmax_scale,
                                 bool(causal), recompute == "none")
     if batch is not None:
         out = out.view(*batch, num_heads, v_dim)

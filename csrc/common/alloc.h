@@ -3,11 +3,13 @@
 // A fresh multi-hundred-MiB output (permute writes T*K*H elements) is new anonymous memory, and on
 // this kind of machine (KVM guest) first-touch faults of 4 KiB pages cost more than the copy itself:
 // measured here, `torch.empty_like(x).copy_(x)` on 256 MiB runs at ~1.4 GB/s vs ~9 GB/s into a
-// preallocated buffer. PyTorch's own allocator can back large blocks with transparent huge pages,
-// but only when THP_MEM_ALLOC_ENABLE=1 is set before torch is imported. empty_large() allocates with
-// the normal allocator (a plain tensor: resizable, freed as usual) and, for big blocks, advises the
-// kernel to back the 2 MiB-aligned interior with huge pages before anything touches it (512x fewer
-// faults). The advice is only a hint: where THP is off it does nothing and nothing else changes.
+// preallocated buffer, and filling a fresh 184 MiB grouped_gemm_dw output (E=32, K=2048, N=1408)
+// took 86 ms of CPU time with 4 KiB pages vs 18 ms with huge pages. PyTorch's own allocator can
+// back large blocks with transparent huge pages, but only when THP_MEM_ALLOC_ENABLE=1 is set before
+// torch is imported. empty_large() allocates with the normal allocator (a plain tensor: resizable,
+// freed as usual) and, for big blocks, advises the kernel to back the 2 MiB-aligned interior with
+// huge pages before anything touches it (512x fewer faults). The advice is only a hint: where THP
+// is off it does nothing and nothing else changes.
 #pragma once
 
 #include <ATen/ATen.h>

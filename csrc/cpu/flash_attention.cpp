@@ -322,21 +322,15 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
   auto lse = at::full({H, T}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
   const auto cu = bounds_of(cu_seqlens);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flash_attention_fwd", [&] {
-    if (acc == at::kDouble) {
-      using acc_t = double;
+    auto run = [&](auto zero) {
+      using acc_t = decltype(zero);
       auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v);
       std::optional<Operand<acc_t>> KR;
       if (k_rope) KR = operand<acc_t>(*k_rope);
       fwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, cu, H, causal, (acc_t)softmax_scale,
                                   out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(), T);
-    } else {
-      using acc_t = float;
-      auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v);
-      std::optional<Operand<acc_t>> KR;
-      if (k_rope) KR = operand<acc_t>(*k_rope);
-      fwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, cu, H, causal, (acc_t)softmax_scale,
-                                  out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(), T);
-    }
+    };
+    if (acc == at::kDouble) run(double(0)); else run(float(0));
   });
   return {out, lse};
 }

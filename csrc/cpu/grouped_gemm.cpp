@@ -15,13 +15,14 @@
 //
 // Each thread claims its next item one step ahead and prefetches (into L2) the operands of the
 // next K block while it computes; large outputs get transparent huge pages before the first
-// touch (see advise_huge_pages). The bf16 micro-kernel rounds the last K block straight into the
-// output.
+// touch (amo::empty_large, common/alloc.h). The bf16 micro-kernel rounds the last K block
+// straight into the output.
 //
 // dtypes: bf16 -> _mm512_dpbf16_ps (AVX512_BF16) with fp32 accumulation; fp32 -> FMA; fp16 ->
 // converted to fp32 while packing (A and B), then the fp32 kernel; fp64 (oracle use only) ->
 // at::mm per group. Built with -march=native; without AVX512_BF16/AVX512F the same drivers run
 // the scalar fallback micro-kernel (correct, slow), so the extension still builds and works.
+#include "common/alloc.h"
 #include "common/registry.h"
 
 #include <ATen/Parallel.h>
@@ -34,10 +35,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -659,21 +656,26 @@ void run_items(const std::vector<Item>& items, Body body) {
   });
 }
 
-// Ask for transparent huge pages on a large, freshly allocated output before its first touch.
-// Writing a big output into new 4 KiB pages costs one page fault per page: measured here, filling a
-// fresh 184 MiB tensor (the dW output of E=32, K=2048, N=1408) took 86 ms of CPU time with 4 KiB
-// pages and 18 ms with THP (the kernel's THP mode is "madvise"). A hint only: errors are ignored.
-inline void advise_huge_pages(void* p, size_t bytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  if (bytes < 4 * kHuge) return;
-  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (e > b) (void)madvise(reinterpret_cast<void*>(b), e - b, MADV_HUGEPAGE);
-#else
-  (void)p;
-  (void)bytes;
-#endif
+// Runs `items` with the tile kernel of dtype `dt` (fp32, fp16 or bf16); `make_args(item, tag)`
+// gives an item's TileArgs for element type decltype(tag). The next item's args go along for
+// the prefetch.
+template <typename MakeArgs>
+void run_typed(at::ScalarType dt, const std::vector<Item>& items, MakeArgs make_args) {
+  auto body = [&](auto tag) {
+    using T = decltype(tag);
+    run_items(items, [&](const Item& it, const Item* nx, Workspace& ws) {
+      const TileArgs t = make_args(it, tag);
+      if (nx) {
+        const TileArgs tn = make_args(*nx, tag);
+        run_tile<T>(t, &tn, ws);
+      } else {
+        run_tile<T>(t, nullptr, ws);
+      }
+    });
+  };
+  if (dt == at::kFloat) body(float{});
+  else if (dt == at::kHalf) body(c10::Half{});
+  else body(c10::BFloat16{});
 }
 
 std::vector<int64_t> host_sizes(const at::Tensor& group_sizes, int64_t rows, const char* what) {
@@ -707,8 +709,7 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   TORCH_CHECK(group_sizes.numel() == E, "grouped_gemm: group_sizes has ", group_sizes.numel(),
               " entries but weight has ", E, " experts");
   const std::vector<int64_t> gs = host_sizes(group_sizes, M, "grouped_gemm");
-  at::Tensor out = at::empty({M, N}, x.options());
-  advise_huge_pages(out.data_ptr(), out.nbytes());
+  at::Tensor out = amo::empty_large({M, N}, x.options());
   int64_t total = 0;
   for (int64_t g : gs) total += g;
   if (total < M) out.narrow(0, total, M - total).zero_();
@@ -740,30 +741,17 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
     off += gs[e];
   }
   const int64_t wsE = trans_b ? N * K : K * N;
-  auto body = [&](auto tag) {
+  const void* xv = x.data_ptr();
+  const void* wv = w.data_ptr();
+  void* ov = out.data_ptr();
+  run_typed(x.scalar_type(), items, [&](const Item& it, auto tag) {
     using T = decltype(tag);
-    const T* xp = x.data_ptr<T>();
-    const T* wp = w.data_ptr<T>();
-    T* op = out.data_ptr<T>();
-    auto args = [&](const Item& it) {
-      const T* we = wp + it.e * wsE;
-      // B(k, c): trans_b=False w[e][k][c]; trans_b=True w[e][c][k]
-      Operand B = trans_b ? Operand{we + it.c0 * K, 1, K} : Operand{we + it.c0, N, 1};
-      return TileArgs{it.m, it.n, K, Operand{xp + it.r0 * K, K, 1}, B, op + it.r0 * N + it.c0, N};
-    };
-    run_items(items, [&](const Item& it, const Item* nx, Workspace& ws) {
-      const TileArgs t = args(it);
-      if (nx) {
-        const TileArgs tn = args(*nx);
-        run_tile<T>(t, &tn, ws);
-      } else {
-        run_tile<T>(t, nullptr, ws);
-      }
-    });
-  };
-  if (x.scalar_type() == at::kFloat) body(float{});
-  else if (x.scalar_type() == at::kHalf) body(c10::Half{});
-  else body(c10::BFloat16{});
+    const T* we = static_cast<const T*>(wv) + it.e * wsE;
+    // B(k, c): trans_b=False w[e][k][c]; trans_b=True w[e][c][k]
+    Operand B = trans_b ? Operand{we + it.c0 * K, 1, K} : Operand{we + it.c0, N, 1};
+    return TileArgs{it.m, it.n, K, Operand{static_cast<const T*>(xv) + it.r0 * K, K, 1}, B,
+                    static_cast<T*>(ov) + it.r0 * N + it.c0, N};
+  });
   return out;
 }
 
@@ -777,8 +765,7 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
   const int64_t M = a.size(0), P = a.size(1), Q = b.size(1);
   const std::vector<int64_t> gs = host_sizes(group_sizes, M, "grouped_gemm_dw");
   const int64_t E = static_cast<int64_t>(gs.size());
-  at::Tensor out = at::empty({E, P, Q}, a.options());
-  advise_huge_pages(out.data_ptr(), out.nbytes());
+  at::Tensor out = amo::empty_large({E, P, Q}, a.options());
   if (out.numel() == 0) return out;
   if (a.scalar_type() == at::kDouble) {
     int64_t off = 0;
@@ -804,30 +791,16 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
       for (auto& pm : ptiles) items.push_back({e, pm.first, pm.second, c0, std::min(NC, Q - c0)});
     off += gs[e];
   }
-  auto body = [&](auto tag) {
+  const void* av = a.data_ptr();
+  const void* bv = b.data_ptr();
+  void* ov = out.data_ptr();
+  run_typed(a.scalar_type(), items, [&](const Item& it, auto tag) {
     using T = decltype(tag);
-    const T* ap = a.data_ptr<T>();
-    const T* bp = b.data_ptr<T>();
-    T* op = out.data_ptr<T>();
-    auto args = [&](const Item& it) {
-      const int64_t o = offs[it.e];
-      Operand A{ap + o * P + it.r0, 1, P};     // A(r=p, k=row) = a[row][p]
-      Operand B{bp + o * Q + it.c0, Q, 1};     // B(k=row, c=q) = b[row][q]
-      return TileArgs{it.m, it.n, gs[it.e], A, B, op + it.e * P * Q + it.r0 * Q + it.c0, Q};
-    };
-    run_items(items, [&](const Item& it, const Item* nx, Workspace& ws) {
-      const TileArgs t = args(it);
-      if (nx) {
-        const TileArgs tn = args(*nx);
-        run_tile<T>(t, &tn, ws);
-      } else {
-        run_tile<T>(t, nullptr, ws);
-      }
-    });
-  };
-  if (a.scalar_type() == at::kFloat) body(float{});
-  else if (a.scalar_type() == at::kHalf) body(c10::Half{});
-  else body(c10::BFloat16{});
+    const int64_t o = offs[it.e];
+    Operand A{static_cast<const T*>(av) + o * P + it.r0, 1, P};  // A(r=p, k=row) = a[row][p]
+    Operand B{static_cast<const T*>(bv) + o * Q + it.c0, Q, 1};  // B(k=row, c=q) = b[row][q]
+    return TileArgs{it.m, it.n, gs[it.e], A, B, static_cast<T*>(ov) + it.e * P * Q + it.r0 * Q + it.c0, Q};
+  });
   return out;
 }
 

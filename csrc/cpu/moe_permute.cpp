@@ -145,13 +145,29 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   const int64_t chunk_tokens = T > 0 ? (T + n_chunks - 1) / n_chunks : 0;
   const int64_t chunk_grain = n_slots >= kSerialSlots ? 1 : n_chunks;  // inline when small
   std::vector<int64_t> hist(static_cast<size_t>(n_chunks * (E + 1)), 0);  // [chunk][E] counts
-  at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
-    for (int64_t c = cb; c < ce; ++c) {
-      int64_t* h = hist.data() + c * (E + 1);
-      const int64_t s0 = std::min(T, c * chunk_tokens) * S, s1 = std::min(T, (c + 1) * chunk_tokens) * S;
-      for (int64_t i = s0; i < s1; ++i)
-        if (eid[i] >= 0) ++h[eid[i]];
+  // fn(hist row of chunk c, first slot, end slot) for every chunk c, in parallel when large
+  auto for_each_chunk = [&](auto fn) {
+    at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
+      for (int64_t c = cb; c < ce; ++c)
+        fn(hist.data() + c * (E + 1), std::min(T, c * chunk_tokens) * S, std::min(T, (c + 1) * chunk_tokens) * S);
+    });
+  };
+  // hist[c][e] := first[e] + the slots of expert e in chunks before c (where chunk c's slots of
+  // expert e go, in order)
+  auto chunk_starts = [&](const std::vector<int64_t>& first) {
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t run = first[e];
+      for (int64_t c = 0; c < n_chunks; ++c) {
+        int64_t& h = hist[c * (E + 1) + e];
+        const int64_t k = h;
+        h = run;
+        run += k;
+      }
     }
+  };
+  for_each_chunk([&](int64_t* h, int64_t s0, int64_t s1) {
+    for (int64_t i = s0; i < s1; ++i)
+      if (eid[i] >= 0) ++h[eid[i]];
   });
   std::vector<int64_t> count(E, 0);  // routed (pre-capacity) slots per expert
   for (int64_t c = 0; c < n_chunks; ++c)
@@ -167,33 +183,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
       gsz[e] = (count[e] + align - 1) / align * align;
       start[e + 1] = start[e] + gsz[e];
     }
-    // hist[c][e] := first destination row of chunk c's slots of expert e.
-    for (int64_t e = 0; e < E; ++e) {
-      int64_t run = start[e];
-      for (int64_t c = 0; c < n_chunks; ++c) {
-        int64_t& h = hist[c * (E + 1) + e];
-        const int64_t k = h;
-        h = run;
-        run += k;
-      }
-    }
-    at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c) {
-        int64_t* next = hist.data() + c * (E + 1);
-        const int64_t s0 = std::min(T, c * chunk_tokens) * S, s1 = std::min(T, (c + 1) * chunk_tokens) * S;
-        for (int64_t i = s0; i < s1; ++i) {
-          const int32_t e = eid[i];
-          if (e < 0) {
-            map[i] = -1;
-            continue;
-          }
-          const int64_t d = next[e]++;
-          if (d < N) {
-            map[i] = static_cast<int32_t>(d);
-            filled[d] = 1;
-          } else {
-            map[i] = -1;  // beyond an explicit num_out_tokens
-          }
+    chunk_starts(start);  // hist[c][e] := first destination row of chunk c's slots of expert e
+    for_each_chunk([&](int64_t* next, int64_t s0, int64_t s1) {
+      for (int64_t i = s0; i < s1; ++i) {
+        const int32_t e = eid[i];
+        if (e < 0) {
+          map[i] = -1;
+          continue;
+        }
+        const int64_t d = next[e]++;
+        if (d < N) {
+          map[i] = static_cast<int32_t>(d);
+          filled[d] = 1;
+        } else {
+          map[i] = -1;  // beyond an explicit num_out_tokens
         }
       }
     });
@@ -203,24 +206,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
     const int64_t C = capacity;
     std::vector<int64_t> base(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) base[e + 1] = base[e] + count[e];
-    for (int64_t e = 0; e < E; ++e) {
-      int64_t run = base[e];
-      for (int64_t c = 0; c < n_chunks; ++c) {
-        int64_t& h = hist[c * (E + 1) + e];
-        const int64_t k = h;
-        h = run;
-        run += k;
-      }
-    }
+    chunk_starts(base);  // hist[c][e] := where chunk c's slots of expert e go in `sorted`
     std::vector<int32_t> sorted(static_cast<size_t>(base[E]));
-    at::parallel_for(0, n_chunks, chunk_grain, [&](int64_t cb, int64_t ce) {
-      for (int64_t c = cb; c < ce; ++c) {
-        int64_t* next = hist.data() + c * (E + 1);
-        const int64_t s0 = std::min(T, c * chunk_tokens) * S, s1 = std::min(T, (c + 1) * chunk_tokens) * S;
-        for (int64_t i = s0; i < s1; ++i) {
-          map[i] = -1;
-          if (eid[i] >= 0) sorted[next[eid[i]]++] = static_cast<int32_t>(i);
-        }
+    for_each_chunk([&](int64_t* next, int64_t s0, int64_t s1) {
+      for (int64_t i = s0; i < s1; ++i) {
+        map[i] = -1;
+        if (eid[i] >= 0) sorted[next[eid[i]]++] = static_cast<int32_t>(i);
       }
     });
     std::vector<float> key;
