@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "emu/kernel_operator_emu.h"
+#include "host/fa_kernels.h"
 #include "host/row_map.h"
 #include "tiling/moe_permute_tiling.h"
 #include "tiling/moe_unpermute_tiling.h"
@@ -62,7 +63,6 @@ uint64_t ub_limit(const ChipInfo& chip) {
   return v ? static_cast<uint64_t>(std::max(0, std::atoi(v))) : ub_budget(chip);
 }
 
-template <typename T>
 GM_ADDR gm(const Tensor& t) {
   return reinterpret_cast<GM_ADDR>(const_cast<void*>(t.data_ptr()));
 }
@@ -121,8 +121,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tok
   auto out = poisoned({N, H}, x.options());
   MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
   if (t.key != MoePermuteTilingKey::kEmpty) {
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm<void>(x), gm<void>(index),
-                                  gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm(x), gm(index),
+                                  gm(out), reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_permute");
   }
   Tensor outProbs = probs.has_value() ? host::gather_by_slot(probs->contiguous(), slot)
@@ -142,8 +142,8 @@ Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::
   auto out = poisoned({T, H}, x.options());
   MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map),
-                                  gm<void>(w), gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm(x), gm(map),
+                                  gm(w), gm(out), reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_unpermute");
   }
   return out;
@@ -170,8 +170,8 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
   Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
     dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x),
-                                  gm<void>(slot), gm<void>(w), gm<void>(gradPermuted), gm<void>(dots),
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm(g), gm(x),
+                                  gm(slot), gm(w), gm(gradPermuted), gm(dots),
                                   reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_unpermute_grad");
   } else {
@@ -226,7 +226,7 @@ void launch_gemm(const GroupedGemmTiling& t, const ChipInfo& chip, void (*kernel
               chip.aicNum, "] Cube cores");
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
   GroupedGemmTiling tt = t;
-  auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm<void>(a), gm<void>(b), gm<void>(gs), gm<void>(out),
+  auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm(a), gm(b), gm(gs), gm(out),
                                       reinterpret_cast<GM_ADDR>(&tt));
   TORCH_CHECK(used.l1 == t.l1Bytes && used.l0a == t.l0aBytes && used.l0b == t.l0bBytes && used.l0c == t.l0cBytes,
               "ascendc-emu: kernel ", name, " allocated L1/L0A/L0B/L0C ", used.l1, "/", used.l0a, "/", used.l0b, "/",
@@ -275,18 +275,7 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
 // Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
 // ASCEND_MOE_OPS_FA_KERNELS=phases runs the phase kernels (four launches per key block, per pass in the
 // backward) instead of the fused mixed kernels amo_fa_fused / amo_fab_fused (the default; the NPU glue
-// reads the same variable).
-bool fa_fused() {
-  const char* v = std::getenv("ASCEND_MOE_OPS_FA_KERNELS");
-  if (!v || !*v || std::string(v) == "fused") return true;
-  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases', got '", v, "'");
-  return false;
-}
-
-void check_fused_rows(const FlashAttentionTiling& t, const char* op) {
-  TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "ascendc-emu ", op, ": the fused kernel needs the two "
-              "AIVs of an AI Core to cover a block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
-}
+// reads the same variable: host/fa_kernels.h).
 
 void check_mix(const ascend_emu::MixMem& used, const FlashAttentionTiling& t, const char* kernel) {
   check_cube(used.cube, t, kernel);
@@ -327,8 +316,8 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
-  if (fa_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
-    check_fused_rows(t, "flash_attention_fwd");
+  if (host::fa_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
+    host::check_fused_rows(t, "ascendc-emu flash_attention_fwd");
     Tensor sWs = poisoned({w.fusedScore}, f32), pWs = poisoned({w.fusedScore}, q.options());
     Tensor opWs = poisoned({w.fusedRows}, f32);
     FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
@@ -397,8 +386,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
   if (t.key == FlashAttentionTilingKey::kEmpty) return {dq.zero_(), dk.zero_(), dv.zero_(), dkr.zero_()};
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
-  const bool fused = fa_fused();
-  if (fused) check_fused_rows(t, "flash_attention_bwd");
+  const bool fused = host::fa_fused();
+  if (fused) host::check_fused_rows(t, "ascendc-emu flash_attention_bwd");
   const int64_t score = fused ? w.fusedScore : w.score, rowsWs = fused ? w.fusedRows : w.rows;
   // workspaces start as NaN (like fresh device memory could be), except acc, which the protocol zeroes
   Tensor delta = poisoned({w.delta}, f32), sWs = poisoned({score}, f32), dpWs = poisoned({score}, f32);
