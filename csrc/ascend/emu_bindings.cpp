@@ -283,32 +283,52 @@ void check_mix(const ascend_emu::MixMem& used, const FlashAttentionTiling& t, co
               " B of UB per AIV but its tiling planned ", t.ubFusedBytes, " B");
 }
 
-std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
-                                               int64_t maxSeqlen, bool causal, double softmaxScale) {
+// Checks and shapes shared by forward and backward (the emulator's twin of the NPU glue's check_inputs).
+struct FaInputs {
+  int64_t T, H, Dq, Dk, Dr, Dv, B, maxLen;
+  bool rope;
+  DType dt;
+  Tensor q, k, v, kRope, cu;  // contiguous; kRope undefined without rope; cu int64
+};
+
+FaInputs fa_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const c10::optional<Tensor>& kRope,
+                   const Tensor& cuSeqlens, int64_t maxSeqlen, const char* op) {
   check_cpu(q, "q");
   check_cpu(k, "k");
   check_cpu(v, "v");
   check_cpu(cuSeqlens, "cu_seqlens");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu flash_attention_fwd: q, k, v must be [T, H, D]");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "ascendc-emu flash_attention_fwd: k and v must have q's dtype");
-  const DType dt = cube_dtype(q, "flash_attention_fwd");
-  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
-  const bool rope = kRope.has_value() && kRope->defined();
-  const int64_t Dr = rope ? kRope->size(1) : 0;
-  if (rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_fwd: k_rope dtype differs from q");
-  TORCH_CHECK(Dq == Dk + Dr, "ascendc-emu flash_attention_fwd: q head dim must be Dk + Dr");
-  TORCH_CHECK(H * Dq < 65536 && H * Dv < 65536, "ascendc-emu flash_attention_fwd: H * D must be < 65536 (16-bit copy strides)");
-  auto cu = cuSeqlens.to(at::kLong).contiguous();
-  const int64_t B = cu.numel() - 1;
-  int64_t maxLen = 0;
-  for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu.data_ptr<int64_t>()[b + 1] - cu.data_ptr<int64_t>()[b]);
-  TORCH_CHECK(maxLen <= maxSeqlen, "ascendc-emu flash_attention_fwd: max_seqlen ", maxSeqlen, " < longest sequence ", maxLen);
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  Tensor krc = rope ? kRope->contiguous() : Tensor();
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu ", op, ": q, k, v must be [T, H, D]");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "ascendc-emu ", op,
+              ": k and v must have q's dtype");
+  FaInputs f{};
+  f.dt = cube_dtype(q, op);
+  f.T = q.size(0), f.H = q.size(1), f.Dq = q.size(2), f.Dk = k.size(2), f.Dv = v.size(2);
+  f.rope = kRope.has_value() && kRope->defined();
+  f.Dr = f.rope ? kRope->size(1) : 0;
+  if (f.rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu ", op, ": k_rope dtype differs from q");
+  TORCH_CHECK(f.Dq == f.Dk + f.Dr, "ascendc-emu ", op, ": q head dim must be Dk + Dr");
+  TORCH_CHECK(f.H * f.Dq < 65536 && f.H * f.Dv < 65536, "ascendc-emu ", op, ": H * D must be < 65536 (16-bit copy strides)");
+  f.cu = cuSeqlens.to(at::kLong).contiguous();
+  f.B = f.cu.numel() - 1;
+  const int64_t* cu = f.cu.data_ptr<int64_t>();
+  f.maxLen = 0;
+  for (int64_t b = 0; b < f.B; ++b) f.maxLen = std::max<int64_t>(f.maxLen, cu[b + 1] - cu[b]);
+  TORCH_CHECK(f.maxLen <= maxSeqlen, "ascendc-emu ", op, ": max_seqlen ", maxSeqlen, " < longest sequence ", f.maxLen);
+  f.q = q.contiguous(), f.k = k.contiguous(), f.v = v.contiguous();
+  if (f.rope) f.kRope = kRope->contiguous();
+  return f;
+}
+
+std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
+                                               int64_t maxSeqlen, bool causal, double softmaxScale) {
+  const FaInputs f = fa_inputs(q, k, v, kRope, cuSeqlens, maxSeqlen, "flash_attention_fwd");
+  const int64_t T = f.T, H = f.H, Dv = f.Dv;
+  const bool rope = f.rope;
+  const Tensor &qc = f.q, &kc = f.k, &vc = f.v, &krc = f.kRope, &cu = f.cu;
   const ChipInfo chip = emu_cube_chip();
-  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal, dt, chip, cube_max_base());
+  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, f.Dk, f.Dr, Dv, f.B, f.maxLen, causal, f.dt, chip,
+                                                            cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   auto out = poisoned({T, H, Dv}, q.options());
   auto lse = poisoned({H, T}, q.options().dtype(at::kFloat));
@@ -354,32 +374,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
                                                                const Tensor& out, const Tensor& lse,
                                                                const Tensor& cuSeqlens, int64_t maxSeqlen, bool causal,
                                                                double softmaxScale) {
-  for (auto& [x, name] : {std::pair<const Tensor&, const char*>{gradOut, "grad_out"}, {q, "q"}, {k, "k"}, {v, "v"},
-                          {out, "out"}, {lse, "lse"}, {cuSeqlens, "cu_seqlens"}})
-    check_cpu(x, name);
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu flash_attention_bwd: q, k, v must be [T, H, D]");
-  const DType dt = cube_dtype(q, "flash_attention_bwd");
-  for (auto* x : {&k, &v, &gradOut, &out})
-    TORCH_CHECK(x->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_bwd: every input must have q's dtype");
+  check_cpu(gradOut, "grad_out");
+  check_cpu(out, "out");
+  check_cpu(lse, "lse");
+  const FaInputs f = fa_inputs(q, k, v, kRope, cuSeqlens, maxSeqlen, "flash_attention_bwd");
+  const int64_t T = f.T, H = f.H, Dq = f.Dq, Dk = f.Dk, Dr = f.Dr, Dv = f.Dv;
+  const bool rope = f.rope;
+  TORCH_CHECK(gradOut.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "ascendc-emu flash_attention_bwd: every input must have q's dtype");
   TORCH_CHECK(lse.scalar_type() == at::kFloat, "ascendc-emu flash_attention_bwd: lse must be float32");
-  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
-  const bool rope = kRope.has_value() && kRope->defined();
-  const int64_t Dr = rope ? kRope->size(1) : 0;
-  if (rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_bwd: k_rope dtype differs from q");
-  TORCH_CHECK(Dq == Dk + Dr, "ascendc-emu flash_attention_bwd: q head dim must be Dk + Dr");
-  TORCH_CHECK(H * Dq < 65536 && H * Dv < 65536, "ascendc-emu flash_attention_bwd: H * D must be < 65536 (16-bit copy strides)");
   TORCH_CHECK(gradOut.sizes() == out.sizes() && out.size(0) == T && out.size(1) == H && out.size(2) == Dv,
               "ascendc-emu flash_attention_bwd: grad_out and out must be [T, H, Dv]");
-  auto cu = cuSeqlens.to(at::kLong).contiguous();
-  const int64_t B = cu.numel() - 1;
-  int64_t maxLen = 0;
-  for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu.data_ptr<int64_t>()[b + 1] - cu.data_ptr<int64_t>()[b]);
-  TORCH_CHECK(maxLen <= maxSeqlen, "ascendc-emu flash_attention_bwd: max_seqlen ", maxSeqlen, " < longest sequence ", maxLen);
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(), doc = gradOut.contiguous();
-  auto lc = lse.contiguous();
-  Tensor krc = rope ? kRope->contiguous() : Tensor();
+  const Tensor &qc = f.q, &kc = f.k, &vc = f.v, &krc = f.kRope, &cu = f.cu;
+  auto oc = out.contiguous(), doc = gradOut.contiguous(), lc = lse.contiguous();
   const ChipInfo chip = emu_cube_chip();
-  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal, dt, chip, cube_max_base());
+  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, f.B, f.maxLen, causal, f.dt, chip,
+                                                              cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   auto dq = poisoned({T, H, Dq}, q.options()), dk = poisoned({T, H, Dk}, q.options()), dv = poisoned({T, H, Dv}, q.options());
   auto dkr = rope ? poisoned({T, Dr}, q.options()) : at::empty({0}, q.options());
