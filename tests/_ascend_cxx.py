@@ -1,11 +1,14 @@
 """Compile small C++ test programs with g++ once and cache them under build/ascend_tests, keyed on
-a hash of their sources, headers and flags (so a test run only pays the compile after a change)."""
+a hash of their sources, headers and flags (so a test run only pays the compile after a change), and
+run them: the emulator rules drivers (one case per run) and the tiling drivers (JSON lines)."""
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -42,3 +45,21 @@ def compile_cached(name, sources, flags=(), extra_deps=()):
             raise AssertionError(f"compile failed: {' '.join(cmd)}\n{res.stderr[-4000:]}")
         os.replace(tmp, out)
     return out
+
+
+def run_case(exe, case, env=None, timeout=None):
+    """Run a rules driver on one case and return its stripped stdout (the result line)."""
+    return subprocess.run([exe, case], capture_output=True, text=True, check=True, env=env,
+                          timeout=timeout).stdout.strip()
+
+
+def assert_emu_error(out, case, pattern):
+    """``out`` is the emulator error a rules driver printed for ``case``, matching regex ``pattern``."""
+    assert out.startswith("EmuError: AscendC emulator:"), f"{case} was not caught: {out}"
+    assert re.search(pattern, out), out
+
+
+def run_json_lines(exe, lines, args=()):
+    """Feed ``lines`` to a tiling driver on stdin; one JSON object per output line."""
+    res = subprocess.run([exe, *args], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
+    return [json.loads(x) for x in res.stdout.splitlines()]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ROOT, compile_cached
+from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
 from ascend_moe_ops import _backends
 from ascend_moe_ops.testing import assert_close_to_ref
 from test_moe_permute import _inputs
@@ -46,21 +46,14 @@ def rules_driver():
     return compile_cached("emu_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_rules_driver.cpp")])
 
 
-def _run_case(exe, case):
-    return subprocess.run([exe, case], capture_output=True, text=True, check=True).stdout.strip()
-
-
 @pytest.mark.parametrize("case, match", RULES, ids=[r[0] for r in RULES])
 def test_emulator_enforces_rule(rules_driver, case, match):
-    import re
-    out = _run_case(rules_driver, case)
-    assert out.startswith("EmuError: AscendC emulator:"), f"{case} was not caught: {out}"
-    assert re.search(match, out), out
+    assert_emu_error(run_case(rules_driver, case), case, match)
 
 
 @pytest.mark.parametrize("case", ["ragged_datacopypad_ok", "uninitialized_ub_is_nan"])
 def test_emulator_accepts_valid_kernel(rules_driver, case):
-    assert _run_case(rules_driver, case) == "ok"
+    assert run_case(rules_driver, case) == "ok"
 
 
 @needs_emu

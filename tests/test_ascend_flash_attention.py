@@ -4,16 +4,21 @@ causal key range of each query block, L1/L0A/L0B/L0C/UB budgets with double buff
 alignment, blockDim <= the AIC count; for the backward's two passes, every gradient row written by
 exactly one block and each item's blocks tiling exactly the rows it must visit -- for the MLA shape
 (128 nope + 64 shared rope / 128), plain equal dims and odd varlen batches. Then parity of the
-emulated kernels (ascendc-emu backend) with the fp64 reference, forward and backward."""
+emulated kernels (ascendc-emu backend) with the fp64 reference, forward and backward; the fused
+mixed kernels against the phase kernels; the emulator's cross-core flag rules."""
 
-import json
 import math
 import os
-import subprocess
+import re
 
 import pytest
+import torch
 
-from _ascend_cxx import ASCEND, ROOT, compile_cached
+import ascend_moe_ops as amo
+from _ascend_cxx import ASCEND, ROOT, assert_emu_error, compile_cached, run_case, run_json_lines
+from ascend_moe_ops import _backends
+from ascend_moe_ops.reference import flash_attention as ref
+from ascend_moe_ops.testing import assert_close_to_ref
 
 F32, F16, BF16 = 0, 1, 2
 L1, L0A, L0B, L0C = 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024
@@ -30,9 +35,7 @@ def driver():
     def run(cases, bwd=False):
         lines = [" ".join(str(v) for v in (H, Dk, Dr, Dv, int(causal), dt, cap, aic, len(cu) - 1, *cu))
                  for H, Dk, Dr, Dv, causal, dt, cap, aic, cu in cases]
-        res = subprocess.run([exe] + (["bwd"] if bwd else []), input="\n".join(lines) + "\n",
-                             capture_output=True, text=True, check=True)
-        return [json.loads(x) for x in res.stdout.splitlines()]
+        return run_json_lines(exe, lines, ["bwd"] if bwd else [])
 
     return run
 
@@ -168,14 +171,8 @@ def test_bwd_refusals(driver):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Parity of the emulated AscendC forward kernels (ascendc-emu backend) with the fp64 reference, using
-# the "2 x PyTorch's own error in the same low precision" rule. Forward only, fp16/bf16 only.
-import torch  # noqa: E402
-
-from ascend_moe_ops import _backends  # noqa: E402
-from ascend_moe_ops.reference import flash_attention as ref  # noqa: E402
-from ascend_moe_ops.testing import assert_close_to_ref  # noqa: E402
-
+# Parity of the emulated AscendC kernels (ascendc-emu backend) with the fp64 reference, using the
+# "2 x PyTorch's own error in the same low precision" rule; forward, then backward; fp16/bf16 only.
 EMU = "ascendc-emu"
 FWD = "flash_attention_fwd"
 needs_emu = pytest.mark.skipif(EMU not in _backends.available_backends(FWD, "cpu"),
@@ -205,9 +202,6 @@ def _fa_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None):
     olo, llo = ref.flash_attention_fwd(*args(dtype))
     assert_close_to_ref(out, o64, dtype=dtype, torch_lowp=olo, name="ascendc-emu out")
     assert_close_to_ref(lse, l64, dtype=dtype, torch_lowp=llo, name="ascendc-emu lse")
-
-
-import ascend_moe_ops as amo  # noqa: E402
 
 
 @needs_emu
@@ -315,6 +309,10 @@ def test_emu_backward_rejects_fp32_and_bad_lse():
     with amo.use_backend(EMU), pytest.raises(RuntimeError, match="float16/bfloat16"):
         torch.ops.ascend_moe_ops.flash_attention_bwd(o, q.float(), k.float(), v.float(), None, o,
                                                      torch.zeros(1, 4), cu, 4, True, 0.25)
+    qh, kh, vh, oh = (t.half() for t in (q, k, v, o))
+    with amo.use_backend(EMU), pytest.raises(RuntimeError, match="lse must be float32"):
+        torch.ops.ascend_moe_ops.flash_attention_bwd(oh, qh, kh, vh, None, oh, torch.zeros(1, 4, dtype=torch.float16),
+                                                     cu, 4, True, 0.25)
 
 
 @needs_emu
@@ -347,14 +345,12 @@ def _mix(exe, case, schedule=None):
     env.pop("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE", None)
     if schedule:
         env["ASCEND_MOE_OPS_EMU_MIX_SCHEDULE"] = schedule
-    return subprocess.run([exe, case], capture_output=True, text=True, check=True, timeout=60, env=env).stdout.strip()
+    return run_case(exe, case, env=env, timeout=60)
 
 
 @pytest.mark.parametrize("case, match", MIX_RULES, ids=[r[0] for r in MIX_RULES])
 def test_emulator_enforces_cross_core_rule(mix_driver, case, match):
-    out = _mix(mix_driver, case)
-    assert out.startswith("EmuError: AscendC emulator:"), f"{case} was not caught: {out}"
-    assert match in out, out
+    assert_emu_error(_mix(mix_driver, case), case, re.escape(match))
 
 
 def test_emulator_mixed_launch_ids_and_ping_pong(mix_driver):

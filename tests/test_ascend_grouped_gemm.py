@@ -11,14 +11,12 @@ Cube-side rules of the emulator.
 """
 
 import os
-import re
-import subprocess
 
 import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ROOT, compile_cached
+from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
 from ascend_moe_ops import _backends
 from ascend_moe_ops.testing import assert_close_to_ref
 
@@ -50,21 +48,15 @@ def cube_driver():
     return compile_cached("emu_cube_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_cube_rules_driver.cpp")])
 
 
-def _run_case(exe, case):
-    return subprocess.run([exe, case], capture_output=True, text=True, check=True).stdout.strip()
-
-
 @pytest.mark.parametrize("case, match", RULES, ids=[r[0] for r in RULES])
 def test_emulator_enforces_cube_rule(cube_driver, case, match):
-    out = _run_case(cube_driver, case)
-    assert out.startswith("EmuError: AscendC emulator:"), f"{case} was not caught: {out}"
-    assert re.search(match, out), out
+    assert_emu_error(run_case(cube_driver, case), case, match)
 
 
 def test_emulator_cube_path_and_k_padding(cube_driver):
-    assert _run_case(cube_driver, "ok_tile") == "ok"
-    assert _run_case(cube_driver, "k_padding_not_zeroed") == "nan", "stale K padding must poison the sum"
-    assert _run_case(cube_driver, "k_padding_zeroed") == "ok"
+    assert run_case(cube_driver, "ok_tile") == "ok"
+    assert run_case(cube_driver, "k_padding_not_zeroed") == "nan", "stale K padding must poison the sum"
+    assert run_case(cube_driver, "k_padding_zeroed") == "ok"
 
 
 def _inputs(M, K, N, sizes, dtype, trans_b, seed=0):

@@ -3,14 +3,12 @@ driver: every output tile covered exactly once across the AIC cores (forward, in
 past sum(group_sizes), and dW, including empty groups), L1/L0A/L0B/L0C budgets with double
 buffering, 16 x 16 fractal alignment, blockDim <= the AIC count, for real and odd shapes."""
 
-import json
 import os
-import subprocess
 
 import pytest
 import torch
 
-from _ascend_cxx import ASCEND, ROOT, compile_cached
+from _ascend_cxx import ASCEND, ROOT, compile_cached, run_json_lines
 
 NN, NT, DW = 0, 1, 2
 F32, F16, BF16 = 0, 1, 2
@@ -26,10 +24,8 @@ def driver():
     exe = compile_cached("grouped_gemm_tiling_driver", srcs, flags=("-O2",))
 
     def run(cases):
-        lines = [" ".join(str(v) for v in (lay, M, K, N, dt, cap, aic, len(s), *s))
-                 for lay, M, K, N, dt, cap, aic, s in cases]
-        res = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
-        return [json.loads(x) for x in res.stdout.splitlines()]
+        return run_json_lines(exe, [" ".join(str(v) for v in (lay, M, K, N, dt, cap, aic, len(s), *s))
+                                    for lay, M, K, N, dt, cap, aic, s in cases])
 
     return run
 

@@ -2,13 +2,11 @@
 row and every H-column is covered exactly once, UB budgets hold with double buffering, buffers are
 32-byte aligned, tails are right, blockDim <= the AIV core count, for real and odd shapes."""
 
-import json
 import os
-import subprocess
 
 import pytest
 
-from _ascend_cxx import ASCEND, ROOT, compile_cached
+from _ascend_cxx import ASCEND, ROOT, compile_cached, run_json_lines
 
 F32, F16, BF16 = 0, 1, 2
 BYTES = {F32: 4, F16: 2, BF16: 2}
@@ -23,12 +21,7 @@ def driver():
             os.path.join(ASCEND, "tiling", "moe_permute_tiling.cpp"),
             os.path.join(ASCEND, "tiling", "moe_unpermute_tiling.cpp")]
     exe = compile_cached("ascend_tiling_driver", srcs)
-
-    def run(lines):
-        res = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
-        return [json.loads(x) for x in res.stdout.splitlines()]
-
-    return run
+    return lambda lines: run_json_lines(exe, lines)
 
 
 # (T, H, E, K): Pangu Ultra MoE (H=7680, E=256, K=8), DeepSeek-V3 (H=7168), odd and empty ones

@@ -16,6 +16,7 @@
 #include <limits>
 
 #include "emu/kernel_operator_emu.h"
+#include "host/fa_kernels.h"
 #include "host/row_map.h"
 #include "tiling/moe_permute_tiling.h"
 #include "tiling/moe_unpermute_tiling.h"
@@ -62,7 +63,6 @@ uint64_t ub_limit(const ChipInfo& chip) {
   return v ? static_cast<uint64_t>(std::max(0, std::atoi(v))) : ub_budget(chip);
 }
 
-template <typename T>
 GM_ADDR gm(const Tensor& t) {
   return reinterpret_cast<GM_ADDR>(const_cast<void*>(t.data_ptr()));
 }
@@ -121,8 +121,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tok
   auto out = poisoned({N, H}, x.options());
   MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
   if (t.key != MoePermuteTilingKey::kEmpty) {
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm<void>(x), gm<void>(index),
-                                  gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm(x), gm(index),
+                                  gm(out), reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_permute");
   }
   Tensor outProbs = probs.has_value() ? host::gather_by_slot(probs->contiguous(), slot)
@@ -142,8 +142,8 @@ Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::
   auto out = poisoned({T, H}, x.options());
   MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm<void>(x), gm<void>(map),
-                                  gm<void>(w), gm<void>(out), reinterpret_cast<GM_ADDR>(&t)),
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm(x), gm(map),
+                                  gm(w), gm(out), reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_unpermute");
   }
   return out;
@@ -170,8 +170,8 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
   Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
     dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm<void>(g), gm<void>(x),
-                                  gm<void>(slot), gm<void>(w), gm<void>(gradPermuted), gm<void>(dots),
+    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm(g), gm(x),
+                                  gm(slot), gm(w), gm(gradPermuted), gm(dots),
                                   reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_unpermute_grad");
   } else {
@@ -226,7 +226,7 @@ void launch_gemm(const GroupedGemmTiling& t, const ChipInfo& chip, void (*kernel
               chip.aicNum, "] Cube cores");
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
   GroupedGemmTiling tt = t;
-  auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm<void>(a), gm<void>(b), gm<void>(gs), gm<void>(out),
+  auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm(a), gm(b), gm(gs), gm(out),
                                       reinterpret_cast<GM_ADDR>(&tt));
   TORCH_CHECK(used.l1 == t.l1Bytes && used.l0a == t.l0aBytes && used.l0b == t.l0bBytes && used.l0c == t.l0cBytes,
               "ascendc-emu: kernel ", name, " allocated L1/L0A/L0B/L0C ", used.l1, "/", used.l0a, "/", used.l0b, "/",
@@ -275,18 +275,7 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
 // Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
 // ASCEND_MOE_OPS_FA_KERNELS=phases runs the phase kernels (four launches per key block, per pass in the
 // backward) instead of the fused mixed kernels amo_fa_fused / amo_fab_fused (the default; the NPU glue
-// reads the same variable).
-bool fa_fused() {
-  const char* v = std::getenv("ASCEND_MOE_OPS_FA_KERNELS");
-  if (!v || !*v || std::string(v) == "fused") return true;
-  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases', got '", v, "'");
-  return false;
-}
-
-void check_fused_rows(const FlashAttentionTiling& t, const char* op) {
-  TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "ascendc-emu ", op, ": the fused kernel needs the two "
-              "AIVs of an AI Core to cover a block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
-}
+// reads the same variable: host/fa_kernels.h).
 
 void check_mix(const ascend_emu::MixMem& used, const FlashAttentionTiling& t, const char* kernel) {
   check_cube(used.cube, t, kernel);
@@ -294,32 +283,52 @@ void check_mix(const ascend_emu::MixMem& used, const FlashAttentionTiling& t, co
               " B of UB per AIV but its tiling planned ", t.ubFusedBytes, " B");
 }
 
-std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
-                                               const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
-                                               int64_t maxSeqlen, bool causal, double softmaxScale) {
+// Checks and shapes shared by forward and backward (the emulator's twin of the NPU glue's check_inputs).
+struct FaInputs {
+  int64_t T, H, Dq, Dk, Dr, Dv, B, maxLen;
+  bool rope;
+  DType dt;
+  Tensor q, k, v, kRope, cu;  // contiguous; kRope undefined without rope; cu int64
+};
+
+FaInputs fa_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const c10::optional<Tensor>& kRope,
+                   const Tensor& cuSeqlens, int64_t maxSeqlen, const char* op) {
   check_cpu(q, "q");
   check_cpu(k, "k");
   check_cpu(v, "v");
   check_cpu(cuSeqlens, "cu_seqlens");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu flash_attention_fwd: q, k, v must be [T, H, D]");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "ascendc-emu flash_attention_fwd: k and v must have q's dtype");
-  const DType dt = cube_dtype(q, "flash_attention_fwd");
-  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
-  const bool rope = kRope.has_value() && kRope->defined();
-  const int64_t Dr = rope ? kRope->size(1) : 0;
-  if (rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_fwd: k_rope dtype differs from q");
-  TORCH_CHECK(Dq == Dk + Dr, "ascendc-emu flash_attention_fwd: q head dim must be Dk + Dr");
-  TORCH_CHECK(H * Dq < 65536 && H * Dv < 65536, "ascendc-emu flash_attention_fwd: H * D must be < 65536 (16-bit copy strides)");
-  auto cu = cuSeqlens.to(at::kLong).contiguous();
-  const int64_t B = cu.numel() - 1;
-  int64_t maxLen = 0;
-  for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu.data_ptr<int64_t>()[b + 1] - cu.data_ptr<int64_t>()[b]);
-  TORCH_CHECK(maxLen <= maxSeqlen, "ascendc-emu flash_attention_fwd: max_seqlen ", maxSeqlen, " < longest sequence ", maxLen);
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  Tensor krc = rope ? kRope->contiguous() : Tensor();
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu ", op, ": q, k, v must be [T, H, D]");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "ascendc-emu ", op,
+              ": k and v must have q's dtype");
+  FaInputs f{};
+  f.dt = cube_dtype(q, op);
+  f.T = q.size(0), f.H = q.size(1), f.Dq = q.size(2), f.Dk = k.size(2), f.Dv = v.size(2);
+  f.rope = kRope.has_value() && kRope->defined();
+  f.Dr = f.rope ? kRope->size(1) : 0;
+  if (f.rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu ", op, ": k_rope dtype differs from q");
+  TORCH_CHECK(f.Dq == f.Dk + f.Dr, "ascendc-emu ", op, ": q head dim must be Dk + Dr");
+  TORCH_CHECK(f.H * f.Dq < 65536 && f.H * f.Dv < 65536, "ascendc-emu ", op, ": H * D must be < 65536 (16-bit copy strides)");
+  f.cu = cuSeqlens.to(at::kLong).contiguous();
+  f.B = f.cu.numel() - 1;
+  const int64_t* cu = f.cu.data_ptr<int64_t>();
+  f.maxLen = 0;
+  for (int64_t b = 0; b < f.B; ++b) f.maxLen = std::max<int64_t>(f.maxLen, cu[b + 1] - cu[b]);
+  TORCH_CHECK(f.maxLen <= maxSeqlen, "ascendc-emu ", op, ": max_seqlen ", maxSeqlen, " < longest sequence ", f.maxLen);
+  f.q = q.contiguous(), f.k = k.contiguous(), f.v = v.contiguous();
+  if (f.rope) f.kRope = kRope->contiguous();
+  return f;
+}
+
+std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
+                                               int64_t maxSeqlen, bool causal, double softmaxScale) {
+  const FaInputs f = fa_inputs(q, k, v, kRope, cuSeqlens, maxSeqlen, "flash_attention_fwd");
+  const int64_t T = f.T, H = f.H, Dv = f.Dv;
+  const bool rope = f.rope;
+  const Tensor &qc = f.q, &kc = f.k, &vc = f.v, &krc = f.kRope, &cu = f.cu;
   const ChipInfo chip = emu_cube_chip();
-  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal, dt, chip, cube_max_base());
+  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, f.Dk, f.Dr, Dv, f.B, f.maxLen, causal, f.dt, chip,
+                                                            cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   auto out = poisoned({T, H, Dv}, q.options());
   auto lse = poisoned({H, T}, q.options().dtype(at::kFloat));
@@ -327,8 +336,8 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
-  if (fa_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
-    check_fused_rows(t, "flash_attention_fwd");
+  if (host::fa_fused()) {  // one mixed launch; workspaces are one slot per AI Core group, start as NaN
+    host::check_fused_rows(t, "ascendc-emu flash_attention_fwd");
     Tensor sWs = poisoned({w.fusedScore}, f32), pWs = poisoned({w.fusedScore}, q.options());
     Tensor opWs = poisoned({w.fusedRows}, f32);
     FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
@@ -365,40 +374,30 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
                                                                const Tensor& out, const Tensor& lse,
                                                                const Tensor& cuSeqlens, int64_t maxSeqlen, bool causal,
                                                                double softmaxScale) {
-  for (auto& [x, name] : {std::pair<const Tensor&, const char*>{gradOut, "grad_out"}, {q, "q"}, {k, "k"}, {v, "v"},
-                          {out, "out"}, {lse, "lse"}, {cuSeqlens, "cu_seqlens"}})
-    check_cpu(x, name);
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "ascendc-emu flash_attention_bwd: q, k, v must be [T, H, D]");
-  const DType dt = cube_dtype(q, "flash_attention_bwd");
-  for (auto* x : {&k, &v, &gradOut, &out})
-    TORCH_CHECK(x->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_bwd: every input must have q's dtype");
+  check_cpu(gradOut, "grad_out");
+  check_cpu(out, "out");
+  check_cpu(lse, "lse");
+  const FaInputs f = fa_inputs(q, k, v, kRope, cuSeqlens, maxSeqlen, "flash_attention_bwd");
+  const int64_t T = f.T, H = f.H, Dq = f.Dq, Dk = f.Dk, Dr = f.Dr, Dv = f.Dv;
+  const bool rope = f.rope;
+  TORCH_CHECK(gradOut.scalar_type() == q.scalar_type() && out.scalar_type() == q.scalar_type(),
+              "ascendc-emu flash_attention_bwd: every input must have q's dtype");
   TORCH_CHECK(lse.scalar_type() == at::kFloat, "ascendc-emu flash_attention_bwd: lse must be float32");
-  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2), Dk = k.size(2), Dv = v.size(2);
-  const bool rope = kRope.has_value() && kRope->defined();
-  const int64_t Dr = rope ? kRope->size(1) : 0;
-  if (rope) TORCH_CHECK(kRope->scalar_type() == q.scalar_type(), "ascendc-emu flash_attention_bwd: k_rope dtype differs from q");
-  TORCH_CHECK(Dq == Dk + Dr, "ascendc-emu flash_attention_bwd: q head dim must be Dk + Dr");
-  TORCH_CHECK(H * Dq < 65536 && H * Dv < 65536, "ascendc-emu flash_attention_bwd: H * D must be < 65536 (16-bit copy strides)");
   TORCH_CHECK(gradOut.sizes() == out.sizes() && out.size(0) == T && out.size(1) == H && out.size(2) == Dv,
               "ascendc-emu flash_attention_bwd: grad_out and out must be [T, H, Dv]");
-  auto cu = cuSeqlens.to(at::kLong).contiguous();
-  const int64_t B = cu.numel() - 1;
-  int64_t maxLen = 0;
-  for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu.data_ptr<int64_t>()[b + 1] - cu.data_ptr<int64_t>()[b]);
-  TORCH_CHECK(maxLen <= maxSeqlen, "ascendc-emu flash_attention_bwd: max_seqlen ", maxSeqlen, " < longest sequence ", maxLen);
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(), doc = gradOut.contiguous();
-  auto lc = lse.contiguous();
-  Tensor krc = rope ? kRope->contiguous() : Tensor();
+  const Tensor &qc = f.q, &kc = f.k, &vc = f.v, &krc = f.kRope, &cu = f.cu;
+  auto oc = out.contiguous(), doc = gradOut.contiguous(), lc = lse.contiguous();
   const ChipInfo chip = emu_cube_chip();
-  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal, dt, chip, cube_max_base());
+  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, f.B, f.maxLen, causal, f.dt, chip,
+                                                              cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   auto dq = poisoned({T, H, Dq}, q.options()), dk = poisoned({T, H, Dk}, q.options()), dv = poisoned({T, H, Dv}, q.options());
   auto dkr = rope ? poisoned({T, Dr}, q.options()) : at::empty({0}, q.options());
   if (t.key == FlashAttentionTilingKey::kEmpty) return {dq.zero_(), dk.zero_(), dv.zero_(), dkr.zero_()};
   const FlashAttentionWorkspace w = flash_attention_workspace(t);
   auto f32 = q.options().dtype(at::kFloat);
-  const bool fused = fa_fused();
-  if (fused) check_fused_rows(t, "flash_attention_bwd");
+  const bool fused = host::fa_fused();
+  if (fused) host::check_fused_rows(t, "ascendc-emu flash_attention_bwd");
   const int64_t score = fused ? w.fusedScore : w.score, rowsWs = fused ? w.fusedRows : w.rows;
   // workspaces start as NaN (like fresh device memory could be), except acc, which the protocol zeroes
   Tensor delta = poisoned({w.delta}, f32), sWs = poisoned({score}, f32), dpWs = poisoned({score}, f32);

@@ -4,9 +4,14 @@
 // synchronization: max_seqlen from the caller bounds the work items) -> tiling
 // (tiling/flash_attention_tiling.h) -> GM workspaces sized by flash_attention_workspace() -> one
 // uint64 argument block (FlashAttentionFwdArgs / FlashAttentionBwdArgs) uploaded like the tiling ->
-// the phase kernels of kernels/flash_attention.cpp, launched step by step on the current NPU stream
-// inside torch_npu's task queue, with one uploaded copy of the tiling per step (its `step` and `pass`
-// fields set). The launch loop mirrors the emulator host (emu_bindings.cpp, flash_attention_fwd).
+// the kernels of kernels/flash_attention.cpp on the current NPU stream inside torch_npu's task queue,
+// with one uploaded copy of the tiling per launch (its `step` and `pass` fields set). The launch
+// sequence mirrors the emulator host (emu_bindings.cpp). Default, the fused mixed kernels:
+//
+//   forward : amo_fa_fused (one launch)
+//   backward: amo_fab_delta (AIV); amo_fab_fused for pass KV, then for pass Q; amo_fab_dkrope (AIV, k_rope only)
+//
+// and with ASCEND_MOE_OPS_FA_KERNELS=phases (host/fa_kernels.h) the phase kernels:
 //
 //   forward : for step j < steps: amo_fa_qk (AIC), amo_fa_softmax (AIV), amo_fa_pv (AIC), amo_fa_update (AIV)
 //   backward: amo_fab_delta (AIV); for pass in (KV, Q): zero acc; for step j < steps:
@@ -20,12 +25,11 @@
 // with the CANN toolkit nor run on an NPU (docs/ascend.md).
 #include <torch/library.h>
 
-#include <cstdlib>
 #include <limits>
-#include <string>
 #include <tuple>
 #include <vector>
 
+#include "host/fa_kernels.h"
 #include "host/npu_common.h"
 #include "tiling/flash_attention_tiling.h"
 
@@ -98,15 +102,6 @@ at::Tensor device_cu(const at::Tensor& cuSeqlens, const at::Tensor& like) {
   return cuSeqlens.to(like.device(), at::kLong, /*non_blocking=*/true).contiguous();
 }
 
-// Kernel variant: the fused mixed kernels amo_fa_fused / amo_fab_fused (default) or the phase kernels
-// (ASCEND_MOE_OPS_FA_KERNELS=phases: a fallback should the mixed kernels misbehave on a device).
-bool fa_fused() {
-  const char* v = std::getenv("ASCEND_MOE_OPS_FA_KERNELS");
-  if (!v || !*v || std::string(v) == "fused") return true;
-  TORCH_CHECK(std::string(v) == "phases", "ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases', got '", v, "'");
-  return false;
-}
-
 // One kernel launch (every kernel takes (GM_ADDR gmArgs, GM_ADDR tiling)).
 template <typename Launcher>
 void launch_phase(const char* name, Launcher launcher, uint32_t blockDim, const at::Tensor& args,
@@ -147,11 +142,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, 
   const FlashAttentionWorkspace ws = flash_attention_workspace(t);
   auto out = at::empty({s.T, s.H, s.Dv}, qc.options());
   auto lse = at::empty({s.H, s.T}, f32);
-  if (fa_fused()) {
+  if (host::fa_fused()) {
     // One mixed launch on blockDim AI Cores; one S / P / O_partial slot per AI Core (every slot row is
     // written before it is read, so no memset).
-    TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, "flash_attention_fwd: the fused kernel needs the two "
-                "AIVs of an AI Core to cover the query block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
+    host::check_fused_rows(t, "flash_attention_fwd");
     auto sWs = at::empty({ws.fusedScore}, f32);
     auto pWs = at::empty({ws.fusedScore}, qc.options());
     auto opWs = at::empty({ws.fusedRows}, f32);
@@ -219,10 +213,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_n
   const auto f32 = qc.options().dtype(at::kFloat);
   // fused: one slot per AI Core and the running sums in UB (no acc); phases: per-item workspaces and
   // GM running sums zeroed before each pass
-  const bool fused = fa_fused();
-  if (fused)
-    TORCH_CHECK(2 * static_cast<int64_t>(t.vecRows) >= t.baseM, op, ": the fused kernel needs the two AIVs of an "
-                "AI Core to cover a block (vecRows ", t.vecRows, ", baseM ", t.baseM, ")");
+  const bool fused = host::fa_fused();
+  if (fused) host::check_fused_rows(t, op);
   const int64_t score = fused ? w.fusedScore : w.score, rowsWs = fused ? w.fusedRows : w.rows;
   auto delta = at::empty({w.delta}, f32);
   auto sWs = at::empty({score}, f32);

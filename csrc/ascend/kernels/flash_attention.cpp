@@ -1,10 +1,11 @@
-// AscendC flash attention forward (MLA shape: Dk nope + Dr rope with a key part shared by all heads,
+// AscendC flash attention forward and backward (MLA shape: Dk nope + Dr rope with a key part shared by all heads,
 // and plain equal dims), fp16/bf16 inputs, fp32 accumulation, causal or not, packed sequences.
 //
-// STRUCTURE (honest): four phase kernels, launched by the host once per key block j (step), that
-// exchange data through GM workspaces -- the same Cube -> GM -> Vector hand-off the fused CANN kernel
-// does inside one launch with cross-core flags (AIC writes S to GM, AIV reads it), here split into
-// separate launches because the emulator has no AIC/AIV cross-core synchronization:
+// STRUCTURE: two variants of the same arithmetic. The default is one fused mixed launch
+// (amo_fa_fused, "Fused forward" below: AIC and AIVs hand blocks over through GM slots and cross-core
+// flags). The fallback (ASCEND_MOE_OPS_FA_KERNELS=phases) is four phase kernels, launched by the host
+// once per key block j (step), that exchange data through GM workspaces -- the same Cube -> GM ->
+// Vector hand-off, with kernel boundaries instead of cross-core flags:
 //   amo_fa_qk      (AIC) S_j = Q_nope . K_j^T + Q_rope . Krope_j^T: two Mmads accumulating into one
 //                  L0C tile (k_rope is read once per key block, never expanded per head); Fixpipe fp32.
 //   amo_fa_softmax (AIV) online softmax of S_j rows in fp32 in UB: scale, causal column limit, row max,
@@ -27,11 +28,6 @@ using namespace AscendC;
 namespace amo_ascend {
 namespace kernels {
 
-__aicore__ inline int64_t FaCeil(int64_t a, int64_t b) { return (a + b - 1) / b; }
-__aicore__ inline int64_t FaMin(int64_t a, int64_t b) { return a < b ? a : b; }
-__aicore__ inline uint32_t FaUp16(int64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }
-__aicore__ inline uint32_t FaUp8(int64_t x) { return static_cast<uint32_t>((x + 7) / 8 * 8); }
-
 // One work item as the device sees it.
 struct FaItem {
   int64_t t, seq, head, seqStart, qPos0, rows, kvLen, keyBlocks;
@@ -45,7 +41,7 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
   int64_t item = 0;
   for (int64_t b = 0; b < t.B; ++b) {
     const int64_t s0 = cu.GetValue(b), len = cu.GetValue(b + 1) - s0;
-    const int64_t qb = FaCeil(len, t.baseM);
+    const int64_t qb = CeilDiv(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < qb; ++i, ++item) {
         for (uint32_t u = 0; u < units; ++u) {
@@ -56,9 +52,9 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
           it.head = h;
           it.seqStart = s0;
           it.qPos0 = i * t.baseM;
-          it.rows = FaMin(t.baseM, len - it.qPos0);
+          it.rows = Min64(t.baseM, len - it.qPos0);
           it.kvLen = t.mask == FlashAttentionMask::kCausal ? it.qPos0 + it.rows : len;
-          it.keyBlocks = FaCeil(it.kvLen, t.baseN);
+          it.keyBlocks = CeilDiv(it.kvLen, t.baseN);
           op.Item(it, u);
         }
       }
@@ -76,7 +72,7 @@ class FaCube {
  public:
   // Forward buffers: Q parts / P on the A side, K parts / V on the B side, S / O_partial in L0C.
   __aicore__ inline void Init(const FlashAttentionTiling& t, TPipe* pipe) {
-    const uint32_t dk = FaUp16(t.Dk), dr = t.Dr ? FaUp16(t.Dr) : 0, dv = FaUp16(t.Dv);
+    const uint32_t dk = Up16(t.Dk), dr = t.Dr ? Up16(t.Dr) : 0, dv = Up16(t.Dv);
     uint32_t wa = dk > dr ? dk : dr;
     wa = wa > t.baseN ? wa : t.baseN;
     uint32_t wb = dk > dr ? dk : dr;
@@ -89,7 +85,7 @@ class FaCube {
   // the padded head dims (see compute_flash_attention_bwd_tiling).
   __aicore__ inline void InitBwd(const FlashAttentionTiling& t, TPipe* pipe) {
     uint32_t w = t.baseM;
-    const uint32_t dims[3] = {FaUp16(t.Dk), FaUp16(t.Dr), FaUp16(t.Dv)};
+    const uint32_t dims[3] = {Up16(t.Dk), Up16(t.Dr), Up16(t.Dv)};
     for (uint32_t d : dims) w = d > w ? d : w;
     InitSizes(pipe, t.baseM * w, t.baseM * w, t.baseM * w);
   }
@@ -108,7 +104,7 @@ class FaCube {
   __aicore__ inline void MatMul(const LocalTensor<float>& c, const GlobalTensor<T>& a, int64_t aStride,
                                 const GlobalTensor<T>& b, int64_t bStride, bool transB, int64_t rows, int64_t cols,
                                 int64_t kc, bool init, bool transA = false) {
-    const uint32_t mp = FaUp16(rows), np = FaUp16(cols), kp = FaUp16(kc);
+    const uint32_t mp = Up16(rows), np = Up16(cols), kp = Up16(kc);
     LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
     LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
     if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
@@ -183,7 +179,7 @@ class FaCube {
     FixpipeParamsV220 fp;
     fp.nSize = static_cast<uint16_t>(cols);
     fp.mSize = static_cast<uint16_t>(rows);
-    fp.srcStride = static_cast<uint16_t>(FaUp16(rows));
+    fp.srcStride = static_cast<uint16_t>(Up16(rows));
     fp.dstStride = static_cast<uint32_t>(dstStride);
     fp.quantPre = QuantMode_t::NoQuant;
     Fixpipe(dst, c, fp);
@@ -217,7 +213,7 @@ class FaQk {
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t) {
     if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
-    const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
     const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + k0;
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.Scores(c, t_, q_, k_, kr_, qRow, kRow, it.head, it.rows, cols);
@@ -247,12 +243,12 @@ class FaPv {
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t) {
     if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
-    const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
     const int64_t kRow = it.seqStart + k0;
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.MatMul(c, p_[it.t * t_.baseM * t_.baseN], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false,
                  it.rows, t_.Dv, cols, true);
-    cube_.Store(o_[it.t * t_.baseM * FaUp8(t_.Dv)], c, it.rows, t_.Dv, FaUp8(t_.Dv));
+    cube_.Store(o_[it.t * t_.baseM * Up8(t_.Dv)], c, it.rows, t_.Dv, Up8(t_.Dv));
   }
 
  private:
@@ -264,43 +260,41 @@ class FaPv {
 };
 
 // ---- Vector phases ----------------------------------------------------------------------------------
-// state workspace per item: [3][baseM] fp32 = row max m, row sum l, rescale alpha.
+// Online-softmax state of one query row: running max m, running sum l, and the rescale factor
+// alpha = exp(m_old - m_new) of the last step.
+struct FaRowState {
+  float m, l, alpha;
+};
+
+// Vector-side row work of the forward, shared by the phase kernels (state and O in GM workspaces) and
+// the fused kernel (state and O in UB): the same instructions in the same order in both.
 template <typename T>
-class FaSoftmax {
+class FaRows {
  public:
-  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
-    TPipe pipe;
+  __aicore__ inline void Init(TPipe& pipe, const FlashAttentionTiling& t, bool softmax, bool finish) {
     t_ = t;
-    pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
-    pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
-    pipe.InitBuffer(work_, FaUp8(FaCeil(t.baseN, 64)) * sizeof(float));
+    if (softmax) {
+      pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
+      pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
+      pipe.InitBuffer(work_, Up8(CeilDiv(t.baseN, 64)) * sizeof(float));
+    }
     pipe.InitBuffer(red_, 8 * sizeof(float));
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
-    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
-    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
-    st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
-    FaWalk(t, cu_, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+    if (finish) pipe.InitBuffer(outBuf_, Up16(t.Dv) * sizeof(T));
   }
-  __aicore__ inline void Item(const FaItem& it, uint32_t half) {
-    const int64_t j = t_.step;
-    if (j >= it.keyBlocks) return;
-    const int64_t k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
-    const int64_t r0 = half * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
-    LocalTensor<float> s = sBuf_.Get<float>();
+
+  // One online-softmax step of query row qPos against the key block [k0, k0 + cols): the P row (input
+  // dtype, baseN wide, pad columns exactly zero) from the score row sRow to pRow, and the row's new
+  // state from `old` (ignored at the item's first block). A row whose keys are all masked in this block
+  // gets a zero P row and keeps its state (alpha = 1).
+  __aicore__ inline FaRowState SoftmaxRow(const GlobalTensor<float>& sRow, const GlobalTensor<T>& pRow, int64_t qPos,
+                                          int64_t k0, int64_t cols, bool first, const FaRowState& old) {
+    LocalTensor<float> s = sBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
     LocalTensor<T> p = pBuf_.Get<T>();
-    LocalTensor<float> work = work_.Get<float>(), red = red_.Get<float>();
-    const int64_t stBase = it.t * 3 * t_.baseM;
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t qPos = it.qPos0 + r;
-      int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(cols, qPos - k0 + 1) : cols;
-      ZeroFill(p, t_.baseN);
-      if (valid <= 0) {  // every key of this block is masked for this row: P row 0, state unchanged
-        st_.SetValue(stBase + 2 * t_.baseM + r, 1.0f);
-        PipeBarrier<PIPE_V>();
-        DataCopy(p_[(it.t * t_.baseM + r) * t_.baseN], p, t_.baseN);
-        continue;
-      }
-      DataCopy(s, s_[(it.t * t_.baseM + r) * t_.baseN], t_.baseN);
+    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? Min64(cols, qPos - k0 + 1) : cols;
+    FaRowState st{old.m, old.l, 1.0f};
+    ZeroFill(p, t_.baseN);
+    if (valid > 0) {
+      DataCopy(s, sRow, t_.baseN);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       const int32_t n = static_cast<int32_t>(valid);
@@ -309,39 +303,92 @@ class FaSoftmax {
       SetFlag<HardEvent::V_S>(EVENT_ID0);
       WaitFlag<HardEvent::V_S>(EVENT_ID0);
       const float rowMax = red.GetValue(0);
-      const bool first = j == 0;
-      const float mOld = first ? rowMax : st_.GetValue(stBase + r);
-      const float mNew = mOld > rowMax ? mOld : rowMax;
-      float alpha = 0.0f;
+      const float mOld = first ? rowMax : old.m;
+      st.m = mOld > rowMax ? mOld : rowMax;
+      st.alpha = 0.0f;
       if (!first) {  // alpha = exp(m_old - m_new) on the vector unit
-        Duplicate(red, mOld - mNew, 8);
+        Duplicate(red, mOld - st.m, 8);
         Exp(red, red, 8);
         SetFlag<HardEvent::V_S>(EVENT_ID0);
         WaitFlag<HardEvent::V_S>(EVENT_ID0);
-        alpha = red.GetValue(0);
+        st.alpha = red.GetValue(0);
       }
-      Adds(s, s, -mNew, n);
+      Adds(s, s, -st.m, n);
       Exp(s, s, n);
       ReduceSum(red, s, work, n);
       SetFlag<HardEvent::V_S>(EVENT_ID0);
       WaitFlag<HardEvent::V_S>(EVENT_ID0);
-      const float rowSum = red.GetValue(0);
-      const float lOld = first ? 0.0f : st_.GetValue(stBase + t_.baseM + r);
+      st.l = (first ? 0.0f : old.l) * st.alpha + red.GetValue(0);
       Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
-      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-      DataCopy(p_[(it.t * t_.baseM + r) * t_.baseN], p, t_.baseN);
-      st_.SetValue(stBase + r, mNew);
-      st_.SetValue(stBase + t_.baseM + r, lOld * alpha + rowSum);
-      st_.SetValue(stBase + 2 * t_.baseM + r, alpha);
-      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(pRow, p, t_.baseN);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    return st;
+  }
+
+  // After the item's last key block: out row = O / l in the input dtype to outRow, lse[lseIdx] =
+  // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place).
+  __aicore__ inline void FinishRow(const LocalTensor<float>& o, float m, float l, const GlobalTensor<T>& outRow,
+                                   GlobalTensor<float>& lse, int64_t lseIdx) {
+    LocalTensor<T> outT = outBuf_.Get<T>();
+    LocalTensor<float> red = red_.Get<float>();
+    Muls(o, o, 1.0f / l, static_cast<int32_t>(Up8(t_.Dv)));
+    Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
+    Duplicate(red, l, 8);
+    Ln(red, red, 8);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    CopyRowOut(outRow, outT, static_cast<uint32_t>(t_.Dv));
+    lse.SetValue(lseIdx, m + red.GetValue(0));
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+ private:
+  FlashAttentionTiling t_;
+  TBuf<TPosition::VECCALC> sBuf_, pBuf_, work_, red_, outBuf_;
+};
+
+// state workspace per item: [3][baseM] fp32 = row max m, row sum l, rescale alpha.
+template <typename T>
+class FaSoftmax {
+ public:
+  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
+    TPipe pipe;
+    t_ = t;
+    rows_.Init(pipe, t, true, false);
+    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
+    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
+    st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
+    FaWalk(t, cu_, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
+  }
+  __aicore__ inline void Item(const FaItem& it, uint32_t half) {
+    const int64_t j = t_.step;
+    if (j >= it.keyBlocks) return;
+    const int64_t k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+    const int64_t r0 = half * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
+    const int64_t stBase = it.t * 3 * t_.baseM;
+    for (int64_t r = r0; r < r1; ++r) {
+      FaRowState old{0.0f, 0.0f, 0.0f};
+      if (j != 0) {
+        old.m = st_.GetValue(stBase + r);
+        old.l = st_.GetValue(stBase + t_.baseM + r);
+      }
+      const int64_t row = (it.t * t_.baseM + r) * t_.baseN;
+      const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
+      st_.SetValue(stBase + r, st.m);
+      st_.SetValue(stBase + t_.baseM + r, st.l);
+      st_.SetValue(stBase + 2 * t_.baseM + r, st.alpha);
     }
   }
 
  private:
   FlashAttentionTiling t_;
-  TBuf<TPosition::VECCALC> sBuf_, pBuf_, work_, red_;
+  FaRows<T> rows_;
   GlobalTensor<int64_t> cu_;
   GlobalTensor<float> s_, st_;
   GlobalTensor<T> p_;
@@ -353,37 +400,35 @@ class FaUpdate {
   __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
     TPipe pipe;
     t_ = t;
-    dva_ = FaUp8(t.Dv);
+    dva_ = Up8(t.Dv);
     pipe.InitBuffer(oBuf_, dva_ * sizeof(float));
     pipe.InitBuffer(pvBuf_, dva_ * sizeof(float));
-    pipe.InitBuffer(outBuf_, FaUp16(t.Dv) * sizeof(T));
-    pipe.InitBuffer(red_, 8 * sizeof(float));
+    rows_.Init(pipe, t, false, true);
     cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
     oPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart));
     o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.o));
     st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
     out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
     lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
-    FaWalk(t, cu_, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+    FaWalk(t, cu_, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t half) {
     const int64_t j = t_.step;
     if (j >= it.keyBlocks) return;
     const bool last = j + 1 == it.keyBlocks;
-    const int64_t r0 = half * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
-    LocalTensor<float> o = oBuf_.Get<float>(), pv = pvBuf_.Get<float>(), red = red_.Get<float>();
-    LocalTensor<T> outRow = outBuf_.Get<T>();
+    const int64_t r0 = half * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
+    LocalTensor<float> o = oBuf_.Get<float>(), pv = pvBuf_.Get<float>();
     const int64_t stBase = it.t * 3 * t_.baseM;
     const int32_t dva = static_cast<int32_t>(dva_);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t wsRow = (it.t * t_.baseM + r) * dva_;
-      DataCopy(pv, oPart_[wsRow], dva_);
       if (j == 0) {
         DataCopy(o, oPart_[wsRow], dva_);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       } else {
         DataCopy(o, o_[wsRow], dva_);
+        DataCopy(pv, oPart_[wsRow], dva_);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
         const float alpha = st_.GetValue(stBase + 2 * t_.baseM + r);
@@ -398,25 +443,17 @@ class FaUpdate {
         WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
         continue;
       }
-      const float m = st_.GetValue(stBase + r), l = st_.GetValue(stBase + t_.baseM + r);
-      Muls(o, o, 1.0f / l, dva);
-      Cast(outRow, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
-      Duplicate(red, l, 8);
-      Ln(red, red, 8);
-      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
       const int64_t tok = it.seqStart + it.qPos0 + r;
-      CopyRowOut(out_[(tok * t_.H + it.head) * t_.Dv], outRow, static_cast<uint32_t>(t_.Dv));
-      lse_.SetValue(it.head * t_.T + tok, m + red.GetValue(0));
-      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      rows_.FinishRow(o, st_.GetValue(stBase + r), st_.GetValue(stBase + t_.baseM + r),
+                      out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
     }
   }
 
  private:
   FlashAttentionTiling t_;
   uint32_t dva_ = 0;
-  TBuf<TPosition::VECCALC> oBuf_, pvBuf_, outBuf_, red_;
+  FaRows<T> rows_;
+  TBuf<TPosition::VECCALC> oBuf_, pvBuf_;
   GlobalTensor<int64_t> cu_;
   GlobalTensor<float> oPart_, o_, st_, lse_;
   GlobalTensor<T> out_;
@@ -456,23 +493,23 @@ __aicore__ inline bool FabBlock(const FlashAttentionTiling& t, int64_t len, int6
   const bool causal = t.mask == FlashAttentionMask::kCausal;
   if (t.pass == FlashAttentionPass::kBackwardKV) {
     it.k0 = i * b;
-    it.cols = FaMin(b, len - it.k0);
+    it.cols = Min64(b, len - it.k0);
     it.qPos0 = step * b;
     if (it.qPos0 >= len) return false;
-    it.rows = FaMin(b, len - it.qPos0);
+    it.rows = Min64(b, len - it.qPos0);
     if (causal && it.qPos0 + it.rows - 1 < it.k0) return false;  // block entirely above the diagonal
     it.first = causal ? step == it.k0 / b : step == 0;
-    it.last = step == FaCeil(len, b) - 1;
+    it.last = step == CeilDiv(len, b) - 1;
     return true;
   }
   it.qPos0 = i * b;
-  it.rows = FaMin(b, len - it.qPos0);
+  it.rows = Min64(b, len - it.qPos0);
   const int64_t kvLen = causal ? it.qPos0 + it.rows : len;
   it.k0 = step * b;
   if (it.k0 >= kvLen) return false;
-  it.cols = FaMin(b, kvLen - it.k0);
+  it.cols = Min64(b, kvLen - it.k0);
   it.first = step == 0;
-  it.last = step == FaCeil(kvLen, b) - 1;
+  it.last = step == CeilDiv(kvLen, b) - 1;
   return true;
 }
 
@@ -483,7 +520,7 @@ template <typename Visitor>
 __aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visitor& visit) {
   int64_t item = 0;
   for (int64_t s = 0; s < t.B; ++s) {
-    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0, nb = FaCeil(len, t.baseM);
+    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0, nb = CeilDiv(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < nb; ++i, ++item) visit.Visit(item, s0, len, i, h);
   }
@@ -540,7 +577,7 @@ struct FabItemVisitor {
     if (item % cores != core) return;
     FabNth nth{t, item, s0, len, i, h, -1};
     int64_t count = 0;
-    for (int64_t step = 0; step < FaCeil(len, t->baseM); ++step) {
+    for (int64_t step = 0; step < CeilDiv(len, t->baseM); ++step) {
       FabItem it;
       if (!nth.At(step, it)) continue;
       if (nth.first < 0) nth.first = step;
@@ -591,8 +628,8 @@ struct FabTensors {
 };
 
 // Column offsets of the gradient workspace row (fp32): [nope | rope | v], each padded to 8 (32 bytes).
-__aicore__ inline int64_t FabRopeCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk); }
-__aicore__ inline int64_t FabVCol(const FlashAttentionTiling& t) { return FaUp8(t.Dk) + (t.Dr ? FaUp8(t.Dr) : 0); }
+__aicore__ inline int64_t FabRopeCol(const FlashAttentionTiling& t) { return Up8(t.Dk); }
+__aicore__ inline int64_t FabVCol(const FlashAttentionTiling& t) { return Up8(t.Dk) + (t.Dr ? Up8(t.Dr) : 0); }
 
 // Cube math of the backward, on explicit workspace tensors: the score block (S, dP) of one block, and
 // the pass's gradient products. ws: this block's offset in the S/dP/P/dS and part workspaces (a per-item
@@ -684,7 +721,7 @@ class FabRows {
     if (out) {
       uint32_t dmax = static_cast<uint32_t>(t.Dk > t.Dv ? t.Dk : t.Dv);
       dmax = dmax > t.Dr ? dmax : static_cast<uint32_t>(t.Dr);
-      pipe.InitBuffer(outBuf_, FaUp16(dmax) * sizeof(T));
+      pipe.InitBuffer(outBuf_, Up16(dmax) * sizeof(T));
     }
   }
 
@@ -696,7 +733,7 @@ class FabRows {
     LocalTensor<float> s = sBuf_.Get<float>(), dp = dpBuf_.Get<float>();
     LocalTensor<T> p = pBuf_.Get<T>(), ds = dsBuf_.Get<T>();
     const int64_t qPos = it.qPos0 + r, tok = it.seqStart + qPos;
-    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(it.cols, qPos - it.k0 + 1) : it.cols;
+    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? Min64(it.cols, qPos - it.k0 + 1) : it.cols;
     ZeroFill(p, t_.baseN);
     ZeroFill(ds, t_.baseN);
     if (valid > 0) {
@@ -779,11 +816,11 @@ class FabSoftmax {
     t_ = t;
     g_.Set(g, t);
     rows_.Init(pipe, t, &g_, true, false);
-    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+    FabWalk(t, g_.cu, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
   }
   __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
     const int64_t b = t_.baseM, ws = it.t * b * b;
-    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+    const int64_t r0 = unit * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
     for (int64_t r = r0; r < r1; ++r)
       rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
   }
@@ -806,12 +843,12 @@ class FabAcc {
     pipe.InitBuffer(accBuf_, t.gradCols * sizeof(float));
     pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
     rows_.Init(pipe, t, &g_, false, true);
-    FabWalk(t, g_.cu, static_cast<uint32_t>(FaCeil(t.baseM, t.vecRows)), *this);
+    FabWalk(t, g_.cu, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
   }
   __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
     const bool kv = t_.pass == FlashAttentionPass::kBackwardKV;
     const int64_t b = t_.baseM, gc = t_.gradCols, extent = kv ? it.cols : it.rows;
-    const int64_t r0 = unit * t_.vecRows, r1 = FaMin(extent, r0 + t_.vecRows);
+    const int64_t r0 = unit * t_.vecRows, r1 = Min64(extent, r0 + t_.vecRows);
     const int32_t n = rows_.AccCols();
     LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
     for (int64_t r = r0; r < r1; ++r) {
@@ -881,12 +918,12 @@ class FabDelta {
                                                TBuf<TPosition::VECCALC>& y, TBuf<TPosition::VECCALC>& fx,
                                                TBuf<TPosition::VECCALC>& fy, TBuf<TPosition::VECCALC>& work,
                                                TBuf<TPosition::VECCALC>& red) {
-    const uint32_t d = FaUp16(t.Dv > t.Dr ? t.Dv : t.Dr);
+    const uint32_t d = Up16(t.Dv > t.Dr ? t.Dv : t.Dr);
     pipe.InitBuffer(x, d * sizeof(T));
     pipe.InitBuffer(y, d * sizeof(T));
     pipe.InitBuffer(fx, d * sizeof(float));
     pipe.InitBuffer(fy, d * sizeof(float));
-    pipe.InitBuffer(work, FaUp8(FaCeil(d, 64)) * sizeof(float));
+    pipe.InitBuffer(work, Up8(CeilDiv(d, 64)) * sizeof(float));
     pipe.InitBuffer(red, 8 * sizeof(float));
   }
 };
@@ -950,7 +987,7 @@ class FaFused {
  public:
   __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
     t_ = t;
-    dva_ = FaUp8(t.Dv);
+    dva_ = Up8(t.Dv);
     aic_ = g_coreType == AIC;
     const int64_t ratio = GetTaskRatio();
     group_ = GetBlockIdx() / ratio;
@@ -970,14 +1007,10 @@ class FaFused {
       v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
       if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
     } else {
-      const uint32_t r8 = FaUp8(t.vecRows);
-      pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
-      pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
-      pipe.InitBuffer(work_, FaUp8(FaCeil(t.baseN, 64)) * sizeof(float));
-      pipe.InitBuffer(red_, 8 * sizeof(float));
+      const uint32_t r8 = Up8(t.vecRows);
+      rows_.Init(pipe, t, true, true);
       pipe.InitBuffer(oAcc_, t.vecRows * dva_ * sizeof(float));
       pipe.InitBuffer(pv_, dva_ * sizeof(float));
-      pipe.InitBuffer(outBuf_, FaUp16(t.Dv) * sizeof(T));
       pipe.InitBuffer(state_, 4 * r8 * sizeof(float));  // m, l, alpha of the two blocks in flight
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
@@ -996,7 +1029,7 @@ class FaFused {
     ScoresBlock(it, qRow, 0);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
       if (j + 1 < it.keyBlocks) ScoresBlock(it, qRow, j + 1);  // lookahead: overlaps the softmax of j
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
+      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
       CrossCoreWaitFlag(kFaFlagP + slot);
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
       cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
@@ -1007,7 +1040,7 @@ class FaFused {
   }
 
   __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
-    const int64_t slot = j % 2, k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+    const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.Scores(c, t_, q_, k_, kr_, qRow, it.seqStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
@@ -1016,12 +1049,12 @@ class FaFused {
 
   __aicore__ inline void VecItem(const FaItem& it) {
     // both AIVs take part in every flag exchange, also one whose half of the rows is empty
-    const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
-    const uint32_t r8 = FaUp8(t_.vecRows);
+    const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
+    const uint32_t r8 = Up8(t_.vecRows);
     LocalTensor<float> st = state_.Get<float>();
     LocalTensor<float> m = st, l = st[r8];
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = FaMin(t_.baseN, it.kvLen - k0);
+      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
       CrossCoreWaitFlag(kFaFlagS + slot);
       for (int64_t r = r0; r < r1; ++r) SoftmaxRow(it, r, r - r0, j, k0, cols, m, l, st[(2 + slot) * r8]);
       CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
@@ -1033,7 +1066,7 @@ class FaFused {
   __aicore__ inline void UpdateBlock(const FaItem& it, int64_t j, int64_t r0, int64_t r1, const LocalTensor<float>& m,
                                      const LocalTensor<float>& l) {
     const int64_t slot = j % 2;
-    const uint32_t r8 = FaUp8(t_.vecRows);
+    const uint32_t r8 = Up8(t_.vecRows);
     CrossCoreWaitFlag(kFaFlagO + slot);
     LocalTensor<float> alpha = state_.Get<float>()[(2 + slot) * r8];
     for (int64_t r = r0; r < r1; ++r) UpdateRow(it, r, r - r0, j, j + 1 == it.keyBlocks, m, l, alpha);
@@ -1042,55 +1075,22 @@ class FaFused {
   __aicore__ inline void SoftmaxRow(const FaItem& it, int64_t r, int64_t u, int64_t j, int64_t k0, int64_t cols,
                                     const LocalTensor<float>& m, const LocalTensor<float>& l,
                                     const LocalTensor<float>& alpha) {
-    LocalTensor<float> s = sBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
-    LocalTensor<T> p = pBuf_.Get<T>();
-    const int64_t qPos = it.qPos0 + r;
-    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? FaMin(cols, qPos - k0 + 1) : cols;
-    ZeroFill(p, t_.baseN);
-    if (valid <= 0) {  // every key of this block is masked for the row: P row 0, state unchanged
-      alpha.SetValue(u, 1.0f);
-    } else {
-      DataCopy(s, s_[(j % 2) * score_ + r * t_.baseN], t_.baseN);
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      const int32_t n = static_cast<int32_t>(valid);
-      Muls(s, s, t_.softmaxScale, n);
-      ReduceMax(red, s, work, n);
-      SetFlag<HardEvent::V_S>(EVENT_ID0);
-      WaitFlag<HardEvent::V_S>(EVENT_ID0);
-      const float rowMax = red.GetValue(0);
-      const float mOld = j == 0 ? rowMax : m.GetValue(u);
-      const float mNew = mOld > rowMax ? mOld : rowMax;
-      float a = 0.0f;
-      if (j != 0) {
-        Duplicate(red, mOld - mNew, 8);
-        Exp(red, red, 8);
-        SetFlag<HardEvent::V_S>(EVENT_ID0);
-        WaitFlag<HardEvent::V_S>(EVENT_ID0);
-        a = red.GetValue(0);
-      }
-      Adds(s, s, -mNew, n);
-      Exp(s, s, n);
-      ReduceSum(red, s, work, n);
-      SetFlag<HardEvent::V_S>(EVENT_ID0);
-      WaitFlag<HardEvent::V_S>(EVENT_ID0);
-      const float lOld = j == 0 ? 0.0f : l.GetValue(u);
-      m.SetValue(u, mNew);
-      l.SetValue(u, lOld * a + red.GetValue(0));
-      alpha.SetValue(u, a);
-      Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+    FaRowState old{0.0f, 0.0f, 0.0f};
+    if (j != 0) {
+      old.m = m.GetValue(u);
+      old.l = l.GetValue(u);
     }
-    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    DataCopy(p_[(j % 2) * score_ + r * t_.baseN], p, t_.baseN);
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    const int64_t row = (j % 2) * score_ + r * t_.baseN;
+    const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
+    m.SetValue(u, st.m);
+    l.SetValue(u, st.l);
+    alpha.SetValue(u, st.alpha);
   }
 
   __aicore__ inline void UpdateRow(const FaItem& it, int64_t r, int64_t u, int64_t j, bool last,
                                    const LocalTensor<float>& m, const LocalTensor<float>& l,
                                    const LocalTensor<float>& alpha) {
-    LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>(), red = red_.Get<float>();
+    LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>();
     const int32_t dva = static_cast<int32_t>(dva_);
     const GlobalTensor<float> part = o_[(j % 2) * rowsSlot_ + r * dva_];
     if (j == 0) {
@@ -1105,19 +1105,8 @@ class FaFused {
       Add(o, o, pv, dva);
     }
     if (!last) return;
-    LocalTensor<T> outRow = outBuf_.Get<T>();
-    const float lv = l.GetValue(u);
-    Muls(o, o, 1.0f / lv, dva);
-    Cast(outRow, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
-    Duplicate(red, lv, 8);
-    Ln(red, red, 8);
-    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
-    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     const int64_t tok = it.seqStart + it.qPos0 + r;
-    CopyRowOut(out_[(tok * t_.H + it.head) * t_.Dv], outRow, static_cast<uint32_t>(t_.Dv));
-    lse_.SetValue(it.head * t_.T + tok, m.GetValue(u) + red.GetValue(0));
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    rows_.FinishRow(o, m.GetValue(u), l.GetValue(u), out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
   }
 
   FlashAttentionTiling t_;
@@ -1126,7 +1115,8 @@ class FaFused {
   int64_t group_ = 0;
   bool aic_ = false;
   FaCube<T> cube_;
-  TBuf<TPosition::VECCALC> sBuf_, pBuf_, work_, red_, oAcc_, pv_, outBuf_, state_;
+  FaRows<T> rows_;
+  TBuf<TPosition::VECCALC> oAcc_, pv_, state_;
   GlobalTensor<int64_t> cu_;
   GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
   GlobalTensor<float> s_, o_, lse_;
@@ -1192,7 +1182,7 @@ class FabFused {
     for (int64_t n = 0; n < count; ++n) {
       const FabItem it = nth(n);
       const int64_t slot = n % 2, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
-      const int64_t r0 = sub_ * t_.vecRows, r1 = FaMin(it.rows, r0 + t_.vecRows);
+      const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
       CrossCoreWaitFlag(kFabFlagS + slot);
       for (int64_t r = r0; r < r1; ++r)
         rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
@@ -1213,7 +1203,7 @@ class FabFused {
   __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
     CrossCoreWaitFlag(kFabFlagG + slot);
     const int64_t extent = t_.pass == FlashAttentionPass::kBackwardKV ? it.cols : it.rows;
-    const int64_t g0 = sub_ * t_.vecRows, g1 = FaMin(extent, g0 + t_.vecRows);
+    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(extent, g0 + t_.vecRows);
     const int32_t n = rows_.AccCols();
     const int64_t base = slot * static_cast<int64_t>(t_.baseM) * t_.gradCols;
     LocalTensor<float> part = partBuf_.Get<float>();

@@ -22,10 +22,6 @@ using namespace AscendC;
 namespace amo_ascend {
 namespace kernels {
 
-__aicore__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-__aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
-__aicore__ inline uint32_t Up16(int64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }
-
 template <typename T>
 class GroupedGemmKernel {
  public:

@@ -20,6 +20,12 @@ namespace kernels {
 template <typename A, typename B> struct IsSame { static constexpr bool value = false; };
 template <typename A> struct IsSame<A, A> { static constexpr bool value = true; };
 
+// Integer helpers of the kernels' index math (64-bit: row * hidden products never overflow).
+__aicore__ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__aicore__ inline uint32_t Up16(int64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }  // 16 x 16 fractals
+__aicore__ inline uint32_t Up8(int64_t x) { return static_cast<uint32_t>((x + 7) / 8 * 8); }      // 8 fp32 = 32 bytes
+
 // Tiling structs are passed as a GM pointer (the host copies the POD struct to device memory) and
 // read word by word through the scalar unit.
 template <typename Tiling>

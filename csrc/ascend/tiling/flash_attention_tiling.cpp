@@ -8,23 +8,20 @@ namespace amo_ascend {
 
 namespace {
 
-uint64_t up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Fill the byte plan of t for its baseM / baseN.
 void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
   const uint64_t M = t.baseM, N = t.baseN, e = 2;
-  const uint64_t dk = up(t.Dk, 16), dr = t.Dr ? up(t.Dr, 16) : 0, dv = up(t.Dv, 16);
+  const uint64_t dk = align_up(t.Dk, 16), dr = t.Dr ? align_up(t.Dr, 16) : 0, dv = align_up(t.Dv, 16);
   t.l1Bytes = M * (dk + dr) * e + t.l1Buffers * (N * (dk + dr + dv) * e + M * N * e);
   t.l0aBytes = t.l0Buffers * M * std::max<uint64_t>({dk, dr, N}) * e;
   t.l0bBytes = t.l0Buffers * N * std::max<uint64_t>({dk, dr, dv}) * e;
   t.l0cBytes = t.l0cBuffers * M * std::max<uint64_t>(N, dv) * 4;
-  const uint64_t R = t.vecRows, dv8 = up(t.Dv, 8), r8 = up(R, 8);
-  t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + up(N, 64) / 64 * 4 + 32;
-  t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + up(up(N, 64) / 64 * 4, 32) + 32 + R * dv8 * 4 + dv8 * 4 +
-                                         up(t.Dv, 16) * e + 4 * r8 * 4);
+  const uint64_t R = t.vecRows, dv8 = align_up(t.Dv, 8), r8 = align_up(R, 8);
+  t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + align_up(N, 64) / 64 * 4 + 32;
+  t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + align_up(align_up(N, 64) / 64 * 4, 32) + 32 + R * dv8 * 4 +
+                                         dv8 * 4 + align_up(t.Dv, 16) * e + 4 * r8 * 4);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
@@ -38,16 +35,16 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
   const uint64_t b = t.baseM, e = 2;
-  const uint64_t W = std::max<uint64_t>({b, up(t.Dk, 16), t.Dr ? up(t.Dr, 16) : 0, up(t.Dv, 16)});
+  const uint64_t W = std::max<uint64_t>({b, align_up(t.Dk, 16), t.Dr ? align_up(t.Dr, 16) : 0, align_up(t.Dv, 16)});
   t.l1Bytes = 2 * t.l1Buffers * b * W * e;
   t.l0aBytes = t.l0Buffers * b * W * e;
   t.l0bBytes = t.l0Buffers * b * W * e;
   t.l0cBytes = t.l0cBuffers * b * W * 4;
   const uint64_t softmax = 2 * b * 4 + 2 * b * e;
-  const uint64_t dmax = up(std::max<int64_t>({t.Dk, t.Dr, t.Dv}), 16);
+  const uint64_t dmax = align_up(std::max<int64_t>({t.Dk, t.Dr, t.Dv}), 16);
   const uint64_t acc = 2 * uint64_t(t.gradCols) * 4 + dmax * e;
-  const uint64_t rowDim = up(std::max<int64_t>(t.Dv, t.Dr), 16);
-  const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + up(up(rowDim, 64) / 64 * 4, 32) + 32;
+  const uint64_t rowDim = align_up(std::max<int64_t>(t.Dv, t.Dr), 16);
+  const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + align_up(align_up(rowDim, 64) / 64 * 4, 32) + 32;
   t.ubBytes = std::max({softmax, acc, reduce});
   // fused pass kernel amo_fab_fused, per AIV: the softmax-grad rows, the running sums of its vecRows
   // gradient rows (fp32, kept in UB for the whole item), one product row and the output row
@@ -86,7 +83,7 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_
   t.l0cBuffers = kDoubleBuffer;
   t.ubBuffers = kDoubleBuffer;
   const uint32_t cap = maxBase ? std::max<uint32_t>(16, maxBase / 16 * 16) : 128u;
-  const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(up(std::max<int64_t>(maxSeqlen, 1), 16), cap));
+  const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(align_up(std::max<int64_t>(maxSeqlen, 1), 16), cap));
   t.baseM = want;
   t.baseN = want;
   plan(t, chip);
@@ -113,7 +110,7 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, in
   // Same checks, keys and item walk as the forward; square blocks and the backward byte plan.
   FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxSeqlen, causal, dtype, chip, maxBase);
   t.baseM = t.baseN = std::max(t.baseM, t.baseN);
-  t.gradCols = static_cast<uint32_t>(up(Dk, 8) + up(Dr, 8) + up(Dv, 8));
+  t.gradCols = static_cast<uint32_t>(align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8));
   plan_bwd(t, chip);
   while (!fits(t, chip)) {
     if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
@@ -135,10 +132,10 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
   w.steps = ceil_div(t.maxSeqlen, t.baseN);
   w.score = w.items * t.baseM * t.baseN;
   if (t.pass == FlashAttentionPass::kForward) {
-    w.rows = w.items * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
+    w.rows = w.items * t.baseM * static_cast<int64_t>(align_up(t.Dv, 8));
     w.state = w.items * 3 * t.baseM;
     w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
-    w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(up(t.Dv, 8));
+    w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(align_up(t.Dv, 8));
   } else {
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;

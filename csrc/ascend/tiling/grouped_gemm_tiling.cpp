@@ -13,8 +13,6 @@ uint32_t cap16(int64_t want, uint32_t limit) {
   return static_cast<uint32_t>(std::min<uint64_t>(w, limit));
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 }  // namespace
 
 GroupedGemmTiling compute_grouped_gemm_tiling(GroupedGemmLayout layout, int64_t M, int64_t K, int64_t N, int64_t E,

@@ -17,6 +17,8 @@ uint32_t dtype_bytes(DType d) {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 uint64_t ub_budget(const ChipInfo& chip) {
   if (chip.ubReservedBytes >= chip.ubBytes) throw std::invalid_argument("ChipInfo: ubReservedBytes >= ubBytes");
   return chip.ubBytes - chip.ubReservedBytes;

@@ -68,6 +68,8 @@ struct HiddenSplit {
 // ---- host functions ----------------------------------------------------------------------------
 uint32_t dtype_bytes(DType d);
 uint64_t align_up(uint64_t x, uint64_t a);
+// ceil(a / b) for a >= 0, b >= 1.
+int64_t ceil_div(int64_t a, int64_t b);
 // rows >= 0; maxCores >= 1. blockDim = max(1, min(maxCores, rows)).
 RowSplit split_rows(int64_t rows, uint32_t maxCores);
 // First row and row count of block `b` under `s`.
