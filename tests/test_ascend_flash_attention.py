@@ -18,7 +18,7 @@ import ascend_moe_ops as amo
 from _ascend_cxx import ASCEND, ROOT, assert_emu_error, compile_cached, run_case, run_json_lines
 from ascend_moe_ops import _backends
 from ascend_moe_ops.reference import flash_attention as ref
-from ascend_moe_ops.testing import assert_close_to_ref
+from ascend_moe_ops.testing import assert_close_to_ref, torch_attention_grads
 
 F32, F16, BF16 = 0, 1, 2
 L1, L0A, L0B, L0C = 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024
@@ -190,6 +190,13 @@ def _fa_inputs(lens, H, Dk, Dr, Dv, seed=0):
     return q, k, v, kr, cu
 
 
+def _torch_lowp(q, k, v, kr, cu, causal, scale, dtype, do=None):
+    """PyTorch's own attention in ``dtype`` (the 2x-rule baseline): (out, lse, dq, dk, dv, dk_rope)."""
+    do = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64) if do is None else do
+    return torch_attention_grads(q.to(dtype), k.to(dtype), v.to(dtype), None if kr is None else kr.to(dtype),
+                                 cu, do.to(dtype), causal=causal, softmax_scale=scale)
+
+
 def _fa_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None):
     q, k, v, kr, cu = _fa_inputs(lens, H, Dk, Dr, Dv)
     scale = scale if scale is not None else (Dk + Dr) ** -0.5
@@ -199,7 +206,7 @@ def _fa_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None):
         out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype))
     assert out.dtype == dtype and lse.dtype == torch.float32
     o64, l64 = ref.flash_attention_fwd(*args(torch.float64))
-    olo, llo = ref.flash_attention_fwd(*args(dtype))
+    olo, llo = _torch_lowp(q, k, v, kr, cu, causal, scale, dtype)[:2]
     assert_close_to_ref(out, o64, dtype=dtype, torch_lowp=olo, name="ascendc-emu out")
     assert_close_to_ref(lse, l64, dtype=dtype, torch_lowp=llo, name="ascendc-emu lse")
 
@@ -240,9 +247,8 @@ def _fab_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None, seed=0):
     ms = max(lens) if lens else 0
     args = lambda dt: (q.to(dt), k.to(dt), v.to(dt), None if kr is None else kr.to(dt))
     o64, l64 = ref.flash_attention_fwd(*args(torch.float64), cu, ms, causal, scale)
-    olo, llo = ref.flash_attention_fwd(*args(dtype), cu, ms, causal, scale)
     want = ref.flash_attention_bwd(do, *args(torch.float64), o64, l64, cu, ms, causal, scale)
-    lowp = ref.flash_attention_bwd(do.to(dtype), *args(dtype), olo, llo, cu, ms, causal, scale)
+    lowp = _torch_lowp(q, k, v, kr, cu, causal, scale, dtype, do)[2:]
     with amo.use_backend(EMU):
         oemu, lemu = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype), cu, ms, causal, scale)
         got = torch.ops.ascend_moe_ops.flash_attention_bwd(do.to(dtype), *args(dtype), oemu, lemu, cu, ms,
@@ -297,7 +303,13 @@ def test_emu_autograd_through_flash_attention(monkeypatch):
             out.backward(do.to(dtype))
         return [out] + [t.grad for t in leaves]
 
-    got, want, lowp = grads(torch.float16, EMU), grads(torch.float64, "reference"), grads(torch.float16, "reference")
+    def torch_grads(dtype):  # PyTorch's own attention in fp16: the 2x-rule baseline
+        cu = torch.arange(B + 1) * S
+        res = torch_attention_grads(*(t.to(dtype).flatten(0, 1) for t in (q, k, v)), None, cu,
+                                    do.to(dtype).flatten(0, 1), causal=True, softmax_scale=Dq ** -0.5)
+        return [r.reshape(t.shape) for r, t in zip((res[0],) + res[2:5], (do, q, k, v))]
+
+    got, want, lowp = grads(torch.float16, EMU), grads(torch.float64, "reference"), torch_grads(torch.float16)
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), got, want, lowp):
         assert_close_to_ref(a, b, dtype=torch.float16, torch_lowp=c, name=f"ascendc-emu autograd {name}")
 

@@ -14,7 +14,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops import _npu
-from ascend_moe_ops.testing import assert_close_to_ref
+from ascend_moe_ops.testing import assert_close_to_ref, torch_attention, torch_attention_grads, torch_mla_attention
 from test_moe_permute import _inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -321,7 +321,8 @@ def test_npu_flash_attention_matches_reference(dtype, causal, shape, forward, mo
     ours = _fa_on(dev, dtype, q, k, v, kr, gout, cu, ms, causal, scale)
     with amo.use_backend("reference"):
         ref64 = _fa_on("cpu", torch.float64, q, k, v, kr, gout, cu, ms, causal, scale)
-        lowp = _fa_on("cpu", dtype, q, k, v, kr, gout, cu, ms, causal, scale)
+    lowp = torch_attention_grads(*(None if t is None else t.to(dtype) for t in (q, k, v, kr)), cu,
+                                 gout.to(dtype), causal=causal, softmax_scale=scale)  # PyTorch's own
     assert ours[0].dtype == dtype and ours[1].dtype == torch.float32
     names = ["out", "lse", "dq", "dk", "dv", "dk_rope"]
     for name, o, r, lo in zip(names, ours, ref64, lowp):
@@ -345,9 +346,9 @@ def test_npu_flash_attention_autograd_and_larger_max_seqlen():
         ref = [t.clone().requires_grad_() for t in (q, k, v)]
         o64 = amo.flash_attention(*ref, causal=True, cu_seqlens=cu, max_seqlen=190)
         o64.backward(gout)
-        low = [t.to(torch.bfloat16).requires_grad_() for t in (q, k, v)]
-        olo = amo.flash_attention(*low, causal=True, cu_seqlens=cu, max_seqlen=190)
-        olo.backward(gout.to(torch.bfloat16))
+    low = [t.to(torch.bfloat16).requires_grad_() for t in (q, k, v)]  # PyTorch's own bf16 attention
+    olo, _ = torch_attention(*low, cu, causal=True, softmax_scale=D ** -0.5)
+    olo.backward(gout.to(torch.bfloat16))
     assert_close_to_ref(out.detach().cpu(), o64.detach(), dtype=torch.bfloat16, torch_lowp=olo.detach(), name="out")
     for name, a, r, lo in zip("qkv", leaves, ref, low):
         assert_close_to_ref(a.grad.cpu(), r.grad, dtype=torch.bfloat16, torch_lowp=lo.grad, name=f"d{name}")
@@ -411,8 +412,8 @@ def test_npu_flash_attention_vs_npu_fusion_attention(causal, dims):
         pytest.skip(f"npu_fusion_attention refuses this case: {str(exc)[:200]}")
     with amo.use_backend("reference"):
         ref64, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(q, k, v, None, cu, max(lens), causal, scale)
-        lowp, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(q.to(torch.bfloat16), k.to(torch.bfloat16),
-                                                               v.to(torch.bfloat16), None, cu, max(lens), causal, scale)
+    lowp, _ = torch_attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), cu,
+                              causal=causal, softmax_scale=scale)  # PyTorch's own bf16 attention
     assert_close_to_ref(ours.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="ascend_moe_ops")
     assert_close_to_ref(theirs.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="npu_fusion_attention")
 
@@ -439,12 +440,16 @@ def test_npu_mla_attention_matches_reference(dtype, recompute):
         ctx = amo.use_backend(backend) if backend else contextlib.nullcontext()
         with ctx:
             out = amo.mla_attention(*xs, num_heads=H, qk_nope_dim=Dn, v_dim=Dv, softmax_scale=0.1352,
-                                    cu_seqlens=cu.to(device), max_seqlen=97, recompute=recompute)
+                                    cu_seqlens=cu.to(device), max_seqlen=97, recompute=recompute, causal=True)
             out.backward(do.to(dt).to(device))
         return [out.detach().cpu()] + [t.grad.cpu() for t in xs]
 
     got = run(dtype, dev)
     want = run(torch.float64, "cpu", "reference")
-    low = run(dtype, "cpu", "reference")
+    xs = [t.to(dtype).requires_grad_() for t in (q, c, kpe, w)]  # PyTorch's own MLA in dtype
+    olo, _ = torch_mla_attention(*xs, cu, num_heads=H, qk_nope_dim=Dn, v_dim=Dv, causal=True,
+                                 softmax_scale=0.1352)
+    olo.backward(do.to(dtype))
+    low = [olo.detach()] + [t.grad for t in xs]
     for name, a, b, lo in zip(("out", "dq", "dc_kv", "dk_pe", "dw"), got, want, low):
         assert_close_to_ref(a, b, dtype=dtype, torch_lowp=lo, name=f"npu mla {name}")

@@ -2,13 +2,16 @@
 backward against the fp64 reference with the "2 x PyTorch's own error" rule, varlen = per-sequence
 batch, opcheck, torch.compile, bad input."""
 
+import inspect
+
 import pytest
 import torch
 
 import ascend_moe_ops as amo
-from ascend_moe_ops.testing import assert_close_to_ref
+from ascend_moe_ops.testing import ERROR_FACTOR, assert_close_to_ref, max_abs_err, torch_attention, torch_sdpa
 from conftest import backends
 
+_DEFAULT_CAUSAL = inspect.signature(amo.flash_attention).parameters["causal"].default
 OP = "flash_attention_fwd"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The Triton interpreter is slow and its bf16 tl.dot is wrong: tiny shapes, fp32/fp16 only.
@@ -53,10 +56,32 @@ def _run(backend, tensors, dtype, **kw):
     return out.detach(), lse, q.grad, k.grad, v.grad
 
 
+def _run_torch(tensors, dtype, causal=None, softmax_scale=None, cu_seqlens=None):
+    """PyTorch's own attention in ``dtype`` (testing.torch_attention, autograd backward): the
+    baseline of the 2x rule. Same return layout as :func:`_run`."""
+    causal = _DEFAULT_CAUSAL if causal is None else causal
+    q, k, v, do = (t.to(dtype).clone() for t in tensors)
+    batch = cu_seqlens is None
+    H = q.shape[-2]
+    if batch:
+        B, S = q.shape[:2]
+        cu_seqlens = torch.arange(B + 1) * S
+    qp, kp, vp, dop = (t.reshape(-1, H, t.shape[-1]).detach().requires_grad_() for t in (q, k, v, do))
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    out, lse = torch_attention(qp, kp, vp, cu_seqlens, causal=causal, softmax_scale=scale)
+    out.backward(dop.detach())
+    res = [out.detach(), lse.float(), qp.grad, kp.grad, vp.grad]
+    if batch:
+        res = [r.reshape(q.shape[:2] + r.shape[1:]) for r in res[:1]] + [
+            res[1].reshape(H, B, S).transpose(0, 1)] + [
+            r.reshape(t.shape) for r, t in zip(res[2:], (q, k, v))]
+    return tuple(res)
+
+
 def _check_against_reference(backend, dtype, tensors, **kw):
     got = _run(backend, tensors, dtype, **kw)
     ref = _run("reference", tensors, torch.float64, **kw)
-    low = _run("reference", tensors, dtype, **kw) if dtype != torch.float32 or backend != "reference" else None
+    low = _run_torch(tensors, dtype, **kw) if dtype != torch.float32 or backend != "reference" else None
     for name, a, r, lo in zip(("out", "lse", "dq", "dk", "dv"), got, ref, low or (None,) * 5):
         assert_close_to_ref(a, r, dtype=dtype, torch_lowp=lo, name=f"{backend} {name}")
     return got
@@ -190,3 +215,30 @@ def test_bad_cu_seqlens_dtype_and_max_seqlen():
         amo.flash_attention(q, q, q, cu_seqlens=torch.tensor([0.0, 8.0]))
     with pytest.raises(ValueError, match="max_seqlen=3 is smaller than the longest sequence"):
         amo.flash_attention(q, q, q, cu_seqlens=torch.tensor([0, 8]), max_seqlen=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_reference_meets_2x_rule(dtype):
+    """The oracle itself in fp16/bf16 (the CPU fallback and every parity test's yardstick): its
+    max error against fp64 is at most 2 x PyTorch's own in the same precision, forward and
+    backward, at MLA's 192/128 head dims, varlen, causal. Both baselines: the naive composition
+    (testing.torch_attention) and the fused scaled_dot_product_attention (fp32 inside, the
+    stricter one). The inputs are representable in ``dtype``, so only the computation's error
+    is measured. The LSE (fp32 from fp32 scores) must be fp32-accurate."""
+    cu = torch.tensor([0, 1, 98, 99, 160])
+    kw = dict(causal=True, cu_seqlens=cu, softmax_scale=0.1352)
+    tensors = [t.to(dtype).double() for t in _inputs((160,), 2, 192, 128, seed=11)]
+    exact = _run("reference", tensors, torch.float64, **kw)
+    ours = _run("reference", tensors, dtype, **kw)
+    naive = _run_torch(tensors, dtype, **kw)
+    leaves = [t.to(dtype).requires_grad_() for t in tensors[:3]]
+    out = torch_sdpa(*leaves, cu, causal=True, softmax_scale=0.1352)
+    out.backward(tensors[3].to(dtype))
+    fused = [out.detach(), None] + [t.grad for t in leaves]
+    assert ours[0].dtype == dtype and ours[1].dtype == torch.float32
+    for name, a, r, lo, fu in zip(("out", "lse", "dq", "dk", "dv"), ours, exact, naive, fused):
+        err = max_abs_err(a, r)
+        assert err <= ERROR_FACTOR * max_abs_err(lo, r), f"{name}: {err:.3e} vs naive {max_abs_err(lo, r):.3e}"
+        if fu is not None:
+            assert err <= ERROR_FACTOR * max_abs_err(fu, r), f"{name}: {err:.3e} vs sdpa {max_abs_err(fu, r):.3e}"
+    assert max_abs_err(ours[1], exact[1]) <= 1e-5 * exact[1].abs().max().item()
