@@ -331,3 +331,27 @@ def test_native_direct_call_checks_and_bounds():
                         ((tokens, torch.zeros(3, 2, dtype=torch.long), None, 2, 1 << 40, 1, -1), "must be < 2\\^31")]:
         with pytest.raises(RuntimeError, match=match):
             _C.moe_permute(*args)
+
+
+@pytest.mark.skipif("triton" not in backends("moe_permute"), reason="triton backend not available")
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("probs_dtype", [None, torch.float32, torch.bfloat16], ids=str)
+def test_triton_capacity_row_map_is_its_own(monkeypatch, kind, probs_dtype):
+    """The Triton backend computes its capacity-mode row map itself: with the reference's row-map
+    function disabled it still matches the contract (naive loop) and the reference exactly,
+    including prob ties (bf16 probs quantize to many ties), empty slots and a capacity that
+    drops tokens of some experts and leaves others short."""
+    E, C = 5, 4
+    tokens, routing, probs = _inputs(37, 24, E, 3, kind, torch.float32, seed=4)
+    probs = None if probs_dtype is None else probs.to(probs_dtype)
+    ref = _run("reference", tokens, routing, probs, num_experts=E, capacity=C)
+
+    def disabled(*a, **k):
+        raise AssertionError("the triton backend called the reference's compute_row_id_map")
+
+    monkeypatch.setattr(ref_mod, "compute_row_id_map", disabled)
+    res = _run("triton", tokens, routing, probs, num_experts=E, capacity=C)
+    monkeypatch.undo()
+    _assert_same(res, ref)
+    _assert_same(res, naive_permute(tokens, routing, probs, E, capacity=C))
+    assert (res.tokens_per_expert <= C).all() and (res.group_sizes == C).all()

@@ -22,18 +22,24 @@ argument shapes (``output_rows``).
      or past ``N`` (explicit ``num_out_tokens``).
 
   The result is stable (token order inside an expert) by construction, integer-exact and so
-  bitwise equal to the reference. Why not simply call the reference's torch code (which would
+  bitwise equal to the reference (checked by the parity tests; no code is shared with it). Why not simply call the reference's torch code (which would
   also be correct and sync-free): it is about thirty small kernels, including a stable argsort of
   all ``T*K`` slots (a multi-pass radix sort on a GPU), in front of a data movement that is a
   single memory-bound pass. At T=4096, K=8, H=7680 bf16 that pass writes ~0.5 GB, i.e. roughly
   0.1 ms at an H200's ~4.8 TB/s (an estimate, not a measurement), so tens of launches of a few
   microseconds each would be a visible fraction; the three kernels here read the ids in two
   passes and a ``[T*K/BLOCK_P, E]`` int32 count table twice.
-* ``capacity`` (drop-and-pad): the drop order needs the slots of each expert sorted by prob
-  (ties by position), i.e. a segmented sort. That is done by the reference's
-  ``compute_row_id_map`` (torch stable argsorts on the same device, still no host sync); only
-  the data movement below is Triton. A Triton segmented sort is not worth its complexity for
-  this mode.
+* ``capacity`` (drop-and-pad): the drop order needs, for each slot, its rank among the slots of
+  its expert ordered by prob (highest first, ties by position; by position alone without
+  probs). ``_capacity_keep_kernel`` counts it directly: one program per block of ``BLOCK_P``
+  slots compares them with every slot (``CH`` at a time) and keeps a slot when fewer than ``C``
+  slots of its expert beat it; dropped slots become empty (``-1``). The kept routing then goes
+  through the three kernels above, with every group ``C`` rows (``group_start[e] = e * C``).
+  This is ``P * P`` compares for ``P = T * K`` slots (a segmented sort would be
+  ``P log P``): at T=4096, K=8 about 1.1e9 compares, a few milliseconds on a GPU by
+  estimate (not measured); in exchange it is three short kernels, integer-exact, and computed
+  here rather than taken from the reference, so the Triton-vs-reference parity test compares
+  two independent row maps.
 
 **Data movement** (Triton, rows copied bitwise in the token dtype):
 
@@ -55,7 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ascend_moe_ops.reference import moe_permute as _ref
+from ascend_moe_ops.reference.moe_permute import output_rows  # the one row-count function
 
 from ._utils import block_h, interpreted, launch, token_tile
 
@@ -87,8 +93,35 @@ def _hist_kernel(routing_ptr, counts_ptr, P, S, E,
 
 
 @triton.jit
+def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
+                          IS_MASK: tl.constexpr, HAS_PROBS: tl.constexpr, BLOCK_P: tl.constexpr,
+                          CH: tl.constexpr):
+    """``kept[i]`` = expert of slot ``i`` if fewer than ``C`` slots of that expert beat it (higher
+    prob, or equal prob and earlier position; without probs: earlier position), else -1."""
+    pid = tl.program_id(0)
+    idx = pid.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    e = _slot_experts(routing_ptr, idx, P, S, E, IS_MASK)
+    if HAS_PROBS:
+        p = tl.load(probs_ptr + idx, mask=idx < P, other=0.0).to(tl.float32)
+    beaten = tl.zeros([BLOCK_P], dtype=tl.int32)
+    for j0 in range(0, P, CH):
+        jdx = j0 + tl.arange(0, CH).to(tl.int64)
+        ej = _slot_experts(routing_ptr, jdx, P, S, E, IS_MASK)
+        earlier = jdx[None, :] < idx[:, None]
+        if HAS_PROBS:
+            pj = tl.load(probs_ptr + jdx, mask=jdx < P, other=0.0).to(tl.float32)
+            beats = (pj[None, :] > p[:, None]) | ((pj[None, :] == p[:, None]) & earlier)
+        else:
+            beats = earlier
+        beats = beats & (ej[None, :] == e[:, None]) & (ej[None, :] >= 0)
+        beaten += tl.sum(beats.to(tl.int32), axis=1)
+    keep = (e >= 0) & (beaten < C)
+    tl.store(kept_ptr + idx, tl.where(keep, e, -1), mask=idx < P)
+
+
+@triton.jit
 def _scan_kernel(counts_ptr, offsets_ptr, tpe_ptr, gs_ptr, gstart_ptr, num_blocks, E, align,
-                 E_PAD: tl.constexpr, CH: tl.constexpr):
+                 capacity, E_PAD: tl.constexpr, CH: tl.constexpr):
     cols = tl.arange(0, E_PAD)
     cmask = cols < E
     run = tl.zeros([E_PAD], dtype=tl.int32)
@@ -100,6 +133,8 @@ def _scan_kernel(counts_ptr, offsets_ptr, tpe_ptr, gs_ptr, gstart_ptr, num_block
         tl.store(offsets_ptr + ptrs, tl.cumsum(c, axis=0) - c + run[None, :], mask=m)
         run += tl.sum(c, axis=0)
     gs = (run + (align - 1)) // align * align
+    if capacity >= 0:  # drop-and-pad: every group is exactly `capacity` rows
+        gs = tl.zeros([E_PAD], dtype=tl.int32) + capacity
     tl.store(tpe_ptr + cols, run.to(tl.int64), mask=cmask)
     tl.store(gs_ptr + cols, gs.to(tl.int64), mask=cmask)
     tl.store(gstart_ptr + cols, tl.cumsum(gs, axis=0) - gs, mask=cmask)
@@ -198,7 +233,7 @@ def zero_unused_rows(used: torch.Tensor, out: torch.Tensor, out_probs) -> None:
            out_probs if has_probs else out, N, H, HAS_PROBS=has_probs, BLOCK_R=br, BLOCK_H=bh)
 
 
-def _row_map_dropless(routing: torch.Tensor, E: int, align: int, N: int):
+def _row_map_dropless(routing: torch.Tensor, E: int, align: int, N: int, capacity: int = -1):
     T, S = routing.shape
     P = T * S
     dev = routing.device
@@ -216,11 +251,27 @@ def _row_map_dropless(routing: torch.Tensor, E: int, align: int, N: int):
     gstart = torch.empty(E, dtype=torch.int32, device=dev)
     e_pad = triton.next_power_of_2(E)
     ch = 64 if interpreted(routing) else max(2, min(64, 4096 // e_pad))
-    _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, E_PAD=e_pad, CH=ch)
+    _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, capacity, E_PAD=e_pad, CH=ch)
     row_id_map = torch.empty(T, S, dtype=torch.int32, device=dev)
     launch(_dest_kernel, (nb,), r, offsets, gstart, row_id_map, P, S, E, N, IS_MASK=is_mask,
            BLOCK_P=bp, CH=min(bp, 256 if interpreted(routing) else 32))
     return row_id_map, tpe, gs
+
+
+def _row_map_capacity(routing: torch.Tensor, probs, E: int, capacity: int, N: int):
+    """Capacity mode: drop the slots that lose their expert's top-``capacity`` (Triton), then the
+    dropless row map of the kept slots with ``capacity`` rows per group."""
+    T, S = routing.shape
+    P = T * S
+    is_mask = routing.dtype == torch.bool
+    r = routing.view(torch.uint8) if is_mask else routing
+    kept = torch.empty(T, S, dtype=torch.int32, device=routing.device)
+    bp = _block_p(routing)
+    has_probs = probs is not None
+    launch(_capacity_keep_kernel, (triton.cdiv(P, bp),), r, probs if has_probs else r, kept, P, S,
+           E, capacity, IS_MASK=is_mask, HAS_PROBS=has_probs, BLOCK_P=bp,
+           CH=min(bp, 256 if interpreted(routing) else 32))
+    return _row_map_dropless(kept, E, 1, N, capacity=capacity)
 
 
 def moe_permute(tokens: torch.Tensor, routing: torch.Tensor, probs, num_experts: int,
@@ -234,10 +285,9 @@ def moe_permute(tokens: torch.Tensor, routing: torch.Tensor, probs, num_experts:
     T, H = tokens.shape
     S = routing.shape[1]
     E = num_experts
-    N = _ref.output_rows(T, S, E, capacity, align, num_out_tokens)
+    N = output_rows(T, S, E, capacity, align, num_out_tokens)
     if capacity >= 0:
-        row_id_map, tpe, gs, _ = _ref.compute_row_id_map(routing, probs, E, capacity, align,
-                                                         num_out_tokens)
+        row_id_map, tpe, gs = _row_map_capacity(routing, probs, E, capacity, N)
     else:
         row_id_map, tpe, gs = _row_map_dropless(routing, E, align, N)
 
