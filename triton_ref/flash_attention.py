@@ -81,6 +81,16 @@ def _fwd_kernel(Q, K, K2, V, O, LSE, CU, sm_scale,
 
 
 @triton.jit
+def _one_key_rows(qm, L, CAUSAL: tl.constexpr):
+    """Query rows (positions ``qm`` of a length-``L`` sequence) that see exactly one key: the first
+    query of a causal sequence, or any query of a one-token sequence. Their score gradient is
+    set to exactly zero, so they add nothing to dQ and dK."""
+    if CAUSAL:
+        return qm == 0
+    return (qm >= 0) & (L == 1)
+
+
+@triton.jit
 def _bwd_dkdv_kernel(Q, K, K2, V, DO, LSE, DELTA, DK, DK2, DV_, CU, sm_scale,
                      s_qt, s_qh, s_kt, s_kh, s_k2t, s_k2h, s_vt, s_vh, s_dot, s_doh,
                      s_dkt, s_dkh, s_dk2t, s_dk2h, s_dvt, s_dvh, T,
@@ -130,7 +140,10 @@ def _bwd_dkdv_kernel(Q, K, K2, V, DO, LSE, DELTA, DK, DK2, DV_, CU, sm_scale,
             do = tl.load(DO + qrows * s_dot + h * s_doh + dv[None, :], mask=mmask[:, None] & (dv[None, :] < DV), other=0.0)
             dvacc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
             dp = tl.dot(do, tl.trans(vv), input_precision=PREC)
-            ds = (p * (dp - delta[:, None]) * sm_scale).to(q1.dtype)
+            ds = p * (dp - delta[:, None]) * sm_scale
+            # a query that sees one key only has dS = 0 exactly (P = 1, dP = delta in exact
+            # arithmetic; computed they differ in the last bits): see _one_key_rows
+            ds = tl.where(_one_key_rows(qm, L, CAUSAL)[:, None], 0.0, ds).to(q1.dtype)
             dk1 += tl.dot(tl.trans(ds), q1, input_precision=PREC)
             if HAS_D2:
                 dk2 += tl.dot(tl.trans(ds), q2, input_precision=PREC)
@@ -187,7 +200,8 @@ def _bwd_dq_kernel(Q, K, K2, V, DO, LSE, DELTA, DQ, CU, sm_scale,
             p = tl.where(valid, tl.exp(s * sm_scale - lse[:, None]), 0.0)
             vv = tl.load(V + krows * s_vt + h * s_vh + dv[None, :], mask=nmask[:, None] & (dv[None, :] < DV), other=0.0)
             dp = tl.dot(do, tl.trans(vv), input_precision=PREC)
-            ds = (p * (dp - delta[:, None]) * sm_scale).to(k1.dtype)
+            ds = p * (dp - delta[:, None]) * sm_scale
+            ds = tl.where(_one_key_rows(offs_m, L, CAUSAL)[:, None], 0.0, ds).to(k1.dtype)
             dq1 += tl.dot(ds, k1, input_precision=PREC)
             if HAS_D2:
                 dq2 += tl.dot(ds, k2, input_precision=PREC)

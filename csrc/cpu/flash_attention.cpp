@@ -288,11 +288,17 @@ void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
           gemm<acc_t>(true, false, nk, Dv, mq, P.data(), kBlockN, dOp, dO.st, beta_k, dVp, dv.st);
           // dP = dO V^T
           gemm<acc_t>(false, true, mq, nk, Dv, dOp, dO.st, V.at(k0, h), V.st, 0, dP.data(), kBlockN);
-          // dS = P * (dP - delta) * scale   (stored in dP)
+          // dS = P * (dP - delta) * scale   (stored in dP). A query row that sees one key only
+          // (a one-token sequence, or the first query of a causal sequence) has P = 1 and
+          // dP = delta mathematically, so dS = 0; computed, dP (a BLAS product) and delta (the
+          // dO . O sum above, of the rounded O) differ in the last bits, so those rows are set
+          // to exactly zero instead.
           for (int64_t r = 0; r < mq; ++r) {
             const acc_t D = delta[q0 + r - s];
             acc_t* drow = dP.data() + r * kBlockN;
             const acc_t* prow = P.data() + r * kBlockN;
+            const int64_t visible = causal ? q0 + r - s + 1 : e - s;
+            if (visible == 1) { std::fill(drow, drow + nk, acc_t(0)); continue; }
 #pragma omp simd
             for (int64_t j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D) * scale;
           }
