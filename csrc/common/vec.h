@@ -3,12 +3,15 @@
 //
 // With AVX-512 (setup.py compiles with -march=native) a "vector" is one __m512; otherwise a plain
 // 16-float struct that the compiler vectorizes as it can. Conversions round exactly like
-// c10::BFloat16 / c10::Half (round to nearest even, NaN stays NaN, fp32 subnormals are not flushed),
-// so a value stored here equals `tensor.float().to(dtype)` in PyTorch.
+// c10::BFloat16 / c10::Half (round to nearest even, fp32 subnormals are not flushed; bf16: every
+// NaN becomes 0x7FC0, the rounding of common/bf16.h), so a value stored here equals
+// `tensor.float().to(dtype)` in PyTorch.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+
+#include "common/bf16.h"
 
 #include <cstdint>
 #include <cstring>
@@ -72,8 +75,9 @@ inline VecF load(const double* p, Mask m) {
 inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
 inline void store(float* p, VecF v, Mask m) { _mm512_mask_storeu_ps(p, m, v); }
 
-// fp32 -> bf16 bits, round to nearest even; NaN -> 0x7FC0 (as c10::BFloat16 does). Integer math, so
-// subnormals are rounded, not flushed (vcvtneps2bf16 would flush them).
+// fp32 -> bf16 bits: bf16::from_f32 (common/bf16.h) on 16 lanes: round to nearest even, NaN ->
+// 0x7FC0. Integer math, so subnormals are rounded, not flushed (vcvtneps2bf16 would flush them).
+// Every bf16 store of the native kernels goes through this or bf16::from_f32.
 inline __m256i f32_to_bf16_bits(VecF v) {
   __m512i bits = _mm512_castps_si512(v);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -133,6 +137,10 @@ template <typename T>
 inline void store(T* p, VecF x, Mask m = 0xFFFFu) {
   for (int i = 0; i < 16; ++i)
     if ((m >> i) & 1u) p[i] = static_cast<T>(x.v[i]);
+}
+inline void store(c10::BFloat16* p, VecF x, Mask m = 0xFFFFu) {
+  for (int i = 0; i < 16; ++i)
+    if ((m >> i) & 1u) p[i].x = bf16::from_f32(x.v[i]);
 }
 
 #endif

@@ -23,6 +23,8 @@
 // at::mm per group. Built with -march=native; without AVX512_BF16/AVX512F the same drivers run
 // the scalar fallback micro-kernel (correct, slow), so the extension still builds and works.
 #include "common/alloc.h"
+#include "common/bf16.h"
+#include "common/vec.h"
 #include "common/registry.h"
 
 #include <ATen/Parallel.h>
@@ -136,7 +138,7 @@ inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* 
       if (cnt <= 0) break;
       const __mmask16 mk = cnt >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cnt) - 1u);
       for (int r = 0; r < MRr; ++r)
-        _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mk, (__m256i)_mm512_cvtneps_pbh(c[r][j]));
+        _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mk, vec::f32_to_bf16_bits(c[r][j]));
     }
     return;
   }
@@ -160,10 +162,7 @@ inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* 
       }
     }
     if (out != nullptr) {
-      for (int j = 0; j < NR && j < ncols; ++j) {
-        c10::BFloat16 h(acc[j]);
-        out[r * ldo + j] = h.x;
-      }
+      for (int j = 0; j < NR && j < ncols; ++j) out[r * ldo + j] = amo::bf16::from_f32(acc[j]);
     } else {
       for (int j = 0; j < NR; ++j) C[r * ldc + j] = acc[j];
     }
@@ -344,25 +343,17 @@ inline void store_tile(const float* C, int64_t ldc, int64_t m, int64_t n, T* out
       if constexpr (std::is_same<T, float>::value) {
         _mm512_mask_storeu_ps(o + c, mk, v);
       } else if constexpr (std::is_same<T, c10::BFloat16>::value) {
-#if AMO_GG_BF16DOT
-        __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-#else
-        // round to nearest even, NaN kept quiet
-        __m512i u = _mm512_castps_si512(v);
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i rnd = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-        __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-        rnd = _mm512_mask_mov_epi32(rnd, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x00400000)));
-        __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(rnd, 16));
-#endif
-        _mm256_mask_storeu_epi16(o + c, mk, h);
+        _mm256_mask_storeu_epi16(o + c, mk, vec::f32_to_bf16_bits(v));
       } else {
         __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         _mm256_mask_storeu_epi16(o + c, mk, h);
       }
     }
 #else
-    for (int64_t c = 0; c < n; ++c) o[c] = static_cast<T>(cr[c]);
+    for (int64_t c = 0; c < n; ++c) {
+      if constexpr (std::is_same<T, c10::BFloat16>::value) o[c].x = amo::bf16::from_f32(cr[c]);
+      else o[c] = static_cast<T>(cr[c]);
+    }
 #endif
   }
 }

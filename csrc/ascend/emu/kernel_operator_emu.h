@@ -94,6 +94,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "../../common/bf16.h"
+
 #define __aicore__
 #define __global__
 #define __gm__
@@ -244,18 +246,9 @@ inline float f16_to_f32(uint16_t h) {
   std::memcpy(&f, &x, 4);
   return f;
 }
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-inline float bf16_to_f32(uint16_t b) {
-  uint32_t x = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
+// bf16: the CPU side's one rounding routine (common/bf16.h)
+inline uint16_t f32_to_bf16(float f) { return amo::bf16::from_f32(f); }
+inline float bf16_to_f32(uint16_t b) { return amo::bf16::to_f32(b); }
 }  // namespace detail
 
 struct half {
