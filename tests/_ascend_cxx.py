@@ -24,11 +24,23 @@ def ascend_headers():
     return sorted(glob.glob(os.path.join(ASCEND, "**", "*.h"), recursive=True))
 
 
+# ASCEND_MOE_OPS_CXX_SANITIZE=1 (set by tests/sanitize.sh) builds every driver with AddressSanitizer
+# and UBSan; any finding aborts the driver, so the test that ran it fails.
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-g")
+
+
+def sanitizing() -> bool:
+    return os.environ.get("ASCEND_MOE_OPS_CXX_SANITIZE") == "1"
+
+
 def compile_cached(name, sources, flags=(), extra_deps=()):
     """Return the path of an executable built from ``sources`` (skips if there is no g++)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ is not installed")
+    if sanitizing():
+        flags = tuple(flags) + SANITIZE_FLAGS
+        name += "-sanitize"
     h = hashlib.sha256()
     for path in list(sources) + list(extra_deps) + ascend_headers():
         h.update(path.encode())
