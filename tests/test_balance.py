@@ -19,9 +19,10 @@ import sys
 import pytest
 import torch
 
-from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, Placement, aux_loss, biased_topk,
-                                    capacity_for, drop_stats, expert_counts, imbalance,
-                                    plan_placement, update_expert_bias, z_loss)
+from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, MoveCost, Placement, aux_loss,
+                                    biased_topk, capacity_for, default_max_moves, drop_stats,
+                                    expert_counts, imbalance, plan_placement, update_expert_bias,
+                                    z_loss)
 from ascend_moe_ops.testing import assert_close_to_ref
 from _spawn import free_port, problems, run_scenarios, setup_failure, spawn_ranks
 
@@ -105,6 +106,25 @@ def test_aux_loss_sequence_level():
     # one sequence == micro-batch level
     one = aux_loss(scores.detach(), ids, level="sequence", seq_len=B * L)
     torch.testing.assert_close(one, aux_loss(scores.detach(), ids))
+
+
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+def test_aux_loss_zero_tokens(idx_dtype):
+    """An empty micro-batch (a rank with no tokens) gives a zero loss and zero gradient, not NaN."""
+    E, K = 5, 2
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        s = torch.zeros(0, E, dtype=dtype, requires_grad=True)
+        ids = torch.zeros(0, K, dtype=idx_dtype)
+        for kw in (dict(), dict(level="sequence", seq_len=4)):
+            loss = aux_loss(s, ids, coeff=0.1, **kw)
+            assert loss.item() == 0.0 and torch.isfinite(loss), (dtype, kw)
+            loss.backward()
+            assert s.grad is not None and s.grad.shape == (0, E)
+        mask = torch.zeros(0, E, dtype=torch.bool)
+        assert aux_loss(s.detach(), mask, topk=K).item() == 0.0
+    # tokens whose slots are all empty (-1): f = 0 everywhere -> 0
+    s = torch.softmax(torch.randn(3, E), 1)
+    assert aux_loss(s, torch.full((3, K), -1, dtype=idx_dtype)).item() == 0.0
 
 
 def test_aux_loss_errors():
@@ -192,6 +212,15 @@ def test_predictor_methods():
         preds["ema"].update(torch.zeros(4))
     with pytest.raises(ValueError, match="method must be one of"):
         ExpertLoadPredictor(E, method="arima")
+    # bad counts: a clear error naming the argument, and nothing recorded
+    p = ExpertLoadPredictor(E)
+    for bad, what in ((torch.tensor([1.0, float("nan"), 2.0]), "entry 1 is nan"),
+                      (torch.tensor([1, -3, 2]), "entry 1 is -3.0"),
+                      (torch.tensor([float("inf"), 0.0, 2.0]), "entry 0 is inf")):
+        with pytest.raises(ValueError, match="tokens_per_expert must be finite and non-negative "
+                                             "counts: " + what):
+            p.update(bad)
+    assert p.steps == 0 and not p.history
 
 
 # ================================================================================================
@@ -223,15 +252,66 @@ def test_plan_skewed_bounded_moves():
             assert pl.imbalance_after == pl.imbalance_before and not pl.changed
         else:
             assert pl.imbalance_after < pl.imbalance_before
-    free = plan_placement(load, R, S, cur)
+    # the default budget is E // 10 copies; max_moves=None is the free re-placement
+    dflt = plan_placement(load, R, S, cur)
+    assert dflt.moved <= default_max_moves(E) == 6 and dflt.changed
+    free = plan_placement(load, R, S, cur, max_moves=None)
     assert free.imbalance_after < 0.05               # 64 lognormal experts: near-perfect
+    assert free.moved > default_max_moves(E)         # ... at the price of many more moves
+    assert free.imbalance_after < dflt.imbalance_after < dflt.imbalance_before
     # the baseline only trades between the extreme ranks; never better than the full search here
-    base = plan_placement(load, R, S, cur, strategy="greedy_swap")
+    base = plan_placement(load, R, S, cur, strategy="greedy_swap", max_moves=None)
     assert free.imbalance_after <= base.imbalance_after + 1e-12
     # from scratch (LPT + search): every expert counts as moved
     scratch = plan_placement(load, R, S, None)
     _valid(scratch, E, R, S)
     assert scratch.moved == E and scratch.imbalance_after < 0.05
+
+
+def test_plan_move_cost_and_byte_budget():
+    E, R, S = 64, 8, 8
+    g = torch.Generator().manual_seed(5)
+    load = torch.exp(0.8 * torch.randn(E, generator=g, dtype=torch.float64)) * 100
+    cur = Placement.contiguous(E, R, S)
+    # a SwiGLU expert H=64, F=32 in bf16 training with Adam: 2 B weight + 12 B fp32 master, m, v
+    cost = MoveCost(3 * 64 * 32)
+    assert cost.bytes_per_copy == 3 * 64 * 32 * 14
+    pl = plan_placement(load, R, S, cur, move_cost=cost)
+    assert 0 < pl.moved <= 6 and pl.moved_bytes == pl.moved * cost.bytes_per_copy
+    # a byte budget of 2.5 copies allows 2
+    pl2 = plan_placement(load, R, S, cur, move_cost=cost, max_move_bytes=5 * cost.bytes_per_copy // 2)
+    assert pl2.moved <= 2 and pl2.moved_bytes <= 5 * cost.bytes_per_copy // 2
+    assert pl2.imbalance_after < pl2.imbalance_before
+    assert MoveCost(10, param_bytes=4, state_bytes=8, grad_bytes=4).bytes_per_copy == 160
+    # no cost model: bytes are not reported
+    assert plan_placement(load, R, S, cur).moved_bytes == 0
+    with pytest.raises(ValueError, match="max_move_bytes needs move_cost"):
+        plan_placement(load, R, S, cur, max_move_bytes=10)
+    with pytest.raises(ValueError, match="max_moves must be"):
+        plan_placement(load, R, S, cur, max_moves="half")
+    with pytest.raises(TypeError, match="move_cost must be a MoveCost"):
+        plan_placement(load, R, S, cur, move_cost=100)
+    with pytest.raises(ValueError, match="params_per_expert must be >= 1"):
+        MoveCost(0)
+    with pytest.raises(ValueError, match="state_bytes must be >= 0"):
+        MoveCost(10, state_bytes=-1.0)
+
+
+def test_plan_replicas_respect_the_budget():
+    """New replicas are copies too: with a current placement they stay within max_moves."""
+    E, R, S = 32, 8, 5                                  # 40 slots: 8 spares
+    load = torch.ones(E, dtype=torch.float64)
+    load[:6] = torch.tensor([30.0, 20, 12, 10, 8, 6])
+    cur = Placement.contiguous(E, R, S)
+    for budget in (0, 1, 3, None):
+        pl = plan_placement(load, R, S, cur, replicas=True, max_moves=budget)
+        _valid(pl, E, R, S, replicas=True)
+        if budget is not None:
+            assert pl.moved <= budget
+        if budget == 0:
+            assert not pl.changed
+    # unlimited: the hottest expert gets several replicas
+    assert plan_placement(load, R, S, cur, replicas=True, max_moves=None).replica_count[0] >= 3
 
 
 def test_plan_lpt_and_empty_slots():
@@ -329,8 +409,12 @@ def test_placement_errors():
         plan_placement(torch.ones(5), 2, 4, torch.tensor([0, 0, 1, 1]))
     with pytest.raises(ValueError, match="has replicas; pass replicas=True"):
         plan_placement(torch.ones(3), 2, 2, Placement(torch.tensor([[0, 1], [0, 2]]), 3))
-    with pytest.raises(ValueError, match="finite and non-negative"):
+    with pytest.raises(ValueError, match="finite and non-negative: entry 1 is -1.0"):
         plan_placement(torch.tensor([1.0, -1.0]), 2, 1)
+    with pytest.raises(ValueError, match="predicted_load must be finite.*entry 0 is nan"):
+        plan_placement(torch.tensor([float("nan"), 1.0]), 2, 1)
+    with pytest.raises(ValueError, match="predicted_load must be finite.*entry 1 is inf"):
+        plan_placement(torch.tensor([1.0, float("inf")]), 2, 1)
 
 
 # ================================================================================================
