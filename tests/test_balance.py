@@ -188,11 +188,32 @@ def test_drop_stats():
 # ================================================================================================
 # predictor
 
+def test_predictor_robust_follows_a_burst():
+    """A burst (x3 on one expert) is followed at once by ``robust``, while the quiet experts keep
+    their smoothing; ``adaptive_ema`` (same bank, no jumps) lags behind the burst."""
+    E, g = 8, torch.Generator().manual_seed(0)
+    base = torch.full((E,), 400.0, dtype=torch.float64)
+    rob = ExpertLoadPredictor(E, method="robust", horizon=1)
+    ada = ExpertLoadPredictor(E, method="adaptive_ema", horizon=1)
+    for t in range(80):
+        lam = base.clone()
+        if t >= 78:
+            lam[3] = 1200.0                                   # the burst: its first 2 steps at x3
+        x = torch.poisson(lam, generator=g)
+        rob.update(x)
+        ada.update(x)
+    r, a = rob.predict(), ada.predict()
+    assert abs(r[3] - 1200) < 100 and a[3] < r[3] - 100, (r[3], a[3])
+    quiet = torch.arange(E) != 3
+    assert (r[quiet] - 400).abs().max() < 60                 # within ~3 sigma of one count
+    assert rob.shifts >= 1
+
+
 def test_predictor_methods():
     E = 3
     seq = [torch.tensor([1.0, 10.0, 5.0]) * (t + 1) for t in range(6)]   # a linear ramp
     preds = {m: ExpertLoadPredictor(E, window=4, method=m, alpha=0.5, horizon=2)
-             for m in ("last", "window_mean", "ema", "trend", "adaptive_ema")}
+             for m in ("last", "window_mean", "ema", "trend", "adaptive_ema", "robust")}
     for x in seq:
         for p in preds.values():
             p.update(x)
@@ -206,8 +227,10 @@ def test_predictor_methods():
     torch.testing.assert_close(preds["trend"].predict(), torch.tensor([1.0, 10.0, 5.0]).double() * 7.5)
     # on a ramp the adaptive EMA picks its fastest-following member
     assert preds["adaptive_ema"].predict()[1] > preds["ema"].predict()[1] * 0.98
+    assert preds["robust"].predict()[1] > preds["ema"].predict()[1] * 0.98
     with pytest.raises(RuntimeError, match="before any update"):
         ExpertLoadPredictor(E).predict()
+    assert ExpertLoadPredictor(E).method == "robust"
     with pytest.raises(ValueError, match="one count per expert"):
         preds["ema"].update(torch.zeros(4))
     with pytest.raises(ValueError, match="method must be one of"):
@@ -349,6 +372,37 @@ def test_plan_drifting_trace():
         pred.update(counts)
     dyn, st = sum(imb_dyn) / len(imb_dyn), sum(imb_st) / len(imb_st)
     assert dyn < 0.5 * st, (dyn, st)
+
+
+# quality goal (issue 13): at the default move budget (E // 10 per re-plan) the forecast's cut of
+# the imbalance is >= 95 % of the cut the same planner gets from the true next-step load. Small,
+# deterministic version of bench/bench_balance.py --oracle (64 experts on 8 x 8, 256 routed slots
+# per expert and step as in the bench, 500 steps, seed 0); a quality assertion, not a timing one.
+# On the bursty trace at a 10-step interval the goal is NOT met (0.93 here): the next-step oracle
+# sees the bursts that begin on the very step the placement starts serving, which no forecast can;
+# the same planner fed the true load of the last *observed* step reaches no more (0.93). There the
+# test asserts the documented shortfall bound and that the forecast reaches that causal ceiling.
+QUALITY_CASES = [("lognormal_slow", 10, 0.95), ("lognormal_slow", 50, 0.95),
+                 ("bursty", 10, 0.90), ("bursty", 50, 0.95)]
+
+
+@pytest.mark.parametrize("kind,interval,goal", QUALITY_CASES)
+def test_placement_reaches_its_oracle(kind, interval, goal):
+    from ascend_moe_ops.balance import traces
+    E, R, S = 64, 8, 8
+    p, counts = traces.make_trace(kind, 500, seed=0, num_experts=E, slots_per_step=16384)
+    kw = dict(interval=interval, warmup=50, measure_from=100, min_improvement=0.02)
+    ours = traces.replay(p, counts, R, S, **kw)                   # default predictor and budget
+    oracle = traces.replay(p, counts, R, S, oracle="next_step", **kw)
+    ceiling = traces.replay(p, counts, R, S, oracle="previous_step", **kw)
+    assert ours["moves_max"] <= default_max_moves(E) == 6
+    assert oracle["cut"] > 0.4 and ours["cut"] > 0.4              # placement does real work here
+    assert ours["cut"] >= goal * oracle["cut"], (ours["cut"], oracle["cut"])
+    assert ours["cut"] >= 0.97 * ceiling["cut"], (ours["cut"], ceiling["cut"])
+    # the forecast beats the plain window mean (the old baseline predictor) or ties it
+    base = traces.replay(p, counts, R, S, predictor=lambda: ExpertLoadPredictor(
+        E, method="window_mean", horizon=interval), **kw)
+    assert ours["cut"] >= base["cut"] - 0.01, (ours["cut"], base["cut"])
 
 
 def test_plan_trigger_and_threshold():
@@ -599,6 +653,7 @@ def _permuted_placement(R, S):
 
 def scenario_executor_moves(ctx):
     """Weights, grads and Adam state follow their experts; no dispatcher needed."""
+    import torch.distributed as dist
     from ascend_moe_ops.balance import PlacementExecutor
     rank, world = ctx["rank"], ctx["world"]
     S = E_D // world
@@ -620,6 +675,39 @@ def scenario_executor_moves(ctx):
                                 opt.state[params[0]]["exp_avg_sq"], params[0].grad], world)
     for a, b in zip(before, after):
         assert torch.equal(a, b)
+    # cost model: a copy carries weight + grad + Adam m, v of both tensors (fp64 here), and the
+    # executor moves exactly the planner's copies and bytes
+    cost = MoveCost(2 * H_D * F_D, param_bytes=8, state_bytes=16, grad_bytes=8)
+    assert ex.bytes_per_copy == cost.bytes_per_copy == 2 * H_D * F_D * 32
+    load = torch.where(ex.placement.expert_to_rank < 2, 5.0, 1.0).double()   # ranks 0, 1 hot
+    plan = plan_placement(load, world, S, ex.placement, max_moves=4, move_cost=cost)
+    # two swaps of a hot with a cold expert balance the ranks at 6 each: 4 copies
+    assert plan.changed and plan.moved == 4 and plan.moved_bytes == 4 * cost.bytes_per_copy
+    assert plan.imbalance_after == 0.0
+    before = _gather_global(ex, [params[1], opt.state[params[1]]["exp_avg_sq"], params[1].grad], world)
+    info = ex.apply(plan)
+    assert info["copies"] == plan.moved and info["bytes"] == plan.moved_bytes
+    sent = torch.tensor([info["sent_bytes"]], dtype=torch.int64)
+    dist.all_reduce(sent)
+    assert int(sent) == info["bytes"]
+    after = _gather_global(ex, [params[1], opt.state[params[1]]["exp_avg_sq"], params[1].grad], world)
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)
+    assert ex.apply(ex.placement) == {"copies": 0, "local": 0, "bytes": 0, "sent_bytes": 0}
+    # mixed dtypes (one collective per dtype) and a non-contiguous tensor, written in place
+    w1, _ = _global_weights()
+    bias = torch.arange(E_D * H_D, dtype=torch.float64).view(E_D, H_D)
+    m0 = Placement.contiguous(E_D, world, S)
+    own = m0.slot_to_expert[rank]
+    t64 = w1[own].clone()
+    t16 = torch.empty(H_D, S, dtype=torch.bfloat16).t()             # [S, H], non-contiguous
+    t16.copy_(bias[own].to(torch.bfloat16))
+    mex = PlacementExecutor(m0, [t64, t16])
+    assert mex.bytes_per_copy == H_D * F_D * 8 + H_D * 2
+    minfo = mex.apply(_permuted_placement(world, S))
+    own = mex.placement.slot_to_expert[rank]
+    assert torch.equal(t64, w1[own]) and torch.equal(t16, bias[own].to(torch.bfloat16))
+    assert minfo["bytes"] == minfo["copies"] * mex.bytes_per_copy
     # slot mode with replicas: 3 slots per rank, replicas of hot experts
     S3 = 3
     q0 = Placement.contiguous(E_D, world, S3)

@@ -14,8 +14,7 @@ Tensor = torch.Tensor
 
 METHODS = ("last", "window_mean", "ema", "trend", "adaptive_ema", "robust")
 ADAPTIVE_ALPHAS = (0.03, 0.1, 0.2, 0.35, 0.6)
-SHIFT_RUN = 3          # robust: consecutive out-of-band observations that mark a level shift
-SHIFT_SIGMAS = 3.0     # robust: half-width of the band, in noise standard deviations
+JUMP_SIGMAS = 4.0      # robust: a jump member restarts at an observation this many noise sigmas away
 
 
 def _check_counts(x: Tensor) -> None:
@@ -35,23 +34,29 @@ class ExpertLoadPredictor:
         method: ``"last"`` (the last observation), ``"window_mean"`` (mean of the window),
             ``"ema"`` (exponential moving average with ``alpha``), ``"trend"``
             (least-squares line through the window, evaluated at the middle of the next
-            ``horizon`` steps, clamped at 0), or ``"adaptive_ema"`` (several EMAs with
+            ``horizon`` steps, clamped at 0), ``"adaptive_ema"`` (several EMAs with
             ``alpha`` in ``ADAPTIVE_ALPHAS`` run side by side; the one whose ``horizon``-step-ahead
             forecasts had the smallest recent L1 error is used, so the smoothing follows how
-            fast the loads drift relative to the sampling noise; the default: it had the smallest
-            forecast error, or tied for it, in every case of ``bench/bench_balance.py``, see
-            docs/ops/balance.md).
+            fast the loads drift relative to the sampling noise), or ``"robust"`` (the
+            default: ``adaptive_ema`` whose bank holds every EMA a second time with level-shift
+            jumps — an expert whose count lands more than ``JUMP_SIGMAS`` noise deviations from
+            the member's value restarts there — so bursts are followed at once while quiet
+            experts stay smoothed; the error score chooses between plain and jumping members,
+            see docs/ops/balance.md for the study behind the default).
         alpha: EMA weight of the newest observation (default ``2 / (window + 1)``, the EMA with
             the same mean age as the window).
-        horizon: steps the prediction should cover (the re-planning interval); ``trend`` and
-            ``adaptive_ema`` use it.
+        horizon: steps the prediction should cover (the re-planning interval); ``trend``,
+            ``adaptive_ema`` and ``robust`` use it.
         group: if given, :meth:`update` sums the counts over this group (the DP group) with one
             ``all_reduce`` so every rank predicts the same global load.
 
-    ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor.
+    ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor; counts
+    that are NaN, infinite or negative raise a ``ValueError`` (on every rank: the check runs on
+    the summed counts) and are not recorded. ``shifts`` counts the level shifts the selected
+    ``robust`` member has jumped at.
     """
 
-    def __init__(self, num_experts: int, window: int = 32, *, method: str = "adaptive_ema",
+    def __init__(self, num_experts: int, window: int = 32, *, method: str = "robust",
                  alpha: Optional[float] = None, horizon: int = 1, group=None):
         _checks.check_int("num_experts", num_experts, minimum=1)
         _checks.check_int("window", window, minimum=1)
@@ -66,9 +71,11 @@ class ExpertLoadPredictor:
         self.alpha, self.horizon, self.group = float(alpha), horizon, group
         self.history: deque = deque(maxlen=window)
         self._ema: Optional[Tensor] = None
-        self._bank: Optional[Tensor] = None          # [A, E] EMAs for adaptive_ema
+        self._bank: Optional[Tensor] = None          # [A, E] EMAs of adaptive_ema ([2A, E] robust)
         self._bank_hist: deque = deque(maxlen=horizon)
-        self._bank_err = torch.zeros(len(ADAPTIVE_ALPHAS), dtype=torch.float64)
+        self._obs: deque = deque(maxlen=horizon)      # robust: the last `horizon` observations
+        self._bank_err = torch.zeros(len(ADAPTIVE_ALPHAS) * (2 if method == "robust" else 1),
+                                     dtype=torch.float64)
         self._disp: Optional[float] = None
         self.shifts = 0
         self.steps = 0
@@ -84,14 +91,24 @@ class ExpertLoadPredictor:
             dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
         _check_counts(x)
         self.history.append(x)
+        if self.method == "robust":
+            self._obs.append(x)
         if self.method in ("adaptive_ema", "robust"):
             a = torch.tensor(ADAPTIVE_ALPHAS, dtype=torch.float64)[:, None]
+            if self.method == "robust":
+                a = torch.cat([a, a])                  # plain members, then jump members
             if self._bank is None:
                 self._bank = x.expand(a.shape[0], -1).clone()
             else:
                 if len(self._bank_hist) == self.horizon:
                     # score the forecasts made `horizon` steps ago against this observation
-                    err = (self._bank_hist[0] - x).abs().sum(1) / x.abs().sum().clamp(min=1e-12)
+                    # (robust: against the mean of the `horizon` observations since, the load
+                    # the planner's placement actually serves)
+                    target = x
+                    if self.method == "robust":
+                        target = torch.stack(list(self._obs)).mean(0)
+                    err = ((self._bank_hist[0] - target).abs().sum(1)
+                           / target.abs().sum().clamp(min=1e-12))
                     self._bank_err.mul_(0.9).add_(err, alpha=0.1)
                 if self.method == "robust":
                     self._robust_update(x, a)
@@ -106,40 +123,37 @@ class ExpertLoadPredictor:
         return x
 
     def _robust_update(self, x: Tensor, a: Tensor) -> None:
-        """EMA bank on winsorized observations plus per-expert level-shift resets (``robust``).
+        """``robust``: the bank holds every EMA twice, plain and with level-shift jumps.
 
-        Noise model: a count ``c`` of level ``m`` has variance ``d * m``; the dispersion ``d``
-        is the median over experts of ``(x_t - x_{t-1})^2 / (2 m)`` (one-step differences cancel
-        the slow drift, the median ignores the bursting experts), smoothed over steps. Each EMA
-        sees the observation clipped to its own value ``± SHIFT_SIGMAS`` noise deviations, so a
-        one- or two-step spike moves it by at most that much. When the last ``SHIFT_RUN``
-        observations of an expert all lie outside the band of the selected forecast on the same
-        side, the expert's load has shifted (a burst began or ended): every EMA of that expert
-        restarts at the median of those observations."""
-        level = self._bank[int(torch.argmin(self._bank_err))].clamp(min=1.0)
+        Noise model: a count of level ``m`` has variance ``d * m``; the dispersion ``d`` is the
+        median over experts of ``(x_t - x_{t-1})^2 / (2 m)`` divided by the median of a
+        chi-square(1) (one-step differences cancel the slow drift, the median ignores the
+        bursting experts), smoothed over steps. In a jump member, an observation more than
+        ``JUMP_SIGMAS`` noise deviations away from the member's value marks a level shift (a
+        burst began or ended) and that expert's value restarts at the observation: bursts are
+        followed at once while quiet experts keep the member's smoothing. The error score picks
+        among all members, so jumps are used where they pay (short horizons, bursty loads) and
+        plain smoothing where a burst is not expected to last the horizon."""
+        A = a.shape[0] // 2
+        level = self._bank[int(torch.argmin(self._bank_err))]
+        m = level.clamp(min=1.0)
         if len(self.history) >= 2:
             diff = self.history[-1] - self.history[-2]
-            d = float((diff * diff / (2 * level)).median()) / 0.4549   # median of chi2(1)
+            d = float((diff * diff / (2 * m)).median()) / 0.4549   # median of chi2(1)
             self._disp = d if self._disp is None else 0.9 * self._disp + 0.1 * d
         disp = 1.0 if self._disp is None else max(self._disp, 1e-6)
-        band = SHIFT_SIGMAS * (disp * self._bank.clamp(min=1.0)).sqrt()        # [A, E]
-        xc = torch.minimum(torch.maximum(x, self._bank - band), self._bank + band)
-        self._bank = self._bank * (1 - a) + a * xc
-        if len(self.history) >= SHIFT_RUN:
-            recent = torch.stack(list(self.history)[-SHIFT_RUN:])                 # [m, E]
-            half = SHIFT_SIGMAS * (disp * level).sqrt()
-            up = (recent > level + half).all(0)
-            down = (recent < level - half).all(0)
-            shift = up | down
-            if bool(shift.any()):
-                self._bank[:, shift] = recent[:, shift].median(0).values
-                self.shifts += int(shift.sum())
+        prev = self._bank[A:]
+        jump = (x - prev).abs() > JUMP_SIGMAS * (disp * prev.clamp(min=1.0)).sqrt()   # [A, E]
+        self._bank = self._bank * (1 - a) + a * x
+        self._bank[A:] = torch.where(jump, x.expand_as(prev), self._bank[A:])
+        self.shifts += int(jump[int(torch.argmin(self._bank_err[A:]))].sum())
 
     def reset(self) -> None:
         self.history.clear()
         self._ema = None
         self._bank = None
         self._bank_hist.clear()
+        self._obs.clear()
         self._bank_err.zero_()
         self._disp = None
         self.shifts = 0

@@ -12,7 +12,10 @@ earlier steps) and measures the per-step imbalance ``max / mean rank load − 1`
 counts. With ``oracle="next_step"`` the same planner is fed the true expected load of the first
 step the placement serves (``p[t] * slots_per_step``) instead of a forecast; with
 ``oracle="interval"`` the true expected load averaged over the whole coming interval (a
-clairvoyant bound that also knows the drift to come). The *cut* is
+clairvoyant bound that also knows the drift to come); with ``oracle="previous_step"`` the true
+expected load of the last step already observed (``p[t - 1]``): what a perfect, noise-free
+estimate of the present could reach without seeing the future (the ceiling of any causal
+predictor that does not anticipate changes). The *cut* is
 ``1 − mean dynamic imbalance / mean static imbalance`` over the measured steps.
 """
 
@@ -131,7 +134,7 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
         p, counts: a trace (:func:`make_trace`).
         predictor: factory of the :class:`ExpertLoadPredictor` that forecasts (default: the
             predictor's default method with ``horizon=interval``). Ignored with ``oracle``.
-        oracle: ``None`` (forecast), ``"next_step"`` or ``"interval"``.
+        oracle: ``None`` (forecast), ``"next_step"``, ``"interval"`` or ``"previous_step"``.
         interval: steps between re-plans; the first at ``warmup``.
         measure_from: first step whose imbalance counts.
         move_cost, **plan_kw: passed to :func:`plan_placement` (``max_moves``, ``replicas``, ...).
@@ -141,8 +144,9 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
     counting 0), ``bytes_mean`` (with ``move_cost``), ``replans``, ``plan_seconds`` (mean),
     ``pred_err`` (L1 error of the forecast vs the interval's realised mean counts, relative).
     """
-    if oracle not in (None, "next_step", "interval"):
-        raise ValueError(f"oracle must be None, 'next_step' or 'interval', got {oracle!r}")
+    if oracle not in (None, "next_step", "interval", "previous_step"):
+        raise ValueError("oracle must be None, 'next_step', 'interval' or 'previous_step', "
+                         f"got {oracle!r}")
     steps, E = counts.shape
     N = counts[0].sum()
     R = num_ranks
@@ -162,6 +166,8 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
             nxt = counts[t:t + interval].mean(0)
             if oracle == "next_step":
                 guess = torch.from_numpy(p[t] * N)
+            elif oracle == "previous_step":
+                guess = torch.from_numpy(p[max(t - 1, 0)] * N)
             elif oracle == "interval":
                 guess = torch.from_numpy(p[t:t + interval].mean(0) * N)
             else:
