@@ -197,11 +197,13 @@ def oracle_study(steps=1500, intervals=(10, 50), seeds=(0, 1, 2), kinds=ORACLE_T
                          gb_mean=f["bytes_mean"] / 1e9, plan_seconds=f["plan_seconds"],
                          method=method, max_moves=budget)
                 out.append(r)
-                log(f"   {kind:<15s} every {interval:3d} seed {sd}: cut {100 * r['cut']:5.1f} %  "
-                    f"next-step oracle {100 * r['cut_next']:5.1f} % -> {100 * r['ratio_next']:5.1f} %  "
-                    f"interval oracle {100 * r['cut_interval']:5.1f} % -> {100 * r['ratio_interval']:5.1f} %  "
-                    f"previous-step truth {100 * r['cut_previous']:5.1f} % ({100 * r['ratio_previous_next']:5.1f} % of next)  "
-                    f"moved {r['moves_mean']:4.1f} (max {r['moves_max']}) = {r['gb_mean']:5.1f} GB/re-plan")
+                pc = {k: f"{100 * v:5.1f} %" for k, v in r.items() if isinstance(v, float)}
+                log(f"   {kind:<15s} every {interval:3d} seed {sd}: cut {pc['cut']}  "
+                    f"next-step oracle {pc['cut_next']} -> {pc['ratio_next']}  "
+                    f"interval oracle {pc['cut_interval']} -> {pc['ratio_interval']}  "
+                    f"previous-step truth {pc['cut_previous']} ({pc['ratio_previous_next']} of "
+                    f"next)  moved {r['moves_mean']:4.1f} (max {r['moves_max']}) = "
+                    f"{r['gb_mean']:5.1f} GB/re-plan")
     return out
 
 
