@@ -213,7 +213,7 @@ def run(ctx):
     rows = []
     intervals = (10,) if ctx.quick else (10, 50)
     seeds = (0,) if ctx.quick else (0, 1, 2)
-    for r in oracle_study(steps=steps, intervals=(10, 50), seeds=seeds,
+    for r in oracle_study(steps=steps, intervals=intervals, seeds=seeds,
                           kinds=("bursty",) if ctx.quick else ORACLE_TRACES, log=lambda *_: None):
         case = (f"{r['trace']} E={E} R={R}x{S} re-plan/{r['interval']} seed {r['seed']}: "
                 f"{r['method']} cut {100 * r['cut']:.1f}% = {100 * r['ratio_next']:.1f}% of the "

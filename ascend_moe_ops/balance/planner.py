@@ -287,8 +287,8 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
             (``None``: plan from scratch with LPT, every expert counts as moved).
         max_moves: at most this many (expert, rank) copies to other ranks per re-plan. The
             default ``"auto"`` is :func:`default_max_moves` = ``max(1, E // 10)`` (25 of 256
-            experts); ``None`` is the free re-placement without a limit (it can move about half
-            of all experts). Experts are kept where they are unless moving them pays; moving an
+            experts); ``None`` is the free re-placement without a limit (in the study of
+            docs/ops/balance.md it copied ~40 % of all experts per re-plan). Experts are kept where they are unless moving them pays; moving an
             expert back to a rank that holds it in ``current`` is free. The budget applies only
             with ``current`` (a plan from scratch places every expert).
         move_cost: a :class:`MoveCost` (bytes per expert copy: weights + optimizer state); the
