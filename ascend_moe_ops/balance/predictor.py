@@ -52,8 +52,8 @@ class ExpertLoadPredictor:
 
     ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor; counts
     that are NaN, infinite or negative raise a ``ValueError`` (on every rank: the check runs on
-    the summed counts) and are not recorded. ``shifts`` counts the level shifts the selected
-    ``robust`` member has jumped at.
+    the summed counts) and are not recorded. ``shifts`` counts the level shifts the best-scoring
+    jump member of ``robust`` has jumped at (a diagnostic).
     """
 
     def __init__(self, num_experts: int, window: int = 32, *, method: str = "robust",
