@@ -405,6 +405,20 @@ def test_placement_reaches_its_oracle(kind, interval, goal):
     assert ours["cut"] >= base["cut"] - 0.01, (ours["cut"], base["cut"])
 
 
+def test_traces_deterministic_and_checked():
+    from ascend_moe_ops.balance import traces
+    a = traces.make_trace("bursty", 40, seed=3, num_experts=16, slots_per_step=2048)
+    b = traces.make_trace("bursty", 40, seed=3, num_experts=16, slots_per_step=2048)
+    assert all((x == y).all() for x, y in zip(a, b))
+    p, counts = a
+    assert p.shape == counts.shape == (40, 16) and (counts.sum(1) == 2048).all()
+    assert (p <= 1 / 8 + 1e-12).all()                        # top-8 cap
+    with pytest.raises(ValueError, match="kind must be one of"):
+        traces.make_trace("spiky", 10)
+    with pytest.raises(ValueError, match="oracle must be None"):
+        traces.replay(p, counts, 4, 4, oracle="future")
+
+
 def test_plan_trigger_and_threshold():
     load = torch.ones(16, dtype=torch.float64)
     load[0] = 1.5
