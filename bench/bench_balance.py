@@ -5,16 +5,23 @@ slots per step drawn multinomially from a drifting per-expert probability vector
 device-level imbalance ``max / mean rank load - 1`` per step under
 
 * static placement (expert e on rank e // 8),
-* dynamic placement: every ``interval`` steps a predictor (last / window mean / EMA / trend)
+* dynamic placement: every ``interval`` steps a predictor (last / window mean / EMA / trend /
+  adaptive EMA / robust)
   forecasts the per-expert load and a planner (greedy max<->min swap baseline, or
   ``plan_placement``'s bounded local search) re-places at most ``max_moves`` experts,
 * dynamic placement with 32 redundant slots (32 x 9) filled with replicas of hot experts,
 * an oracle that re-plans every step from the true probabilities without a move limit (the floor
   left by sampling noise alone).
 
+* the same planner fed the true load instead of a forecast (its oracle): the true expected load of
+  the first step the placement serves ("next-step oracle", the goal: the forecast's cut >= 95 % of
+  this one's) and, as a clairvoyant bound, the true load averaged over the whole coming interval,
+  with the bytes of weights + optimizer state the re-plans move (``--oracle``).
+
 These are simulations, not timings: ``run(ctx)`` returns rows whose ``seconds`` is the planner's
 time per re-plan and whose ``extra`` holds the study's figures. ``python bench/bench_balance.py``
-prints the full study (``--quick`` for a short one).
+prints the full study (``--quick`` for a short one); ``--oracle`` the oracle comparison only.
+The traces and the replay loop are ``ascend_moe_ops.balance.traces``.
 """
 
 from __future__ import annotations
@@ -32,126 +39,43 @@ if __name__ == "__main__":  # `python bench/bench_balance.py` from a checkout th
 
 from ascend_moe_ops.balance import ExpertLoadPredictor, Placement, plan_placement
 
+from ascend_moe_ops.balance import MoveCost, default_max_moves
+from ascend_moe_ops.balance.traces import (TRACES, imbalance_rows, make_trace, replay,
+                                           static_imbalance as _static)
+
 E, R, S, K = 256, 32, 8, 8
 SLOTS_PER_STEP = 65536           # routed (token, expert) slots per step: 8K tokens x top-8
+# bytes per expert copy: a DeepSeek-V3-sized SwiGLU expert (3 x 7168 x 2048 = 44 M parameters),
+# bf16 weights + fp32 master weight and Adam m, v (2 + 12 B per parameter)
+EXPERT_COST = MoveCost(3 * 7168 * 2048, param_bytes=2, state_bytes=12)
 
 
-# ----------------------------------------------------------------------------------------------
-# traces
-
-def _ar1(rng, steps, n, sigma, tau):
-    """Mean-reverting (AR(1)) log-loads: stationary std ``sigma``, correlation time ``tau`` steps."""
-    phi = 1.0 - 1.0 / tau
-    x = np.empty((steps, n))
-    x[0] = rng.normal(0.0, sigma, n)
-    innov = sigma * np.sqrt(1.0 - phi * phi)
-    for t in range(1, steps):
-        x[t] = phi * x[t - 1] + innov * rng.normal(size=n)
-    return x
-
-
-def _cap(p, cap):
-    """Water-fill: no expert gets more than ``cap`` of the slots (top-K routing picks K distinct
-    experts per token, so one expert can take at most 1/K of all slots)."""
-    p = p / p.sum()
-    for _ in range(50):
-        over = p > cap
-        if not over.any():
-            break
-        excess = (p[over] - cap).sum()
-        p[over] = cap
-        p[~over] += excess * p[~over] / p[~over].sum()
-    return p
-
-
-TRACES = {
-    # name: (description, generator)
-    "lognormal_slow": "lognormal loads, sigma=0.6 in log space, mean-reverting drift tau=1000 steps",
-    "lognormal_fast": "lognormal loads, sigma=0.6 in log space, mean-reverting drift tau=100 steps",
-    "zipf": "Zipf(s=1.0) shares over a random expert order (top share capped at 1/K), "
-            "slow lognormal drift sigma=0.3 tau=1000",
-}
-
-
-def make_trace(kind: str, steps: int, seed: int = 0):
-    """Returns ``(p [steps, E] true probabilities, counts [steps, E] sampled routed slots)``."""
-    rng = np.random.default_rng(seed)
-    if kind == "lognormal_slow":
-        logits = _ar1(rng, steps, E, 0.6, 1000.0)
-    elif kind == "lognormal_fast":
-        logits = _ar1(rng, steps, E, 0.6, 100.0)
-    elif kind == "zipf":
-        base = -1.0 * np.log(np.arange(1, E + 1))[rng.permutation(E)]
-        logits = base + _ar1(rng, steps, E, 0.3, 1000.0)
-    else:
-        raise ValueError(kind)
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p = np.stack([_cap(row, 1.0 / K) for row in p])
-    counts = np.stack([rng.multinomial(SLOTS_PER_STEP, row) for row in p]).astype(np.float64)
-    return p, counts
-
-
-# ----------------------------------------------------------------------------------------------
-# simulation
-
-def _imbalance_rows(slot_to_expert: np.ndarray, replica: np.ndarray, counts: np.ndarray):
-    """Per-step imbalance of ``counts [n, E]`` under a placement (replicas share load evenly)."""
-    per_slot = counts / replica[None, :]
-    valid = slot_to_expert >= 0
-    w = np.where(valid[None], per_slot[:, slot_to_expert.clip(min=0)], 0.0)   # [n, R, S]
-    loads = w.sum(2)
-    return loads.max(1) / loads.mean(1) - 1.0
-
-
-def simulate(p, counts, *, method="ema", strategy="swap", replicas=False, interval=50,
+def simulate(p, counts, *, method="adaptive_ema", strategy="swap", replicas=False, interval=50,
              warmup=100, measure_from=300, max_moves=25, window=32, alpha=None,
              cv_threshold=0.0, min_improvement=0.0, min_gain=0.0, slots=None):
-    """Run one dynamic-placement policy over a trace; returns a dict of figures."""
-    steps = counts.shape[0]
-    slots = slots or (S + 1 if replicas else S)
-    placement = Placement.contiguous(E, R, slots)
-    pred = ExpertLoadPredictor(E, window, method="ema" if method == "oracle" else method,
-                               alpha=alpha, horizon=interval)
-    imb = np.empty(steps)
-    moves, plan_s, pred_err = [], [], []
-    s2e = placement.slot_to_expert.numpy()
-    rep = placement.replica_count.numpy().astype(np.float64)
-    for t in range(steps):
-        if t >= warmup and (t - warmup) % interval == 0:
-            nxt = counts[t:t + interval].mean(0)
-            # "oracle" (diagnostic): the true expected load of the coming interval
-            guess = (torch.from_numpy(p[t:t + interval].mean(0) * SLOTS_PER_STEP)
-                     if method == "oracle" else pred.predict())
-            pred_err.append(np.abs(guess.numpy() - nxt).sum() / nxt.sum())
-            t0 = time.perf_counter()
-            new = plan_placement(guess, R, slots, placement, max_moves=max_moves, replicas=replicas,
-                                 strategy=strategy, cv_threshold=cv_threshold,
-                                 min_improvement=min_improvement, min_gain=min_gain)
-            plan_s.append(time.perf_counter() - t0)
-            if t >= measure_from:
-                moves.append(new.moved)
-            if new.changed:
-                placement = new
-                s2e = placement.slot_to_expert.numpy()
-                rep = placement.replica_count.numpy().astype(np.float64)
-        imb[t] = _imbalance_rows(s2e, rep, counts[t:t + 1])[0]
-        pred.update(torch.from_numpy(counts[t]))
-    m = imb[measure_from:]
-    return {
-        "imbalance": float(m.mean()),
-        "moves_mean": float(np.mean(moves)) if moves else 0.0,
-        "moves_max": int(np.max(moves)) if moves else 0,
-        "replans": len(moves),
-        "plan_seconds": float(np.mean(plan_s)) if plan_s else 0.0,
-        "pred_err": float(np.mean(pred_err)) if pred_err else float("nan"),
-    }
+    """Run one dynamic-placement policy over a trace; returns a dict of figures. ``method`` is a
+    predictor method, or ``"oracle"`` (the true load of the coming interval) / ``"next_step"``
+    (the true load of the next step) / ``"previous_step"`` (the true load of the last observed
+    step)."""
+    oracle = {"oracle": "interval", "next_step": "next_step",
+              "previous_step": "previous_step"}.get(method)
+    kw = dict(max_moves=max_moves, replicas=replicas, strategy=strategy, cv_threshold=cv_threshold,
+              min_improvement=min_improvement, min_gain=min_gain)
+    if slots is not None:
+        kw["slots"] = slots
+    return replay(p, counts, R, S, oracle=oracle, interval=interval, warmup=warmup,
+                  measure_from=measure_from, move_cost=EXPERT_COST,
+                  predictor=None if oracle else
+                  (lambda: ExpertLoadPredictor(E, window, method=method, alpha=alpha, horizon=interval)),
+                  **kw)
 
 
 def static_imbalance(counts, measure_from=300):
-    pl = Placement.contiguous(E, R, S)
-    return float(_imbalance_rows(pl.slot_to_expert.numpy(),
-                                 pl.replica_count.numpy().astype(np.float64),
-                                 counts[measure_from:]).mean())
+    return _static(counts, R, S, measure_from)
+
+
+def _imbalance_rows(slot_to_expert, replica, counts):
+    return imbalance_rows(slot_to_expert, replica, counts)
 
 
 def drop_rate(counts, capacity_factor=1.5):
@@ -240,12 +164,65 @@ def study(steps=1500, intervals=(10, 50), quick=False, seeds=(0, 1, 2), log=prin
     return results
 
 
+ORACLE_TRACES = ("lognormal_slow", "bursty", "lognormal_fast")
+
+
+def oracle_study(steps=1500, intervals=(10, 50), seeds=(0, 1, 2), kinds=ORACLE_TRACES,
+                 method=None, min_improvement=0.02, log=print):
+    """Forecast vs oracle at the default move budget (E // 10 = 25 copies per re-plan): per trace,
+    interval and seed the cut (1 - imbalance / static) of the predictor, of the same planner fed
+    the true next-step load, and of the clairvoyant interval oracle; moved experts and bytes
+    (``EXPERT_COST``) per re-plan. Returns one dict per (trace, interval, seed)."""
+    budget = default_max_moves(E)
+    method = method or ExpertLoadPredictor(E).method
+    out = []
+    log(f"\n== forecast ({method}) vs oracle: {E} experts on {R} x {S}, <= {budget} copies per "
+        f"re-plan, applied if the predicted imbalance drops by > {min_improvement}; one copy = "
+        f"{EXPERT_COST.bytes_per_copy / 1e6:.0f} MB (weights + optimizer state)")
+    for kind in kinds:
+        for interval in intervals:
+            for sd in seeds:
+                p, counts = make_trace(kind, steps, sd)
+                kw = dict(max_moves=budget, min_improvement=min_improvement, interval=interval)
+                f = simulate(p, counts, method=method, **kw)
+                nx = simulate(p, counts, method="next_step", **kw)
+                iv = simulate(p, counts, method="oracle", **kw)
+                pv = simulate(p, counts, method="previous_step", **kw)
+                r = dict(trace=kind, interval=interval, seed=sd, cut=f["cut"], cut_next=nx["cut"],
+                         cut_interval=iv["cut"], ratio_next=f["cut"] / nx["cut"],
+                         cut_previous=pv["cut"], ratio_previous_next=pv["cut"] / nx["cut"],
+                         ratio_interval=f["cut"] / iv["cut"], static=f["static"],
+                         imbalance=f["imbalance"], moves_mean=f["moves_mean"],
+                         moves_max=f["moves_max"], moves_next=nx["moves_mean"],
+                         gb_mean=f["bytes_mean"] / 1e9, plan_seconds=f["plan_seconds"],
+                         method=method, max_moves=budget)
+                out.append(r)
+                pc = {k: f"{100 * v:5.1f} %" for k, v in r.items() if isinstance(v, float)}
+                log(f"   {kind:<15s} every {interval:3d} seed {sd}: cut {pc['cut']}  "
+                    f"next-step oracle {pc['cut_next']} -> {pc['ratio_next']}  "
+                    f"interval oracle {pc['cut_interval']} -> {pc['ratio_interval']}  "
+                    f"previous-step truth {pc['cut_previous']} ({pc['ratio_previous_next']} of "
+                    f"next)  moved {r['moves_mean']:4.1f} (max {r['moves_max']}) = "
+                    f"{r['gb_mean']:5.1f} GB/re-plan")
+    return out
+
+
 def run(ctx):
     from ascend_moe_ops.bench import Row
     steps = 700 if ctx.quick else 1500
     rows = []
     intervals = (10,) if ctx.quick else (10, 50)
     seeds = (0,) if ctx.quick else (0, 1, 2)
+    for r in oracle_study(steps=steps, intervals=intervals, seeds=seeds,
+                          kinds=("bursty",) if ctx.quick else ORACLE_TRACES, log=lambda *_: None):
+        case = (f"{r['trace']} E={E} R={R}x{S} re-plan/{r['interval']} seed {r['seed']}: "
+                f"{r['method']} cut {100 * r['cut']:.1f}% = {100 * r['ratio_next']:.1f}% of the "
+                f"next-step oracle ({100 * r['cut_next']:.1f}%), {100 * r['ratio_interval']:.1f}% of "
+                f"the interval oracle; {r['moves_mean']:.1f} moved/re-plan = {r['gb_mean']:.1f} GB")
+        rows.append(Row(op="balance_oracle", case=case, backend="reference", dtype="fp64",
+                        seconds=r["plan_seconds"],
+                        extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+                               if k not in ("trace", "method")}))
     for r in study(steps=steps, intervals=intervals, quick=ctx.quick, seeds=seeds, log=lambda *_: None):
         case = (f"{r['trace']} E={E} R={R}x{S + int(r['replicas'])} re-plan/{r['interval']}: "
                 f"{r['label']} -> imbalance {r['imbalance']:.3f} (static {r['static']:.3f}, "
@@ -270,8 +247,14 @@ if __name__ == "__main__":
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--interval", type=int, nargs="+", default=[10, 50])
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
+    ap.add_argument("--oracle", action="store_true", help="only the forecast-vs-oracle comparison")
     a = ap.parse_args()
     t0 = time.time()
+    oracle_study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval,
+                 seeds=a.seeds or ((0,) if a.quick else (0, 1, 2)))
+    if a.oracle:
+        print(f"\n(took {time.time() - t0:.1f} s)")
+        sys.exit(0)
     study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval, quick=a.quick,
           seeds=a.seeds or ((0,) if a.quick else (0, 1, 2)))
     print(f"\n(study took {time.time() - t0:.1f} s)")

@@ -19,9 +19,10 @@ import sys
 import pytest
 import torch
 
-from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, Placement, aux_loss, biased_topk,
-                                    capacity_for, drop_stats, expert_counts, imbalance,
-                                    plan_placement, update_expert_bias, z_loss)
+from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, MoveCost, Placement, aux_loss,
+                                    biased_topk, capacity_for, default_max_moves, drop_stats,
+                                    expert_counts, imbalance, plan_placement, update_expert_bias,
+                                    z_loss)
 from ascend_moe_ops.testing import assert_close_to_ref
 from _spawn import free_port, problems, run_scenarios, setup_failure, spawn_ranks
 
@@ -107,6 +108,25 @@ def test_aux_loss_sequence_level():
     torch.testing.assert_close(one, aux_loss(scores.detach(), ids))
 
 
+@pytest.mark.parametrize("idx_dtype", [torch.int32, torch.int64])
+def test_aux_loss_zero_tokens(idx_dtype):
+    """An empty micro-batch (a rank with no tokens) gives a zero loss and zero gradient, not NaN."""
+    E, K = 5, 2
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        s = torch.zeros(0, E, dtype=dtype, requires_grad=True)
+        ids = torch.zeros(0, K, dtype=idx_dtype)
+        for kw in (dict(), dict(level="sequence", seq_len=4)):
+            loss = aux_loss(s, ids, coeff=0.1, **kw)
+            assert loss.item() == 0.0 and torch.isfinite(loss), (dtype, kw)
+            loss.backward()
+            assert s.grad is not None and s.grad.shape == (0, E)
+        mask = torch.zeros(0, E, dtype=torch.bool)
+        assert aux_loss(s.detach(), mask, topk=K).item() == 0.0
+    # tokens whose slots are all empty (-1): f = 0 everywhere -> 0
+    s = torch.softmax(torch.randn(3, E), 1)
+    assert aux_loss(s, torch.full((3, K), -1, dtype=idx_dtype)).item() == 0.0
+
+
 def test_aux_loss_errors():
     s = torch.rand(4, 3)
     ids = torch.zeros(4, 2, dtype=torch.int64)
@@ -168,11 +188,32 @@ def test_drop_stats():
 # ================================================================================================
 # predictor
 
+def test_predictor_robust_follows_a_burst():
+    """A burst (x3 on one expert) is followed at once by ``robust``, while the quiet experts keep
+    their smoothing; ``adaptive_ema`` (same bank, no jumps) lags behind the burst."""
+    E, g = 8, torch.Generator().manual_seed(0)
+    base = torch.full((E,), 400.0, dtype=torch.float64)
+    rob = ExpertLoadPredictor(E, method="robust", horizon=1)
+    ada = ExpertLoadPredictor(E, method="adaptive_ema", horizon=1)
+    for t in range(80):
+        lam = base.clone()
+        if t >= 78:
+            lam[3] = 1200.0                                   # the burst: its first 2 steps at x3
+        x = torch.poisson(lam, generator=g)
+        rob.update(x)
+        ada.update(x)
+    r, a = rob.predict(), ada.predict()
+    assert abs(r[3] - 1200) < 100 and a[3] < r[3] - 100, (r[3], a[3])
+    quiet = torch.arange(E) != 3
+    assert (r[quiet] - 400).abs().max() < 60                 # within ~3 sigma of one count
+    assert rob.shifts >= 1
+
+
 def test_predictor_methods():
     E = 3
     seq = [torch.tensor([1.0, 10.0, 5.0]) * (t + 1) for t in range(6)]   # a linear ramp
     preds = {m: ExpertLoadPredictor(E, window=4, method=m, alpha=0.5, horizon=2)
-             for m in ("last", "window_mean", "ema", "trend", "adaptive_ema")}
+             for m in ("last", "window_mean", "ema", "trend", "adaptive_ema", "robust")}
     for x in seq:
         for p in preds.values():
             p.update(x)
@@ -186,12 +227,23 @@ def test_predictor_methods():
     torch.testing.assert_close(preds["trend"].predict(), torch.tensor([1.0, 10.0, 5.0]).double() * 7.5)
     # on a ramp the adaptive EMA picks its fastest-following member
     assert preds["adaptive_ema"].predict()[1] > preds["ema"].predict()[1] * 0.98
+    assert preds["robust"].predict()[1] > preds["ema"].predict()[1] * 0.98
     with pytest.raises(RuntimeError, match="before any update"):
         ExpertLoadPredictor(E).predict()
+    assert ExpertLoadPredictor(E).method == "robust"
     with pytest.raises(ValueError, match="one count per expert"):
         preds["ema"].update(torch.zeros(4))
     with pytest.raises(ValueError, match="method must be one of"):
         ExpertLoadPredictor(E, method="arima")
+    # bad counts: a clear error naming the argument, and nothing recorded
+    p = ExpertLoadPredictor(E)
+    for bad, what in ((torch.tensor([1.0, float("nan"), 2.0]), "entry 1 is nan"),
+                      (torch.tensor([1, -3, 2]), "entry 1 is -3.0"),
+                      (torch.tensor([float("inf"), 0.0, 2.0]), "entry 0 is inf")):
+        with pytest.raises(ValueError, match="tokens_per_expert must be finite and non-negative "
+                                             "counts: " + what):
+            p.update(bad)
+    assert p.steps == 0 and not p.history
 
 
 # ================================================================================================
@@ -223,15 +275,66 @@ def test_plan_skewed_bounded_moves():
             assert pl.imbalance_after == pl.imbalance_before and not pl.changed
         else:
             assert pl.imbalance_after < pl.imbalance_before
-    free = plan_placement(load, R, S, cur)
+    # the default budget is E // 10 copies; max_moves=None is the free re-placement
+    dflt = plan_placement(load, R, S, cur)
+    assert dflt.moved <= default_max_moves(E) == 6 and dflt.changed
+    free = plan_placement(load, R, S, cur, max_moves=None)
     assert free.imbalance_after < 0.05               # 64 lognormal experts: near-perfect
+    assert free.moved > default_max_moves(E)         # ... at the price of many more moves
+    assert free.imbalance_after < dflt.imbalance_after < dflt.imbalance_before
     # the baseline only trades between the extreme ranks; never better than the full search here
-    base = plan_placement(load, R, S, cur, strategy="greedy_swap")
+    base = plan_placement(load, R, S, cur, strategy="greedy_swap", max_moves=None)
     assert free.imbalance_after <= base.imbalance_after + 1e-12
     # from scratch (LPT + search): every expert counts as moved
     scratch = plan_placement(load, R, S, None)
     _valid(scratch, E, R, S)
     assert scratch.moved == E and scratch.imbalance_after < 0.05
+
+
+def test_plan_move_cost_and_byte_budget():
+    E, R, S = 64, 8, 8
+    g = torch.Generator().manual_seed(5)
+    load = torch.exp(0.8 * torch.randn(E, generator=g, dtype=torch.float64)) * 100
+    cur = Placement.contiguous(E, R, S)
+    # a SwiGLU expert H=64, F=32 in bf16 training with Adam: 2 B weight + 12 B fp32 master, m, v
+    cost = MoveCost(3 * 64 * 32)
+    assert cost.bytes_per_copy == 3 * 64 * 32 * 14
+    pl = plan_placement(load, R, S, cur, move_cost=cost)
+    assert 0 < pl.moved <= 6 and pl.moved_bytes == pl.moved * cost.bytes_per_copy
+    # a byte budget of 2.5 copies allows 2
+    pl2 = plan_placement(load, R, S, cur, move_cost=cost, max_move_bytes=5 * cost.bytes_per_copy // 2)
+    assert pl2.moved <= 2 and pl2.moved_bytes <= 5 * cost.bytes_per_copy // 2
+    assert pl2.imbalance_after < pl2.imbalance_before
+    assert MoveCost(10, param_bytes=4, state_bytes=8, grad_bytes=4).bytes_per_copy == 160
+    # no cost model: bytes are not reported
+    assert plan_placement(load, R, S, cur).moved_bytes == 0
+    with pytest.raises(ValueError, match="max_move_bytes needs move_cost"):
+        plan_placement(load, R, S, cur, max_move_bytes=10)
+    with pytest.raises(ValueError, match="max_moves must be"):
+        plan_placement(load, R, S, cur, max_moves="half")
+    with pytest.raises(TypeError, match="move_cost must be a MoveCost"):
+        plan_placement(load, R, S, cur, move_cost=100)
+    with pytest.raises(ValueError, match="params_per_expert must be >= 1"):
+        MoveCost(0)
+    with pytest.raises(ValueError, match="state_bytes must be >= 0"):
+        MoveCost(10, state_bytes=-1.0)
+
+
+def test_plan_replicas_respect_the_budget():
+    """New replicas are copies too: with a current placement they stay within max_moves."""
+    E, R, S = 32, 8, 5                                  # 40 slots: 8 spares
+    load = torch.ones(E, dtype=torch.float64)
+    load[:6] = torch.tensor([30.0, 20, 12, 10, 8, 6])
+    cur = Placement.contiguous(E, R, S)
+    for budget in (0, 1, 3, None):
+        pl = plan_placement(load, R, S, cur, replicas=True, max_moves=budget)
+        _valid(pl, E, R, S, replicas=True)
+        if budget is not None:
+            assert pl.moved <= budget
+        if budget == 0:
+            assert not pl.changed
+    # unlimited: the hottest expert gets several replicas
+    assert plan_placement(load, R, S, cur, replicas=True, max_moves=None).replica_count[0] >= 3
 
 
 def test_plan_lpt_and_empty_slots():
@@ -269,6 +372,51 @@ def test_plan_drifting_trace():
         pred.update(counts)
     dyn, st = sum(imb_dyn) / len(imb_dyn), sum(imb_st) / len(imb_st)
     assert dyn < 0.5 * st, (dyn, st)
+
+
+# quality goal (issue 13): at the default move budget (E // 10 per re-plan) the forecast's cut of
+# the imbalance is >= 95 % of the cut the same planner gets from the true next-step load. Small,
+# deterministic version of bench/bench_balance.py --oracle (64 experts on 8 x 8, 256 routed slots
+# per expert and step as in the bench, 500 steps, seed 0); a quality assertion, not a timing one.
+# On the bursty trace at a 10-step interval the goal is NOT met (0.93 here): the next-step oracle
+# sees the bursts that begin on the very step the placement starts serving, which no forecast can;
+# the same planner fed the true load of the last *observed* step reaches no more (0.93). There the
+# test asserts the documented shortfall bound and that the forecast reaches that causal ceiling.
+QUALITY_CASES = [("lognormal_slow", 10, 0.95), ("lognormal_slow", 50, 0.95),
+                 ("bursty", 10, 0.90), ("bursty", 50, 0.95)]
+
+
+@pytest.mark.parametrize("kind,interval,goal", QUALITY_CASES)
+def test_placement_reaches_its_oracle(kind, interval, goal):
+    from ascend_moe_ops.balance import traces
+    E, R, S = 64, 8, 8
+    p, counts = traces.make_trace(kind, 500, seed=0, num_experts=E, slots_per_step=16384)
+    kw = dict(interval=interval, warmup=50, measure_from=100, min_improvement=0.02)
+    ours = traces.replay(p, counts, R, S, **kw)                   # default predictor and budget
+    oracle = traces.replay(p, counts, R, S, oracle="next_step", **kw)
+    ceiling = traces.replay(p, counts, R, S, oracle="previous_step", **kw)
+    assert ours["moves_max"] <= default_max_moves(E) == 6
+    assert oracle["cut"] > 0.4 and ours["cut"] > 0.4              # placement does real work here
+    assert ours["cut"] >= goal * oracle["cut"], (ours["cut"], oracle["cut"])
+    assert ours["cut"] >= 0.97 * ceiling["cut"], (ours["cut"], ceiling["cut"])
+    # the forecast beats the plain window mean (the old baseline predictor) or ties it
+    base = traces.replay(p, counts, R, S, predictor=lambda: ExpertLoadPredictor(
+        E, method="window_mean", horizon=interval), **kw)
+    assert ours["cut"] >= base["cut"] - 0.01, (ours["cut"], base["cut"])
+
+
+def test_traces_deterministic_and_checked():
+    from ascend_moe_ops.balance import traces
+    a = traces.make_trace("bursty", 40, seed=3, num_experts=16, slots_per_step=2048)
+    b = traces.make_trace("bursty", 40, seed=3, num_experts=16, slots_per_step=2048)
+    assert all((x == y).all() for x, y in zip(a, b))
+    p, counts = a
+    assert p.shape == counts.shape == (40, 16) and (counts.sum(1) == 2048).all()
+    assert (p <= 1 / 8 + 1e-12).all()                        # top-8 cap
+    with pytest.raises(ValueError, match="kind must be one of"):
+        traces.make_trace("spiky", 10)
+    with pytest.raises(ValueError, match="oracle must be None"):
+        traces.replay(p, counts, 4, 4, oracle="future")
 
 
 def test_plan_trigger_and_threshold():
@@ -329,8 +477,12 @@ def test_placement_errors():
         plan_placement(torch.ones(5), 2, 4, torch.tensor([0, 0, 1, 1]))
     with pytest.raises(ValueError, match="has replicas; pass replicas=True"):
         plan_placement(torch.ones(3), 2, 2, Placement(torch.tensor([[0, 1], [0, 2]]), 3))
-    with pytest.raises(ValueError, match="finite and non-negative"):
+    with pytest.raises(ValueError, match="finite and non-negative: entry 1 is -1.0"):
         plan_placement(torch.tensor([1.0, -1.0]), 2, 1)
+    with pytest.raises(ValueError, match="predicted_load must be finite.*entry 0 is nan"):
+        plan_placement(torch.tensor([float("nan"), 1.0]), 2, 1)
+    with pytest.raises(ValueError, match="predicted_load must be finite.*entry 1 is inf"):
+        plan_placement(torch.tensor([1.0, float("inf")]), 2, 1)
 
 
 # ================================================================================================
@@ -515,6 +667,7 @@ def _permuted_placement(R, S):
 
 def scenario_executor_moves(ctx):
     """Weights, grads and Adam state follow their experts; no dispatcher needed."""
+    import torch.distributed as dist
     from ascend_moe_ops.balance import PlacementExecutor
     rank, world = ctx["rank"], ctx["world"]
     S = E_D // world
@@ -536,6 +689,39 @@ def scenario_executor_moves(ctx):
                                 opt.state[params[0]]["exp_avg_sq"], params[0].grad], world)
     for a, b in zip(before, after):
         assert torch.equal(a, b)
+    # cost model: a copy carries weight + grad + Adam m, v of both tensors (fp64 here), and the
+    # executor moves exactly the planner's copies and bytes
+    cost = MoveCost(2 * H_D * F_D, param_bytes=8, state_bytes=16, grad_bytes=8)
+    assert ex.bytes_per_copy == cost.bytes_per_copy == 2 * H_D * F_D * 32
+    load = torch.where(ex.placement.expert_to_rank < 2, 5.0, 1.0).double()   # ranks 0, 1 hot
+    plan = plan_placement(load, world, S, ex.placement, max_moves=4, move_cost=cost)
+    # two swaps of a hot with a cold expert balance the ranks at 6 each: 4 copies
+    assert plan.changed and plan.moved == 4 and plan.moved_bytes == 4 * cost.bytes_per_copy
+    assert plan.imbalance_after == 0.0
+    before = _gather_global(ex, [params[1], opt.state[params[1]]["exp_avg_sq"], params[1].grad], world)
+    info = ex.apply(plan)
+    assert info["copies"] == plan.moved and info["bytes"] == plan.moved_bytes
+    sent = torch.tensor([info["sent_bytes"]], dtype=torch.int64)
+    dist.all_reduce(sent)
+    assert int(sent) == info["bytes"]
+    after = _gather_global(ex, [params[1], opt.state[params[1]]["exp_avg_sq"], params[1].grad], world)
+    for a, b in zip(before, after):
+        assert torch.equal(a, b)
+    assert ex.apply(ex.placement) == {"copies": 0, "local": 0, "bytes": 0, "sent_bytes": 0}
+    # mixed dtypes (one collective per dtype) and a non-contiguous tensor, written in place
+    w1, _ = _global_weights()
+    bias = torch.arange(E_D * H_D, dtype=torch.float64).view(E_D, H_D)
+    m0 = Placement.contiguous(E_D, world, S)
+    own = m0.slot_to_expert[rank]
+    t64 = w1[own].clone()
+    t16 = torch.empty(H_D, S, dtype=torch.bfloat16).t()             # [S, H], non-contiguous
+    t16.copy_(bias[own].to(torch.bfloat16))
+    mex = PlacementExecutor(m0, [t64, t16])
+    assert mex.bytes_per_copy == H_D * F_D * 8 + H_D * 2
+    minfo = mex.apply(_permuted_placement(world, S))
+    own = mex.placement.slot_to_expert[rank]
+    assert torch.equal(t64, w1[own]) and torch.equal(t16, bias[own].to(torch.bfloat16))
+    assert minfo["bytes"] == minfo["copies"] * mex.bytes_per_copy
     # slot mode with replicas: 3 slots per rank, replicas of hot experts
     S3 = 3
     q0 = Placement.contiguous(E_D, world, S3)

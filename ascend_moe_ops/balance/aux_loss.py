@@ -92,7 +92,9 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
             ``routing.shape[1]`` for id routing; required for a mask.
 
     Returns:
-        0-d fp32 tensor (fp64 if scores are fp64). Gradient flows only into ``scores``.
+        0-d fp32 tensor (fp64 if scores are fp64). Gradient flows only into ``scores``. Over
+        zero tokens (``T = 0``, or no token on any rank of the group) the loss is 0 (not NaN)
+        and so is its gradient.
         Every rank of ``group`` must call it (it is a collective for the group levels).
     """
     if level not in LEVELS:
@@ -115,6 +117,8 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
         if T % seq_len:
             raise ValueError(f"seq_len={seq_len} must divide the number of tokens T={T}")
         B = T // seq_len
+        if B == 0:                       # no tokens: no imbalance to penalize (0, not 0/0)
+            return coeff * E * s.sum()
         if routing.dtype == torch.bool:
             counts = routing.view(B, seq_len, E).sum(1).to(acc)                       # [B, E]
         else:
@@ -134,7 +138,8 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
         buf = torch.cat([counts, n_tokens])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=g)
         counts, n_tokens = buf[:E], buf[E:]
-    f = counts.to(acc) / (topk * n_tokens.to(acc))
+    # zero tokens (locally, or over the whole group): f = 0 and the loss is 0, not 0/0 = NaN
+    f = counts.to(acc) / (topk * n_tokens.clamp(min=1).to(acc))
     P = s.mean(0) if T > 0 else s.sum(0)
     return coeff * E * (f * P).sum()
 

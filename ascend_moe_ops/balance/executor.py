@@ -159,13 +159,24 @@ class PlacementExecutor:
                         out.append(v)
         return out
 
+    @property
+    def bytes_per_copy(self) -> int:
+        """Bytes one expert copy moves now: one row of every parameter, of its gradient (if
+        set) and of every optimizer state tensor of the parameter's shape. Adam state exists
+        only after the first ``step()``; the figure a :class:`MoveCost` should match."""
+        S = self.placement.slots_per_rank
+        return sum(t.numel() // S * t.element_size() for t in self._state_tensors())
+
     @torch.no_grad()
     def apply(self, new: Placement) -> Dict[str, int]:
         """Move weights, gradients and optimizer state from the current placement to ``new``.
 
         Collective over the group: every rank passes the same ``new`` (checked; a difference
-        raises on every rank). In expert mode the dispatcher's map is updated. Returns
-        ``{"copies": rows moved between ranks, "local": rows moved inside a rank}``.
+        raises on every rank). The rows travel with one ``all_to_all_single`` per dtype (all
+        tensors of one dtype packed side by side). In expert mode the dispatcher's map is
+        updated. Returns ``{"copies": rows moved between ranks (= the planner's ``moved``),
+        "local": rows moved inside a rank, "bytes": bytes sent between ranks over the whole
+        group (= copies * bytes_per_copy), "sent_bytes": bytes this rank sent}``.
         """
         if not isinstance(new, Placement):
             raise TypeError(f"new must be a Placement, got {type(new).__name__}")
@@ -215,23 +226,35 @@ class PlacementExecutor:
                     recv_lists[sr].append(i)
         send_idx = torch.tensor([i for lst in send_lists for i in lst], dtype=torch.int64)
         recv_idx = torch.tensor([i for lst in recv_lists for i in lst], dtype=torch.int64)
+        in_splits = [len(x) for x in recv_lists]
+        out_splits = [len(x) for x in send_lists]
+        row_bytes = sum(t.numel() // S * t.element_size() for t in tensors)
+        sent_bytes = (send_idx.numel() - len(send_lists[me])) * row_bytes
+        # one collective per (dtype, device): the tensors' rows side by side; the order of the
+        # groups and of the tensors in them is the same on every rank (checked above)
+        groups: Dict[tuple, List[Tensor]] = {}
         for t in tensors:
-            rows = t.reshape(S, -1)
-            n = rows.shape[1]
-            send = rows.index_select(0, send_idx).contiguous()
-            recv = torch.empty(recv_idx.numel(), n, dtype=t.dtype, device=t.device)
+            groups.setdefault((t.dtype, t.device), []).append(t)
+        for (dtype, device), ts in groups.items():
+            rows = [t.reshape(S, -1) for t in ts]
+            widths = [r.shape[1] for r in rows]
+            si = send_idx.to(device)
+            send = torch.cat([r.index_select(0, si) for r in rows], dim=1).contiguous()
+            recv = torch.empty(recv_idx.numel(), sum(widths), dtype=dtype, device=device)
             if R > 1:
-                dist.all_to_all_single(recv, send, [len(x) for x in recv_lists],
-                                       [len(x) for x in send_lists], group=self.group)
+                dist.all_to_all_single(recv, send, in_splits, out_splits, group=self.group)
             else:
                 recv.copy_(send)
-            out = torch.zeros_like(rows)
-            out.index_copy_(0, recv_idx.to(t.device), recv)
-            rows.copy_(out)
+            ri = recv_idx.to(device)
+            for t, r, part in zip(ts, rows, torch.split(recv, widths, dim=1)):
+                out = torch.zeros_like(r)
+                out.index_copy_(0, ri, part)
+                t.copy_(out.view(t.shape))          # in place, also for a non-contiguous t
         self.placement = new
         if self.dispatcher is not None and self.mode == "expert":
             self.dispatcher.set_expert_to_rank(new.expert_to_rank)
-        return {"copies": copies, "local": local}
+        return {"copies": copies, "local": local, "bytes": copies * row_bytes,
+                "sent_bytes": sent_bytes}
 
     @torch.no_grad()
     def sync_replica_grads(self) -> None:

@@ -34,7 +34,8 @@ class Placement:
     num_experts:    ``E``.
     Fields filled by :func:`plan_placement` (``None``/0 otherwise): the predicted imbalance
     (``max / mean − 1`` of rank loads) and coefficient of variation before and after, the number
-    of (expert, rank) copies the change needs (``moved``), and ``changed``.
+    of (expert, rank) copies the change needs (``moved``), the bytes those copies carry under the
+    planner's :class:`MoveCost` (``moved_bytes``, 0 without one), and ``changed``.
     """
 
     slot_to_expert: Tensor
@@ -45,6 +46,7 @@ class Placement:
     cv_after: Optional[float] = None
     moved: int = 0
     changed: bool = False
+    moved_bytes: int = 0
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- construction / validation -------------------------------------------------------------
@@ -180,6 +182,51 @@ class Placement:
                 and torch.equal(self.slot_to_expert, other.slot_to_expert))
 
 
+DEFAULT_MOVE_FRACTION = 0.1
+
+
+def default_max_moves(num_experts: int) -> int:
+    """The default move budget of :func:`plan_placement`: ``max(1, E // 10)`` expert copies per
+    re-plan (25 of 256 experts)."""
+    return max(1, int(num_experts * DEFAULT_MOVE_FRACTION))
+
+
+@dataclass(frozen=True)
+class MoveCost:
+    """Bytes one expert copy moves between ranks: its weights plus its optimizer state.
+
+    Args:
+        params_per_expert: parameters of one expert (e.g. a SwiGLU expert with hidden ``H`` and
+            FFN size ``F``: ``3 * H * F``).
+        param_bytes: bytes per parameter of the weight itself (2 for bf16 weights).
+        state_bytes: bytes per parameter of the optimizer state that moves with it (12 for bf16
+            training with Adam: fp32 master weight + fp32 ``exp_avg`` + fp32 ``exp_avg_sq``;
+            8 for Adam on fp32 weights; 0 for plain SGD without momentum).
+        grad_bytes: bytes per parameter of a gradient that moves too (0: re-place between
+            steps, after ``zero_grad(set_to_none=True)``).
+
+    ``bytes_per_copy = params_per_expert * (param_bytes + state_bytes + grad_bytes)``; for a
+    ``PlacementExecutor`` the exact figure of its tensors is ``executor.bytes_per_copy``.
+    """
+
+    params_per_expert: int
+    param_bytes: float = 2.0
+    state_bytes: float = 12.0
+    grad_bytes: float = 0.0
+
+    def __post_init__(self):
+        _checks.check_int("params_per_expert", self.params_per_expert, minimum=1)
+        for name in ("param_bytes", "state_bytes", "grad_bytes"):
+            v = _checks.check_float(name, getattr(self, name))
+            if not v >= 0:
+                raise ValueError(f"{name} must be >= 0, got {v}")
+
+    @property
+    def bytes_per_copy(self) -> int:
+        return int(round(self.params_per_expert * (self.param_bytes + self.state_bytes
+                                                    + self.grad_bytes)))
+
+
 def check_fits(num_experts: int, num_ranks: int, slots_per_rank: int) -> None:
     _checks.check_int("num_experts", num_experts, minimum=1)
     _checks.check_int("num_ranks", num_ranks, minimum=1)
@@ -223,7 +270,9 @@ def _replica_counts(load: np.ndarray, total_slots: int, max_replicas: int) -> np
 
 
 def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
-                   current: Union[Tensor, Placement, None] = None, *, max_moves: Optional[int] = None,
+                   current: Union[Tensor, Placement, None] = None, *,
+                   max_moves: Union[int, str, None] = "auto", move_cost: Optional[MoveCost] = None,
+                   max_move_bytes: Optional[int] = None,
                    replicas: bool = False, max_replicas: Optional[int] = None,
                    cv_threshold: float = 0.0, min_improvement: float = 0.0,
                    min_gain: float = 0.0, strategy: str = "swap") -> Placement:
@@ -236,8 +285,16 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
         num_ranks, slots_per_rank: ``R`` ranks with ``S`` expert slots each; ``E <= R * S``.
         current: the placement in use — an ``[E]`` expert→rank tensor or a :class:`Placement`
             (``None``: plan from scratch with LPT, every expert counts as moved).
-        max_moves: at most this many (expert, rank) weight copies (``None``: unbounded).
-            Experts are kept where they are unless moving them pays.
+        max_moves: at most this many (expert, rank) copies to other ranks per re-plan. The
+            default ``"auto"`` is :func:`default_max_moves` = ``max(1, E // 10)`` (25 of 256
+            experts); ``None`` is the free re-placement without a limit (in the study of
+            docs/ops/balance.md it copied ~40 % of all experts per re-plan). Experts are kept where they are unless moving them pays; moving an
+            expert back to a rank that holds it in ``current`` is free. The budget applies only
+            with ``current`` (a plan from scratch places every expert).
+        move_cost: a :class:`MoveCost` (bytes per expert copy: weights + optimizer state); the
+            result's ``moved_bytes`` is ``moved * move_cost.bytes_per_copy`` (0 without it).
+        max_move_bytes: optional byte budget per re-plan (needs ``move_cost``): the copies are
+            capped at ``max_move_bytes // bytes_per_copy`` as well.
         replicas: fill spare slots (``R * S - E``) with replicas of the hottest experts, each
             replica taking an equal share of the expert's tokens. Without it, spare slots stay
             empty and every expert has one copy.
@@ -254,7 +311,8 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
             ``"greedy_swap"`` (the baseline: only swaps between the most and least loaded rank).
 
     Returns:
-        :class:`Placement` with ``imbalance_before/after``, ``cv_before/after``, ``moved``, ``changed``.
+        :class:`Placement` with ``imbalance_before/after``, ``cv_before/after``, ``moved``,
+        ``moved_bytes`` and ``changed``.
     """
     _checks.check_tensor("predicted_load", predicted_load, ndim=1)
     E = predicted_load.numel()
@@ -263,10 +321,22 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
     if strategy not in ("swap", "greedy_swap"):
         raise ValueError(f"strategy must be 'swap' or 'greedy_swap', got {strategy!r}")
     load = predicted_load.detach().to(torch.float64).cpu().numpy().copy()
-    if not np.isfinite(load).all() or (load < 0).any():
-        raise ValueError("predicted_load must be finite and non-negative")
-    if max_moves is not None:
+    _check_load("predicted_load", load)
+    if isinstance(max_moves, str):
+        if max_moves != "auto":
+            raise ValueError(f"max_moves must be an int >= 0, 'auto' or None, got {max_moves!r}")
+        max_moves = default_max_moves(E)
+    elif max_moves is not None:
         _checks.check_int("max_moves", max_moves, minimum=0)
+    if move_cost is not None and not isinstance(move_cost, MoveCost):
+        raise TypeError(f"move_cost must be a MoveCost, got {type(move_cost).__name__}")
+    if max_move_bytes is not None:
+        _checks.check_int("max_move_bytes", max_move_bytes, minimum=0)
+        if move_cost is None:
+            raise ValueError("max_move_bytes needs move_cost= (the bytes of one expert copy)")
+        by_bytes = max_move_bytes // max(move_cost.bytes_per_copy, 1)
+        max_moves = by_bytes if max_moves is None else min(max_moves, by_bytes)
+    bytes_per_copy = move_cost.bytes_per_copy if move_cost is not None else 0
     for name, v in (("cv_threshold", cv_threshold), ("min_improvement", min_improvement),
                     ("min_gain", min_gain)):
         if not v >= 0:
@@ -293,8 +363,16 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
             return _copy_with(cur, imb_before, imb_before, cv_before, cv_before, 0, False)
     else:
         imb_before = cv_before = None
+        max_moves = None                      # from scratch: every expert is placed anyway
+    budget = np.inf if max_moves is None else max_moves
 
-    count = _replica_counts(load, R * S, max_replicas) if replicas else np.ones(E, dtype=np.int64)
+    if not replicas:
+        count = np.ones(E, dtype=np.int64)
+    elif cur is None or max_moves is None:
+        count = _replica_counts(load, R * S, max_replicas)
+    else:
+        count = _budgeted_replica_counts(load, cur.replica_count.numpy(), R * S, max_replicas,
+                                         max_moves)
     w_of = load / count
 
     # ---- slots: keep current holders up to the new replica count ---------------------------------
@@ -334,7 +412,6 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
         w_of = load / count
         rank_load = np.array([w_of[slot_e[r][slot_e[r] >= 0]].sum() for r in range(R)])
     moved = int((on_rank & ~cur_pairs).sum())
-    budget = np.inf if max_moves is None else max_moves
 
     # ---- bounded local search ----------------------------------------------------------------------
     flat_e = slot_e.reshape(-1)                        # views into slot_e
@@ -374,7 +451,43 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
         return _copy_with(cur, imb_before, imb_before, cv_before, cv_before, 0, False)
     moved = int((on_rank & ~cur_pairs).sum())
     changed = cur is None or not torch.equal(plan.slot_to_expert, cur.slot_to_expert)
-    return _copy_with(plan, imb_before, imb_after, cv_before, cv_after, moved, changed)
+    return _copy_with(plan, imb_before, imb_after, cv_before, cv_after, moved, changed,
+                      moved * bytes_per_copy)
+
+
+def _check_load(name: str, load: np.ndarray) -> None:
+    bad = ~np.isfinite(load)
+    if bad.any():
+        i = int(np.nonzero(bad)[0][0])
+        raise ValueError(f"{name} must be finite and non-negative: entry {i} is {load[i]}")
+    if (load < 0).any():
+        i = int(np.nonzero(load < 0)[0][0])
+        raise ValueError(f"{name} must be finite and non-negative: entry {i} is {load[i]}")
+
+
+def _budgeted_replica_counts(load, cur_count, total_slots, max_replicas, budget):
+    """Replica counts reachable from ``cur_count`` with at most ``budget`` new copies: start from
+    the current counts and move one replica at a time toward :func:`_replica_counts`' target,
+    the expert with the largest per-replica load first (it takes an empty slot if there is one,
+    else the replica whose loss costs least, ``load / (c - 1)`` smallest)."""
+    want = _replica_counts(load, total_slots, max_replicas)
+    c = cur_count.astype(np.int64).copy()
+    free = total_slots - int(c.sum())
+    for _ in range(int(budget)):
+        up = np.nonzero(c < want)[0]
+        if up.size == 0:
+            break
+        e_up = int(up[np.argmax(load[up] / c[up])])
+        if free > 0:
+            free -= 1
+        else:
+            dn = np.nonzero(c > want)[0]
+            if dn.size == 0:
+                break
+            e_dn = int(dn[np.argmin(load[dn] / (c[dn] - 1))])
+            c[e_dn] -= 1
+        c[e_up] += 1
+    return c
 
 
 def _best_exchange(src, dst, w_of, state, moved, budget, eps, strategy):
@@ -420,5 +533,6 @@ def _best_exchange(src, dst, w_of, state, moved, budget, eps, strategy):
             int(gain[ia, ib]))
 
 
-def _copy_with(p: Placement, ib, ia, cb, ca, moved, changed) -> Placement:
-    return Placement(p.slot_to_expert.clone(), p.num_experts, ib, ia, cb, ca, moved, changed)
+def _copy_with(p: Placement, ib, ia, cb, ca, moved, changed, moved_bytes=0) -> Placement:
+    return Placement(p.slot_to_expert.clone(), p.num_experts, ib, ia, cb, ca, moved, changed,
+                     moved_bytes)

@@ -12,8 +12,17 @@ from ..ops import _checks
 
 Tensor = torch.Tensor
 
-METHODS = ("last", "window_mean", "ema", "trend", "adaptive_ema")
+METHODS = ("last", "window_mean", "ema", "trend", "adaptive_ema", "robust")
 ADAPTIVE_ALPHAS = (0.03, 0.1, 0.2, 0.35, 0.6)
+JUMP_SIGMAS = 4.0      # robust: a jump member restarts at an observation this many noise sigmas away
+
+
+def _check_counts(x: Tensor) -> None:
+    bad = ~torch.isfinite(x) | (x < 0)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        raise ValueError(f"tokens_per_expert must be finite and non-negative counts: entry {i} "
+                         f"is {float(x[i])}")
 
 
 class ExpertLoadPredictor:
@@ -25,23 +34,29 @@ class ExpertLoadPredictor:
         method: ``"last"`` (the last observation), ``"window_mean"`` (mean of the window),
             ``"ema"`` (exponential moving average with ``alpha``), ``"trend"``
             (least-squares line through the window, evaluated at the middle of the next
-            ``horizon`` steps, clamped at 0), or ``"adaptive_ema"`` (several EMAs with
+            ``horizon`` steps, clamped at 0), ``"adaptive_ema"`` (several EMAs with
             ``alpha`` in ``ADAPTIVE_ALPHAS`` run side by side; the one whose ``horizon``-step-ahead
             forecasts had the smallest recent L1 error is used, so the smoothing follows how
-            fast the loads drift relative to the sampling noise; the default: it had the smallest
-            forecast error, or tied for it, in every case of ``bench/bench_balance.py``, see
-            docs/ops/balance.md).
+            fast the loads drift relative to the sampling noise), or ``"robust"`` (the
+            default: ``adaptive_ema`` whose bank holds every EMA a second time with level-shift
+            jumps — an expert whose count lands more than ``JUMP_SIGMAS`` noise deviations from
+            the member's value restarts there — so bursts are followed at once while quiet
+            experts stay smoothed; the error score chooses between plain and jumping members,
+            see docs/ops/balance.md for the study behind the default).
         alpha: EMA weight of the newest observation (default ``2 / (window + 1)``, the EMA with
             the same mean age as the window).
-        horizon: steps the prediction should cover (the re-planning interval); ``trend`` and
-            ``adaptive_ema`` use it.
+        horizon: steps the prediction should cover (the re-planning interval); ``trend``,
+            ``adaptive_ema`` and ``robust`` use it.
         group: if given, :meth:`update` sums the counts over this group (the DP group) with one
             ``all_reduce`` so every rank predicts the same global load.
 
-    ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor.
+    ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor; counts
+    that are NaN, infinite or negative raise a ``ValueError`` (on every rank: the check runs on
+    the summed counts) and are not recorded. ``shifts`` counts the level shifts the best-scoring
+    jump member of ``robust`` has jumped at (a diagnostic).
     """
 
-    def __init__(self, num_experts: int, window: int = 32, *, method: str = "adaptive_ema",
+    def __init__(self, num_experts: int, window: int = 32, *, method: str = "robust",
                  alpha: Optional[float] = None, horizon: int = 1, group=None):
         _checks.check_int("num_experts", num_experts, minimum=1)
         _checks.check_int("window", window, minimum=1)
@@ -56,9 +71,13 @@ class ExpertLoadPredictor:
         self.alpha, self.horizon, self.group = float(alpha), horizon, group
         self.history: deque = deque(maxlen=window)
         self._ema: Optional[Tensor] = None
-        self._bank: Optional[Tensor] = None          # [A, E] EMAs for adaptive_ema
+        self._bank: Optional[Tensor] = None          # [A, E] EMAs of adaptive_ema ([2A, E] robust)
         self._bank_hist: deque = deque(maxlen=horizon)
-        self._bank_err = torch.zeros(len(ADAPTIVE_ALPHAS), dtype=torch.float64)
+        self._obs: deque = deque(maxlen=horizon)      # robust: the last `horizon` observations
+        self._bank_err = torch.zeros(len(ADAPTIVE_ALPHAS) * (2 if method == "robust" else 1),
+                                     dtype=torch.float64)
+        self._disp: Optional[float] = None
+        self.shifts = 0
         self.steps = 0
 
     @torch.no_grad()
@@ -70,17 +89,31 @@ class ExpertLoadPredictor:
         x = tokens_per_expert.detach().to(torch.float64).cpu().clone()
         if self.group is not None:
             dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
+        _check_counts(x)
         self.history.append(x)
-        if self.method == "adaptive_ema":
+        if self.method == "robust":
+            self._obs.append(x)
+        if self.method in ("adaptive_ema", "robust"):
             a = torch.tensor(ADAPTIVE_ALPHAS, dtype=torch.float64)[:, None]
+            if self.method == "robust":
+                a = torch.cat([a, a])                  # plain members, then jump members
             if self._bank is None:
                 self._bank = x.expand(a.shape[0], -1).clone()
             else:
                 if len(self._bank_hist) == self.horizon:
                     # score the forecasts made `horizon` steps ago against this observation
-                    err = (self._bank_hist[0] - x).abs().sum(1) / x.abs().sum().clamp(min=1e-12)
+                    # (robust: against the mean of the `horizon` observations since, the load
+                    # the planner's placement actually serves)
+                    target = x
+                    if self.method == "robust":
+                        target = torch.stack(list(self._obs)).mean(0)
+                    err = ((self._bank_hist[0] - target).abs().sum(1)
+                           / target.abs().sum().clamp(min=1e-12))
                     self._bank_err.mul_(0.9).add_(err, alpha=0.1)
-                self._bank = self._bank * (1 - a) + a * x
+                if self.method == "robust":
+                    self._robust_update(x, a)
+                else:
+                    self._bank = self._bank * (1 - a) + a * x
             self._bank_hist.append(self._bank.clone())
         if self._ema is None:
             self._ema = x.clone()
@@ -89,12 +122,41 @@ class ExpertLoadPredictor:
         self.steps += 1
         return x
 
+    def _robust_update(self, x: Tensor, a: Tensor) -> None:
+        """``robust``: the bank holds every EMA twice, plain and with level-shift jumps.
+
+        Noise model: a count of level ``m`` has variance ``d * m``; the dispersion ``d`` is the
+        median over experts of ``(x_t - x_{t-1})^2 / (2 m)`` divided by the median of a
+        chi-square(1) (one-step differences cancel the slow drift, the median ignores the
+        bursting experts), smoothed over steps. In a jump member, an observation more than
+        ``JUMP_SIGMAS`` noise deviations away from the member's value marks a level shift (a
+        burst began or ended) and that expert's value restarts at the observation: bursts are
+        followed at once while quiet experts keep the member's smoothing. The error score picks
+        among all members, so jumps are used where they pay (short horizons, bursty loads) and
+        plain smoothing where a burst is not expected to last the horizon."""
+        A = a.shape[0] // 2
+        level = self._bank[int(torch.argmin(self._bank_err))]
+        m = level.clamp(min=1.0)
+        if len(self.history) >= 2:
+            diff = self.history[-1] - self.history[-2]
+            d = float((diff * diff / (2 * m)).median()) / 0.4549   # median of chi2(1)
+            self._disp = d if self._disp is None else 0.9 * self._disp + 0.1 * d
+        disp = 1.0 if self._disp is None else max(self._disp, 1e-6)
+        prev = self._bank[A:]
+        jump = (x - prev).abs() > JUMP_SIGMAS * (disp * prev.clamp(min=1.0)).sqrt()   # [A, E]
+        self._bank = self._bank * (1 - a) + a * x
+        self._bank[A:] = torch.where(jump, x.expand_as(prev), self._bank[A:])
+        self.shifts += int(jump[int(torch.argmin(self._bank_err[A:]))].sum())
+
     def reset(self) -> None:
         self.history.clear()
         self._ema = None
         self._bank = None
         self._bank_hist.clear()
+        self._obs.clear()
         self._bank_err.zero_()
+        self._disp = None
+        self.shifts = 0
         self.steps = 0
 
     @torch.no_grad()
@@ -106,7 +168,7 @@ class ExpertLoadPredictor:
             return self.history[-1].clone()
         if self.method == "ema":
             return self._ema.clone()
-        if self.method == "adaptive_ema":
+        if self.method in ("adaptive_ema", "robust"):
             return self._bank[int(torch.argmin(self._bank_err))].clone()
         h = torch.stack(list(self.history))                                           # [W, E]
         if self.method == "window_mean" or h.shape[0] < 3:
