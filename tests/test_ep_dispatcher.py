@@ -415,6 +415,59 @@ def scenario_mismatch(ctx):
         _check_against_oracle(disp, inputs, rank)  # still works
 
 
+def scenario_overlap(ctx, algorithm):
+    """moe_forward_overlapped / MoELayer(overlap_chunks=3): bitwise equal to the same chunks run
+    one after the other, and to the unchunked layer except for the chunked weight-gradient sums
+    (fp32 tolerance there). Uneven T, an empty rank, chunks with no tokens."""
+    from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
+    from ascend_moe_ops.nn import MoELayer
+    from ascend_moe_ops.testing import assert_close_to_ref
+    W, rank = ctx["world"], ctx["rank"]
+    E, H, F, K = 2 * W, 16, 8, 3
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    torch.manual_seed(7)  # the same router and local experts on every rank
+    layer = MoELayer(H, E, F, K, dispatcher=disp, shared_expert_ffn_hidden_size=8)
+    assert layer.experts.num_experts == disp.num_local_experts
+    T = 0 if rank == 1 else 5 + 3 * rank
+    g = torch.Generator().manual_seed(60 + rank)
+    x0 = torch.randn(T, H, generator=g)
+    gy = torch.randn(T, H, generator=g)
+    params = list(layer.parameters())
+
+    def run(fn):
+        x = x0.clone().requires_grad_(True)
+        for q in params:
+            q.grad = None
+        out = fn(x)
+        (out * gy).sum().backward()
+        return [out.detach(), x.grad] + [None if q.grad is None else q.grad.clone() for q in params]
+
+    def functional(overlap):
+        def fn(x):
+            ids, probs, _ = layer.router(x)
+            return moe_forward_overlapped(disp, x, ids, probs, layer.experts,
+                                          list(layer.experts.parameters()), chunks=3,
+                                          overlap=overlap)
+        return fn
+
+    seq = run(functional(False))
+    ovl = run(functional(True))
+    assert ovl[1] is not None and ovl[2] is not None  # d tokens, d router weight
+    for a, b in zip(ovl, seq):
+        assert (a is None and b is None) or torch.equal(a, b), \
+            "overlapped != the same chunks run one after the other"
+    layer.overlap_chunks = 1
+    ref = run(layer)
+    layer.overlap_chunks = 3
+    chunked = run(layer)
+    assert torch.equal(chunked[0], ref[0]), "overlapped layer output != unchunked layer output"
+    assert torch.equal(chunked[1], ref[1]), "overlapped layer d tokens != unchunked"
+    for a, b, (name, _) in zip(chunked[2:], ref[2:], layer.named_parameters()):
+        assert_close_to_ref(a, b.double(), dtype=torch.float32, name=f"d {name} (chunked sums)")
+    with torch.no_grad():  # inference path (no graphs kept)
+        assert torch.equal(layer(x0), ref[0])
+
+
 def scenario_auto(ctx):
     from ascend_moe_ops.distributed import MoEDispatcher
     topo = ctx["topo"]
@@ -450,6 +503,7 @@ for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"round_trip_{_alg}"] = (scenario_round_trip, (_alg,))
     SCENARIOS[f"bf16_{_alg}"] = (scenario_bf16, (_alg,))
     SCENARIOS[f"expert_map_{_alg}"] = (scenario_expert_map, (_alg,))
+    SCENARIOS[f"overlap_{_alg}"] = (scenario_overlap, (_alg,))
 SCENARIOS["fp64_auto"] = (scenario_fp64, ("auto",))
 SCENARIOS["stats"] = (scenario_stats, ())
 SCENARIOS["modes_equal"] = (scenario_modes_equal, ())
