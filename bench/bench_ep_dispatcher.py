@@ -20,9 +20,11 @@ Entry points for other harnesses: ``dispatch_case(...)`` / ``layer_case(...)`` b
 ``run_case(cfg, "netns" | "loopback")`` runs it and returns a dict (timings, per-rank stats,
 exact inter-node row counts), ``summarize(res, label)`` renders it.
 
-Timing: each step is ``dispatch -> toy expert (y = 2x) -> combine -> backward``; every rank starts
-a step after a barrier, a step's time is the slowest rank's, and the table shows the median over
-the timed steps. The machine this ran on is shared: times are noisy.
+Timing: each step is ``dispatch -> toy expert (y = 2x) -> combine -> backward`` (or a MoE layer
+fwd+bwd); every rank starts a step after a barrier, a step's time is the slowest rank's, the
+variants of a case run interleaved (one step of each per round) and the table shows the median
+(and min) over the rounds. The machine this ran on is shared: times are noisy; compare ratios
+within one run.
 """
 
 from __future__ import annotations
@@ -50,27 +52,32 @@ NETNS_CASES = [(1024, 1024), (2048, 2048)]
 
 
 # ----------------------------------------------------------------------------- worker (one rank)
-def _timed(dist, torch, step, warmup, iters, link_bytes):
-    """Median over ``iters`` steps (after ``warmup``); a step's time is the slowest rank's."""
+def _timed(dist, torch, steps, warmup, iters, link_bytes):
+    """Interleaved timing of several variants: ``steps`` maps a name to a step function; every
+    round runs each variant once (so load changes on a shared machine hit all variants alike).
+    Per variant: median/min over ``iters`` rounds (after ``warmup``), a step's time is the
+    slowest rank's, and the veth bytes its steps moved."""
     for _ in range(warmup):
-        step()
-    per = []
-    dist.barrier()
-    b0 = link_bytes()
+        for step in steps.values():
+            step()
+    per = {k: [] for k in steps}
+    moved = {k: 0 for k in steps}
     for _ in range(iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        per.append(float(t))
-    dist.barrier()
-    # veth bytes of the timed steps (both directions, summed over nodes; the barriers and the
-    # time all-reduce add a few hundred bytes per step)
-    lb = torch.tensor([link_bytes() - b0], dtype=torch.int64)
-    dist.all_reduce(lb)
-    return dict(median_s=statistics.median(per), min_s=min(per), all_s=per,
-                link_bytes_per_step=int(lb) / iters)
+        for name, step in steps.items():
+            dist.barrier()
+            b0 = link_bytes()
+            t0 = time.perf_counter()
+            step()
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            per[name].append(float(t))
+            # veth bytes of the step (both directions, summed over nodes; the time all-reduce
+            # adds a few hundred bytes)
+            lb = torch.tensor([link_bytes() - b0], dtype=torch.int64)
+            dist.all_reduce(lb)
+            moved[name] += int(lb)
+    return {k: dict(median_s=statistics.median(v), min_s=min(v), all_s=v,
+                    link_bytes_per_step=moved[k] / iters) for k, v in per.items()}
 
 
 def _exact_rows(ids, E, world, local_size, node):
@@ -134,40 +141,45 @@ def _worker(a) -> None:
         disp = MoEDispatcher(topo, E, algorithm=cfg["layer_algo"])
         torch.manual_seed(0)
         layer = MoELayer(H, E, cfg["F"], K, dispatcher=disp, dtype=dtype)
-        for chunks in cfg["chunks"]:
-            layer.overlap_chunks = chunks
-
+        def make(chunks):
             def step():
+                layer.overlap_chunks = chunks
                 layer(x).backward(gy)
                 x.grad = None
                 layer.zero_grad(set_to_none=True)
+            return step
 
-            result[f"chunks={chunks}"] = _timed(dist, torch, step, cfg["warmup"], cfg["iters"], link_bytes)
+        timed = _timed(dist, torch, {f"chunks={c}": make(c) for c in cfg["chunks"]},
+                       cfg["warmup"], cfg["iters"], link_bytes)
+        result.update(timed)
     else:
+        disps = {algo: MoEDispatcher(topo, E, algorithm=algo) for algo in cfg["algos"]}
+        box = {}
+
+        def make(algo, backward):
+            def step():
+                with torch.set_grad_enabled(backward):
+                    et, tpe, h = disps[algo].dispatch(x, ids, probs)
+                    out = disps[algo].combine(et * 2, h)
+                    if backward:
+                        out.backward(gy)
+                        x.grad = probs.grad = None
+                box[algo] = h
+            return step
+
+        entries = {algo: {} for algo in cfg["algos"]}
+        for mode in ("fwd", "fwd_bwd"):
+            timed = _timed(dist, torch, {algo: make(algo, mode == "fwd_bwd") for algo in cfg["algos"]},
+                           cfg["warmup"], cfg["iters"], link_bytes)
+            for algo, e in timed.items():
+                if not iface:
+                    e["link_bytes_per_step"] = None
+                entries[algo][mode] = e
         for algo in cfg["algos"]:
-            disp = MoEDispatcher(topo, E, algorithm=algo)
-            box = {}
-
-            def step(backward: bool):
-                et, tpe, h = disp.dispatch(x, ids, probs)
-                out = disp.combine(et * 2, h)
-                if backward:
-                    out.backward(gy)
-                    x.grad = probs.grad = None
-                box["h"] = h
-
-            entry = {}
-            for mode in ("fwd", "fwd_bwd"):
-                bwd = mode == "fwd_bwd"
-                with torch.set_grad_enabled(bwd):
-                    entry[mode] = _timed(dist, torch, lambda: step(bwd), cfg["warmup"], cfg["iters"],
-                                         link_bytes)
-                    if not iface:
-                        entry[mode]["link_bytes_per_step"] = None
-            h = box["h"]
-            entry["stats_per_rank"] = [dict(zip(STAT_KEYS, r)) for r in
-                                       gather([h.stats[k] for k in STAT_KEYS])]
-            result[algo] = entry
+            h = box[algo]
+            entries[algo]["stats_per_rank"] = [dict(zip(STAT_KEYS, r)) for r in
+                                               gather([h.stats[k] for k in STAT_KEYS])]
+            result[algo] = entries[algo]
     if a.rank == 0:
         with open(a.out, "w") as f:
             json.dump(result, f)

@@ -486,7 +486,9 @@ class MoEDispatcher:
         g_inter = topo.inter_group
         ids1 = C._a2a(ids_send, send1, recv1, g_inter, None,
                       what="dispatch: all-to-all of top-k slots (inter-node group)")
-        pending = Pending() if async_op else None
+        # always launched asynchronously: the intra-node count exchange below runs while the token
+        # rows cross the inter-node link (finish() waits; with async_op the caller's work too)
+        pending = Pending()
         tok1 = C.all_to_all(perm1.tokens[:R1], send1, recv1, g_inter, pending=pending,
                             debug=self.debug,
                             what="dispatch: all-to-all of token rows (inter-node group)")
@@ -550,7 +552,7 @@ class MoEDispatcher:
         ids_g = C._all_gather(ids.to(mdev), topo.inter_group, None,
                               what="dispatch: AllGather of top-k slots (inter-node group)")
         ids_g = ids_g.to(tokens.device)
-        pending = Pending() if async_op else None
+        pending = Pending()  # (as in _dispatch_dedup: the intra-node counts overlap the transfer)
         gathered = C.all_gather([tokens_p] + ([] if probs_p is None else [probs_p]),
                                 topo.inter_group, pending=pending,
                                 what="dispatch: AllGather of tokens/probs (inter-node group)")
