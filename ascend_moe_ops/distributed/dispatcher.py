@@ -225,7 +225,8 @@ class MoEDispatcher:
         self.local_experts = order[self.rank_offsets[r]:self.rank_offsets[r + 1]].clone()
         self.num_local_experts = int(counts[r])
         # node of every rank-major expert position (hierarchical dispatch)
-        self._pos_node = torch.repeat_interleave(torch.arange(W), counts) // self.topology.local_size
+        self._pos_rank = torch.repeat_interleave(torch.arange(W), counts)
+        self._pos_node = self._pos_rank // self.topology.local_size
         self._map_checksum = int(torch.sum(m * torch.arange(1, E + 1)) % (2 ** 61))
         self._device_cache = {}
 
@@ -411,41 +412,74 @@ class MoEDispatcher:
         return finish
 
     def _node_stage(self, ids_recv: Tensor, src_node: Tensor, device):
-        """Shared second stage of both hierarchical schemes. ``ids_recv [M, K]``: rank-major
-        expert positions of the rows this rank holds after the inter-node step (``-1`` = slot
-        not for this node or empty), ``src_node [M]`` the node each row came from. Returns the
-        selection key, the intra-node splits and the local-sort keys."""
+        """Shared second stage of both hierarchical schemes, part 1 (counts only, so it can run
+        while the token rows are in flight). ``ids_recv [M, K]``: rank-major expert positions of
+        the rows this rank holds after the inter-node step (``-1`` = slot not for this node or
+        empty), ``src_node [M]`` the node each row came from. Every row goes once to every rank
+        of the node that owns at least one of its slots (deduplicated per rank, like the
+        inter-node step per node)."""
         topo = self.topology
-        G, N, node, lme, me = topo.local_size, topo.num_nodes, topo.node, topo.local_rank, topo.rank
+        G, N, node, lme = topo.local_size, topo.num_nodes, topo.node, topo.local_rank
         node_lo, node_hi = self.rank_offsets[node * G], self.rank_offsets[(node + 1) * G]
-        E_node = node_hi - node_lo
         pk = ids_recv.long()
+        M = pk.shape[0]
         on_node = (pk >= node_lo) & (pk < node_hi)
-        sel_key = torch.where(on_node, (pk - node_lo) * N + src_node.view(-1, 1).to(pk.device),
-                              torch.full_like(pk, -1))
-        counts = _bincount(sel_key, E_node * N)
-        # per-(expert, source node) counts of every rank of the node: the intra-node splits and
-        # the source rank of every row (so the local sort restores the flat order)
+        owner = torch.where(on_node, self._table("pos_rank", pk.device)[pk.clamp(min=0)] - node * G,
+                            torch.full_like(pk, G))  # local rank owning each slot, G = none
+        hit = torch.zeros(M, G + 1, dtype=torch.bool, device=pk.device)
+        hit.scatter_(1, owner, torch.ones_like(owner, dtype=torch.bool))
+        mask = hit[:, :G].contiguous()  # [M, G]: row j has >= 1 slot on local rank l'
+        sn = src_node.to(pk.device).view(M, 1)
+        cell = torch.where(mask, torch.arange(G, device=pk.device).view(1, G) * N + sn,
+                           torch.full((M, G), -1, dtype=torch.int64, device=pk.device))
+        counts = _bincount(cell, G * N)  # rows for (dest local rank, source node)
         ci = C.gather_ints(counts, topo.intra_group, "dispatch: count exchange (intra-node group)",
-                           device=self._meta_device())  # [G, E_node * N]
-        seg = [(self.rank_offsets[node * G + i] - node_lo) * N for i in range(G + 1)]
-        rows = _segment_sums(ci, seg)  # [G src local, G dst local]
-        send, recv = rows[lme].tolist(), rows[:, lme].tolist()
-        lo, hi = (self.rank_offsets[me] - node_lo), (self.rank_offsets[me + 1] - node_lo)
-        local_counts = ci[:, lo * N:hi * N].reshape(G, hi - lo, N)
-        src_rank = torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)  # [G, N]
-        keys = self._recv_keys(local_counts, src_rank, device)
-        return sel_key, max(E_node * N, 1), send, recv, keys
+                           device=self._meta_device()).view(G, G, N)  # [sender, dest, src node]
+        send, recv = ci[lme].sum(1).tolist(), ci[:, lme].sum(1).tolist()
+        # source EP rank of every row this rank receives: sender s's rows come in source-node order
+        src_rank = (torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)).reshape(-1)
+        recv_src = torch.repeat_interleave(src_rank, ci[:, lme].reshape(-1)).to(device)
+        return dict(pk=pk, owner=owner, mask=mask, send=send, recv=recv, recv_src=recv_src)
 
-    def _forward_in_node(self, rows: Tensor, sel_key: Tensor, n_keys: int, send, recv, keys):
-        """Permute the node's rows by (expert, source node) straight into the send buffer of the
-        intra-node all-to-all, exchange, sort by local expert."""
-        sel = moe_permute(rows, sel_key, None, num_experts=n_keys, num_out_tokens=max(sum(send), 1))
-        received = C.all_to_all(sel.tokens[:sum(send)], send, recv, self.topology.intra_group,
-                                debug=self.debug,
-                                what="dispatch: all-to-all of token rows (intra-node group)")
-        expert_tokens, tpe, local_map = self._local_sort(received, keys, None)
-        return expert_tokens, tpe, local_map, sel.row_id_map
+    def _forward_in_node(self, rows: Tensor, probs_rows: Optional[Tensor], ns: dict):
+        """Part 2: one row per (row, owning local rank), written by ``moe_permute`` (mask
+        routing) straight into the intra-node all-to-all's send buffer, with its slots for that
+        rank and their probs; then each rank expands its rows to one per slot, grouped by local
+        expert (key ``local_expert * W + source_rank``, stable: the layout contract)."""
+        topo = self.topology
+        G, W, me = topo.local_size, topo.world_size, topo.rank
+        send, recv, mask, pk, owner = ns["send"], ns["recv"], ns["mask"], ns["pk"], ns["owner"]
+        M, K = pk.shape
+        dev = rows.device
+        S = sum(send)
+        perm = moe_permute(rows, mask, None, num_out_tokens=max(S, 1))
+        rmap = perm.row_id_map.long()  # [M, G]
+        valid = rmap >= 0
+        src = torch.empty(S, dtype=torch.int64, device=dev)
+        src[rmap[valid]] = torch.arange(M, device=dev).view(M, 1).expand(M, G)[valid]
+        dst = torch.repeat_interleave(torch.arange(G, device=dev),
+                                      torch.tensor(send, dtype=torch.int64, device=dev))
+        ids_send = torch.where(owner[src] == dst.view(-1, 1), pk[src],
+                               torch.full((S, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
+        g = topo.intra_group
+        ids2 = C._a2a(ids_send, send, recv, g, None,
+                      what="dispatch: all-to-all of top-k slots (intra-node group)").long()
+        tok2 = C.all_to_all(perm.tokens[:S], send, recv, g, debug=self.debug,
+                            what="dispatch: all-to-all of token rows (intra-node group)")
+        probs2 = None
+        if probs_rows is not None:
+            probs2 = C.all_to_all(probs_rows[src], send, recv, g,
+                                  what="dispatch: all-to-all of probs (intra-node group)")
+        L = self.num_local_experts
+        if L == 0:  # owns no expert: receives nothing
+            return tok2, torch.zeros(0, dtype=torch.int64, device=dev), None, rmap, probs2
+        lo = self.rank_offsets[me]
+        key = torch.where(ids2 >= 0, (ids2 - lo) * W + ns["recv_src"].view(-1, 1),
+                          torch.full_like(ids2, -1))
+        n = int((ids2 >= 0).sum())
+        res = moe_permute(tok2, key, None, num_experts=L * W, num_out_tokens=max(n, 1))
+        tpe = res.tokens_per_expert.view(L, W).sum(1)
+        return res.tokens[:n], tpe, res.row_id_map, rmap, probs2
 
     def _dispatch_dedup(self, tokens, topk_idx, probs, async_op, meta, error):
         topo = self.topology
@@ -499,7 +533,8 @@ class MoEDispatcher:
 
         # 2. intra-node splits (needs only the slots, so it runs while the token rows travel)
         src_node = torch.repeat_interleave(torch.arange(N), torch.tensor(recv1, dtype=torch.int64))
-        sel_key, n_keys, send, recv, keys = self._node_stage(ids1, src_node, dev)
+        ns = self._node_stage(ids1, src_node, dev)
+        send, recv = ns["send"], ns["recv"]
 
         handle = DispatchHandle("hierarchical", T)
         es = tokens.element_size()
@@ -508,7 +543,7 @@ class MoEDispatcher:
         c_inter = sum(recv1) - recv1[node]
         intra, c_intra = sum(send) - send[lme], sum(recv) - recv[lme]
         handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
-                            intra_node_rows=intra, intra_node_bytes=intra * H * es,
+                            intra_node_rows=intra, intra_node_bytes=intra * per_row,
                             combine_inter_node_rows=c_inter,
                             combine_inter_node_bytes=c_inter * H * es,
                             combine_intra_node_rows=c_intra,
@@ -517,12 +552,11 @@ class MoEDispatcher:
         def finish():
             if pending is not None:
                 pending.wait()
-            expert_tokens, tpe, local_map, sel_map = self._forward_in_node(
-                tok1, sel_key, n_keys, send, recv, keys)
+            expert_tokens, tpe, local_map, rmap2, probs2 = self._forward_in_node(tok1, probs1, ns)
             handle.tokens_per_local_expert = tpe
             handle._state = dict(row_id_map1=perm1.row_id_map, send1=send1, recv1=recv1,
-                                 sel_map=sel_map, probs1=probs1, send=send, recv=recv,
-                                 local_map=local_map)
+                                 rmap2=rmap2, probs2=probs2, send=send, recv=recv,
+                                 local_map=local_map, rows=expert_tokens.shape[0])
             return expert_tokens, tpe, handle
 
         return finish
@@ -561,7 +595,8 @@ class MoEDispatcher:
 
         # 3. select this node's (token, slot) pairs and exchange the counts inside the node
         src_node = torch.arange(N).repeat_interleave(Tmax)
-        sel_key, n_keys, send, recv, keys = self._node_stage(ids_g, src_node, tokens.device)
+        ns = self._node_stage(ids_g, src_node, tokens.device)
+        send, recv = ns["send"], ns["recv"]
 
         handle = DispatchHandle("hierarchical_allgather", T)
         es = tokens.element_size()
@@ -569,7 +604,7 @@ class MoEDispatcher:
         per_row = H * es + K * 4 + (0 if probs is None else K * probs.element_size())
         intra, c_intra = sum(send) - send[lme], sum(recv) - recv[lme]
         handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
-                            intra_node_rows=intra, intra_node_bytes=intra * H * es,
+                            intra_node_rows=intra, intra_node_bytes=intra * per_row,
                             combine_inter_node_rows=inter,
                             combine_inter_node_bytes=inter * H * es,
                             combine_intra_node_rows=c_intra,
@@ -578,11 +613,10 @@ class MoEDispatcher:
         def finish():
             if pending is not None:
                 pending.wait()
-            expert_tokens, tpe, local_map, sel_map = self._forward_in_node(
-                tokens_g, sel_key, n_keys, send, recv, keys)
+            expert_tokens, tpe, local_map, rmap2, probs2 = self._forward_in_node(tokens_g, probs_g, ns)
             handle.tokens_per_local_expert = tpe
-            handle._state = dict(sel_map=sel_map, probs_g=probs_g, send=send, recv=recv,
-                                 local_map=local_map, Tmax=Tmax)
+            handle._state = dict(rmap2=rmap2, probs2=probs2, send=send, recv=recv,
+                                 local_map=local_map, Tmax=Tmax, rows=expert_tokens.shape[0])
             return expert_tokens, tpe, handle
 
         return finish
@@ -607,16 +641,19 @@ class MoEDispatcher:
             raise TypeError("handle must be the DispatchHandle returned by a finished dispatch")
         _checks.check_tensor("expert_output", expert_output, ndim=2, dtypes=_checks.FLOAT_DTYPES)
         st = handle._state
-        expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
+        if "rows" in st:  # hierarchical schemes
+            expected = st["rows"]
+        else:
+            expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
         if expert_output.shape[0] != expected:
             raise ValueError(f"expert_output must have {expected} rows (the rows dispatch "
                              f"delivered to this rank), got {expert_output.shape[0]}")
         topo = self.topology
         y = expert_output
-        if st["local_map"] is not None:
-            y = _unpermute(y, st["local_map"], None)  # back to arrival order
         pending = Pending() if async_op else None
         if handle.algorithm == "flat":
+            if st["local_map"] is not None:
+                y = _unpermute(y, st["local_map"], None)  # back to arrival order
             back = C.all_to_all(y, st["recv"], st["send"], topo.group, pending=pending,
                                 debug=self.debug, what="combine: all-to-all of expert outputs (EP group)")
 
@@ -624,11 +661,15 @@ class MoEDispatcher:
                 if pending is not None:
                     pending.wait()
                 return _unpermute(back, st["row_id_map"], st["probs"])
-        elif handle.algorithm == "hierarchical":
-            back = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug,
-                                what="combine: all-to-all of expert outputs (intra-node group)")
-            # reduce inside the node first: one weighted partial sum per received token
-            partial = _unpermute(back, st["sel_map"], st["probs1"])
+        else:
+            # reduce on the expert rank first: one weighted partial sum per received row (its
+            # slots on this rank), then inside the node: one per (token, node)
+            if st["local_map"] is not None:
+                y = _unpermute(y, st["local_map"], st["probs2"])
+            back2 = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug,
+                                 what="combine: all-to-all of partial sums (intra-node group)")
+            partial = _unpermute(back2, st["rmap2"], None)
+        if handle.algorithm == "hierarchical":
             back1 = C.all_to_all(partial, st["recv1"], st["send1"], topo.inter_group,
                                  pending=pending, debug=self.debug,
                                  what="combine: all-to-all of partial sums (inter-node group)")
@@ -638,10 +679,7 @@ class MoEDispatcher:
                     pending.wait()
                 # sum of the per-node partial sums, in node order
                 return _unpermute(back1, st["row_id_map1"], None)
-        else:
-            back = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug,
-                                what="combine: all-to-all of expert outputs (intra-node group)")
-            partial = _unpermute(back, st["sel_map"], st["probs_g"])  # [N*Tmax, H]
+        elif handle.algorithm == "hierarchical_allgather":
             reduced = C.reduce_scatter(partial, topo.inter_group, pending=pending,
                                        what="combine: ReduceScatter of partial sums (inter-node group)")
             T = handle.num_tokens
