@@ -1,4 +1,5 @@
-"""Benchmark of the expert-parallel dispatcher: flat vs hierarchical dispatch+combine (fwd+bwd).
+"""Benchmark of the expert-parallel dispatcher: flat vs hierarchical (node-deduplicated) vs
+hierarchical_allgather dispatch+combine (fwd+bwd), and the MoE layer with/without overlap.
 
 Three ways to run it:
 
@@ -12,10 +13,18 @@ Three ways to run it:
   loopback are used, and the namespaces are always deleted afterwards. Prints a table and writes
   JSON (``--out``), including the bytes the veth really carried per step.
 * ``python bench/bench_ep_dispatcher.py --loopback``: the loopback variant, full sizes.
+* ``--layer 2048x1024x128 --chunks 1,4``: also time ``nn.MoELayer(dispatcher=...)`` fwd+bwd
+  without (``overlap_chunks=1``) and with the chunked overlap.
 
-Timing: each step is ``dispatch -> toy expert (y = 2x) -> combine -> backward``; every rank starts
-a step after a barrier, a step's time is the slowest rank's, and the table shows the median over
-the timed steps. The machine this ran on is shared: times are noisy.
+Entry points for other harnesses: ``dispatch_case(...)`` / ``layer_case(...)`` build a case,
+``run_case(cfg, "netns" | "loopback")`` runs it and returns a dict (timings, per-rank stats,
+exact inter-node row counts), ``summarize(res, label)`` renders it.
+
+Timing: each step is ``dispatch -> toy expert (y = 2x) -> combine -> backward`` (or a MoE layer
+fwd+bwd); every rank starts a step after a barrier, a step's time is the slowest rank's, the
+variants of a case run interleaved (one step of each per round) and the table shows the median
+(and min) over the rounds. The machine this ran on is shared: times are noisy; compare ratios
+within one run.
 """
 
 from __future__ import annotations
@@ -37,12 +46,57 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ALGOS = ("flat", "hierarchical")
+ALGOS = ("flat", "hierarchical", "hierarchical_allgather")
 # (T tokens per rank, H hidden): the issue's target range is T, H in 1024..4096
 NETNS_CASES = [(1024, 1024), (2048, 2048)]
 
 
 # ----------------------------------------------------------------------------- worker (one rank)
+def _timed(dist, torch, steps, warmup, iters, link_bytes):
+    """Interleaved timing of several variants: ``steps`` maps a name to a step function; every
+    round runs each variant once (so load changes on a shared machine hit all variants alike).
+    Per variant: median/min over ``iters`` rounds (after ``warmup``), a step's time is the
+    slowest rank's, and the veth bytes its steps moved."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    per = {k: [] for k in steps}
+    moved = {k: 0 for k in steps}
+    for _ in range(iters):
+        for name, step in steps.items():
+            dist.barrier()
+            b0 = link_bytes()
+            t0 = time.perf_counter()
+            step()
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            per[name].append(float(t))
+            # veth bytes of the step (both directions, summed over nodes; the time all-reduce
+            # adds a few hundred bytes)
+            lb = torch.tensor([link_bytes() - b0], dtype=torch.int64)
+            dist.all_reduce(lb)
+            moved[name] += int(lb)
+    return {k: dict(median_s=statistics.median(v), min_s=min(v), all_s=v,
+                    link_bytes_per_step=moved[k] / iters) for k, v in per.items()}
+
+
+def _exact_rows(ids, E, world, local_size, node):
+    """This rank's exact inter-node rows: flat (remote slots) and dedup (remote nodes hosting
+    >= 1 of each token's experts)."""
+    import torch
+    owner_node = ids // (E // world) // local_size
+    N = world // local_size
+    remote_slots = int(((owner_node != node) & (ids >= 0)).sum())
+    hit = torch.zeros(ids.shape[0], N, dtype=torch.bool)
+    hit.scatter_(1, owner_node.clamp(min=0), ids >= 0)
+    hit[:, node] = False
+    return remote_slots, int(hit.sum())
+
+
+STAT_KEYS = ("inter_node_rows", "inter_node_bytes", "intra_node_rows", "intra_node_bytes",
+             "combine_inter_node_rows", "combine_inter_node_bytes")
+
+
 def _worker(a) -> None:
     sys.path.insert(0, str(REPO))
     import warnings
@@ -71,58 +125,61 @@ def _worker(a) -> None:
         with open(f"/sys/class/net/{iface}/statistics/tx_bytes") as f:
             return int(f.read())
 
-    result = {"T": T, "H": H, "K": K, "E": E, "dtype": cfg["dtype"], "world": a.world,
-              "local_size": a.local_size, "nodes": topo.num_nodes}
-    for algo in cfg["algos"]:
-        disp = MoEDispatcher(topo, E, algorithm=algo)
+    def gather(values):
+        t = torch.tensor(values, dtype=torch.int64)
+        out = [torch.zeros_like(t) for _ in range(a.world)]
+        dist.all_gather(out, t)
+        return [r.tolist() for r in out]
 
-        def step(backward: bool):
-            et, tpe, h = disp.dispatch(x, ids, probs)
-            out = disp.combine(et * 2, h)
-            if backward:
-                out.backward(gy)
-                x.grad = probs.grad = None
-            return h
+    result = {"kind": cfg.get("kind", "dispatch"), "T": T, "H": H, "K": K, "E": E,
+              "dtype": cfg["dtype"], "world": a.world, "local_size": a.local_size,
+              "nodes": topo.num_nodes}
+    remote, dedup = _exact_rows(ids, E, a.world, a.local_size, topo.node)
+    result["exact_rows_per_rank"] = [dict(flat=r[0], hierarchical=r[1]) for r in gather([remote, dedup])]
+    if result["kind"] == "layer":  # whole MoE layer fwd+bwd, without / with chunked overlap
+        from ascend_moe_ops.nn import MoELayer
+        disp = MoEDispatcher(topo, E, algorithm=cfg["layer_algo"])
+        torch.manual_seed(0)
+        layer = MoELayer(H, E, cfg["F"], K, dispatcher=disp, dtype=dtype)
+        def make(chunks):
+            def step():
+                layer.overlap_chunks = chunks
+                layer(x).backward(gy)
+                x.grad = None
+                layer.zero_grad(set_to_none=True)
+            return step
 
-        entry = {}
+        timed = _timed(dist, torch, {f"chunks={c}": make(c) for c in cfg["chunks"]},
+                       cfg["warmup"], cfg["iters"], link_bytes)
+        result.update(timed)
+    else:
+        disps = {algo: MoEDispatcher(topo, E, algorithm=algo) for algo in cfg["algos"]}
+        box = {}
+
+        def make(algo, backward):
+            def step():
+                with torch.set_grad_enabled(backward):
+                    et, tpe, h = disps[algo].dispatch(x, ids, probs)
+                    out = disps[algo].combine(et * 2, h)
+                    if backward:
+                        out.backward(gy)
+                        x.grad = probs.grad = None
+                box[algo] = h
+            return step
+
+        entries = {algo: {} for algo in cfg["algos"]}
         for mode in ("fwd", "fwd_bwd"):
-            bwd = mode == "fwd_bwd"
-            with torch.set_grad_enabled(bwd):
-                for _ in range(cfg["warmup"]):
-                    step(bwd)
-                per = []
-                dist.barrier()
-                b0 = link_bytes()
-                for _ in range(cfg["iters"]):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    h = step(bwd)
-                    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    per.append(float(t))
-                dist.barrier()
-                # veth bytes of the timed steps (both directions, summed over nodes; the barriers
-                # and the time all-reduce add a few hundred bytes per step)
-                lb = torch.tensor([link_bytes() - b0], dtype=torch.int64)
-                dist.all_reduce(lb)
-            entry[mode] = dict(median_s=statistics.median(per), min_s=min(per), all_s=per,
-                               link_bytes_per_step=int(lb) / cfg["iters"] if iface else None)
-        st = torch.tensor([h.stats[k] for k in ("inter_node_rows", "inter_node_bytes",
-                                               "intra_node_rows", "intra_node_bytes",
-                                               "combine_inter_node_bytes")], dtype=torch.int64)
-        per_rank = [torch.zeros_like(st) for _ in range(a.world)]
-        dist.all_gather(per_rank, st)
-        entry["stats_per_rank"] = [dict(zip(("inter_node_rows", "inter_node_bytes",
-                                             "intra_node_rows", "intra_node_bytes",
-                                             "combine_inter_node_bytes"), r.tolist()))
-                                   for r in per_rank]
-        # the exact formula, from this rank's routing (gathered for the table)
-        owner = ids // (E // a.world)
-        remote = torch.tensor([int(((owner // a.local_size) != topo.node).sum())], dtype=torch.int64)
-        rem = [torch.zeros_like(remote) for _ in range(a.world)]
-        dist.all_gather(rem, remote)
-        entry["remote_slots_per_rank"] = [int(r) for r in rem]
-        result[algo] = entry
+            timed = _timed(dist, torch, {algo: make(algo, mode == "fwd_bwd") for algo in cfg["algos"]},
+                           cfg["warmup"], cfg["iters"], link_bytes)
+            for algo, e in timed.items():
+                if not iface:
+                    e["link_bytes_per_step"] = None
+                entries[algo][mode] = e
+        for algo in cfg["algos"]:
+            h = box[algo]
+            entries[algo]["stats_per_rank"] = [dict(zip(STAT_KEYS, r)) for r in
+                                               gather([h.stats[k] for k in STAT_KEYS])]
+            result[algo] = entries[algo]
     if a.rank == 0:
         with open(a.out, "w") as f:
             json.dump(result, f)
@@ -236,37 +293,106 @@ def run_netns(cfg, local_size=2, rate="1gbit", timeout=600):
 
 
 # ----------------------------------------------------------------------------- reporting
-def formula_bytes(res, algo):
-    """Inter-node bytes of one dispatch, summed over ranks, from the issue's arithmetic."""
-    T, H, K, N = res["T"], res["H"], res["K"], res["nodes"]
-    W = res["world"]
+def formula_rows(res, algo):
+    """Inter-node rows of one dispatch summed over ranks: the issue's formula (expected value for
+    flat under uniform routing) and the exact count from the routing."""
+    T, K, N, W = res["T"], res["K"], res["nodes"], res["world"]
+    exact = res["exact_rows_per_rank"]
+    if algo == "flat":
+        return W * T * K * (N - 1) / N, sum(r["flat"] for r in exact)
+    if algo == "hierarchical":
+        # expected, uniform routing over E experts with K distinct per token: a remote node is
+        # hit unless all K experts avoid its E/N experts
+        E = res["E"]
+        miss = 1.0
+        for j in range(K):
+            miss *= (E - E / N - j) / (E - j)
+        return W * T * (N - 1) * (1 - miss), sum(r["hierarchical"] for r in exact)
+    return W * T * (N - 1), W * T * (N - 1)  # AllGather: every token to every other node
+
+
+def _per_row_bytes(res, algo):
     es = {"bfloat16": 2, "float16": 2, "float32": 4}[res["dtype"]]
-    if algo == "flat":  # exactly the slots whose expert sits on another node
-        return sum(res["flat"]["remote_slots_per_rank"]) * H * es
-    return W * T * (N - 1) * (H * es + K * 4 + K * 4)  # tokens + int32 ids + fp32 probs
+    if algo == "flat":
+        return res["H"] * es
+    return res["H"] * es + res["K"] * 4 + res["K"] * 4  # + int32 slot ids + fp32 probs
 
 
 def summarize(res, label):
+    if res.get("kind") == "layer":
+        return summarize_layer(res, label)
     lines = [f"## {label}: {res['nodes']} nodes x {res['local_size']} ranks, T={res['T']} per rank, "
              f"H={res['H']}, K={res['K']}, E={res['E']}, {res['dtype']}"]
-    lines.append("| algorithm | fwd (s) | fwd+bwd (s) | inter-node bytes / dispatch (measured, all ranks)"
-                 " | formula | veth bytes / fwd+bwd step |")
-    lines.append("|---|---|---|---|---|---|")
+    lines.append("| algorithm | fwd (s) | fwd+bwd (s) | inter-node rows / dispatch (all ranks) | "
+                 "formula | exact | inter-node bytes / dispatch | intra-node rows | "
+                 "veth bytes / fwd+bwd step |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for algo in ALGOS:
         if algo not in res:
             continue
         e = res[algo]
+        rows = sum(s["inter_node_rows"] for s in e["stats_per_rank"])
         meas = sum(s["inter_node_bytes"] for s in e["stats_per_rank"])
+        intra = sum(s["intra_node_rows"] for s in e["stats_per_rank"])
+        form, exact = formula_rows(res, algo)
         lb = e["fwd_bwd"]["link_bytes_per_step"]
         lines.append(f"| {algo} | {e['fwd']['median_s']:.4f} | {e['fwd_bwd']['median_s']:.4f} | "
-                     f"{meas:,} | {formula_bytes(res, algo):,} | "
+                     f"{rows:,} | {form:,.0f} | {exact:,} | {meas:,} | {intra:,} | "
                      f"{'-' if lb is None else f'{lb:,.0f}'} |")
-    if all(a in res for a in ALGOS):
-        r1 = res["hierarchical"]["fwd_bwd"]["median_s"] / res["flat"]["fwd_bwd"]["median_s"]
-        r0 = res["hierarchical"]["fwd"]["median_s"] / res["flat"]["fwd"]["median_s"]
-        lines.append(f"\nratio hierarchical/flat: fwd+bwd {r1:.3f}, fwd {r0:.3f}")
-        res["ratio_fwd_bwd"], res["ratio_fwd"] = r1, r0
+    if "flat" in res:
+        for algo in ALGOS[1:]:
+            if algo in res:
+                r1 = res[algo]["fwd_bwd"]["median_s"] / res["flat"]["fwd_bwd"]["median_s"]
+                r0 = res[algo]["fwd"]["median_s"] / res["flat"]["fwd"]["median_s"]
+                lines.append(f"\nratio {algo}/flat: fwd+bwd {r1:.3f}, fwd {r0:.3f}")
+                res[f"ratio_{algo}_fwd_bwd"], res[f"ratio_{algo}_fwd"] = r1, r0
     return "\n".join(lines)
+
+
+def summarize_layer(res, label):
+    lines = [f"## {label}: MoE layer fwd+bwd ({res['layer_algo']} dispatch), {res['nodes']} nodes x "
+             f"{res['local_size']} ranks, T={res['T']} per rank, H={res['H']}, F={res['F']}, "
+             f"K={res['K']}, E={res['E']}, {res['dtype']}",
+             "| overlap_chunks | fwd+bwd (s), median | min | veth bytes / step |", "|---|---|---|---|"]
+    base = None
+    for c in res["chunks"]:
+        e = res[f"chunks={c}"]
+        base = base or e["median_s"]
+        lb = e["link_bytes_per_step"]
+        lines.append(f"| {c} | {e['median_s']:.4f} | {e['min_s']:.4f} | "
+                     f"{'-' if not lb else f'{lb:,.0f}'} |")
+    for c in res["chunks"][1:]:
+        r = res[f"chunks={c}"]["median_s"] / base
+        res[f"ratio_chunks{c}"] = r
+        lines.append(f"\nratio overlap_chunks={c} / 1: {r:.3f}")
+    return "\n".join(lines)
+
+
+def run_case(cfg, mode="loopback", local_size=2, rate="1gbit", timeout=900):
+    """One benchmark case (``cfg`` as built by :func:`dispatch_case` / :func:`layer_case`) on the
+    emulated two-node setup (``mode="netns"``, root) or on loopback; returns the result dict."""
+    if mode == "netns":
+        why = netns_unavailable()
+        if why:
+            raise RuntimeError(f"the emulated two-node benchmark cannot run here: {why}")
+        res = run_netns(cfg, local_size=local_size, rate=rate, timeout=timeout)
+    else:
+        res = run_loopback(cfg, local_size=local_size, timeout=timeout)
+    for k in ("layer_algo", "F", "chunks"):
+        if k in cfg:
+            res[k] = cfg[k]
+    return res
+
+
+def dispatch_case(T, H, *, K=8, E=32, dtype="bfloat16", algos=ALGOS, warmup=1, iters=3):
+    return dict(kind="dispatch", T=T, H=H, K=K, E=E, dtype=dtype, algos=list(algos),
+                warmup=warmup, iters=iters)
+
+
+def layer_case(T, H, F, *, K=8, E=32, dtype="float32", algo="hierarchical", chunks=(1, 4),
+               warmup=1, iters=3):
+    return dict(kind="layer", T=T, H=H, F=F, K=K, E=E, dtype=dtype, layer_algo=algo,
+                chunks=list(chunks), algos=[], warmup=warmup, iters=iters)
 
 
 # ----------------------------------------------------------------------------- suite runner
@@ -275,9 +401,7 @@ def run(ctx):
     overhead of each algorithm; the emulated two-node numbers come from ``--netns``."""
     from ascend_moe_ops.bench import Row
     T, H = (256, 512) if ctx.quick else (1024, 1024)
-    cfg = dict(T=T, H=H, K=8, E=32, dtype="bfloat16", algos=list(ALGOS),
-               warmup=1, iters=3 if ctx.quick else 5)
-    res = run_loopback(cfg, timeout=300)
+    res = run_case(dispatch_case(T, H, iters=3 if ctx.quick else 5), "loopback", timeout=300)
     rows = []
     for algo in ALGOS:
         e = res[algo]
@@ -338,6 +462,11 @@ def main(argv=None) -> int:
                     help="comma-separated TxH cases (tokens per rank x hidden)")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--layer", default="",
+                    help="also time the MoE layer fwd+bwd: comma-separated TxHxF cases")
+    ap.add_argument("--layer-algo", default="hierarchical", help="dispatch algorithm of the layer")
+    ap.add_argument("--chunks", default="1,4", help="overlap_chunks values of the layer runs")
+    ap.add_argument("--skip-dispatch", action="store_true", help="only the layer cases")
     a = ap.parse_args(argv)
     if a.worker:
         _worker(a)
@@ -352,15 +481,19 @@ def main(argv=None) -> int:
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "mode": "netns" if a.netns else "loopback", "rate": a.rate if a.netns else None,
               "cpus": os.cpu_count(), "cases": []}
-    for case in a.cases.split(","):
-        T, H = (int(v) for v in case.split("x"))
-        cfg = dict(T=T, H=H, K=8, E=32, dtype=a.dtype, algos=list(ALGOS), warmup=1, iters=a.iters)
-        if a.netns:
-            res = run_netns(cfg, local_size=a.local_size, rate=a.rate)
-            label = f"emulated 2 nodes (netns, veth {a.rate} each way)"
-        else:
-            res = run_loopback(cfg, local_size=a.local_size)
-            label = "loopback"
+    mode = "netns" if a.netns else "loopback"
+    label = f"emulated 2 nodes (netns, veth {a.rate} each way)" if a.netns else "loopback"
+    cfgs = []
+    if not a.skip_dispatch:
+        for case in a.cases.split(","):
+            T, H = (int(v) for v in case.split("x"))
+            cfgs.append(dispatch_case(T, H, dtype=a.dtype, iters=a.iters))
+    for case in filter(None, a.layer.split(",")):
+        T, H, F = (int(v) for v in case.split("x"))
+        cfgs.append(layer_case(T, H, F, algo=a.layer_algo, iters=a.iters,
+                               chunks=[int(c) for c in a.chunks.split(",")]))
+    for cfg in cfgs:
+        res = run_case(cfg, mode, local_size=a.local_size, rate=a.rate)
         print(summarize(res, label), flush=True)
         report["cases"].append(res)
     if a.out:

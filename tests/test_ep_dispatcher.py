@@ -27,7 +27,15 @@ WORLDS = {  # name -> (world size, ranks per node)
     "2x2": (4, 2),
     "3x2": (6, 2),
     "1x4": (4, 1 * 4),
+    "2x3": (6, 3),
 }
+# 2x3 (three ranks per node) runs only the scenarios the node-deduplicated path changes
+SUBSETS = {"2x3": ["stats", "modes_equal", "fp64_hierarchical", "async_hierarchical",
+                   "zero_tokens_hierarchical", "skew_hierarchical", "expert_map_hierarchical",
+                   "overlap_hierarchical"]}
+# the pipeline's scheduling does not depend on the topology: its other modes run on 2x2 only
+_SKIP = {"3x2": {"overlap_flat", "overlap_hierarchical_allgather"},
+         "1x4": {"overlap_flat", "overlap_hierarchical_allgather"}}
 PG_TIMEOUT_S = int(os.environ.get("EP_TEST_PG_TIMEOUT", 40))
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOIN_TIMEOUT_S = 150
@@ -214,30 +222,92 @@ def scenario_bf16(ctx, algorithm):
     assert_close_to_ref(dp.float(), rdp, dtype=torch.bfloat16, torch_lowp=lowp_dp, name="bf16 d probs")
 
 
+def _dedup_counts(all_inputs, E, W, G, me):
+    """Exact rows of the deduplicated hierarchical dispatch, from every rank's routing:
+    (inter-node rows ``me`` sends = sum over its tokens of the remote nodes hosting >= 1 of their
+    experts, intra-node rows ``me`` forwards to the other ranks of its node)."""
+    N, L = W // G, E // W
+    node, lme = me // G, me % G
+    ids = all_inputs[me][1]
+    inter = 0
+    for t in range(ids.shape[0]):
+        nodes = {int(e) // L // G for e in ids[t].tolist() if e >= 0}
+        inter += len(nodes - {node})
+    intra = 0  # me = (node, lme) forwards each token of a rank (n, lme) once to every other rank
+    for n in range(N):  # of its node owning >= 1 of the token's experts
+        for t_ids in all_inputs[n * G + lme][1].tolist():
+            owners = {e // L for e in t_ids if e >= 0}
+            intra += len({o for o in owners if o // G == node and o != me})
+    return inter, intra
+
+
 def scenario_stats(ctx):
-    """Measured rows equal the arithmetic: hierarchical T*(N-1); flat the exact remote slots."""
+    """Measured rows equal the arithmetic: flat the exact remote slots; hierarchical_allgather
+    Tmax*(N-1); hierarchical (dedup) the exact per-token count, never above the other two."""
     from ascend_moe_ops.distributed import MoEDispatcher
     topo, W, G = ctx["topo"], ctx["world"], ctx["local_size"]
-    N, T, H, K, E = topo.num_nodes, 10, 8, 6, 4 * W
-    x, ids, p, _ = _inputs(W, [T] * W, H, E, K, seed=18)[ctx["rank"]]
-    flat = MoEDispatcher(topo, E, algorithm="flat")
-    _, _, hf = flat.dispatch(x, ids, p)
-    owner = ids // (E // W)
-    remote = int(((ids >= 0) & (owner // G != topo.node)).sum())
-    local_other = int(((ids >= 0) & (owner // G == topo.node) & (owner != topo.rank)).sum())
-    assert hf.stats["inter_node_rows"] == remote, (hf.stats, remote)
-    assert hf.stats["inter_node_bytes"] == remote * H * 8
-    assert hf.stats["intra_node_rows"] == local_other
-    hier = MoEDispatcher(topo, E, algorithm="hierarchical")
-    _, _, hh = hier.dispatch(x, ids, p)
-    assert hh.stats["inter_node_rows"] == T * (N - 1), hh.stats
-    assert hh.stats["inter_node_bytes"] == T * (N - 1) * (H * 8 + K * 4 + K * 8)
-    # uneven T: padding to the inter-node group's max T is counted
-    Ts = [3 + 2 * r for r in range(W)]
-    x, ids, p, _ = _inputs(W, Ts, H, E, K, seed=19)[ctx["rank"]]
-    _, _, hh = hier.dispatch(x, ids, p)
-    tmax = max(Ts[n * G + topo.local_rank] for n in range(N))
-    assert hh.stats["inter_node_rows"] == tmax * (N - 1), hh.stats
+    N, H, K, E = topo.num_nodes, 8, 6, 4 * W
+    disps = {a: MoEDispatcher(topo, E, algorithm=a)
+             for a in ("flat", "hierarchical", "hierarchical_allgather")}
+    cases = {  # name -> (T per rank, skew)
+        "uniform": ([10] * W, None),
+        "uneven T": ([3 + 2 * r for r in range(W)], None),
+        "empty rank": ([0 if r == 1 else 7 for r in range(W)], None),
+        "skewed": ([9] * W, [0, 1, 2, E - 1]),  # experts of rank 0 and of the last rank
+        "all empty": ([0] * W, None),
+    }
+    for seed, (name, (Ts, skew)) in enumerate(cases.items()):
+        inputs = _inputs(W, Ts, H, E, K, seed=18 + seed, skew=skew)
+        x, ids, p, _ = inputs[ctx["rank"]]
+        T = Ts[ctx["rank"]]
+        st = {a: d.dispatch(x, ids, p)[2].stats for a, d in disps.items()}
+        owner = ids // (E // W)
+        remote = int(((ids >= 0) & (owner // G != topo.node)).sum())
+        local_other = int(((ids >= 0) & (owner // G == topo.node) & (owner != topo.rank)).sum())
+        assert st["flat"]["inter_node_rows"] == remote, (name, st["flat"], remote)
+        assert st["flat"]["inter_node_bytes"] == remote * H * 8
+        assert st["flat"]["intra_node_rows"] == local_other
+        tmax = max(Ts[n * G + topo.local_rank] for n in range(N))
+        ag = st["hierarchical_allgather"]
+        assert ag["inter_node_rows"] == tmax * (N - 1), (name, ag)
+        assert ag["inter_node_bytes"] == tmax * (N - 1) * (H * 8 + K * 4 + K * 8)
+        inter, intra = _dedup_counts(inputs, E, W, G, ctx["rank"])
+        dd = st["hierarchical"]
+        assert dd["inter_node_rows"] == inter, (name, dd, inter)
+        assert dd["inter_node_bytes"] == inter * (H * 8 + K * 4 + K * 8)
+        assert dd["intra_node_rows"] == intra, (name, dd, intra)
+        assert dd["intra_node_bytes"] == intra * (H * 8 + K * 4 + K * 8)
+        assert inter <= remote and inter <= T * (N - 1) <= ag["inter_node_rows"], (name, inter)
+        if name == "skewed" and N > 1:  # the case of the issue: dedup strictly below flat
+            assert inter < remote or T == 0, (inter, remote)
+    # the combine mirrors the dispatch: one partial sum per (token, node) comes back
+    x, ids, p, _ = _inputs(W, [10] * W, H, E, K, seed=30)[ctx["rank"]]
+    hd = disps["hierarchical"].dispatch(x, ids, p)[2]
+    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(W)]
+    import torch.distributed as dist
+    dist.all_gather(everyone, torch.tensor([hd.stats["inter_node_rows"]]))
+    total_sent = sum(int(v) for v in everyone)
+    back = torch.tensor([hd.stats["combine_inter_node_rows"]])
+    dist.all_reduce(back)
+    assert int(back) == total_sent, (int(back), total_sent)
+
+
+def scenario_modes_equal(ctx):
+    """flat, hierarchical and hierarchical_allgather give the same expert rows (bitwise), and
+    outputs / gradients equal up to summation order (fp64), on skewed, empty and uneven input."""
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W = ctx["world"]
+    E = 2 * W
+    algs = ("flat", "hierarchical", "hierarchical_allgather")
+    disps = [MoEDispatcher(ctx["topo"], E, algorithm=a) for a in algs]
+    for seed, (Ts, skew) in enumerate([([4 + 3 * r for r in range(W)], None),
+                                       ([0 if r == W - 1 else 6 for r in range(W)], [0, E - 1])]):
+        inputs = _inputs(W, Ts, 5, E, 4, seed=40 + seed, skew=skew)
+        res = [_round(d, inputs[ctx["rank"]]) for d in disps]
+        for (out, dx, dp, _), a in zip(res[1:], algs[1:]):
+            _close(out, res[0][0], f"{a} out vs flat")
+            _close(dx, res[0][1], f"{a} d tokens vs flat")
+            _close(dp, res[0][2], f"{a} d probs vs flat")
 
 
 def scenario_expert_map(ctx, algorithm):
@@ -322,6 +392,84 @@ def scenario_errors(ctx):
         dbg.combine(torch.zeros(rows, 4), None)
 
 
+def scenario_mismatch(ctx):
+    """Shape/dtype disagreements between ranks raise a clear error naming the argument on every
+    rank without debug mode (the metadata ride on the first count exchange), in every mode; the
+    group stays usable afterwards."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E = 2 * W
+    with pytest.raises(ValueError, match=re.escape("EP ranks disagree on num_experts")):
+        MoEDispatcher(topo, E if rank else 2 * E)
+    ids = torch.randint(0, E, (4, 2))
+    for alg in ("flat", "hierarchical", "hierarchical_allgather"):
+        disp = MoEDispatcher(topo, E, algorithm=alg)
+        with pytest.raises(SplitMismatchError, match=re.escape("disagree on hidden size H")):
+            disp.dispatch(torch.randn(4, 3 if rank == 0 else 5), ids, None)
+        with pytest.raises(SplitMismatchError, match=re.escape("disagree on top-k K")):
+            disp.dispatch(torch.randn(4, 3), ids if rank == W - 1 else ids[:, :1], None)
+        with pytest.raises(SplitMismatchError, match=re.escape("disagree on tokens dtype")):
+            disp.dispatch(torch.randn(4, 3, dtype=torch.float16 if rank == 1 else torch.float32),
+                          ids, None)
+        with pytest.raises(SplitMismatchError, match=re.escape("disagree on probs")):
+            disp.dispatch(torch.randn(4, 3), ids, torch.rand(4, 2) if rank == 0 else None)
+        inputs = _inputs(W, [3] * W, 4, E, 2, seed=22)
+        _check_against_oracle(disp, inputs, rank)  # still works
+
+
+def scenario_overlap(ctx, algorithm):
+    """moe_forward_overlapped / MoELayer(overlap_chunks=3): bitwise equal to the same chunks run
+    one after the other, and to the unchunked layer except for the chunked weight-gradient sums
+    (fp32 tolerance there). Uneven T, an empty rank, chunks with no tokens."""
+    from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
+    from ascend_moe_ops.nn import MoELayer
+    from ascend_moe_ops.testing import assert_close_to_ref
+    W, rank = ctx["world"], ctx["rank"]
+    E, H, F, K = 2 * W, 16, 8, 3
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    torch.manual_seed(7)  # the same router and local experts on every rank
+    layer = MoELayer(H, E, F, K, dispatcher=disp, shared_expert_ffn_hidden_size=8)
+    assert layer.experts.num_experts == disp.num_local_experts
+    T = 0 if rank == 1 else 5 + 3 * rank
+    g = torch.Generator().manual_seed(60 + rank)
+    x0 = torch.randn(T, H, generator=g)
+    gy = torch.randn(T, H, generator=g)
+    params = list(layer.parameters())
+
+    def run(fn):
+        x = x0.clone().requires_grad_(True)
+        for q in params:
+            q.grad = None
+        out = fn(x)
+        (out * gy).sum().backward()
+        return [out.detach(), x.grad] + [None if q.grad is None else q.grad.clone() for q in params]
+
+    def functional(overlap):
+        def fn(x):
+            ids, probs, _ = layer.router(x)
+            return moe_forward_overlapped(disp, x, ids, probs, layer.experts,
+                                          list(layer.experts.parameters()), chunks=3,
+                                          overlap=overlap)
+        return fn
+
+    seq = run(functional(False))
+    ovl = run(functional(True))
+    assert ovl[1] is not None and ovl[2] is not None  # d tokens, d router weight
+    for a, b in zip(ovl, seq):
+        assert (a is None and b is None) or torch.equal(a, b), \
+            "overlapped != the same chunks run one after the other"
+    layer.overlap_chunks = 1
+    ref = run(layer)
+    layer.overlap_chunks = 3
+    chunked = run(layer)
+    assert torch.equal(chunked[0], ref[0]), "overlapped layer output != unchunked layer output"
+    assert torch.equal(chunked[1], ref[1]), "overlapped layer d tokens != unchunked"
+    for a, b, (name, _) in zip(chunked[2:], ref[2:], layer.named_parameters()):
+        assert_close_to_ref(a, b.double(), dtype=torch.float32, name=f"d {name} (chunked sums)")
+    with torch.no_grad():  # inference path (no graphs kept)
+        assert torch.equal(layer(x0), ref[0])
+
+
 def scenario_auto(ctx):
     from ascend_moe_ops.distributed import MoEDispatcher
     topo = ctx["topo"]
@@ -348,17 +496,22 @@ def scenario_subgroup(ctx):
 
 
 SCENARIOS = {}
-for _alg in ("flat", "hierarchical"):
+for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
     SCENARIOS[f"async_{_alg}"] = (scenario_fp64, (_alg, True))
     SCENARIOS[f"skew_{_alg}"] = (scenario_skew, (_alg,))
     SCENARIOS[f"zero_tokens_{_alg}"] = (scenario_zero_tokens, (_alg,))
+    SCENARIOS[f"overlap_{_alg}"] = (scenario_overlap, (_alg,))
+    if _alg == "hierarchical_allgather":
+        continue  # its node stage is the deduplicated path's: the scenarios below run once there
     SCENARIOS[f"no_probs_{_alg}"] = (scenario_no_probs, (_alg,))
     SCENARIOS[f"round_trip_{_alg}"] = (scenario_round_trip, (_alg,))
     SCENARIOS[f"bf16_{_alg}"] = (scenario_bf16, (_alg,))
     SCENARIOS[f"expert_map_{_alg}"] = (scenario_expert_map, (_alg,))
 SCENARIOS["fp64_auto"] = (scenario_fp64, ("auto",))
 SCENARIOS["stats"] = (scenario_stats, ())
+SCENARIOS["modes_equal"] = (scenario_modes_equal, ())
+SCENARIOS["mismatch"] = (scenario_mismatch, ())
 SCENARIOS["errors"] = (scenario_errors, ())
 SCENARIOS["auto"] = (scenario_auto, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
@@ -400,20 +553,140 @@ def run_group(world, local_size, names, outdir, timeout=JOIN_TIMEOUT_S):
 _CACHE = {}
 
 
+def _names(world):
+    return [n for n in SUBSETS.get(world, list(SCENARIOS)) if n not in _SKIP.get(world, ())]
+
+
 def _group_results(name, tmp_path_factory):
     if name not in _CACHE:
         world, local = WORLDS[name]
-        _CACHE[name] = run_group(world, local, list(SCENARIOS), str(tmp_path_factory.mktemp(name)))
+        _CACHE[name] = run_group(world, local, _names(name), str(tmp_path_factory.mktemp(name)))
     return _CACHE[name]
 
 
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-@pytest.mark.parametrize("world", list(WORLDS))
+@pytest.mark.parametrize("world,scenario", [(w, s) for w in WORLDS for s in _names(w)])
 def test_ep_dispatcher(world, scenario, tmp_path_factory):
     per_rank, hung = _group_results(world, tmp_path_factory)
     bad = problems(per_rank, hung, [scenario])
     if bad:
         pytest.fail("\n".join(bad))
+
+
+# ------------------------------------------------------------------ faults
+# Each fault runs on a fresh 4-rank EP group (2 nodes x 2) with a short timeout, created with
+# new_group after the previous fault, so several faults share one spawned process group; the
+# default group (long timeout) only hosts the store. A victim rank raises inside dispatch (or skips
+# combine) and stays alive, or dies (os._exit); every other rank must raise CollectiveError naming
+# the collective within the timeout plus a margin.
+FAULT_TIMEOUT_S = 5
+FAULT_MARGIN_S = float(os.environ.get("EP_TEST_FAULT_MARGIN", 8))  # loaded 2-core CI machines
+FAULT_GROUPS = {  # spawned group -> [(name, algorithm, victim, kind)]; "dies" must come last
+    "a": [("flat_raise", "flat", 1, "raise"), ("allgather_raise", "hierarchical_allgather", 3, "raise"),
+          ("hier_dies", "hierarchical", 1, "dies")],
+    "b": [("hier_raise", "hierarchical", 2, "raise"),
+          ("hier_skip_combine", "hierarchical", 0, "skip_combine"), ("flat_dies", "flat", 2, "dies")],
+}
+FAULTS = [f for group in FAULT_GROUPS.values() for f in group]
+
+
+def _fault_worker(rank, world, local_size, port, outdir, faults):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if _ROOT not in sys.path:
+        sys.path.insert(0, _ROOT)
+    torch.set_num_threads(1)
+    import warnings
+    warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
+    import torch.distributed as dist
+    from _spawn import dump_results
+    import ascend_moe_ops.distributed.dispatcher as D
+    from ascend_moe_ops.distributed import EPTopology, MoEDispatcher
+    results = {}
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=120))
+        for name, alg, victim, kind in faults:
+            ep = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+            topo = EPTopology(ep, local_size=local_size)
+            assert topo.timeout.total_seconds() == FAULT_TIMEOUT_S
+            disp = MoEDispatcher(topo, 2 * world, algorithm=alg)
+            x, ids, p, _ = _inputs(world, [6] * world, 4, 2 * world, 3, seed=50)[rank]
+            et, _, h = disp.dispatch(x, ids, p)  # a good round first: connections are up
+            disp.combine(et, h)
+            original = D.moe_permute
+
+            def boom(*args, **kwargs):
+                if kind == "dies":
+                    os._exit(3)
+                raise RuntimeError("injected fault")
+
+            t0 = time.time()
+            try:
+                if rank == victim and kind != "skip_combine":
+                    D.moe_permute = boom
+                et, _, h = disp.dispatch(x, ids, p)
+                if rank == victim:  # stops participating: never calls combine
+                    raise RuntimeError("injected fault (skipped combine)")
+                disp.combine(et, h)
+                results[name] = ["no error", "", time.time() - t0]
+            except Exception as e:
+                results[name] = [type(e).__name__, str(e), time.time() - t0]
+            finally:
+                D.moe_permute = original
+            dump_results(results, outdir, rank)
+            if rank == victim:  # stay alive until every peer has given up on this group
+                time.sleep(FAULT_TIMEOUT_S + 1)
+    except Exception:
+        import traceback
+        results["__setup__"] = [traceback.format_exc(), "", 0]
+        dump_results(results, outdir, rank)
+    os._exit(0)  # the EP groups are broken on purpose: skip the orderly teardown
+
+
+_FAULT_CACHE = {}
+
+
+def _fault_results(tmp_path_factory):
+    """The fault groups run at the same time (they mostly wait on timeouts)."""
+    if not _FAULT_CACHE:
+        import threading
+        out = {}
+
+        def run(tag, faults):
+            d = str(tmp_path_factory.mktemp(f"faults_{tag}"))
+            out[tag] = spawn_ranks(_fault_worker, 4, (4, 2, free_port(), d, faults), d,
+                                   JOIN_TIMEOUT_S)
+
+        threads = [threading.Thread(target=run, args=(t, f)) for t, f in FAULT_GROUPS.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for tag, faults in FAULT_GROUPS.items():
+            per_rank, hung = out[tag]
+            for name, *_ in faults:
+                _FAULT_CACHE[name] = ([r.get(name) or r.get("__setup__") for r in per_rank], hung)
+    return _FAULT_CACHE
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f[0] for f in FAULTS])
+def test_ep_dispatcher_faults(fault, tmp_path_factory):
+    name, alg, victim, kind = fault
+    per_rank, hung = _fault_results(tmp_path_factory)[name]
+    assert not hung, f"ranks {hung} hung"
+    for r, res in enumerate(per_rank):
+        if r == victim:
+            if kind != "dies":
+                assert res is not None and "injected fault" in res[1], res
+            continue
+        assert res is not None, f"rank {r} reported nothing for {name}"
+        etype, msg, secs = res
+        assert etype == "CollectiveError", f"rank {r}: {etype}: {msg}"
+        # (a rank whose part of the dispatch did not need the victim fails in the combine)
+        assert msg.startswith(("dispatch: ", "combine: ")), msg
+        assert "group of global ranks" in msg and "timeout 5 s" in msg, msg
+        if kind == "skip_combine":
+            assert msg.startswith("combine: "), msg
+        assert secs <= FAULT_TIMEOUT_S + FAULT_MARGIN_S, f"rank {r}: error after {secs:.1f} s: {msg}"
 
 
 if __name__ == "__main__":  # quick manual run: python tests/test_ep_dispatcher.py 2x2 [scenario...]

@@ -26,6 +26,50 @@ all_gather_raw = getattr(dist, "all_gather_single", None) or dist.all_gather_int
 reduce_scatter_raw = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+class CollectiveError(RuntimeError):
+    """A collective failed or timed out (a peer raised and stopped participating, died, or sent
+    data of another size). The message names the collective and the ranks of its group."""
+
+
+def describe_group(group) -> str:
+    """``"the EP group (global ranks [0, 1, 2, 3])"``-style text for error messages."""
+    try:
+        if group is None or group is dist.group.WORLD:
+            ranks = list(range(dist.get_world_size()))
+        else:
+            ranks = list(dist.get_process_group_ranks(group))
+    except Exception:  # pragma: no cover - group already destroyed
+        ranks = "?"
+    return f"group of global ranks {ranks}"
+
+
+def group_timeout(group) -> Optional[float]:
+    """The timeout (seconds) of ``group``'s backend, ``None`` if it cannot be read."""
+    pg = dist.group.WORLD if group is None else group
+    for dev in ("cpu", "cuda", "npu"):
+        try:
+            return pg._get_backend(torch.device(dev)).options._timeout.total_seconds()
+        except Exception:
+            continue
+    return None
+
+
+def guarded(what: str, group, fn):
+    """Run ``fn()`` (a collective or a wait on one) and turn a backend failure into a
+    :class:`CollectiveError` that names ``what`` and the group."""
+    try:
+        return fn()
+    except CollectiveError:
+        raise
+    except RuntimeError as e:
+        t = group_timeout(group)
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise CollectiveError(
+            f"{what} over the {describe_group(group)} failed on global rank {dist.get_rank()}: a "
+            f"peer raised and stopped participating, died, or disagreed on sizes "
+            f"(process-group timeout {'?' if t is None else f'{t:g}'} s). Backend said: {first}") from e
+
+
 class Pending:
     """Work handles of collectives launched with ``async_op=True``."""
 
@@ -37,9 +81,9 @@ class Pending:
     def then(self, fn) -> None:
         self._then.append(fn)
 
-    def add(self, work, *tensors) -> None:
+    def add(self, work, *tensors, what: str = "collective", group=None) -> None:
         if work is not None:
-            self.works.append(work)
+            self.works.append((work, what, group))
             self._alive.extend(tensors)
 
     def wait(self) -> None:
@@ -48,8 +92,8 @@ class Pending:
         # an op autograd records (the output's grad_fn is replaced and its gradient is lost), so
         # wait without recording.
         with torch.no_grad():
-            for w in works:
-                w.wait()
+            for w, what, group in works:
+                guarded(what, group, w.wait)
             then, self._then = self._then, []
             for fn in then:
                 fn()
@@ -60,20 +104,21 @@ def group_size(group) -> int:
     return dist.get_world_size(group)
 
 
-def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Optional[Pending]):
+def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Optional[Pending],
+         what: str = "all_to_all"):
     x = x.contiguous()
     out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
     if group_size(group) == 1:
         out.copy_(x[: sum(send)])
         return out
-    work = dist.all_to_all_single(out, x, list(recv), list(send), group=group,
-                                  async_op=pending is not None)
+    work = guarded(what, group, lambda: dist.all_to_all_single(
+        out, x, list(recv), list(send), group=group, async_op=pending is not None))
     if pending is not None:
-        pending.add(work, x)
+        pending.add(work, x, what=what, group=group)
     return out
 
 
-def _all_gather(x: Tensor, group, pending: Optional[Pending]):
+def _all_gather(x: Tensor, group, pending: Optional[Pending], what: str = "all_gather"):
     x = x.contiguous()
     n = group_size(group)
     out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
@@ -82,13 +127,14 @@ def _all_gather(x: Tensor, group, pending: Optional[Pending]):
         return out
     if x.numel() == 0:  # every member knows the global size is 0: nothing to move
         return out
-    work = all_gather_raw(out, x, group=group, async_op=pending is not None)
+    work = guarded(what, group, lambda: all_gather_raw(out, x, group=group,
+                                                       async_op=pending is not None))
     if pending is not None:
-        pending.add(work, x)
+        pending.add(work, x, what=what, group=group)
     return out
 
 
-def _reduce_scatter(x: Tensor, group, pending: Optional[Pending]):
+def _reduce_scatter(x: Tensor, group, pending: Optional[Pending], what: str = "reduce_scatter"):
     x = x.contiguous()
     n = group_size(group)
     out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
@@ -104,7 +150,8 @@ def _reduce_scatter(x: Tensor, group, pending: Optional[Pending]):
         # byte-optimal ((n-1)/n of the input per rank), sums in rank order (deterministic) and
         # accumulates in fp32 (fp64 for fp64) before rounding once.
         chunks = torch.empty_like(x)
-        work = dist.all_to_all_single(chunks, x, group=group, async_op=pending is not None)
+        work = guarded(what, group, lambda: dist.all_to_all_single(
+            chunks, x, group=group, async_op=pending is not None))
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
 
         def finish():
@@ -114,25 +161,26 @@ def _reduce_scatter(x: Tensor, group, pending: Optional[Pending]):
         if pending is None:
             finish()
         else:
-            pending.add(work, x, chunks)
+            pending.add(work, x, chunks, what=what, group=group)
             pending.then(finish)
         return out
-    work = reduce_scatter_raw(out, x, op=dist.ReduceOp.SUM, group=group,
-                              async_op=pending is not None)
+    work = guarded(what, group, lambda: reduce_scatter_raw(
+        out, x, op=dist.ReduceOp.SUM, group=group, async_op=pending is not None))
     if pending is not None:
-        pending.add(work, x)
+        pending.add(work, x, what=what, group=group)
     return out
 
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, send, recv, group, pending):
-        ctx.send, ctx.recv, ctx.group = list(send), list(recv), group
-        return _a2a(x, send, recv, group, pending)
+    def forward(ctx, x, send, recv, group, pending, what):
+        ctx.send, ctx.recv, ctx.group, ctx.what = list(send), list(recv), group, what
+        return _a2a(x, send, recv, group, pending, what)
 
     @staticmethod
     def backward(ctx, g):
-        return _a2a(g, ctx.recv, ctx.send, ctx.group, None), None, None, None, None
+        return (_a2a(g, ctx.recv, ctx.send, ctx.group, None, ctx.what + " (backward)"),
+                None, None, None, None, None)
 
 
 class _AllGather(torch.autograd.Function):
@@ -140,48 +188,66 @@ class _AllGather(torch.autograd.Function):
     reduce-scatters run in a fixed order on every rank."""
 
     @staticmethod
-    def forward(ctx, group, pending, *xs):
-        ctx.group = group
-        return tuple(_all_gather(x, group, pending) for x in xs)
+    def forward(ctx, group, pending, what, *xs):
+        ctx.group, ctx.what = group, what
+        return tuple(_all_gather(x, group, pending, what) for x in xs)
 
     @staticmethod
     def backward(ctx, *gs):
-        return (None, None) + tuple(_reduce_scatter(g, ctx.group, None) for g in gs)
+        return (None, None, None) + tuple(_reduce_scatter(g, ctx.group, None, ctx.what + " (backward)")
+                                          for g in gs)
 
 
 class _ReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, pending):
-        ctx.group = group
-        return _reduce_scatter(x, group, pending)
+    def forward(ctx, x, group, pending, what):
+        ctx.group, ctx.what = group, what
+        return _reduce_scatter(x, group, pending, what)
 
     @staticmethod
     def backward(ctx, g):
-        return _all_gather(g, ctx.group, None), None, None
+        return _all_gather(g, ctx.group, None, ctx.what + " (backward)"), None, None, None
 
 
 def all_to_all(x: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int], group=None, *,
-               pending: Optional[Pending] = None, debug: bool = False) -> Tensor:
+               pending: Optional[Pending] = None, debug: bool = False,
+               what: str = "all_to_all") -> Tensor:
     """Differentiable ``all_to_all_single`` over dim 0 with uneven splits.
 
     ``send_splits[j]`` rows of ``x`` (in order) go to rank ``j`` of ``group``; ``recv_splits[j]``
     rows arrive from rank ``j``. With ``debug=True`` the split sizes are first exchanged and
     cross-checked (a mismatch raises :class:`SplitMismatchError` on every rank instead of silently
-    corrupting data).
+    corrupting data). A failure or timeout of the collective raises :class:`CollectiveError`
+    naming ``what`` and the group.
     """
     if debug:
-        check_splits(send_splits, recv_splits, group, rows_available=x.shape[0])
-    return _AllToAll.apply(x, list(send_splits), list(recv_splits), group, pending)
+        check_splits(send_splits, recv_splits, group, rows_available=x.shape[0], what=what)
+    return _AllToAll.apply(x, list(send_splits), list(recv_splits), group, pending, what)
 
 
-def all_gather(xs: Sequence[Tensor], group=None, *, pending: Optional[Pending] = None) -> List[Tensor]:
+def all_gather(xs: Sequence[Tensor], group=None, *, pending: Optional[Pending] = None,
+               what: str = "all_gather") -> List[Tensor]:
     """Differentiable all-gather (concatenated along dim 0) of every tensor in ``xs``."""
-    return list(_AllGather.apply(group, pending, *xs))
+    return list(_AllGather.apply(group, pending, what, *xs))
 
 
-def reduce_scatter(x: Tensor, group=None, *, pending: Optional[Pending] = None) -> Tensor:
+def reduce_scatter(x: Tensor, group=None, *, pending: Optional[Pending] = None,
+                   what: str = "reduce_scatter") -> Tensor:
     """Differentiable sum reduce-scatter along dim 0 (``x.shape[0]`` divisible by the group size)."""
-    return _ReduceScatter.apply(x, group, pending)
+    return _ReduceScatter.apply(x, group, pending, what)
+
+
+def gather_ints(values: Tensor, group, what: str, device=None) -> Tensor:
+    """Collective: all-gather a 1-D int64 tensor (same length on every rank) -> ``[n, len]`` on
+    the CPU. Failures raise :class:`CollectiveError` naming ``what``."""
+    n = group_size(group)
+    mine = values.to(device=device or values.device, dtype=torch.int64).contiguous()
+    everyone = torch.empty(n * mine.numel(), dtype=torch.int64, device=mine.device)
+    if n > 1 and mine.numel() > 0:  # (the length is the same on every member)
+        guarded(what, group, lambda: all_gather_raw(everyone, mine, group=group))
+    else:
+        everyone.copy_(mine)
+    return everyone.view(n, mine.numel()).cpu()
 
 
 class SplitMismatchError(RuntimeError):
@@ -189,7 +255,7 @@ class SplitMismatchError(RuntimeError):
 
 
 def check_splits(send_splits: Sequence[int], recv_splits: Sequence[int], group=None, *,
-                 rows_available: Optional[int] = None) -> None:
+                 rows_available: Optional[int] = None, what: str = "all_to_all") -> None:
     """Collective: all-gather every rank's send/recv splits and verify that what rank ``i`` sends
     to ``j`` is what ``j`` expects from ``i``. Every rank raises the same error on a mismatch."""
     n = group_size(group)
@@ -201,12 +267,7 @@ def check_splits(send_splits: Sequence[int], recv_splits: Sequence[int], group=N
                         list(recv_splits)[:n] + [0] * (n - len(recv_splits)) +
                         [int(bad), -1 if rows_available is None else rows_available],
                         dtype=torch.int64)
-    everyone = torch.empty(n * mine.numel(), dtype=torch.int64)
-    if n > 1:
-        all_gather_raw(everyone, mine, group=group)
-    else:
-        everyone.copy_(mine)
-    table = everyone.view(n, 2 * n + 2)
+    table = gather_ints(mine, group, f"split check of {what}")
     send, recv = table[:, :n], table[:, n:2 * n]
     problems = []
     for i in range(n):
@@ -221,5 +282,5 @@ def check_splits(send_splits: Sequence[int], recv_splits: Sequence[int], group=N
         problems.append(f"rank {i} sends {int(send[i, j])} rows to rank {j}, which expects "
                         f"{int(recv[j, i])}")
     if problems:
-        raise SplitMismatchError("all-to-all split sizes disagree between ranks (group ranks): "
+        raise SplitMismatchError(f"split sizes of {what} disagree between ranks (group ranks): "
                                  + "; ".join(problems))

@@ -25,8 +25,12 @@ from ._autograd import Pending, SplitMismatchError
 from .topology import EPTopology
 
 Tensor = torch.Tensor
-ALGORITHMS = ("auto", "flat", "hierarchical")
+ALGORITHMS = ("auto", "flat", "hierarchical", "hierarchical_allgather")
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.float64: 4}
+# columns 1.. of the metadata row every dispatch exchanges (column 0: "arguments rejected")
+_META_NAMES = ["tokens dtype", "hidden size H (tokens.shape[1])", "top-k K (topk_idx.shape[1])",
+               "probs (dtype code, -1 = no probs)", "num_experts E", "expert_to_rank (checksum)",
+               "algorithm", "autograd (grad enabled and tokens/probs require grad)"]
 
 
 class DispatchHandle:
@@ -107,19 +111,24 @@ class MoEDispatcher:
     Args:
         topology: an :class:`EPTopology` (the EP group split into ``nodes x local_size``).
         num_experts: ``E``, the number of routed experts in the whole EP group.
-        algorithm: ``"flat"`` (one all-to-all over the EP group), ``"hierarchical"`` (inter-node
-            AllGather + intra-node all-to-all, the Pangu Ultra MoE scheme) or ``"auto"``
-            (hierarchical when ``nodes > 1`` and ``K > nodes``, else flat; decided per call).
+        algorithm: ``"flat"`` (one all-to-all over the EP group), ``"hierarchical"``
+            (node-deduplicated: each token crosses to each remote node hosting one of its experts
+            once, to the peer with the same local index, then is forwarded inside the node),
+            ``"hierarchical_allgather"`` (inter-node AllGather + intra-node all-to-all, the Pangu
+            Ultra MoE scheme: static inter-node shapes, ``T*(N-1)`` rows) or ``"auto"``
+            (``"hierarchical"`` when ``nodes > 1`` and ``K > nodes``, else flat; per call).
         expert_to_rank: optional ``[E]`` integer tensor: the EP rank that owns each expert. The
             experts of one rank are its local experts in ascending global id. Default: expert
             ``e`` lives on rank ``e // (E / world)`` (``E`` must then be divisible by the world).
-        debug: exchange and cross-check metadata (dtypes, H, K, E, the expert map) and all split
-            sizes between ranks before moving data; every rank raises the same clear error on a
-            mismatch. Costs a few small collectives per call.
+        debug: cross-check the split sizes of every all-to-all between ranks before moving data
+            (a few small collectives per call). The metadata (dtypes, H, K, E, the expert map, the
+            algorithm, argument errors) are checked on every call anyway: they ride on the first
+            count exchange.
         allow_uneven: allow maps where ranks own different numbers of experts (even zero). Off by
             default because a grouped-GEMM weight of shape ``[L, ...]`` usually assumes equal
             ``L`` on every rank.
 
+    Construction is collective (one small all-gather checks ``num_experts`` and ``algorithm``).
     Collective behaviour: every rank of the EP group must call ``dispatch``/``combine`` (and
     their backward) the same number of times in the same order, with the same ``K``, ``H``,
     dtype, presence of ``probs`` and ``requires_grad`` pattern. A rank with zero tokens (``T =
@@ -140,7 +149,18 @@ class MoEDispatcher:
         self.algorithm = algorithm
         self.debug = debug
         self.allow_uneven = allow_uneven
-        self._device_cache: Dict[torch.device, Tensor] = {}
+        self._device_cache: Dict[tuple, Tensor] = {}
+        if topology.world_size > 1:
+            # collective: a different E would make the per-call exchanges differ in size
+            # (gloo aborts the process on that), so it is caught here with a clear error
+            t = C.gather_ints(torch.tensor([num_experts, ALGORITHMS.index(algorithm),
+                                            int(allow_uneven)]), topology.group,
+                              "MoEDispatcher construction check (EP group)",
+                              device=self._meta_device())
+            for col, name in enumerate(("num_experts", "algorithm", "allow_uneven")):
+                if bool((t[:, col] != t[0, col]).any()):
+                    raise ValueError(f"MoEDispatcher: EP ranks disagree on {name}: per-rank "
+                                     f"values {t[:, col].tolist()}")
         if expert_to_rank is None:
             W = topology.world_size
             if num_experts % W:
@@ -175,10 +195,8 @@ class MoEDispatcher:
         # cross-check with the other ranks (a different map on one rank would misroute silently)
         group = self.topology.group
         if W > 1:
-            dev = self._meta_device()
-            everyone = torch.empty(W * E, dtype=torch.int64, device=dev)
-            C.all_gather_raw(everyone, m.to(dev), group=group)
-            everyone = everyone.view(W, E).cpu()
+            everyone = C.gather_ints(m, group, "set_expert_to_rank: map check (EP group)",
+                                     device=self._meta_device())
             diff = (everyone != m).any(1)
             if bool(diff.any()):
                 bad = torch.nonzero(diff).flatten().tolist()
@@ -206,18 +224,22 @@ class MoEDispatcher:
         r = self.topology.rank
         self.local_experts = order[self.rank_offsets[r]:self.rank_offsets[r + 1]].clone()
         self.num_local_experts = int(counts[r])
+        # node of every rank-major expert position (hierarchical dispatch)
+        self._pos_rank = torch.repeat_interleave(torch.arange(W), counts)
+        self._pos_node = self._pos_rank // self.topology.local_size
+        self._map_checksum = int(torch.sum(m * torch.arange(1, E + 1)) % (2 ** 61))
         self._device_cache = {}
 
-    def _key_table(self, device: torch.device) -> Tensor:
-        t = self._device_cache.get(device)
+    def _table(self, name: str, device: torch.device) -> Tensor:
+        t = self._device_cache.get((name, device))
         if t is None:
-            t = self._perm_key.to(device)
-            self._device_cache[device] = t
+            t = getattr(self, "_" + name).to(device)
+            self._device_cache[(name, device)] = t
         return t
 
     def _rank_major_key(self, ids: Tensor) -> Tensor:
         ids = ids.long()
-        table = self._key_table(ids.device)
+        table = self._table("perm_key", ids.device)
         return torch.where(ids >= 0, table[ids.clamp(min=0)], torch.full_like(ids, -1))
 
     def resolve_algorithm(self, top_k: int) -> str:
@@ -241,38 +263,43 @@ class MoEDispatcher:
             _checks.check_shape("probs", probs, topk_idx.shape, "the shape of topk_idx")
         _checks.check_index_range("topk_idx (expert ids)", topk_idx, -1, self.num_experts)
 
-    def _debug_exchange(self, tokens, topk_idx, probs, error: Optional[BaseException]) -> None:
-        """Collective: every rank learns every rank's metadata; all raise on a disagreement."""
-        W = self.topology.world_size
-        meta = torch.tensor([
+    def _meta(self, tokens, topk_idx, probs, error, algorithm) -> List[int]:
+        """This rank's metadata row (see ``_META_NAMES``); robust to malformed arguments."""
+        def dim(t, d):
+            return t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1
+        grad = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (tokens, probs))
+        return [
             0 if error is None else 1,
-            _DTYPE_CODES.get(tokens.dtype, 0) if isinstance(tokens, torch.Tensor) else 0,
-            tokens.shape[-1] if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 else -1,
-            topk_idx.shape[-1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else -1,
+            _DTYPE_CODES.get(getattr(tokens, "dtype", None), 0),
+            dim(tokens, 1),
+            dim(topk_idx, 1),
             -1 if probs is None else _DTYPE_CODES.get(getattr(probs, "dtype", None), 0),
             self.num_experts,
-            int(torch.sum(self.expert_to_rank * torch.arange(1, self.num_experts + 1)) % (2 ** 61)),
-            ALGORITHMS.index(self.algorithm),
-        ], dtype=torch.int64)
-        dev = self._meta_device()
-        everyone = torch.empty(W * meta.numel(), dtype=torch.int64, device=dev)
-        if W > 1:
-            C.all_gather_raw(everyone, meta.to(dev), group=self.topology.group)
-        else:
-            everyone.copy_(meta)
-        table = everyone.view(W, -1).cpu()
+            self._map_checksum,
+            ALGORITHMS.index(algorithm),
+            int(grad),
+        ]
+
+    def _header(self, meta: List[int], payload: Tensor, error: Optional[BaseException]) -> Tensor:
+        """Collective over the EP group: all-gather ``meta + payload`` (int64, the same length on
+        every rank), raise on every rank if any rank rejected its arguments or the metadata
+        disagree, else return the ``[W, P]`` payload table (CPU)."""
+        row = torch.cat([torch.tensor(meta, dtype=torch.int64), payload.detach().to("cpu", torch.int64)])
+        table = C.gather_ints(row, self.topology.group, "dispatch: metadata and count exchange "
+                              "(EP group)", device=self._meta_device())
         if error is not None:
             raise error
         failed = torch.nonzero(table[:, 0]).flatten().tolist()
         if failed:
-            raise SplitMismatchError(f"EP ranks {failed} rejected their dispatch arguments")
-        names = ["tokens dtype", "hidden size H", "top-k K", "probs dtype (-1 = no probs)",
-                 "num_experts", "expert_to_rank checksum", "algorithm"]
-        for col, name in enumerate(names, start=1):
+            raise SplitMismatchError(f"EP ranks {failed} rejected their dispatch arguments (the "
+                                     "error is raised on those ranks)")
+        for col, name in enumerate(_META_NAMES, start=1):
             vals = table[:, col]
             if bool((vals != vals[0]).any()):
                 raise SplitMismatchError(f"EP ranks disagree on {name}: per-rank values "
                                          f"{vals.tolist()}")
+        return table[:, len(meta):]
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor] = None, *,
@@ -286,30 +313,37 @@ class MoEDispatcher:
             probs: optional ``[T, K]`` router weights; ``combine`` multiplies by them. Gradients
                 reach ``tokens`` and ``probs``.
             async_op: return a :class:`PendingDispatch` right after launching the main
-                collective (flat: the all-to-all; hierarchical: the inter-node AllGather of
-                tokens/probs); call ``.wait()`` for the result. Compute issued in between
-                overlaps the transfer.
+                collective (flat: the all-to-all; hierarchical: the inter-node all-to-all of the
+                token rows; hierarchical_allgather: the inter-node AllGather of tokens/probs);
+                call ``.wait()`` for the result. Compute issued in between overlaps the transfer.
 
         Returns:
             ``(expert_tokens [R, H], tokens_per_local_expert [L] int64, handle)``: the rows for
             this rank's ``L`` local experts grouped by local expert (ready for ``grouped_gemm``
             with ``group_sizes=tokens_per_local_expert``); inside one expert rows are ordered by
             (source rank, token, slot). ``handle`` goes to :meth:`combine`.
+
+        Errors: invalid arguments raise ``ValueError``/``TypeError`` on the rank that passed them
+        and :class:`SplitMismatchError` on every other rank (the first collective carries a
+        flag); different dtype / ``H`` / ``K`` / probs / ``E`` / placement / algorithm between
+        ranks raise :class:`SplitMismatchError` naming the argument on every rank; a peer that
+        fails later, dies or hangs makes every collective raise :class:`CollectiveError` after
+        the process group's timeout.
         """
         error = None
         try:
             self._check_args(tokens, topk_idx, probs)
         except (ValueError, TypeError) as e:
-            if not self.debug:
-                raise
             error = e
-        if self.debug:
-            self._debug_exchange(tokens, topk_idx, probs, error)
-        algorithm = self.resolve_algorithm(topk_idx.shape[1])
+        K = topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else 0
+        algorithm = self.resolve_algorithm(K)
+        meta = self._meta(tokens, topk_idx, probs, error, algorithm)
         if algorithm == "flat":
-            finish = self._dispatch_flat(tokens, topk_idx, probs, async_op)
+            finish = self._dispatch_flat(tokens, topk_idx, probs, async_op, meta, error)
+        elif algorithm == "hierarchical":
+            finish = self._dispatch_dedup(tokens, topk_idx, probs, async_op, meta, error)
         else:
-            finish = self._dispatch_hier(tokens, topk_idx, probs, async_op)
+            finish = self._dispatch_allgather(tokens, topk_idx, probs, async_op, meta, error)
         pending = PendingDispatch(finish)
         return pending if async_op else pending.wait()
 
@@ -333,36 +367,37 @@ class MoEDispatcher:
         keys = torch.arange(L).view(1, L, 1) * W + src_rank.view(S, 1, X)
         return torch.repeat_interleave(keys.reshape(-1), counts.reshape(-1)).to(device)
 
-    def _dispatch_flat(self, tokens, topk_idx, probs, async_op):
+    def _dispatch_flat(self, tokens, topk_idx, probs, async_op, meta, error):
         topo = self.topology
         W, E, me, G = topo.world_size, self.num_experts, topo.rank, topo.local_size
-        T, H = tokens.shape
-        key = self._rank_major_key(topk_idx)
-        counts = _bincount(key, E)
-        everyone = torch.empty(W * E, dtype=torch.int64, device=self._meta_device())
-        if W > 1:
-            C.all_gather_raw(everyone, counts.to(everyone.device), group=topo.group)
+        if error is None:
+            key = self._rank_major_key(topk_idx)
+            counts = _bincount(key, E)
         else:
-            everyone.copy_(counts)
-        table = everyone.view(W, E).cpu()
+            counts = torch.zeros(E, dtype=torch.int64)
+        table = self._header(meta, counts, error)  # [W src, E]: slots per expert position
+        T, H = tokens.shape
         rows = _segment_sums(table, self.rank_offsets)  # [W src, W dst]
         send, recv = rows[me].tolist(), rows[:, me].tolist()
-        # (at least one output row: moe_permute's backward cannot unpermute from zero rows)
+        # moe_permute writes the rank-major rows straight into the all-to-all's send buffer (at
+        # least one row: moe_permute's backward cannot unpermute from zero rows)
         perm = moe_permute(tokens, key, None, num_experts=E, num_out_tokens=max(sum(send), 1))
         pending = Pending() if async_op else None
         received = C.all_to_all(perm.tokens[:sum(send)], send, recv, topo.group, pending=pending,
-                                debug=self.debug)
+                                debug=self.debug, what="dispatch: all-to-all of token rows (EP group)")
 
         handle = DispatchHandle("flat", T)
         es = tokens.element_size()
         inter = sum(n for d, n in enumerate(send) if d // G != me // G)
         intra = sum(n for d, n in enumerate(send) if d // G == me // G and d != me)
+        c_inter = sum(n for s, n in enumerate(recv) if s // G != me // G)
+        c_intra = sum(n for s, n in enumerate(recv) if s // G == me // G and s != me)
         handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * H * es,
                             intra_node_rows=intra, intra_node_bytes=intra * H * es,
-                            combine_inter_node_bytes=sum(
-                                n for s, n in enumerate(recv) if s // G != me // G) * H * es,
-                            combine_intra_node_bytes=sum(
-                                n for s, n in enumerate(recv) if s // G == me // G and s != me) * H * es)
+                            combine_inter_node_rows=c_inter,
+                            combine_inter_node_bytes=c_inter * H * es,
+                            combine_intra_node_rows=c_intra,
+                            combine_intra_node_bytes=c_intra * H * es)
         lo, hi = self.rank_offsets[me], self.rank_offsets[me + 1]
         local_counts = table[:, lo:hi].reshape(W, hi - lo, 1)
         keys = self._recv_keys(local_counts, torch.arange(W).view(W, 1), tokens.device)
@@ -376,19 +411,170 @@ class MoEDispatcher:
 
         return finish
 
-    def _dispatch_hier(self, tokens, topk_idx, probs, async_op):
+    def _node_stage(self, ids_recv: Tensor, src_node: Tensor, device):
+        """Shared second stage of both hierarchical schemes, part 1 (counts only, so it can run
+        while the token rows are in flight). ``ids_recv [M, K]``: rank-major expert positions of
+        the rows this rank holds after the inter-node step (``-1`` = slot not for this node or
+        empty), ``src_node [M]`` the node each row came from. Every row goes once to every rank
+        of the node that owns at least one of its slots (deduplicated per rank, like the
+        inter-node step per node)."""
         topo = self.topology
-        W, G, N = topo.world_size, topo.local_size, topo.num_nodes
+        G, N, node, lme = topo.local_size, topo.num_nodes, topo.node, topo.local_rank
+        node_lo, node_hi = self.rank_offsets[node * G], self.rank_offsets[(node + 1) * G]
+        pk = ids_recv.long()
+        M = pk.shape[0]
+        on_node = (pk >= node_lo) & (pk < node_hi)
+        owner = torch.where(on_node, self._table("pos_rank", pk.device)[pk.clamp(min=0)] - node * G,
+                            torch.full_like(pk, G))  # local rank owning each slot, G = none
+        hit = torch.zeros(M, G + 1, dtype=torch.bool, device=pk.device)
+        hit.scatter_(1, owner, torch.ones_like(owner, dtype=torch.bool))
+        mask = hit[:, :G].contiguous()  # [M, G]: row j has >= 1 slot on local rank l'
+        sn = src_node.to(pk.device).view(M, 1)
+        cell = torch.where(mask, torch.arange(G, device=pk.device).view(1, G) * N + sn,
+                           torch.full((M, G), -1, dtype=torch.int64, device=pk.device))
+        counts = _bincount(cell, G * N)  # rows for (dest local rank, source node)
+        ci = C.gather_ints(counts, topo.intra_group, "dispatch: count exchange (intra-node group)",
+                           device=self._meta_device()).view(G, G, N)  # [sender, dest, src node]
+        send, recv = ci[lme].sum(1).tolist(), ci[:, lme].sum(1).tolist()
+        # source EP rank of every row this rank receives: sender s's rows come in source-node order
+        src_rank = (torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)).reshape(-1)
+        recv_src = torch.repeat_interleave(src_rank, ci[:, lme].reshape(-1)).to(device)
+        return dict(pk=pk, owner=owner, mask=mask, send=send, recv=recv, recv_src=recv_src)
+
+    def _forward_in_node(self, rows: Tensor, probs_rows: Optional[Tensor], ns: dict):
+        """Part 2: one row per (row, owning local rank), written by ``moe_permute`` (mask
+        routing) straight into the intra-node all-to-all's send buffer, with its slots for that
+        rank and their probs; then each rank expands its rows to one per slot, grouped by local
+        expert (key ``local_expert * W + source_rank``, stable: the layout contract)."""
+        topo = self.topology
+        G, W, me = topo.local_size, topo.world_size, topo.rank
+        send, recv, mask, pk, owner = ns["send"], ns["recv"], ns["mask"], ns["pk"], ns["owner"]
+        M, K = pk.shape
+        dev = rows.device
+        S = sum(send)
+        perm = moe_permute(rows, mask, None, num_out_tokens=max(S, 1))
+        rmap = perm.row_id_map.long()  # [M, G]
+        valid = rmap >= 0
+        src = torch.empty(S, dtype=torch.int64, device=dev)
+        src[rmap[valid]] = torch.arange(M, device=dev).view(M, 1).expand(M, G)[valid]
+        dst = torch.repeat_interleave(torch.arange(G, device=dev),
+                                      torch.tensor(send, dtype=torch.int64, device=dev))
+        ids_send = torch.where(owner[src] == dst.view(-1, 1), pk[src],
+                               torch.full((S, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
+        g = topo.intra_group
+        ids2 = C._a2a(ids_send, send, recv, g, None,
+                      what="dispatch: all-to-all of top-k slots (intra-node group)").long()
+        tok2 = C.all_to_all(perm.tokens[:S], send, recv, g, debug=self.debug,
+                            what="dispatch: all-to-all of token rows (intra-node group)")
+        probs2 = None
+        if probs_rows is not None:
+            probs2 = C.all_to_all(probs_rows[src], send, recv, g,
+                                  what="dispatch: all-to-all of probs (intra-node group)")
+        L = self.num_local_experts
+        if L == 0:  # owns no expert: receives nothing
+            return tok2, torch.zeros(0, dtype=torch.int64, device=dev), None, rmap, probs2
+        lo = self.rank_offsets[me]
+        key = torch.where(ids2 >= 0, (ids2 - lo) * W + ns["recv_src"].view(-1, 1),
+                          torch.full_like(ids2, -1))
+        n = int((ids2 >= 0).sum())
+        res = moe_permute(tok2, key, None, num_experts=L * W, num_out_tokens=max(n, 1))
+        tpe = res.tokens_per_expert.view(L, W).sum(1)
+        return res.tokens[:n], tpe, res.row_id_map, rmap, probs2
+
+    def _dispatch_dedup(self, tokens, topk_idx, probs, async_op, meta, error):
+        topo = self.topology
+        G, N = topo.local_size, topo.num_nodes
         me, node, lme = topo.rank, topo.node, topo.local_rank
+        if error is None:
+            T = tokens.shape[0]
+            pos = self._rank_major_key(topk_idx)  # [T, K] rank-major expert position, -1 empty
+            slot_node = torch.where(pos >= 0, self._table("pos_node", pos.device)[pos.clamp(min=0)],
+                                    torch.full_like(pos, N))
+            hit = torch.zeros(T, N + 1, dtype=torch.bool, device=tokens.device)
+            hit.scatter_(1, slot_node, torch.ones_like(slot_node, dtype=torch.bool))
+            mask = hit[:, :N].contiguous()  # [T, N]: token t has >= 1 expert on node n
+            node_rows = mask.sum(0)
+        else:
+            node_rows = torch.zeros(N, dtype=torch.int64)
+        table = self._header(meta, node_rows, error)  # [W, N]: rows each rank sends to each node
+        T, H = tokens.shape
+        K = topk_idx.shape[1]
+        peers = [n * G + lme for n in range(N)]  # the inter-node group, in its rank order
+        send1 = table[me].tolist()
+        recv1 = [int(table[p, node]) for p in peers]
+        R1 = sum(send1)
+        dev = tokens.device
+
+        # 1. node-major, deduplicated send buffer: one row per (token, node hosting >= 1 of its
+        #    experts), written by moe_permute (mask routing) straight into the all-to-all input
+        perm1 = moe_permute(tokens, mask, None, num_out_tokens=max(R1, 1))
+        rmap1 = perm1.row_id_map.long()  # [T, N], destination row of (token, node) or -1
+        valid = rmap1 >= 0
+        src_tok = torch.empty(R1, dtype=torch.int64, device=dev)
+        src_tok[rmap1[valid]] = torch.arange(T, device=dev).view(T, 1).expand(T, N)[valid]
+        dst_node = torch.repeat_interleave(torch.arange(N, device=dev),
+                                           torch.tensor(send1, dtype=torch.int64, device=dev))
+        # only the slots of the destination node travel (the others are -1 there)
+        ids_send = torch.where(slot_node[src_tok] == dst_node.view(-1, 1), pos[src_tok],
+                               torch.full((R1, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
+        g_inter = topo.inter_group
+        ids1 = C._a2a(ids_send, send1, recv1, g_inter, None,
+                      what="dispatch: all-to-all of top-k slots (inter-node group)")
+        # always launched asynchronously: the intra-node count exchange below runs while the token
+        # rows cross the inter-node link (finish() waits; with async_op the caller's work too)
+        pending = Pending()
+        tok1 = C.all_to_all(perm1.tokens[:R1], send1, recv1, g_inter, pending=pending,
+                            debug=self.debug,
+                            what="dispatch: all-to-all of token rows (inter-node group)")
+        probs1 = None
+        if probs is not None:
+            probs1 = C.all_to_all(probs[src_tok], send1, recv1, g_inter, pending=pending,
+                                  what="dispatch: all-to-all of probs (inter-node group)")
+
+        # 2. intra-node splits (needs only the slots, so it runs while the token rows travel)
+        src_node = torch.repeat_interleave(torch.arange(N), torch.tensor(recv1, dtype=torch.int64))
+        ns = self._node_stage(ids1, src_node, dev)
+        send, recv = ns["send"], ns["recv"]
+
+        handle = DispatchHandle("hierarchical", T)
+        es = tokens.element_size()
+        inter = R1 - send1[node]
+        per_row = H * es + K * 4 + (0 if probs is None else K * probs.element_size())
+        c_inter = sum(recv1) - recv1[node]
+        intra, c_intra = sum(send) - send[lme], sum(recv) - recv[lme]
+        handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
+                            intra_node_rows=intra, intra_node_bytes=intra * per_row,
+                            combine_inter_node_rows=c_inter,
+                            combine_inter_node_bytes=c_inter * H * es,
+                            combine_intra_node_rows=c_intra,
+                            combine_intra_node_bytes=c_intra * H * es)
+
+        def finish():
+            if pending is not None:
+                pending.wait()
+            expert_tokens, tpe, local_map, rmap2, probs2 = self._forward_in_node(tok1, probs1, ns)
+            handle.tokens_per_local_expert = tpe
+            handle._state = dict(row_id_map1=perm1.row_id_map, send1=send1, recv1=recv1,
+                                 rmap2=rmap2, probs2=probs2, send=send, recv=recv,
+                                 local_map=local_map, rows=expert_tokens.shape[0])
+            return expert_tokens, tpe, handle
+
+        return finish
+
+    def _dispatch_allgather(self, tokens, topk_idx, probs, async_op, meta, error):
+        topo = self.topology
+        G, N = topo.local_size, topo.num_nodes
+        me, node, lme = topo.rank, topo.node, topo.local_rank
+        T0 = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 else 0
+        table = self._header(meta, torch.tensor([T0]), error)  # [W, 1]
         T, H = tokens.shape
         K = topk_idx.shape[1]
         mdev = self._meta_device()
 
-        # 1. agree on the padded token count over the inter-node group
-        t_all = C._all_gather(torch.tensor([T], dtype=torch.int64, device=mdev), topo.inter_group, None)
-        Tmax = int(t_all.max()) if t_all.numel() else T
+        # 1. pad to the inter-node group's largest T (AllGather needs equal sizes)
+        Tmax = max(int(table[n * G + lme, 0]) for n in range(N))
         pad = Tmax - T
-        ids = topk_idx.to(torch.int32)
+        ids = self._rank_major_key(topk_idx).to(torch.int32)
         if pad:
             tokens_p = torch.nn.functional.pad(tokens, (0, 0, 0, pad))
             ids = torch.nn.functional.pad(ids, (0, 0, 0, pad), value=-1)
@@ -396,54 +582,41 @@ class MoEDispatcher:
         else:
             tokens_p, probs_p = tokens, probs
 
-        # 2. AllGather ids (small, now), then tokens and probs (possibly async) across nodes
-        ids_g = C._all_gather(ids.to(mdev), topo.inter_group, None).to(tokens.device)
-        pending = Pending() if async_op else None
+        # 2. AllGather the slots (small, now), then tokens and probs (possibly async)
+        ids_g = C._all_gather(ids.to(mdev), topo.inter_group, None,
+                              what="dispatch: AllGather of top-k slots (inter-node group)")
+        ids_g = ids_g.to(tokens.device)
+        pending = Pending()  # (as in _dispatch_dedup: the intra-node counts overlap the transfer)
         gathered = C.all_gather([tokens_p] + ([] if probs_p is None else [probs_p]),
-                                topo.inter_group, pending=pending)
+                                topo.inter_group, pending=pending,
+                                what="dispatch: AllGather of tokens/probs (inter-node group)")
         tokens_g = gathered[0]
         probs_g = gathered[1] if probs_p is not None else None
 
-        # 3. select this node's (token, slot) pairs: key = (expert position in node) * N + src node
-        M = N * Tmax
-        node_lo, node_hi = self.rank_offsets[node * G], self.rank_offsets[(node + 1) * G]
-        E_node = node_hi - node_lo
-        pk = self._rank_major_key(ids_g)
-        on_node = (pk >= node_lo) & (pk < node_hi)
-        src_node = (torch.arange(M, device=tokens.device) // max(Tmax, 1)).view(M, 1)
-        sel_key = torch.where(on_node, (pk - node_lo) * N + src_node, torch.full_like(pk, -1))
-        counts = _bincount(sel_key, E_node * N)
+        # 3. select this node's (token, slot) pairs and exchange the counts inside the node
+        src_node = torch.arange(N).repeat_interleave(Tmax)
+        ns = self._node_stage(ids_g, src_node, tokens.device)
+        send, recv = ns["send"], ns["recv"]
 
-        # 4. exchange the per-(expert, source node) counts inside the node
-        ci = C._all_gather(counts.to(mdev), topo.intra_group, None).view(G, E_node * N).cpu()
-        seg = [(self.rank_offsets[node * G + i] - node_lo) * N for i in range(G + 1)]
-        rows = _segment_sums(ci, seg)  # [G src local, G dst local]
-        send, recv = rows[lme].tolist(), rows[:, lme].tolist()
-        lo, hi = (self.rank_offsets[me] - node_lo), (self.rank_offsets[me + 1] - node_lo)
-        local_counts = ci[:, lo * N:hi * N].reshape(G, hi - lo, N)
-        src_rank = torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)  # [G, N]
-        keys = self._recv_keys(local_counts, src_rank, tokens.device)
-
-        handle = DispatchHandle("hierarchical", T)
+        handle = DispatchHandle("hierarchical_allgather", T)
         es = tokens.element_size()
         inter = Tmax * (N - 1)
         per_row = H * es + K * 4 + (0 if probs is None else K * probs.element_size())
-        intra = sum(send) - send[lme]
+        intra, c_intra = sum(send) - send[lme], sum(recv) - recv[lme]
         handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
-                            intra_node_rows=intra, intra_node_bytes=intra * H * es,
+                            intra_node_rows=intra, intra_node_bytes=intra * per_row,
+                            combine_inter_node_rows=inter,
                             combine_inter_node_bytes=inter * H * es,
-                            combine_intra_node_bytes=(sum(recv) - recv[lme]) * H * es)
+                            combine_intra_node_rows=c_intra,
+                            combine_intra_node_bytes=c_intra * H * es)
 
         def finish():
             if pending is not None:
                 pending.wait()
-            sel = moe_permute(tokens_g, sel_key, None, num_experts=max(E_node * N, 1),
-                              num_out_tokens=max(sum(send), 1))
-            received = C.all_to_all(sel.tokens[:sum(send)], send, recv, topo.intra_group, debug=self.debug)
-            expert_tokens, tpe, local_map = self._local_sort(received, keys, None)
+            expert_tokens, tpe, local_map, rmap2, probs2 = self._forward_in_node(tokens_g, probs_g, ns)
             handle.tokens_per_local_expert = tpe
-            handle._state = dict(sel_map=sel.row_id_map, probs_g=probs_g, send=send, recv=recv,
-                                 local_map=local_map, Tmax=Tmax)
+            handle._state = dict(rmap2=rmap2, probs2=probs2, send=send, recv=recv,
+                                 local_map=local_map, Tmax=Tmax, rows=expert_tokens.shape[0])
             return expert_tokens, tpe, handle
 
         return finish
@@ -468,27 +641,47 @@ class MoEDispatcher:
             raise TypeError("handle must be the DispatchHandle returned by a finished dispatch")
         _checks.check_tensor("expert_output", expert_output, ndim=2, dtypes=_checks.FLOAT_DTYPES)
         st = handle._state
-        expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
+        if "rows" in st:  # hierarchical schemes
+            expected = st["rows"]
+        else:
+            expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
         if expert_output.shape[0] != expected:
             raise ValueError(f"expert_output must have {expected} rows (the rows dispatch "
                              f"delivered to this rank), got {expert_output.shape[0]}")
         topo = self.topology
         y = expert_output
-        if st["local_map"] is not None:
-            y = _unpermute(y, st["local_map"], None)  # back to arrival order
         pending = Pending() if async_op else None
         if handle.algorithm == "flat":
+            if st["local_map"] is not None:
+                y = _unpermute(y, st["local_map"], None)  # back to arrival order
             back = C.all_to_all(y, st["recv"], st["send"], topo.group, pending=pending,
-                                debug=self.debug)
+                                debug=self.debug, what="combine: all-to-all of expert outputs (EP group)")
 
             def finish():
                 if pending is not None:
                     pending.wait()
                 return _unpermute(back, st["row_id_map"], st["probs"])
         else:
-            back = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug)
-            partial = _unpermute(back, st["sel_map"], st["probs_g"])  # [N*Tmax, H]
-            reduced = C.reduce_scatter(partial, topo.inter_group, pending=pending)
+            # reduce on the expert rank first: one weighted partial sum per received row (its
+            # slots on this rank), then inside the node: one per (token, node)
+            if st["local_map"] is not None:
+                y = _unpermute(y, st["local_map"], st["probs2"])
+            back2 = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug,
+                                 what="combine: all-to-all of partial sums (intra-node group)")
+            partial = _unpermute(back2, st["rmap2"], None)
+        if handle.algorithm == "hierarchical":
+            back1 = C.all_to_all(partial, st["recv1"], st["send1"], topo.inter_group,
+                                 pending=pending, debug=self.debug,
+                                 what="combine: all-to-all of partial sums (inter-node group)")
+
+            def finish():
+                if pending is not None:
+                    pending.wait()
+                # sum of the per-node partial sums, in node order
+                return _unpermute(back1, st["row_id_map1"], None)
+        elif handle.algorithm == "hierarchical_allgather":
+            reduced = C.reduce_scatter(partial, topo.inter_group, pending=pending,
+                                       what="combine: ReduceScatter of partial sums (inter-node group)")
             T = handle.num_tokens
 
             def finish():

@@ -15,9 +15,12 @@ that property and pass it as ``group``.
 
 from __future__ import annotations
 
-from typing import List, Optional
+import datetime
+from typing import List, Optional, Union
 
 import torch.distributed as dist
+
+from ._autograd import group_timeout
 
 
 class EPTopology:
@@ -27,6 +30,10 @@ class EPTopology:
         group: the EP process group; ``None`` = the default (world) group.
         local_size: ranks per node ``G``. ``None`` reads ``LOCAL_WORLD_SIZE`` from the environment
             (set by ``torchrun``), else assumes one node.
+        timeout: timeout of the subgroups' collectives (seconds or a ``timedelta``). ``None`` =
+            the EP group's own timeout (``init_process_group(timeout=...)``), so a peer that fails
+            or dies makes the hierarchical collectives raise after the same time as the flat
+            ones. (``new_group`` without a timeout would use the 30-minute default.)
 
     Construction is collective. With ``group=None`` every rank of the world must construct the
     topology at the same point (it calls ``torch.distributed.new_group`` for every subgroup, in the
@@ -41,7 +48,8 @@ class EPTopology:
             ``group``; the subgroups are always explicit objects).
     """
 
-    def __init__(self, group: Optional[dist.ProcessGroup] = None, local_size: Optional[int] = None):
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, local_size: Optional[int] = None,
+                 *, timeout: Union[None, float, datetime.timedelta] = None):
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("EPTopology needs torch.distributed to be initialized "
                                "(call torch.distributed.init_process_group first)")
@@ -69,14 +77,24 @@ class EPTopology:
 
         G, N = local_size, self.num_nodes
         world = group is None or group is dist.group.WORLD
+        if timeout is None:
+            t = group_timeout(group)
+            timeout = None if t is None else datetime.timedelta(seconds=t)
+        elif not isinstance(timeout, datetime.timedelta):
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ValueError(f"timeout must be a positive number of seconds or a timedelta, "
+                                 f"got {timeout!r}")
+            timeout = datetime.timedelta(seconds=timeout)
+        self.timeout = timeout
 
         def subgroup(members, mine):
             # with the world group every rank creates every subgroup, in the same order;
             # with an explicit EP group only the members of each subgroup create it
             if world:
-                pg = dist.new_group(members)
+                pg = dist.new_group(members, timeout=timeout)
                 return pg if mine else None
-            return dist.new_group(members, use_local_synchronization=True) if mine else None
+            return (dist.new_group(members, timeout=timeout, use_local_synchronization=True)
+                    if mine else None)
 
         # Same creation order on every rank: all intra-node groups, then all inter-node groups.
         intra = [subgroup([self.ranks[n * G + i] for i in range(G)], n == self.node) for n in range(N)]

@@ -164,6 +164,13 @@ class MoELayer(nn.Module):
         shared_expert_ffn_hidden_size: ``Fs`` of a shared SwiGLU expert (``None`` = none).
         capacity_factor: ``None`` = dropless; else each expert takes at most
             ``C = ceil(capacity_factor * T * k / E)`` tokens (lowest probs dropped), padded to ``C``.
+        dispatcher: an :class:`ascend_moe_ops.distributed.MoEDispatcher` for expert parallelism
+            (``None`` = all experts on this device). The layer then holds only the dispatcher's
+            local experts (``experts.num_experts == dispatcher.num_local_experts``); dropless.
+        overlap_chunks: with a dispatcher, split the tokens into this many chunks and pipeline
+            them (:func:`ascend_moe_ops.distributed.moe_forward_overlapped`): dispatch/combine of
+            neighbouring chunks overlap the experts of the current one, forward and backward.
+            ``1`` (default) = one piece.
 
     ``forward(x [..., H]) -> [..., H]`` in ``x``'s dtype. ``tokens_per_expert`` and ``scores`` of
     the last call are kept on the module (for load-balancing losses and logging).
@@ -173,8 +180,19 @@ class MoELayer(nn.Module):
                  score_func: str = "softmax", norm_topk_prob: Optional[bool] = None,
                  shared_expert_ffn_hidden_size: Optional[int] = None,
                  capacity_factor: Optional[float] = None, init_std: float = 0.02,
-                 dtype=None, device=None):
+                 dtype=None, device=None, dispatcher=None, overlap_chunks: int = 1):
         super().__init__()
+        if isinstance(overlap_chunks, bool) or not isinstance(overlap_chunks, int) or overlap_chunks < 1:
+            raise ValueError(f"overlap_chunks must be a positive int, got {overlap_chunks!r}")
+        if dispatcher is None and overlap_chunks != 1:
+            raise ValueError("overlap_chunks > 1 needs an expert-parallel dispatcher (there is no "
+                             "communication to overlap on one device)")
+        if dispatcher is not None and (dispatcher.num_experts != num_experts or capacity_factor is not None):
+            raise ValueError(f"dispatcher must route num_experts={num_experts} experts (got "
+                             f"{dispatcher.num_experts}) and the expert-parallel layer is dropless "
+                             f"(capacity_factor=None, got {capacity_factor})")
+        self.dispatcher = dispatcher
+        self.overlap_chunks = overlap_chunks
         self.hidden_size = hidden_size
         self.num_experts = num_experts
         self.top_k = top_k
@@ -182,7 +200,8 @@ class MoELayer(nn.Module):
         kw = dict(dtype=dtype, device=device)
         self.router = TopKRouter(hidden_size, num_experts, top_k, score_func=score_func,
                                  norm_topk_prob=norm_topk_prob, init_std=init_std, **kw)
-        self.experts = GroupedMLP(num_experts, hidden_size, ffn_hidden_size, init_std=init_std, **kw)
+        n_local = num_experts if dispatcher is None else dispatcher.num_local_experts
+        self.experts = GroupedMLP(n_local, hidden_size, ffn_hidden_size, init_std=init_std, **kw)
         self.shared_experts = (SharedExpertMLP(hidden_size, shared_expert_ffn_hidden_size, init_std=init_std, **kw)
                                if shared_expert_ffn_hidden_size else None)
         self.tokens_per_expert: Optional[Tensor] = None
@@ -197,6 +216,16 @@ class MoELayer(nn.Module):
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         ids, probs, scores = self.router(tokens)
+        if self.dispatcher is not None:  # expert parallel, optionally pipelined in chunks
+            from ..distributed.overlap import moe_forward_overlapped
+            out = moe_forward_overlapped(self.dispatcher, tokens, ids, probs,
+                                         self.experts, list(self.experts.parameters()),
+                                         chunks=self.overlap_chunks)
+            if self.shared_experts is not None:
+                out = out + self.shared_experts(tokens)
+            self.tokens_per_expert = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
+            self.scores = scores
+            return out.reshape(shape)
         perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts,
                            capacity=self.capacity(tokens.shape[0]))
         expert_out = self.experts(perm.tokens, perm.group_sizes)

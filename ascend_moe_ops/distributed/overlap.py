@@ -1,0 +1,225 @@
+"""Chunked expert-parallel MoE pipeline: communication of one chunk overlaps expert compute of
+another, forward and backward.
+
+:func:`moe_forward_overlapped` splits the tokens of a rank into ``chunks`` contiguous pieces and
+runs, per chunk, dispatch -> experts -> combine. The collectives (dispatch, combine and their
+backward passes) run on one communication thread, in the same order on every rank; the experts
+run on the calling thread. Forward, the communication thread works on the dispatch of chunk
+``i+1`` and the combine of chunk ``i-1`` while the caller computes the experts of chunk ``i``.
+Backward, the combine-gradient all-to-all of chunk ``i+1`` is launched before the expert backward
+(data- and weight-gradient GEMMs) of chunk ``i`` starts, and the dispatch-gradient all-to-all of
+chunk ``i-1`` runs meanwhile.
+
+Each chunk is its own small autograd graph (dispatch, experts, combine, separated by detached
+leaves); one custom autograd Function ties them to the caller's graph and schedules their
+backward passes. Results are those of the same chunks run one after the other (bitwise:
+``overlap=False`` runs exactly that sequence on the calling thread); parameter gradients are
+summed over chunks in chunk order.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+
+class _Inline:
+    """Executor stand-in that runs each task at once (``overlap=False``)."""
+
+    class _Done:
+        def __init__(self, fn):
+            self._value, self._error = None, None
+            try:
+                self._value = fn()
+            except BaseException as e:  # re-raised by result(), like a Future
+                self._error = e
+
+        def result(self):
+            if self._error is not None:
+                raise self._error
+            return self._value
+
+    def submit(self, fn):
+        return self._Done(fn)
+
+    def shutdown(self, **kwargs):
+        pass
+
+
+def _executor(overlap: bool):
+    if overlap:
+        return cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend_moe_ops_ep_comm")
+    return _Inline()
+
+
+def _grad(outputs, inputs, grads):
+    """``torch.autograd.grad`` over the inputs that need it (``None`` for the others)."""
+    want = [i for i, t in enumerate(inputs) if t is not None and t.requires_grad]
+    res: List[Optional[Tensor]] = [None] * len(inputs)
+    if not want or not outputs.requires_grad:
+        return res
+    got = torch.autograd.grad(outputs, [inputs[i] for i in want], grads, allow_unused=True)
+    for i, g in zip(want, got):
+        res[i] = g
+    return res
+
+
+def _leaf(t: Optional[Tensor], requires_grad: bool) -> Optional[Tensor]:
+    return None if t is None else t.detach().requires_grad_(requires_grad)
+
+
+def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool):
+    """The pipelined forward; with ``record`` every chunk keeps its graph pieces."""
+    n = len(xs)
+    ex = _executor(overlap)
+    grad_mode = torch.is_grad_enabled()
+
+    def dispatch(i):
+        with torch.set_grad_enabled(grad_mode):
+            et, tpe, h = dispatcher.dispatch(xs[i], ids[i], ps[i])
+        return et, tpe, h
+
+    def combine(i, y_leaf, h):
+        with torch.set_grad_enabled(grad_mode):
+            return dispatcher.combine(y_leaf, h)
+
+    chunks = [dict() for _ in range(n)]
+    try:
+        fd = {i: ex.submit(lambda i=i: dispatch(i)) for i in range(min(2, n))}
+        fc = {}
+        for i in range(n):
+            et, tpe, h = fd.pop(i).result()
+            et_leaf = _leaf(et, True) if record else et
+            y = expert_fn(et_leaf, tpe)  # overlaps dispatch i+1 and combine i-1
+            y_leaf = _leaf(y, True) if record else y
+            fc[i] = ex.submit(lambda i=i, y_leaf=y_leaf, h=h: combine(i, y_leaf, h))
+            if i + 2 < n:
+                fd[i + 2] = ex.submit(lambda j=i + 2: dispatch(j))
+            chunks[i].update(et=et, et_leaf=et_leaf, y=y, y_leaf=y_leaf)
+        for i in range(n):
+            chunks[i]["out"] = fc.pop(i).result()
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True) if overlap else None
+    return chunks
+
+
+class _Pipeline(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, cfg, tokens, probs, *params):
+        dispatcher, topk_idx, expert_fn, n, overlap = cfg
+        with torch.enable_grad():
+            xs = [_leaf(x, tokens.requires_grad) for x in tokens.tensor_split(n)]
+            ps = ([None] * n if probs is None else
+                  [_leaf(p, probs.requires_grad) for p in probs.tensor_split(n)])
+            ids = list(topk_idx.tensor_split(n))
+            chunks = _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap, record=True)
+        ctx.cfg, ctx.xs, ctx.ps, ctx.chunks, ctx.params = cfg, xs, ps, chunks, params
+        ctx.has_probs = probs is not None
+        return torch.cat([c["out"].detach() for c in chunks])
+
+    @staticmethod
+    def backward(ctx, g):
+        _, _, _, n, overlap = ctx.cfg
+        chunks, xs, ps, params = ctx.chunks, ctx.xs, ctx.ps, list(ctx.params)
+        sizes = [x.shape[0] for x in xs]
+        gs = list(g.split(sizes))
+        ex = _executor(overlap)
+
+        def combine_bwd(i):  # the combine's backward: dispatch-direction all-to-alls
+            c = chunks[i]
+            dy, dp = _grad(c["out"], [c["y_leaf"], ps[i]], gs[i].contiguous())
+            return dy, dp
+
+        def dispatch_bwd(i, det):  # the dispatch's backward: combine-direction all-to-alls
+            c = chunks[i]
+            if det is None or not c["et"].requires_grad:
+                return None, None
+            return tuple(_grad(c["et"], [xs[i], ps[i]], det))
+
+        dx: List[Optional[Tensor]] = [None] * n
+        dps: List[Optional[Tensor]] = [None] * n
+        dparams: List[Optional[Tensor]] = [None] * len(params)
+        try:
+            fcb = {i: ex.submit(lambda i=i: combine_bwd(i)) for i in range(min(2, n))}
+            fdb = {}
+            for i in range(n):
+                dy, dps[i] = fcb.pop(i).result()
+                if i + 2 < n:  # the next combine-gradient exchange goes out before these GEMMs
+                    fcb[i + 2] = ex.submit(lambda j=i + 2: combine_bwd(j))
+                c = chunks[i]
+                got = _grad(c["y"], [c["et_leaf"]] + params, dy) if dy is not None else \
+                    [None] * (1 + len(params))
+                for k, gp in enumerate(got[1:]):
+                    if gp is not None:
+                        dparams[k] = gp if dparams[k] is None else dparams[k] + gp
+                fdb[i] = ex.submit(lambda i=i, det=got[0]: dispatch_bwd(i, det))
+            for i in range(n):
+                dxi, dpi = fdb.pop(i).result()
+                dx[i] = dxi
+                if dpi is not None:
+                    dps[i] = dpi if dps[i] is None else dps[i] + dpi
+        finally:
+            ex.shutdown(wait=True, cancel_futures=True) if overlap else None
+        ctx.chunks = None  # free the graphs
+
+        def cat(parts, leaves):
+            if leaves[0] is None or not leaves[0].requires_grad:
+                return None
+            return torch.cat([d if d is not None else torch.zeros_like(x)
+                              for d, x in zip(parts, leaves)])
+
+        dtokens, dprobs = cat(dx, xs), cat(dps, ps)
+        return (None, dtokens, dprobs) + tuple(dparams)
+
+
+def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor],
+                           expert_fn: Callable[[Tensor, Tensor], Tensor],
+                           params: Sequence[Tensor] = (), *, chunks: int = 2,
+                           overlap: bool = True) -> Tensor:
+    """Expert-parallel MoE ``combine(experts(dispatch(tokens)))`` in ``chunks`` pipelined pieces.
+
+    Args:
+        dispatcher: a :class:`~ascend_moe_ops.distributed.MoEDispatcher`.
+        tokens: ``[T, H]`` this rank's tokens (``T`` may differ between ranks, even be 0).
+        topk_idx: ``[T, K]`` global expert ids (``-1`` = empty slot).
+        probs: ``[T, K]`` router weights or ``None``.
+        expert_fn: ``expert_fn(expert_tokens [R, H], tokens_per_local_expert [L]) -> [R, H']``,
+            e.g. an :class:`ascend_moe_ops.nn.GroupedMLP` of the local experts.
+        params: the tensors ``expert_fn`` uses that need gradients (e.g.
+            ``list(experts.parameters())``); their gradients are computed chunk by chunk and
+            summed in chunk order.
+        chunks: number of pieces; the tokens are cut with ``tensor_split`` (sizes differ by at most
+            one). Every rank must use the same value. ``1`` = no pipelining.
+        overlap: ``False`` runs the same chunks one after the other on the calling thread (the
+            reference the overlapped run equals bitwise).
+
+    Returns:
+        ``[T, H']``, differentiable w.r.t. ``tokens``, ``probs`` and ``params``.
+
+    Every rank issues the same collectives in the same order (one communication thread per
+    call). Do not run other collectives on the dispatcher's groups while a call (or its
+    backward) is in progress.
+    """
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        raise ValueError(f"tokens must be a [T, H] tensor, got "
+                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+    params = tuple(params)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (tokens, probs) + params)
+    if not needs_grad:
+        xs = list(tokens.tensor_split(chunks))
+        ps = [None] * chunks if probs is None else list(probs.tensor_split(chunks))
+        out = _run_forward(dispatcher, xs, list(topk_idx.tensor_split(chunks)), ps, expert_fn,
+                           overlap, record=False)
+        return torch.cat([c["out"] for c in out])
+    cfg = (dispatcher, topk_idx, expert_fn, chunks, overlap)
+    return _Pipeline.apply(cfg, tokens, probs, *params)
+
+
+__all__ = ["moe_forward_overlapped"]
