@@ -269,3 +269,30 @@ def test_grouped_gemm_standin(dtype, trans_b):
     assert agg.backend.gmm(a, b, sizes, trans_b=trans_b, c=c) is c and torch.equal(c, raw)
     with pytest.raises(ValueError, match="trans_a and trans_b cannot both be set"):
         agg.backend.gmm(a, b, sizes, trans_a=True, trans_b=True)
+
+
+# ---------------------------------------------------------------- the CPU fast path of permute
+@pytest.mark.parametrize("uniform", [True, False], ids=["topk", "ragged"])
+def test_permute_row_blocks_match_megatron(uniform):
+    """The [T, E] mask is compacted in row blocks of 32768 / E tokens: T spans several blocks
+    (and a ragged mask pads blocks to different widths); the record kept on sorted_indices lets
+    unpermute skip the rebuild, also with probs; a different routing_map object falls back."""
+    T, H, E, K = 1100, 8, 32, 4  # blocks of 1024 rows: two blocks
+    g = torch.Generator().manual_seed(7)
+    ids = torch.rand(T, E, generator=g).topk(K, 1).indices
+    mask = torch.zeros(T, E, dtype=torch.bool).scatter_(1, ids, True)
+    if not uniform:
+        mask[1050:, :] = False  # the second block has tokens with no expert
+        mask[3, :] = True       # a token with every expert (block widths 32 and 4)
+    x = torch.randn(T, H, generator=g)
+    probs = torch.rand(T, E, generator=g) * mask
+    ours = mg.permute(x, mask, probs=probs, num_out_tokens=int(mask.sum()))
+    theirs = ORIG["permute"](x, mask, probs=probs, num_out_tokens=int(mask.sum()))
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a, b)
+    rows = torch.randn(ours[0].shape, generator=g)
+    for kw in (dict(routing_map=mask), dict(routing_map=mask, probs=probs), dict(routing_map=mask.clone()), {}):
+        out = mg.unpermute(rows, ours[2], x.shape, **kw)
+        ref = ORIG["unpermute"](rows, theirs[2], x.shape, **kw) if kw else \
+            ORIG["unpermute"](rows, theirs[2], x.shape, routing_map=mask)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
