@@ -113,6 +113,115 @@ def measure(ctx, shape, dispatcher, repeats=5):
     return {name: sorted(v)[len(v) // 2] for name, v in times.items()}, times
 
 
+# ---------------------------------------------------------------- saved activation bytes
+def saved_bytes(fn, params=()):
+    """Bytes of the distinct storages autograd saves for backward while ``fn()`` runs
+    (``torch.autograd.graph.saved_tensors_hooks``), leaving out ``params`` (they are kept anyway):
+    the activation memory a training step holds between forward and backward."""
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip and st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return sum(seen.values()), out
+
+
+MEMORY_OPTIONS = {
+    "none": {},
+    "recompute_permute": dict(recompute_permute=True),
+    "recompute_activation": dict(recompute_activation=True),
+    "recompute_permute + recompute_activation": dict(recompute_permute=True, recompute_activation=True),
+    "score_before_experts": dict(score_before_experts=True),
+    "score_before_experts + recompute_permute": dict(score_before_experts=True, recompute_permute=True),
+}
+
+
+def memory_rows(shape=None):
+    """Saved bytes of ``ascend_moe_ops.nn.MoELayer`` per memory option (bf16, one forward)."""
+    from ascend_moe_ops.nn import MoELayer
+    shape = shape or SHAPE
+    T, H, E, K, F = (shape[k] for k in "THEKF")
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(0)).to(DTYPE)
+    out = {}
+    for name, kw in MEMORY_OPTIONS.items():
+        torch.manual_seed(0)
+        layer = MoELayer(H, E, F, K, dtype=DTYPE, init_std=0.02, **kw)
+        xi = x.clone().requires_grad_()
+        out[name], _ = saved_bytes(lambda: layer(xi), list(layer.parameters()))
+    return out
+
+
+# ---------------------------------------------------------------- the ops on Megatron's call paths
+OP_TOKENS = (256, 2048)  # small and large T (H=1024, E=64, top-8, bf16, fp32 probs)
+
+
+def _path_ops(fn, T, H=1024, E=64, K=8):
+    """The calls Megatron-Core 0.16.1's dispatchers make, on module ``fn`` (megatron-core's
+    moe_utils or ascend_moe_ops.integrations.megatron): ``{path: step}``."""
+    gen = torch.Generator().manual_seed(T)
+    x = torch.randn(T, H, generator=gen).to(DTYPE)
+    scores = torch.rand(T, E, generator=gen)
+    mask = torch.zeros(T, E, dtype=torch.bool).scatter_(1, scores.topk(K, -1).indices, True)
+    probs = scores * mask
+    N = T * K
+    rows, pp, si = fn.permute(x, mask, probs=probs, num_out_tokens=N)
+    sizes = mask.sum(0)
+    order = torch.randperm(E, generator=gen)  # EP>1 reorders chunks; EP=1 keeps them in order
+    xg, prg = x.clone().requires_grad_(), probs.clone().requires_grad_()
+    go = torch.randn(T, H, generator=gen).to(DTYPE)
+
+    def trip():  # the alltoall dispatcher's forward+backward data path, probs applied in between
+        xg.grad = prg.grad = None
+        r, p2, s2 = fn.permute(xg, mask, probs=prg, num_out_tokens=N)
+        r, p2 = fn.sort_chunks_by_idxs(r, sizes, torch.arange(E), probs=p2)
+        r = (r * p2.unsqueeze(1)).to(r.dtype)  # Megatron applies probs in the activation
+        r, _ = fn.sort_chunks_by_idxs(r, sizes, torch.arange(E))
+        fn.unpermute(r, s2, x.shape, routing_map=mask).backward(go)
+
+    return {
+        "permute with probs (alltoall dispatcher)": lambda: fn.permute(x, mask, probs=probs, num_out_tokens=N),
+        "permute, no probs, tensor num_out_tokens (allgather dispatcher)":
+            lambda: fn.permute(x, mask, num_out_tokens=sizes.sum()),
+        "unpermute with routing_map, no probs (both dispatchers)":
+            lambda: fn.unpermute(rows, si, x.shape, routing_map=mask),
+        "sort_chunks_by_idxs with probs (alltoall, EP>1 order)":
+            lambda: fn.sort_chunks_by_idxs(rows, sizes, order, probs=pp),
+        "sort_chunks_by_idxs, no probs (alltoall combine)": lambda: fn.sort_chunks_by_idxs(rows, sizes, order),
+        "dispatch+combine round trip fwd+bwd (alltoall, EP=1)": trip,
+    }
+
+
+def op_rows(ctx, repeats=5):
+    """Each op on Megatron's call path: this package vs megatron-core's own, round-robin."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.moe import moe_utils as mcore
+    from ascend_moe_ops.integrations import megatron as mg
+    rows = []
+    for T in OP_TOKENS:
+        ours, theirs = _path_ops(mg, T), _path_ops(mcore, T)
+        t_ours = {k: [] for k in ours}
+        t_theirs = {k: [] for k in ours}
+        for k in ours:
+            ours[k](), theirs[k]()
+        for _ in range(repeats):
+            for k in ours:
+                t_theirs[k].append(ctx.time(theirs[k], min_time=0.1, min_iters=1, warmup=0))
+                t_ours[k].append(ctx.time(ours[k], min_time=0.1, min_iters=1, warmup=0))
+        for k in ours:
+            a, b = sorted(t_ours[k])[repeats // 2], sorted(t_theirs[k])[repeats // 2]
+            rows.append(Row(op="megatron call path", case=f"{k} T{T} H1024 E64 K8", backend="integrations.megatron",
+                            dtype="bfloat16", seconds=a, peers={"megatron-core 0.16.1": b},
+                            extra={"repeats": repeats, "speedup_vs_megatron": round(b / a, 3)}))
+    return rows
+
+
 def run(ctx, repeats=None, dispatchers=DISPATCHERS):
     h = _cpu_helpers()
     shape = QUICK_SHAPE if ctx.quick else SHAPE
@@ -134,7 +243,7 @@ def run(ctx, repeats=None, dispatchers=DISPATCHERS):
                                     limit="flops", peers=peers,
                                     extra={"repeats": repeats, "speedup_vs_unpatched_default": round(base / t, 3),
                                            "speedup_vs_grouped_gemm_only": round(med["unpatched + grouped GEMM"] / t, 3)}))
-    return rows
+    return rows + op_rows(ctx)
 
 
 def profile(shape, dispatcher, name, row_limit=25):
@@ -156,6 +265,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--dispatcher", choices=DISPATCHERS, default=None)
     ap.add_argument("--profile", default=None, help="a configuration name to profile instead of timing")
+    ap.add_argument("--ops-only", action="store_true", help="only the ops on Megatron's call paths")
+    ap.add_argument("--memory", action="store_true", help="saved bytes of nn.MoELayer per memory option")
     args = ap.parse_args(argv)
     shape = QUICK_SHAPE if args.quick else SHAPE
     h = _cpu_helpers()
@@ -166,8 +277,20 @@ def main(argv=None):
                 print(profile(shape, args.dispatcher or "alltoall", args.profile))
             return 0
         ctx = Context(torch.device("cpu"), args.quick)
+        if args.memory:
+            mem = memory_rows(shape)
+            for k, v in mem.items():
+                print(f"{k:45s} {v / 2**20:9.1f} MiB saved  x{v / mem['none']:.2f} of none")
+            return 0
+        if args.ops_only:
+            for r in op_rows(ctx, args.repeats or 5):
+                print(f"{r.case:82s} {r.seconds * 1e3:8.2f} ms  x{r.extra['speedup_vs_megatron']:.2f} vs megatron-core")
+            return 0
         disp = (args.dispatcher,) if args.dispatcher else DISPATCHERS
         for r in run(ctx, args.repeats, disp):
+            if r.op != OP:
+                print(f"{r.case:82s} {r.seconds * 1e3:8.2f} ms  x{r.extra['speedup_vs_megatron']:.2f} vs megatron-core")
+                continue
             print(f"{r.case:70s} {r.seconds * 1e3:9.1f} ms  x{r.extra['speedup_vs_unpatched_default']:.2f} "
                   f"vs unpatched default, x{r.extra['speedup_vs_grouped_gemm_only']:.2f} vs grouped-GEMM-only")
     return 0
