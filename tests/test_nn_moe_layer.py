@@ -105,7 +105,8 @@ def test_moe_layer_fp16_matches_fp64(backend):
     2x-PyTorch rule: the reference backend in fp16 is 'the same math done by PyTorch'."""
     torch.manual_seed(3)
     layer64 = MoELayer(24, 6, 16, 2, init_std=0.2, dtype=torch.float64)
-    layer16 = MoELayer(24, 6, 16, 2, init_std=0.2, dtype=torch.float16)
+    # an fp32 gate, as the fp64 oracle routes (the fp16 default gate could pick other experts)
+    layer16 = MoELayer(24, 6, 16, 2, init_std=0.2, dtype=torch.float16, router_dtype=torch.float32)
     layer16.load_state_dict(layer64.state_dict())
     x = torch.randn(18, 24, dtype=torch.float64)
     with gg_backend(backend):
@@ -185,3 +186,147 @@ def test_router_validation():
         MoELayer(8, 4, 8, 2, score_func="relu")
     with pytest.raises(ValueError, match="top_k"):
         MoELayer(8, 4, 8, 5)
+
+
+# ---------------------------------------------------------------- router options (torchtitan / DeepSeek-V3)
+def _bench_layer_module():
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_moe_layer.py"
+    spec = importlib.util.spec_from_file_location("amo_bench_moe_layer_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_router_dtype_default_is_the_input_dtype():
+    torch.manual_seed(5)
+    T, H, E, K = 256, 64, 16, 4
+    layer = MoELayer(H, E, 16, K, dtype=torch.bfloat16, init_std=0.2)
+    x = torch.randn(T, H).bfloat16()
+    ids, probs, scores = layer.router(x)
+    logits = F.linear(x, layer.router.weight).float()  # a bf16 gate, as torchtitan's
+    torch.testing.assert_close(scores, logits.softmax(-1), rtol=0, atol=0)
+    fp32 = MoELayer(H, E, 16, K, dtype=torch.bfloat16, init_std=0.2, router_dtype=torch.float32)
+    fp32.load_state_dict(layer.state_dict())
+    _, _, s32 = fp32.router(x)
+    torch.testing.assert_close(s32, F.linear(x.float(), layer.router.weight.float()).softmax(-1), rtol=0, atol=0)
+    assert probs.dtype == torch.float32 and ids.dtype == torch.int64
+    with pytest.raises(ValueError, match="router_dtype must be None"):
+        MoELayer(H, E, 16, K, router_dtype=torch.int32)
+
+
+def test_route_scale_and_route_norm():
+    torch.manual_seed(6)
+    layer = MoELayer(16, 8, 8, 3, score_func="sigmoid", route_norm=False, route_scale=2.5, init_std=0.3)
+    assert layer.router.route_norm is False and layer.router.norm_topk_prob is False
+    x = torch.randn(10, 16)
+    ids, probs, scores = layer.router(x)
+    torch.testing.assert_close(probs, scores.gather(1, ids) * 2.5)
+    normed = MoELayer(16, 8, 8, 3, score_func="sigmoid", route_norm=True, route_scale=2.5, init_std=0.3)
+    normed.load_state_dict(layer.state_dict())
+    _, p2, _ = normed.router(x)
+    torch.testing.assert_close(p2.sum(-1), torch.full((10,), 2.5))
+    with pytest.raises(ValueError, match="route_norm=True and norm_topk_prob=False disagree"):
+        MoELayer(16, 8, 8, 3, route_norm=True, norm_topk_prob=False)
+    with pytest.raises(ValueError, match="route_scale must be a finite number"):
+        MoELayer(16, 8, 8, 3, route_scale=float("nan"))
+
+
+def test_expert_bias_selects_only_and_update_rule():
+    torch.manual_seed(7)
+    T, H, E, K = 64, 16, 8, 2
+    layer = MoELayer(H, E, 8, K, score_func="sigmoid", expert_bias=True, init_std=0.3)
+    x = torch.randn(T, H)
+    bias = torch.zeros(E)
+    bias[3] = 10.0  # expert 3 always selected; its prob stays its unbiased score
+    layer.router.expert_bias.copy_(bias)
+    ids, probs, scores = layer.router(x)
+    assert (ids == 3).any(1).all()
+    torch.testing.assert_close(probs, (scores.gather(1, ids) / scores.gather(1, ids).sum(-1, keepdim=True)))
+    # the load accumulates over (training) forwards; the update is sign(mean - load) * rate
+    layer.router.expert_bias.zero_()
+    layer.router.tokens_per_expert.zero_()
+    layer(x)
+    layer(x)
+    load = layer.router.tokens_per_expert.clone()
+    assert load.sum() == 2 * T * K
+    new = layer.update_expert_bias(rate=0.01)
+    torch.testing.assert_close(new, 0.01 * torch.sign(load.mean() - load))
+    assert layer.router.tokens_per_expert.sum() == 0  # reset after the update
+    assert "router.expert_bias" in layer.state_dict()
+    with pytest.raises(RuntimeError, match="expert_bias=True"):
+        MoELayer(H, E, 8, K).update_expert_bias()
+    with pytest.raises(ValueError, match="tokens_per_expert must have shape"):
+        layer.update_expert_bias(tokens_per_expert=torch.ones(3))
+
+
+def dense_moe_scaled_first(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
+    """score_before_experts oracle: every routed token scaled by its prob, then its expert MLP."""
+    ids, probs, _ = layer.router(x)
+    out = torch.zeros_like(x)
+    for e in range(layer.num_experts):
+        fc1, fc2 = layer.experts.w1()[e], layer.experts.w2()[e]
+        tok, slot = torch.nonzero(ids == e, as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = (x[tok] * probs[tok, slot].to(x.dtype).unsqueeze(1)) @ fc1
+        gate, up = h.chunk(2, -1)
+        out = out.index_add(0, tok, (F.silu(gate) * up) @ fc2)
+    return out
+
+
+def test_score_before_experts_matches_dense_loop_fp64():
+    torch.manual_seed(8)
+    layer = MoELayer(24, 6, 16, 3, score_func="sigmoid", score_before_experts=True, init_std=0.2,
+                     dtype=torch.float64)
+    x = torch.randn(30, 24, dtype=torch.float64)
+    y, gx, gp = _grads(layer, layer, x)
+    ry, rgx, rgp = _grads(layer, lambda t: dense_moe_scaled_first(layer, t), x)
+    torch.testing.assert_close(y, ry, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx, rgx, rtol=1e-5, atol=1e-6)
+    for n in gp:
+        torch.testing.assert_close(gp[n], rgp[n], rtol=1e-5, atol=1e-6, msg=lambda m: f"grad {n}: {m}")
+
+
+# ---------------------------------------------------------------- memory options
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("score_before", [False, True], ids=["probs_in_combine", "score_before_experts"])
+@pytest.mark.parametrize("capacity_factor", [None, 0.75], ids=["dropless", "capacity"])
+@pytest.mark.parametrize("options", [dict(recompute_permute=True), dict(recompute_activation=True),
+                                     dict(recompute_permute=True, recompute_activation=True)],
+                         ids=["permute", "activation", "both"])
+def test_recompute_is_bitwise_equal(dtype, score_before, capacity_factor, options):
+    """Recomputing rebuilds the same bits, so outputs and every gradient are bitwise equal."""
+    torch.manual_seed(9)
+    kw = dict(score_before_experts=score_before, capacity_factor=capacity_factor, init_std=0.2, dtype=dtype)
+    plain = MoELayer(32, 8, 16, 3, **kw)
+    rec = MoELayer(32, 8, 16, 3, **kw, **options)
+    rec.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 21, 32).to(dtype)
+    y, gx, gp = _grads(plain, plain, x)
+    ry, rgx, rgp = _grads(rec, rec, x)
+    assert torch.equal(y, ry) and torch.equal(gx, rgx)
+    assert gp.keys() == rgp.keys()
+    for n in gp:
+        assert torch.equal(gp[n], rgp[n]), f"grad {n} differs"
+
+
+def test_recompute_permute_saves_at_most_0_7x():
+    bench = _bench_layer_module()
+    mem = bench.memory_rows(dict(T=256, H=256, E=16, K=8, F=64))  # the benchmark shape scaled down
+    assert mem["recompute_permute"] <= 0.7 * mem["none"], mem
+    assert mem["recompute_activation"] < mem["none"], mem
+    assert mem["recompute_permute + recompute_activation"] < mem["recompute_permute"], mem
+    assert mem["score_before_experts + recompute_permute"] <= 0.7 * mem["score_before_experts"], mem
+
+
+def test_offload_is_a_noop_with_a_warning_on_cpu():
+    torch.manual_seed(10)
+    plain = MoELayer(16, 4, 8, 2, init_std=0.2)
+    off = MoELayer(16, 4, 8, 2, init_std=0.2, offload_activations=True)
+    off.load_state_dict(plain.state_dict())
+    x = torch.randn(12, 16)
+    with pytest.warns(RuntimeWarning, match="offload_activations=True\\) on the CPU"):
+        y = off(x)
+    assert torch.equal(y, plain(x))

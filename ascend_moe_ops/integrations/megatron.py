@@ -51,7 +51,9 @@ from ..ops.moe_unpermute import moe_unpermute
 
 Tensor = torch.Tensor
 
-__all__ = ["permute", "unpermute", "sorted_indices_from_row_id_map", "row_id_map_from_sorted_indices"]
+__all__ = ["permute", "unpermute", "sort_chunks_by_idxs", "sorted_indices_from_row_id_map",
+           "row_id_map_from_sorted_indices", "patch", "unpatch", "patched", "is_patched", "PatchReport",
+           "call_counts", "PATCHABLE"]
 
 _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -189,22 +191,103 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
             rows = row_id_map.reshape(-1).to(torch.int64)
             dest = torch.where(rows >= 0, rows, torch.full_like(rows, N))
             permuted_probs = probs.new_zeros(N + 1).index_copy(0, dest, probs.reshape(-1))[:N]
-        return out, permuted_probs, sorted_indices_from_row_id_map(row_id_map, N)
+        si = sorted_indices_from_row_id_map(row_id_map, N)
+        _remember(si, row_id_map, None, routing_map, True, N)
+        return out, permuted_probs, si
+
+    if device.type == "cpu" and not _checks.is_fake(mask):
+        # On the CPU a host read costs nothing: compact the [T, E] mask to [T, S] expert ids
+        # (S = most experts of a token, = top-k), so the kernels touch T*S slots, not T*E.
+        ids, counts = _compact_routing(mask)
+        used = int(counts.sum())
+        if num_out_tokens is not None:
+            n = _as_int("num_out_tokens", num_out_tokens)
+            if used != n:
+                raise ValueError(f"num_out_tokens={n} must equal the {used} routed slots "
+                                 "of routing_map (Megatron's unfused path returns exactly them)")
+        slot_probs = _slot_probs(probs, ids)
+        res = moe_permute(tokens, ids, slot_probs, num_experts=E, num_out_tokens=used)
+        si = sorted_indices_from_row_id_map(res.row_id_map, used)
+        _remember(si, res.row_id_map, ids, routing_map, False, used)
+        return res.tokens, res.probs, si
 
     if num_out_tokens is None:
         n = int(mask.sum())  # host sync: the one Megatron's masked_select makes
     else:
         n = _as_int("num_out_tokens", num_out_tokens)
         if not _checks.is_fake(mask):
-            used = mask.sum()
-            if device.type == "cpu":
-                if int(used) != n:
-                    raise ValueError(f"num_out_tokens={n} must equal the {int(used)} routed slots "
-                                     "of routing_map (Megatron's unfused path returns exactly them)")
-            else:
-                torch._assert_async(used == n, "num_out_tokens must equal the routed slots of routing_map")
+            torch._assert_async(mask.sum() == n, "num_out_tokens must equal the routed slots of routing_map")
     res = moe_permute(tokens, mask, probs, num_out_tokens=n)
-    return res.tokens, res.probs, sorted_indices_from_row_id_map(res.row_id_map, n)
+    si = sorted_indices_from_row_id_map(res.row_id_map, n)
+    _remember(si, res.row_id_map, None, routing_map, False, n)
+    return res.tokens, res.probs, si
+
+
+class _PermuteRecord:
+    """What :func:`permute` knew, kept on the ``sorted_indices`` it returned so that
+    :func:`unpermute` of the same rows skips rebuilding the row map from ``sorted_indices``."""
+    __slots__ = ("row_id_map", "ids", "mask", "drop_and_pad", "num_rows")
+
+    def __init__(self, row_id_map, ids, mask, drop_and_pad, num_rows):
+        self.row_id_map, self.ids, self.mask = row_id_map, ids, mask
+        self.drop_and_pad, self.num_rows = drop_and_pad, num_rows
+
+
+def _remember(si: Tensor, row_id_map: Tensor, ids: Optional[Tensor], mask: Tensor, drop_and_pad: bool,
+              num_rows: int) -> None:
+    try:
+        si._amo_permute = _PermuteRecord(row_id_map, ids, mask, drop_and_pad, num_rows)
+    except (AttributeError, RuntimeError):  # a tensor subclass without __dict__
+        pass
+
+
+# ATen runs an op on the calling thread when it has at most this many elements (GRAIN_SIZE).
+# _compact_routing works on row blocks of that size: waking a second thread costs far more than
+# the whole compaction when the cores are shared (measured here, T=2048, E=64, load average ~20:
+# mask.nonzero() 48 ms on two threads vs 0.3 ms on one).
+_INLINE_ELEMENTS = 32768
+
+
+def _compact_routing(mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """``[T, E]`` mask -> ``(ids [T, S] int64, counts [T])``: the routed experts of each token in
+    ascending order (the mask's slot order), ``-1``-padded to ``S = counts.max()``."""
+    T, E = mask.shape
+    block = max(1, _INLINE_ELEMENTS // max(E, 1))
+    if T <= block:
+        return _compact_block(mask)
+    parts = [_compact_block(mask[i:i + block]) for i in range(0, T, block)]
+    S = max(p[0].shape[1] for p in parts)
+    ids = [p[0] if p[0].shape[1] == S else torch.nn.functional.pad(p[0], (0, S - p[0].shape[1]), value=-1)
+           for p in parts]
+    return torch.cat(ids), torch.cat([p[1] for p in parts])
+
+
+def _compact_block(mask: Tensor) -> Tuple[Tensor, Tensor]:
+    T, E = mask.shape
+    nz = mask.nonzero()  # row-major: token order, ascending expert inside a token
+    n = nz.shape[0]
+    counts = torch.bincount(nz[:, 0], minlength=T) if n else torch.zeros(T, dtype=torch.int64, device=mask.device)
+    S = int(counts.max()) if n else 0
+    if S == 0:
+        return torch.empty((T, 0), dtype=torch.int64, device=mask.device), counts
+    if n == S * T:  # every token has S experts (top-k routing): a plain reshape
+        return nz[:, 1].reshape(T, S), counts
+    t, e = nz[:, 0], nz[:, 1]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(n, device=mask.device) - starts.index_select(0, t)
+    ids = torch.full((T, S), -1, dtype=torch.int64, device=mask.device)
+    ids[t, slot] = e
+    return ids, counts
+
+
+def _slot_probs(probs: Optional[Tensor], ids: Tensor) -> Optional[Tensor]:
+    """Dense ``[T, E]`` probs -> ``[T, S]`` probs of the slots of ``ids`` (0 for ``-1`` slots)."""
+    if probs is None:
+        return None
+    if ids.shape[1] == 0:
+        return probs[:, :0]
+    g = probs.gather(1, ids.clamp_min(0))
+    return torch.where(ids >= 0, g, torch.zeros((), dtype=g.dtype))
 
 
 def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape: Sequence[int],
@@ -237,6 +320,17 @@ def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape: Se
     if len(shape) != 2 or shape[1] != H:
         raise ValueError(f"restore_shape must be (num_tokens, {H}) to match permuted_tokens, got {shape}")
     T = shape[0]
+    rec = getattr(sorted_indices, "_amo_permute", None)
+    if (rec is not None and rec.num_rows == N and rec.row_id_map.shape[0] == T
+            and rec.drop_and_pad == bool(drop_and_pad)
+            and (routing_map is rec.mask or (routing_map is None and probs is None))):
+        # the rows permute() produced, with the routing it saw: reuse its row map
+        if probs is not None:
+            _checks.check_tensor("probs", probs, dtypes=_checks.FLOAT_DTYPES, device=device)
+            _checks.check_shape("probs", probs, rec.mask.shape, "the shape of routing_map")
+            probs = probs if rec.ids is None else _slot_probs(probs, rec.ids)
+        return moe_unpermute(permuted_tokens, rec.row_id_map, probs)
+
     _checks.check_index_range("sorted_indices", sorted_indices, 0, T)
     if probs is not None and routing_map is None:
         raise ValueError("routing_map is required when probs is given (as in Megatron-Core)")
@@ -262,3 +356,365 @@ def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape: Se
             _checks.check_tensor("probs", probs, dtypes=_checks.FLOAT_DTYPES, device=device)
             _checks.check_shape("probs", probs, mask.shape, "the shape of routing_map")
     return moe_unpermute(permuted_tokens, row_id_map, probs)
+
+
+class _SortChunks(torch.autograd.Function):
+    """``out = input[index]`` for a row permutation ``index``; backward gathers with the inverse."""
+
+    @staticmethod
+    def forward(ctx, inp, index, inverse):
+        ctx.save_for_backward(inverse)
+        return inp.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def _chunk_permutation(split_sizes: Tensor, sorted_idxs: Tensor, num_rows: int, device) -> Tuple[Tensor, Tensor]:
+    sizes = split_sizes.to(device=device, dtype=torch.int64)
+    order = sorted_idxs.to(device=device, dtype=torch.int64)
+    src_start = torch.cumsum(sizes, 0) - sizes
+    out_sizes = sizes.index_select(0, order)
+    out_start = torch.cumsum(out_sizes, 0) - out_sizes
+    shift = (src_start.index_select(0, order) - out_start)
+    index = torch.arange(num_rows, device=device, dtype=torch.int64) + torch.repeat_interleave(
+        shift, out_sizes, output_size=num_rows)
+    inverse = torch.empty_like(index)
+    inverse[index] = torch.arange(num_rows, device=device, dtype=torch.int64)
+    return index, inverse
+
+
+def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
+                        probs: Optional[Tensor] = None, fused: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """Megatron-Core's ``moe_utils.sort_chunks_by_idxs``: split ``input`` (and ``probs``) into
+    chunks of ``split_sizes`` rows and concatenate them in the order ``sorted_idxs``.
+
+    One gather (no per-chunk split/cat, no host sync of the sizes); its backward is the gather with
+    the inverse permutation. ``fused`` is accepted and ignored. ``split_sizes`` must add up to the
+    rows of ``input`` and ``sorted_idxs`` must be a permutation of the chunks (as in every
+    Megatron dispatcher).
+
+    Returns:
+        ``(output [N, ...], permuted probs or None)``.
+    """
+    del fused
+    _checks.check_tensor("input", input)
+    if input.dim() < 1:
+        raise ValueError("input must have at least one dimension")
+    _checks.check_tensor("split_sizes", split_sizes, ndim=1, dtypes=_checks.INDEX_DTYPES)
+    _checks.check_tensor("sorted_idxs", sorted_idxs, ndim=1, dtypes=_checks.INDEX_DTYPES)
+    if sorted_idxs.numel() != split_sizes.numel():
+        raise ValueError(f"sorted_idxs must have one entry per chunk ({split_sizes.numel()}), "
+                         f"got {sorted_idxs.numel()}")
+    N = input.shape[0]
+    if split_sizes.device.type == "cpu" and not _checks.is_fake(split_sizes):
+        total = int(split_sizes.sum())
+        if total != N:
+            raise ValueError(f"split_sizes must add up to the {N} rows of input, got {total}")
+    if probs is not None:
+        _checks.check_tensor("probs", probs, device=input.device)
+        if probs.shape[0] != N:
+            raise ValueError(f"probs must have one entry per row of input ({N}), got shape {tuple(probs.shape)}")
+    index, inverse = _chunk_permutation(split_sizes, sorted_idxs, N, input.device)
+    out = _SortChunks.apply(input, index, inverse)
+    permuted_probs = _SortChunks.apply(probs, index, inverse) if probs is not None else None
+    return out, permuted_probs
+
+
+# ================================================================ patch(): rebind Megatron-Core
+import contextlib as _contextlib
+import importlib as _importlib
+import importlib.abc as _importlib_abc
+import inspect as _inspect
+import sys as _sys
+import threading as _threading
+
+_MOE_UTILS = "megatron.core.transformer.moe.moe_utils"
+_GG_UTIL = "megatron.core.transformer.moe.grouped_gemm_util"
+
+# parameter lists of the functions this module replaces, as of the megatron-core versions checked
+_KNOWN_SIGNATURES = {
+    "permute": ("tokens", "routing_map", "probs", "num_out_tokens", "fused", "drop_and_pad"),
+    "unpermute": ("permuted_tokens", "sorted_indices", "restore_shape", "probs", "routing_map",
+                  "fused", "drop_and_pad"),
+    "sort_chunks_by_idxs": ("input", "split_sizes", "sorted_idxs", "probs", "fused"),
+}
+TESTED_MEGATRON_CORE = ("0.16.1",)
+PATCHABLE = ("permute", "unpermute", "sort_chunks_by_idxs", "grouped_gemm")
+
+#: calls into this package made through the patched names, by target (reset by :func:`patch`)
+call_counts = {name: 0 for name in PATCHABLE}
+
+
+def _counted(name, fn):
+    def wrapper(*args, **kwargs):
+        call_counts[name] += 1
+        return fn(*args, **kwargs)
+    wrapper.__name__ = getattr(fn, "__name__", name)
+    wrapper.__qualname__ = getattr(fn, "__qualname__", name)
+    wrapper.__doc__ = fn.__doc__
+    wrapper.__wrapped__ = fn
+    wrapper._amo_patch_of = name
+    return wrapper
+
+
+def _counted_gg():
+    from . import grouped_gemm as gg
+    mod = type(gg)("ascend_moe_ops.integrations.grouped_gemm (counted)")
+    mod.ops = type(gg)(gg.ops.__name__)
+    mod.ops.gmm = _counted("grouped_gemm", gg.gmm)
+    mod.backend = gg.backend
+    mod.__file__ = getattr(gg, "__file__", None)
+    return mod
+
+
+class PatchReport(dict):
+    """``{target: ["module.attribute", ...]}`` of the names :func:`patch` rebound (also those
+    rebound later in modules imported after the call)."""
+
+    def __str__(self):
+        lines = [f"megatron-core {megatron_core_version()}: patched"]
+        for k, v in self.items():
+            lines.append(f"  {k}: {', '.join(v) if v else '(nothing held it)'}")
+        return "\n".join(lines)
+
+
+class _State:
+    lock = _threading.RLock()
+    active = False
+    replacements = {}        # id(original) -> (target, original, replacement)
+    gg_original = None       # (had_attr, grouped_gemm attr, ops attr) of grouped_gemm_util
+    gg_replacement = None
+    undo = []                # (module, attribute, original value)
+    report = PatchReport()
+    hook = None
+    targets = ()
+    by_replacement = {}      # id(replacement) -> (target, original, replacement)
+    recorded = set()         # (id(module), attribute) already in undo
+
+
+def megatron_core_version() -> str:
+    try:
+        import importlib.metadata as md
+        return md.version("megatron-core")
+    except Exception:  # not installed as a distribution (a source checkout)
+        mod = _sys.modules.get("megatron.core.package_info")
+        return getattr(mod, "__version__", "unknown")
+
+
+def _check_signature(name: str, fn) -> None:
+    try:
+        params = tuple(_inspect.signature(fn).parameters)
+    except (TypeError, ValueError) as exc:
+        raise RuntimeError(f"cannot read the signature of megatron-core's {name} ({exc})") from exc
+    want = _KNOWN_SIGNATURES[name]
+    if params != want:
+        raise RuntimeError(
+            f"megatron-core {megatron_core_version()}: moe_utils.{name} has parameters {params}, but "
+            f"ascend_moe_ops.integrations.megatron knows {want} (checked against megatron-core "
+            f"{', '.join(TESTED_MEGATRON_CORE)}); refusing to patch. Use the functions of this "
+            "module directly, or pin a checked megatron-core version.")
+
+
+def _rebind_in(module) -> None:
+    """Rebind every attribute of ``module`` that is one of the originals, and record (for the
+    report and for :func:`unpatch`) attributes that already hold a replacement (a module that ran
+    ``from moe_utils import permute`` after the patch got the replacement from the patched
+    ``moe_utils``)."""
+    d = getattr(module, "__dict__", None)
+    if not isinstance(d, dict):
+        return
+    mname = getattr(module, "__name__", "?")
+    for attr, value in list(d.items()):
+        try:
+            entry = _State.replacements.get(id(value))
+            if entry is not None and entry[1] is not value:
+                entry = None
+            if entry is None:
+                entry = _State.by_replacement.get(id(value))
+                if entry is None or entry[2] is not value or (id(module), attr) in _State.recorded:
+                    continue
+        except Exception:
+            continue
+        target, original, replacement = entry
+        if value is original:
+            setattr(module, attr, replacement)
+        _State.recorded.add((id(module), attr))
+        _State.undo.append((module, attr, original))
+        _State.report.setdefault(target, []).append(f"{mname}.{attr}")
+    if mname == _GG_UTIL and _State.gg_replacement is not None and _State.gg_original is None:
+        _patch_gg_util(module)
+
+
+def _patch_gg_util(module) -> None:
+    _State.gg_original = (getattr(module, "grouped_gemm", None), getattr(module, "ops", None))
+    module.grouped_gemm = _State.gg_replacement
+    module.ops = _State.gg_replacement.ops
+    _State.report.setdefault("grouped_gemm", []).append(f"{_GG_UTIL}.grouped_gemm, {_GG_UTIL}.ops")
+
+
+class _ImportHook(_importlib_abc.MetaPathFinder):
+    """Applies the active patch to every module imported while it is on ``sys.meta_path``."""
+
+    def __init__(self):
+        self._local = _threading.local()
+
+    def find_spec(self, fullname, path, target=None):
+        if getattr(self._local, "busy", False) or not _State.active:
+            return None
+        self._local.busy = True
+        try:
+            spec = None
+            for finder in _sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._local.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+class _PatchingLoader(_importlib_abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        with _State.lock:
+            if _State.active:
+                _rebind_in(module)
+
+
+def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
+    """Make Megatron-Core's MoE layers use this package.
+
+    Rebinds, in every loaded module that holds the original object (compared by identity, so the
+    token dispatcher's ``from ...moe_utils import permute`` is covered) and in every module imported
+    afterwards (an import hook):
+
+    * ``moe_utils.permute`` -> :func:`permute`, ``moe_utils.unpermute`` -> :func:`unpermute`,
+      ``moe_utils.sort_chunks_by_idxs`` -> :func:`sort_chunks_by_idxs`;
+    * ``grouped_gemm_util.grouped_gemm`` / ``.ops`` (what ``GroupedMLP`` calls as
+      ``gg.ops.gmm``) -> :mod:`ascend_moe_ops.integrations.grouped_gemm`, so
+      ``moe_grouped_gemm=True`` works without the CUDA ``grouped_gemm`` package.
+
+    Args:
+        targets: a subset of :data:`PATCHABLE` (e.g. ``("grouped_gemm",)`` to feed only the
+            grouped GEMM).
+
+    Idempotent (a second call with the same targets, or a subset, changes nothing and returns the
+    same report);
+    :func:`unpatch` restores every rebound name. Refuses (``RuntimeError``) on a megatron-core
+    whose function signatures differ from the checked ones, and when megatron-core is not
+    installed (``ImportError``). Calls through the patched names are counted in
+    :data:`call_counts`.
+
+    Returns:
+        a :class:`PatchReport`: ``{target: ["module.attribute", ...]}``.
+    """
+    targets = tuple(targets)
+    bad = [t for t in targets if t not in PATCHABLE]
+    if bad:
+        raise ValueError(f"targets must be a subset of {PATCHABLE}, got unknown {bad}")
+    with _State.lock:
+        if _State.active:
+            if not set(targets) <= set(_State.targets):
+                raise RuntimeError(f"already patched with targets {_State.targets}; call unpatch() "
+                                   f"before patching {targets}")
+            return _State.report
+        moe_utils = _importlib.import_module(_MOE_UTILS)
+        originals = {}
+        for name in ("permute", "unpermute", "sort_chunks_by_idxs"):
+            if name in targets:
+                fn = getattr(moe_utils, name)
+                if getattr(fn, "_amo_patch_of", None) is not None:
+                    raise RuntimeError(f"moe_utils.{name} is already this package's (patched by "
+                                       "another copy of this module?)")
+                _check_signature(name, fn)
+                originals[name] = fn
+        ours = {"permute": permute, "unpermute": unpermute, "sort_chunks_by_idxs": sort_chunks_by_idxs}
+        for k in call_counts:
+            call_counts[k] = 0
+        _State.replacements = {id(fn): (name, fn, _counted(name, ours[name])) for name, fn in originals.items()}
+        _State.by_replacement = {id(r): (t, o, r) for t, o, r in _State.replacements.values()}
+        _State.recorded = set()
+        _State.gg_replacement = _counted_gg() if "grouped_gemm" in targets else None
+        _State.gg_original = None
+        _State.undo = []
+        _State.report = PatchReport({t: [] for t in targets})
+        _State.targets = targets
+        if "grouped_gemm" in targets:
+            gg_util = _importlib.import_module(_GG_UTIL)
+            real = getattr(gg_util, "grouped_gemm", None)
+            if real is not None and getattr(real, "ops", None) is not None:
+                # the real package is installed: its ``ops`` object may be held elsewhere too
+                _State.replacements[id(real.ops)] = ("grouped_gemm", real.ops, _State.gg_replacement.ops)
+        _State.active = True
+        for module in list(_sys.modules.values()):
+            if module is not None:
+                _rebind_in(module)
+        if _State.hook is None:
+            _State.hook = _ImportHook()
+        if _State.hook not in _sys.meta_path:
+            _sys.meta_path.insert(0, _State.hook)
+        return _State.report
+
+
+def unpatch() -> PatchReport:
+    """Undo :func:`patch` (restores every rebound name, removes the import hook). Returns the
+    report of what had been patched; a no-op (empty report) when nothing is patched."""
+    with _State.lock:
+        if not _State.active:
+            return PatchReport()
+        for module in list(_sys.modules.values()):  # holders the import hook did not see
+            if module is not None:
+                _rebind_in(module)
+        for module, attr, original in reversed(_State.undo):
+            if getattr(module, attr, None) is not original:
+                setattr(module, attr, original)
+        gg_util = _sys.modules.get(_GG_UTIL)
+        if _State.gg_original is not None and gg_util is not None:
+            gg_util.grouped_gemm, gg_util.ops = _State.gg_original
+        if _State.hook in _sys.meta_path:
+            _sys.meta_path.remove(_State.hook)
+        report = _State.report
+        _State.active = False
+        _State.replacements = {}
+        _State.gg_original = None
+        _State.gg_replacement = None
+        _State.undo = []
+        _State.by_replacement = {}
+        _State.recorded = set()
+        _State.report = PatchReport()
+        return report
+
+
+def is_patched() -> bool:
+    return _State.active
+
+
+@_contextlib.contextmanager
+def patched(*, targets: Sequence[str] = PATCHABLE):
+    """``with patched(): ...`` -- :func:`patch` on entry, :func:`unpatch` on exit (also on error).
+    Yields the :class:`PatchReport`. Nested use with the same targets (or a subset) is allowed
+    (the inner one does nothing)."""
+    was_active = _State.active
+    report = patch(targets=targets)
+    try:
+        yield report
+    finally:
+        if not was_active:
+            unpatch()

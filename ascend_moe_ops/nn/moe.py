@@ -23,12 +23,14 @@ A ``SequentialMLP`` checkpoint (``local_experts.<e>.linear_fc1.weight [2F, H]``,
 from __future__ import annotations
 
 import math
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _library
 from ..balance.aux_loss import capacity_for
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.moe_permute import moe_permute
@@ -123,35 +125,159 @@ class SharedExpertMLP(nn.Module):
 
 
 class TopKRouter(nn.Module):
-    """Linear router (``weight [E, H]``, fp32 logits) with softmax or sigmoid scores and top-k.
+    """Linear router (``weight [E, H]``) with softmax or sigmoid scores and top-k.
 
     ``score_func="softmax"``: softmax over all experts, then top-k (renormalized over the k when
     ``norm_topk_prob``). ``score_func="sigmoid"`` (DeepSeek-V3 / Pangu style): sigmoid scores, top-k,
     renormalized to sum 1 when ``norm_topk_prob`` (default for sigmoid).
+
+    Options of the torchtitan / DeepSeek-V3 world:
+
+    * ``router_dtype``: dtype of the gate matmul. ``None`` (default) = the input's dtype, as
+      torchtitan's gate does (in bf16 an fp32 gate picks different experts for ~1 % of tokens);
+      ``torch.float32`` on request. Scores are always computed from fp32 logits.
+    * ``route_norm``: torchtitan's name for ``norm_topk_prob`` (give one of them).
+    * ``route_scale``: the top-k probs are multiplied by it (after the normalization).
+    * ``expert_bias=True``: an ``expert_bias [E]`` fp32 buffer (aux-loss-free load balancing,
+      DeepSeek-V3): added to the scores for the top-k *selection only*; the returned probs are the
+      unbiased scores of the selected experts. :meth:`update_expert_bias` applies the update rule.
     """
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, score_func: str = "softmax",
-                 norm_topk_prob: Optional[bool] = None, init_std: float = 0.02, dtype=None, device=None):
+                 norm_topk_prob: Optional[bool] = None, init_std: float = 0.02, dtype=None, device=None,
+                 route_norm: Optional[bool] = None, route_scale: float = 1.0,
+                 router_dtype: Optional[torch.dtype] = None, expert_bias: bool = False):
         super().__init__()
         if score_func not in ("softmax", "sigmoid"):
             raise ValueError(f"score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
+        if route_norm is not None and norm_topk_prob is not None and route_norm != norm_topk_prob:
+            raise ValueError(f"route_norm={route_norm} and norm_topk_prob={norm_topk_prob} disagree "
+                             "(they are the same option; give one)")
+        if router_dtype is not None and (not isinstance(router_dtype, torch.dtype)
+                                         or not router_dtype.is_floating_point):
+            raise ValueError(f"router_dtype must be None (the input's dtype) or a float dtype, got {router_dtype!r}")
+        if not isinstance(route_scale, (int, float)) or isinstance(route_scale, bool) or not math.isfinite(route_scale):
+            raise ValueError(f"route_scale must be a finite number, got {route_scale!r}")
+        if norm_topk_prob is None:
+            norm_topk_prob = route_norm
         self.num_experts = num_experts
         self.top_k = top_k
         self.score_func = score_func
         self.norm_topk_prob = (score_func == "sigmoid") if norm_topk_prob is None else norm_topk_prob
+        self.route_scale = float(route_scale)
+        self.router_dtype = router_dtype
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype, device=device))
         nn.init.normal_(self.weight, std=init_std)
+        if expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
+            # tokens routed to each expert since the last update (summed over micro-batches)
+            self.register_buffer("tokens_per_expert", torch.zeros(num_experts, dtype=torch.float32, device=device),
+                                 persistent=False)
+        else:
+            self.expert_bias = None
+            self.tokens_per_expert = None
+
+    @property
+    def route_norm(self) -> bool:
+        return self.norm_topk_prob
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``x [T, H]`` -> ``(topk_ids [T, k] int64, topk_probs [T, k] fp32, scores [T, E] fp32)``."""
-        logits = F.linear(x.float(), self.weight.float())
+        rd = x.dtype if self.router_dtype is None else self.router_dtype
+        logits = F.linear(x.to(rd), self.weight.to(rd)).float()
         scores = logits.softmax(-1) if self.score_func == "softmax" else logits.sigmoid()
-        probs, ids = scores.topk(self.top_k, dim=-1)
+        if self.expert_bias is None:
+            probs, ids = scores.topk(self.top_k, dim=-1)
+        else:
+            ids = (scores.detach() + self.expert_bias).topk(self.top_k, dim=-1).indices
+            probs = scores.gather(1, ids)
+            if self.training:
+                with torch.no_grad():
+                    self.tokens_per_expert += torch.bincount(ids.reshape(-1), minlength=self.num_experts).float()
         if self.norm_topk_prob:
             probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-20)
+        if self.route_scale != 1.0:
+            probs = probs * self.route_scale
         return ids, probs, scores
+
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float = 1e-3, tokens_per_expert: Optional[Tensor] = None) -> Tensor:
+        """Aux-loss-free balancing step (DeepSeek-V3): ``bias += rate * sign(mean(load) - load)``
+        with ``load`` = ``tokens_per_expert`` (default: the tokens routed since the last update,
+        which is then reset). Call it once per optimizer step (after all-reducing the load over
+        the data-parallel group, if any). Returns the new bias."""
+        if self.expert_bias is None:
+            raise RuntimeError("update_expert_bias needs a router built with expert_bias=True")
+        load = self.tokens_per_expert if tokens_per_expert is None else tokens_per_expert
+        if load.shape != (self.num_experts,):
+            raise ValueError(f"tokens_per_expert must have shape ({self.num_experts},), got {tuple(load.shape)}")
+        load = load.to(self.expert_bias.device, torch.float32)
+        self.expert_bias += rate * torch.sign(load.mean() - load)
+        if tokens_per_expert is None:
+            self.tokens_per_expert.zero_()
+        return self.expert_bias
+
+
+# ---------------------------------------------------------------- memory options of MoELayer
+def _gather_rows(tokens: Tensor, row_id_map: Tensor, num_rows: int) -> Tensor:
+    """The permuted rows ``out[row_id_map[t, s]] = tokens[t]`` (unfilled rows zero), rebuilt from
+    the tokens and the row map: the same bits ``moe_permute`` produced (a copy)."""
+    standin = tokens.new_empty((num_rows, 0))
+    return _library.op("moe_unpermute_backward")(tokens.contiguous(), standin, row_id_map, None)[0]
+
+
+def _scale_rows(rows: Tensor, row_probs: Optional[Tensor]) -> Tensor:
+    return rows if row_probs is None else (rows.float() * row_probs.unsqueeze(1)).to(rows.dtype)
+
+
+class _PermutedFc1(torch.autograd.Function):
+    """``h = grouped_gemm(scale(rows), w1)`` with ``rows`` the permuted tokens, saving only the
+    tokens and the row map (``recompute_permute``): the ``[N, H]`` rows are rebuilt in backward."""
+
+    @staticmethod
+    def forward(ctx, tokens, rows, row_id_map, w1, group_sizes, row_probs):
+        ctx.save_for_backward(tokens, row_id_map, w1, group_sizes, row_probs)
+        ctx.num_rows = rows.shape[0]
+        return _library.op("grouped_gemm")(_scale_rows(rows, row_probs).contiguous(), w1.contiguous(),
+                                           group_sizes, False)
+
+    @staticmethod
+    def backward(ctx, dh):
+        tokens, row_id_map, w1, group_sizes, row_probs = ctx.saved_tensors
+        rows = _gather_rows(tokens, row_id_map, ctx.num_rows)
+        dy = dh.contiguous()
+        d_in = _library.op("grouped_gemm")(dy, w1.contiguous(), group_sizes, True)
+        dw1 = _library.op("grouped_gemm_dw")(_scale_rows(rows, row_probs).contiguous(), dy, group_sizes)
+        d_probs = None
+        if row_probs is not None:
+            d_probs = (d_in.float() * rows.float()).sum(1) if ctx.needs_input_grad[5] else None
+            d_in = (d_in.float() * row_probs.unsqueeze(1)).to(d_in.dtype)
+        d_tokens = _library.op("moe_unpermute")(d_in.contiguous(), row_id_map, None)
+        return d_tokens, None, None, dw1, None, d_probs
+
+
+class _SwigluFc2(torch.autograd.Function):
+    """``grouped_gemm(swiglu(h), w2)`` saving only ``h`` (``recompute_activation``): the SwiGLU
+    output (and its internals) are recomputed in backward."""
+
+    @staticmethod
+    def forward(ctx, h, w2, group_sizes):
+        ctx.save_for_backward(h, w2, group_sizes)
+        return _library.op("grouped_gemm")(swiglu(h).contiguous(), w2.contiguous(), group_sizes, False)
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, w2, group_sizes = ctx.saved_tensors
+        with torch.enable_grad():
+            hh = h.detach().requires_grad_()
+            a = swiglu(hh)
+        dy = dy.contiguous()
+        d_a = _library.op("grouped_gemm")(dy, w2.contiguous(), group_sizes, True)
+        dw2 = _library.op("grouped_gemm_dw")(a.detach().contiguous(), dy, group_sizes)
+        (dh,) = torch.autograd.grad(a, hh, d_a)
+        return dh, dw2, None
 
 
 class MoELayer(nn.Module):
@@ -161,6 +287,18 @@ class MoELayer(nn.Module):
     Args:
         hidden_size, num_experts, ffn_hidden_size, top_k: ``H``, ``E``, per-expert ``F``, ``k``.
         score_func, norm_topk_prob: see :class:`TopKRouter`.
+        route_norm, route_scale, router_dtype, expert_bias: router options of the torchtitan /
+            DeepSeek-V3 world, see :class:`TopKRouter` (router dtype default: the input's).
+        score_before_experts: multiply each permuted token by its router prob *before* the experts
+            (torchtitan's default) and combine unweighted; ``False``: weight in the combine.
+        recompute_permute: save only the tokens and the row map for backward; the ``[N, H]``
+            permuted rows are rebuilt there (a copy) instead of being kept.
+        recompute_activation: save only the fc1 output; SwiGLU (and its output, fc2's input) is
+            recomputed in backward.
+        offload_activations: on an accelerator, keep the tensors the experts save for backward
+            (activations and permuted probs) in pinned host memory
+            (``torch.autograd.graph.save_on_cpu``). On the CPU there is nothing to offload to: a
+            no-op with a warning.
         shared_expert_ffn_hidden_size: ``Fs`` of a shared SwiGLU expert (``None`` = none).
         capacity_factor: ``None`` = dropless; else each expert takes at most
             ``C = ceil(capacity_factor * T * k / E)`` tokens (lowest probs dropped), padded to ``C``.
@@ -177,6 +315,9 @@ class MoELayer(nn.Module):
     """
 
     def __init__(self, hidden_size: int, num_experts: int, ffn_hidden_size: int, top_k: int, *,
+                 route_norm: Optional[bool] = None, route_scale: float = 1.0, router_dtype=None,
+                 expert_bias: bool = False, score_before_experts: bool = False, recompute_permute: bool = False,
+                 recompute_activation: bool = False, offload_activations: bool = False,
                  score_func: str = "softmax", norm_topk_prob: Optional[bool] = None,
                  shared_expert_ffn_hidden_size: Optional[int] = None,
                  capacity_factor: Optional[float] = None, init_std: float = 0.02,
@@ -206,6 +347,60 @@ class MoELayer(nn.Module):
                                if shared_expert_ffn_hidden_size else None)
         self.tokens_per_expert: Optional[Tensor] = None
         self.scores: Optional[Tensor] = None
+        router_opts = dict(route_norm=route_norm, route_scale=route_scale, router_dtype=router_dtype,
+                           expert_bias=expert_bias)
+        if router_opts != dict(route_norm=None, route_scale=1.0, router_dtype=None, expert_bias=False):
+            first = self.router  # same initial weights as without the options
+            self.router = TopKRouter(hidden_size, num_experts, top_k, score_func=score_func,
+                                     norm_topk_prob=norm_topk_prob, init_std=init_std, **kw, **router_opts)
+            with torch.no_grad():
+                self.router.weight.copy_(first.weight)
+        self.score_before_experts = bool(score_before_experts)
+        self.recompute_permute = bool(recompute_permute)
+        self.recompute_activation = bool(recompute_activation)
+        self.offload_activations = bool(offload_activations)
+        self._warned_offload = False
+
+    def update_expert_bias(self, rate: float = 1e-3, tokens_per_expert: Optional[Tensor] = None) -> Tensor:
+        """See :meth:`TopKRouter.update_expert_bias` (needs ``expert_bias=True``)."""
+        return self.router.update_expert_bias(rate, tokens_per_expert)
+
+    def _experts_forward(self, tokens: Tensor, ids: Tensor, probs: Tensor):
+        """permute -> experts -> unpermute with the memory options. Returns ``(out, perm)``."""
+        cap = self.capacity(tokens.shape[0])
+        plain = not (self.score_before_experts or self.recompute_permute or self.recompute_activation)
+        if plain and not self.offload_activations:
+            perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap)
+            return moe_unpermute(self.experts(perm.tokens, perm.group_sizes), perm.row_id_map, probs), perm
+        offload = self.offload_activations and tokens.device.type != "cpu"
+        if self.offload_activations and not offload and not self._warned_offload:
+            warnings.warn("MoELayer(offload_activations=True) on the CPU: there is no device memory to "
+                          "offload from; saved tensors stay where they are", RuntimeWarning, stacklevel=3)
+            self._warned_offload = True
+        ctx = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else _nullcontext()
+        with ctx:
+            if plain:
+                perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap)
+                return moe_unpermute(self.experts(perm.tokens, perm.group_sizes), perm.row_id_map, probs), perm
+            sizes = perm_sizes = None
+            w1, w2 = self.experts.w1(), self.experts.w2()
+            if self.recompute_permute:
+                perm = moe_permute(tokens.detach(), ids, probs, num_experts=self.num_experts, capacity=cap)
+                perm_sizes = perm.group_sizes
+                row_probs = perm.probs if self.score_before_experts else None
+                h = _PermutedFc1.apply(tokens, perm.tokens.detach(), perm.row_id_map, w1, perm_sizes, row_probs)
+            else:
+                perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap)
+                perm_sizes = perm.group_sizes
+                x_in = _scale_rows(perm.tokens, perm.probs if self.score_before_experts else None)
+                h = grouped_gemm(x_in, w1, perm_sizes)
+            sizes = perm_sizes
+            if self.recompute_activation:
+                y = _SwigluFc2.apply(h, w2, sizes)
+            else:
+                y = grouped_gemm(swiglu(h), w2, sizes)
+            out = moe_unpermute(y, perm.row_id_map, None if self.score_before_experts else probs)
+        return out, perm
 
     def capacity(self, num_tokens: int) -> Optional[int]:
         if self.capacity_factor is None:
@@ -226,15 +421,17 @@ class MoELayer(nn.Module):
             self.tokens_per_expert = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
             self.scores = scores
             return out.reshape(shape)
-        perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts,
-                           capacity=self.capacity(tokens.shape[0]))
-        expert_out = self.experts(perm.tokens, perm.group_sizes)
-        out = moe_unpermute(expert_out, perm.row_id_map, probs)
+        out, perm = self._experts_forward(tokens, ids, probs)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         self.tokens_per_expert = perm.tokens_per_expert
         self.scores = scores
         return out.reshape(shape)
+
+
+def _nullcontext():
+    import contextlib
+    return contextlib.nullcontext()
 
 
 __all__: List[str] = ["GroupedMLP", "MoELayer", "SharedExpertMLP", "TopKRouter", "swiglu"]

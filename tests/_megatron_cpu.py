@@ -1,0 +1,137 @@
+"""Running a real megatron-core ``MoELayer`` on CPU (world size 1, gloo), for the integration tests
+and bench/bench_moe_layer.py.
+
+Megatron-Core 0.16.1 has CPU obstacles of its own; they are worked around here, in test/bench code
+only, never in the package (docs/integrations.md lists them):
+
+1. ``MoEAlltoAllTokenDispatcher.__init__`` creates a ``torch.cuda.Stream()``, and its
+   ``_maybe_dtoh_and_synchronize`` uses ``torch.cuda.current_stream()`` / ``torch.cuda.stream()`` /
+   ``Stream.record_event()``: replaced by a do-nothing stream object while :func:`cpu_shims` is on.
+2. ``Router.gating`` moves a CPU router weight to ``torch.cuda.current_device()`` (and the expert
+   bias buffers are created there): ``current_device`` returns ``"cpu"`` under :func:`cpu_shims`.
+3. ``moe_utils.RouterGatingLinearFunction`` reads the global ``te_general_gemm``, which is only
+   defined when TransformerEngine imports (a ``NameError`` otherwise): set to ``None``.
+4. Parameters are created on the GPU unless ``use_cpu_initialization=True`` (a config flag).
+5. The model-parallel state needs a process group: gloo with world size 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import warnings
+
+import torch
+
+
+class _NoStream:
+    """Stands in for a CUDA stream/event on CPU (all work is synchronous there)."""
+
+    def wait_stream(self, *a):
+        pass
+
+    def wait_event(self, *a):
+        pass
+
+    def record_event(self, *a):
+        return self
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+
+_STREAM = _NoStream()
+
+
+@contextlib.contextmanager
+def cpu_shims():
+    """Megatron-Core's CUDA-only calls on the MoE path made harmless on CPU (see the module doc)."""
+    from megatron.core.transformer.moe import moe_utils
+    names = ("current_device", "Stream", "current_stream", "stream")
+    saved = {n: getattr(torch.cuda, n) for n in names}
+    had_te_gemm = "te_general_gemm" in vars(moe_utils)
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.Stream = lambda *a, **k: _STREAM
+    torch.cuda.current_stream = lambda *a, **k: _STREAM
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    if not had_te_gemm:
+        moe_utils.te_general_gemm = None
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(torch.cuda, n, v)
+        if not had_te_gemm:
+            del moe_utils.te_general_gemm
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def megatron_world():
+    """A world-size-1 gloo process group and Megatron's parallel state on it (TP=EP=PP=1)."""
+    import torch.distributed as dist
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core import parallel_state as ps
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        if own:
+            dist.destroy_process_group()
+
+
+def make_layer(*, hidden=64, ffn=32, experts=8, topk=2, dispatcher="alltoall", grouped_gemm=False,
+               dtype=torch.float32, capacity_factor=None, seed=0, **extra):
+    """A real ``megatron.core.transformer.moe.moe_layer.MoELayer`` on CPU (SwiGLU experts, no
+    shared expert, no aux loss). ``grouped_gemm=True`` builds ``GroupedMLP`` (Megatron allows it in
+    bf16 only), else ``SequentialMLP``. ``capacity_factor`` turns on drop-and-pad."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from megatron.core.transformer.moe.moe_layer import MoELayer
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    kw = dict(num_layers=1, hidden_size=hidden, num_attention_heads=4, ffn_hidden_size=4 * hidden,
+              moe_ffn_hidden_size=ffn, num_moe_experts=experts, moe_router_topk=topk,
+              moe_token_dispatcher_type=dispatcher, use_cpu_initialization=True, gated_linear_unit=True,
+              activation_func=torch.nn.functional.silu, add_bias_linear=False, moe_grouped_gemm=grouped_gemm,
+              bf16=dtype == torch.bfloat16, params_dtype=dtype, moe_aux_loss_coeff=0.0)
+    if capacity_factor is not None:
+        kw.update(moe_expert_capacity_factor=capacity_factor, moe_pad_expert_input_to_capacity=True,
+                  moe_token_drop_policy="probs")
+    kw.update(extra)
+    cfg = TransformerConfig(**kw)
+    spec = get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped_gemm)
+    torch.manual_seed(seed)
+    from ascend_moe_ops.integrations import megatron as mg
+    # GroupedMLP asserts at construction that a grouped GEMM is importable: feed it this package's
+    gg = mg.patched(targets=("grouped_gemm",)) if grouped_gemm else contextlib.nullcontext()
+    with cpu_shims(), gg:
+        layer = MoELayer(cfg, spec.submodules.mlp.submodules)
+    with torch.no_grad():  # Megatron's init leaves the router at zero-ish scale: give it real logits
+        layer.router.weight.normal_(0, 1.0 / hidden ** 0.5, generator=torch.Generator().manual_seed(seed + 1))
+    return layer
+
+
+def run_layer(layer, x, grad_out):
+    """Forward + backward: ``(output, {name: grad}, input grad)``. Grads are cleared first."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    with cpu_shims():
+        out, _ = layer(x)
+        out.backward(grad_out)
+    grads = {n: p.grad.detach().clone() for n, p in layer.named_parameters() if p.grad is not None}
+    return out.detach(), grads, x.grad.detach()
