@@ -13,6 +13,8 @@ ratio peer/ours: ``dense torch.mm`` > 1x means faster than one dense GEMM of the
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -56,6 +58,30 @@ def _backends_here(device, wanted=lambda name: True):
 PATHS = {"fwd": "grouped GEMM fwd x_e @ W_e (Megatron GroupedMLP gmm(a, b, batch_sizes) path)",
          "dX": "grouped GEMM dX = dy_e @ W_e^T (gmm trans_b, the backward of fc1/fc2)",
          "dW": "grouped GEMM dW_e = x_e^T @ dy_e (weight gradient of GroupedMLP)"}
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " amx_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def _avx512_kernel(fn):
+    """``fn`` with the native kernel's AMX path switched off (AMO_GG_AMX=0 is read per call):
+    the AVX-512 BF16 kernel, timed in the same run as a peer where the CPU has AMX."""
+    def run():
+        old = os.environ.get("AMO_GG_AMX")
+        os.environ["AMO_GG_AMX"] = "0"
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ["AMO_GG_AMX"]
+            else:
+                os.environ["AMO_GG_AMX"] = old
+    return run
 
 
 def _loop(a, b_of, sizes_list, out):
@@ -121,6 +147,9 @@ def run(ctx):
             for backend in _backends_here(dev, ctx.backend_wanted):
                 with amo.use_backend(backend):
                     t = ctx.time(ours, min_time=min_time)
+                    if backend == "native" and dtype == torch.bfloat16 and _cpu_has_amx():
+                        peer_t = dict(peer_t, **{"native AVX-512 kernel (AMO_GG_AMX=0)":
+                                                 ctx.time(_avx512_kernel(ours), min_time=min_time)})
                 extra = {"E": E, "M": M, "K": K, "N": N, "pass": pname,
                          "max_group": max(sl), "empty_groups": sum(1 for s in sl if s == 0)}
                 # the least memory traffic of the pass (each operand read once, result written
