@@ -39,21 +39,40 @@ def render(records: List[dict], path: Path, title: str) -> Optional[str]:
         rs = [r for r in records if r.get(key) is not None]
         if rs:
             panels.append((xlabel, [_label(r) for r in rs], [r[key] for r in rs], 100.0, "%"))
-    peer = [(f"{_label(r, 55)} vs {name}", p["speedup"]) for r in records
+    peer = [(f"{_label(r, 48)} vs {name[:28]}", p["speedup"]) for r in records
             for name, p in r.get("peers", {}).items() if p.get("speedup")]
     if peer:
-        panels.append(("speed-up vs peer timed in the same run (peer time / ours; > 1: ours faster)",
-                       [p[0] for p in peer], [p[1] for p in peer], 1.0, "x"))
+        panels.append(("speed-up vs peer timed in the same run (peer time / ours, log scale; "
+                       "right of 1x: ours faster)", [p[0] for p in peer], [p[1] for p in peer], 1.0, "x"))
     if not panels:
         return "no chart: no rows with a rate or a peer"
     heights = [max(1.2, 0.26 * len(p[1]) + 0.9) for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(13, sum(heights) + 0.8),
+    longest = max(len(lab) for p in panels for lab in p[1])
+    width = 7.5 + 0.062 * longest  # inches: the bars get 7.5, the 7-pt labels the rest
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, sum(heights) + 0.8),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     for ax, (xlabel, labels, vals, ref, unit) in zip(axes[:, 0], panels):
-        cap = _axis_cap(vals, ref)
+        y = range(len(vals))
+        if unit == "x":  # ratios: log axis, bars from 1x (slower to the left, faster to the right)
+            lo, hi = min(min(vals), 0.5) / 1.5, max(max(vals), 2.0) * 1.5
+            ax.barh(y, [v - 1.0 for v in vals], left=1.0, height=0.7,
+                    color=["#3b7dd8" if v >= 1 else "#d8843b" for v in vals])
+            ax.set_xscale("log")
+            ax.set_xlim(lo, hi)
+            ax.axvline(1.0, color="black", lw=1, ls="--")
+            for i, v in enumerate(vals):
+                ax.annotate(f"{v:.3g}x", (v, i), xytext=(3 if v >= 1 else -3, 0),
+                            textcoords="offset points", va="center", ha="left" if v >= 1 else "right",
+                            fontsize=7)
+            ax.set_yticks(list(y))
+            ax.set_yticklabels(labels, fontsize=7)
+            ax.invert_yaxis()
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.tick_params(axis="x", labelsize=7)
+            continue
+        cap = _axis_cap(vals, 1.5 * ref)  # up to 150 % always shown as is
         shown = [min(v, cap) for v in vals]
         colors = ["#3b7dd8" if v >= ref else "#d8843b" for v in vals]
-        y = range(len(vals))
         ax.barh(y, shown, color=colors, height=0.7)
         ax.axvline(ref, color="black", lw=1, ls="--")
         ax.set_xlim(0, cap)
@@ -72,6 +91,6 @@ def render(records: List[dict], path: Path, title: str) -> Optional[str]:
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.2)  # never clip a label
     plt.close(fig)
     return None
