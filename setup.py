@@ -1,5 +1,10 @@
 """Build of ascend_moe_ops.
 
+Metadata (name, version, dependencies, extras) is in pyproject.toml; this file builds the
+extensions and lays out the packages: ``ascend_moe_ops`` plus the source folders ``triton_ref/``
+and ``bench/`` installed as ``ascend_moe_ops.triton_ref`` and ``ascend_moe_ops.benchmark.suite``
+(no top-level ``triton_ref`` package in site-packages).
+
 Always: the C++ CPU extension ``ascend_moe_ops._C`` from ``csrc/cpu/*.cpp`` (+ ``csrc/common``).
 Optional: the AscendC backend, only when ``ASCEND_HOME_PATH`` points at a CANN toolkit with
 ``bisheng`` (see docs/ascend.md). Triton kernels are plain Python and need no build step.
@@ -87,7 +92,8 @@ def ascend_extension():
 def cuda_note():
     try:
         import triton  # noqa: F401
-        summary.append("cuda  (Triton)  : Python kernels in triton_ref/, compiled at first use on a GPU")
+        summary.append("cuda  (Triton)  : Python kernels in triton_ref/ (installed as ascend_moe_ops.triton_ref), "
+                       "compiled at first use on a GPU")
     except ImportError:
         summary.append("cuda  (Triton)  : triton is not installed; the triton backend is unavailable")
 
@@ -101,15 +107,12 @@ if ext_modules:
 
 print("ascend_moe_ops build summary:\n  " + "\n  ".join(summary), file=sys.stderr)
 
+#: source folders installed under the package namespace
+PACKAGE_DIR = {"ascend_moe_ops.triton_ref": "triton_ref", "ascend_moe_ops.benchmark.suite": "bench"}
+
 setup(
-    name="ascend_moe_ops",
-    version="0.1.0",
-    description="Fused MoE kernels and collectives for Ascend NPUs, CPUs and GPUs",
-    packages=find_packages(include=["ascend_moe_ops", "ascend_moe_ops.*", "triton_ref", "triton_ref.*"]),
-    python_requires=">=3.10",
-    install_requires=["torch>=2.6"],
-    extras_require={"triton": ["triton"], "bench": ["matplotlib", "pytest-benchmark"],
-                    "megatron": ["megatron-core"]},
+    packages=find_packages(include=["ascend_moe_ops", "ascend_moe_ops.*"]) + sorted(PACKAGE_DIR),
+    package_dir=PACKAGE_DIR,
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

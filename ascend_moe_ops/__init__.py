@@ -4,7 +4,10 @@ Every op runs on the pure-PyTorch reference with no compiled backend at all;
 ``active_backend(op, device)`` tells what really runs.
 """
 
-from . import _library  # noqa: F401  (defines every schema first)
+from . import _srctree
+_srctree.install()  # ascend_moe_ops.triton_ref / .benchmark.suite in a source checkout
+
+from . import _library  # noqa: F401,E402  (defines every schema first)
 from ._backends import BackendUnavailableError, active_backend, available_backends, use_backend
 from .formats import group_sizes_to_group_list, group_sizes_to_offsets
 from .ops.moe_permute import PermuteResult, moe_permute

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PYTEST_CASES = False  # run() starts 4 processes: not a pytest-benchmark case (see the single-rank one)
 ALGOS = ("flat", "hierarchical")
 # (T tokens per rank, H hidden): the issue's target range is T, H in 1024..4096
 NETNS_CASES = [(1024, 1024), (2048, 2048)]
@@ -53,6 +54,7 @@ def _worker(a) -> None:
     dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=a.pg_timeout))
     from ascend_moe_ops.distributed import EPTopology, MoEDispatcher
+    from ascend_moe_ops.benchmark.timing import measure
     cfg = json.loads(a.config)
     T, H, K, E = cfg["T"], cfg["H"], cfg["K"], cfg["E"]
     dtype = getattr(torch, cfg["dtype"])
@@ -88,25 +90,25 @@ def _worker(a) -> None:
         for mode in ("fwd", "fwd_bwd"):
             bwd = mode == "fwd_bwd"
             with torch.set_grad_enabled(bwd):
-                for _ in range(cfg["warmup"]):
-                    step(bwd)
-                per = []
                 dist.barrier()
                 b0 = link_bytes()
-                for _ in range(cfg["iters"]):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    h = step(bwd)
-                    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                    per.append(float(t))
+                # the harness, a fixed number of runs (every rank makes the same calls), each run
+                # after an untimed barrier; a step's time is the slowest rank's
+                last = {}
+                t = measure(lambda: last.__setitem__("h", step(bwd)), runs=cfg["iters"],
+                            warmup=cfg["warmup"], threads=a.threads, setup=dist.barrier)
+                times = torch.tensor(t.times, dtype=torch.float64)
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)
+                per = times.tolist()
+                h = last["h"]
                 dist.barrier()
-                # veth bytes of the timed steps (both directions, summed over nodes; the barriers
-                # and the time all-reduce add a few hundred bytes per step)
+                # veth bytes of the warm-up and timed steps (both directions, summed over nodes;
+                # the barriers and the time all-reduce add a few hundred bytes per step)
                 lb = torch.tensor([link_bytes() - b0], dtype=torch.int64)
                 dist.all_reduce(lb)
-            entry[mode] = dict(median_s=statistics.median(per), min_s=min(per), all_s=per,
-                               link_bytes_per_step=int(lb) / cfg["iters"] if iface else None)
+            q = statistics.quantiles(per, n=4, method="inclusive") if len(per) > 1 else [per[0]] * 3
+            entry[mode] = dict(median_s=statistics.median(per), iqr_s=q[2] - q[0], min_s=min(per), all_s=per,
+                               link_bytes_per_step=int(lb) / (cfg["iters"] + cfg["warmup"]) if iface else None)
         st = torch.tensor([h.stats[k] for k in ("inter_node_rows", "inter_node_bytes",
                                                "intra_node_rows", "intra_node_bytes",
                                                "combine_inter_node_bytes")], dtype=torch.int64)
@@ -152,11 +154,11 @@ def _launch(specs, world, local_size, init, cfg, timeout, threads=1):
                                   "--out", out, "--threads", str(threads)]
             procs.append(subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         logs = []
         for p in procs:
             try:
-                logs.append(p.communicate(timeout=max(1.0, deadline - time.time()))[0])
+                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"benchmark group did not finish within {timeout} s")
         if any(p.returncode for p in procs):
@@ -274,6 +276,7 @@ def run(ctx):
     """Loopback 2x2 (suite runner). Loopback links are all equal: this shows the software
     overhead of each algorithm; the emulated two-node numbers come from ``--netns``."""
     from ascend_moe_ops.bench import Row
+    from ascend_moe_ops.benchmark.timing import Timing
     T, H = (256, 512) if ctx.quick else (1024, 1024)
     cfg = dict(T=T, H=H, K=8, E=32, dtype="bfloat16", algos=list(ALGOS),
                warmup=1, iters=3 if ctx.quick else 5)
@@ -283,15 +286,19 @@ def run(ctx):
         e = res[algo]
         meas = sum(s["inter_node_bytes"] for s in e["stats_per_rank"]) // res["world"]
         comb = sum(s["combine_inter_node_bytes"] for s in e["stats_per_rank"]) // res["world"]
-        peers = {} if algo == "flat" else {"flat": res["flat"]["fwd_bwd"]["median_s"]}
+        def timing(m):
+            return Timing(m["median_s"], m.get("iqr_s", 0.0), len(m["all_s"]), m["all_s"], 1,
+                          "slowest rank per step, harness runs after a barrier")
+        peers = {} if algo == "flat" else {"flat": timing(res["flat"]["fwd_bwd"])}
         rows.append(Row(op="ep_dispatcher", case=f"2x2 loopback T={T} H={H} K=8 E=32 fwd+bwd",
-                        backend=algo, dtype="bf16", seconds=e["fwd_bwd"]["median_s"],
+                        backend=algo, dtype="bf16", seconds=timing(e["fwd_bwd"]),
                         bytes=2 * (meas + comb),
                         formula="bytes = inter-node bytes one rank sends per step "
                                 "(2 x (dispatch + combine), from the split sizes used)",
-                        limit="bandwidth", peers=peers,
+                        limit="link", peers=peers,
+                        path=f"EP dispatch + combine fwd+bwd, MoEDispatcher(algorithm='{algo}')",
                         extra=dict(fwd_s=e["fwd"]["median_s"], inter_node_bytes_dispatch=meas,
-                                   link="loopback (all links equal)")))
+                                   link="loopback (all links equal)", link_GBps=None)))
     return rows
 
 

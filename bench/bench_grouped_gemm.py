@@ -4,7 +4,7 @@ per-expert ``torch.mm`` loop, all timed in the same process; plus one MoELayer f
 row against a pure-PyTorch MoE layer (Megatron-style sequential experts).
 
     python -m ascend_moe_ops.bench --ops grouped_gemm [--full]
-    python -m pytest bench/bench_grouped_gemm.py          # pytest-benchmark, small shapes
+    python -m pytest bench/ --amo-ops grouped_gemm        # the same cases under pytest-benchmark
 
 FLOPs = 2 * sum(group_sizes) * K * N per GEMM (the same for fwd, dX and dW). Peers give the time
 ratio peer/ours: ``dense torch.mm`` > 1x means faster than one dense GEMM of the same total size
@@ -12,6 +12,8 @@ ratio peer/ours: ``dense torch.mm`` > 1x means faster than one dense GEMM of the
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +49,39 @@ def cases(quick: bool):
         yield name, E, M, K, N, sizes
 
 
-def _backends_here(device):
+def _backends_here(device, wanted=lambda name: True):
     if device.type == "cuda":
-        return [b for b in ("triton",) if b in _backends.available_backends(OP, device)]
-    return [b for b in ("native",) if b in _backends.available_backends(OP, device)]
+        return [b for b in ("triton",) if b in _backends.available_backends(OP, device) and wanted(b)]
+    return [b for b in ("native",) if b in _backends.available_backends(OP, device) and wanted(b)]
+
+
+PATHS = {"fwd": "grouped GEMM fwd x_e @ W_e (Megatron GroupedMLP gmm(a, b, batch_sizes) path)",
+         "dX": "grouped GEMM dX = dy_e @ W_e^T (gmm trans_b, the backward of fc1/fc2)",
+         "dW": "grouped GEMM dW_e = x_e^T @ dy_e (weight gradient of GroupedMLP)"}
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " amx_bf16" in f.read()
+    except OSError:
+        return False
+
+
+def _avx512_kernel(fn):
+    """``fn`` with the native kernel's AMX path switched off (AMO_GG_AMX=0 is read per call):
+    the AVX-512 BF16 kernel, timed in the same run as a peer where the CPU has AMX."""
+    def run():
+        old = os.environ.get("AMO_GG_AMX")
+        os.environ["AMO_GG_AMX"] = "0"
+        try:
+            return fn()
+        finally:
+            if old is None:
+                del os.environ["AMO_GG_AMX"]
+            else:
+                os.environ["AMO_GG_AMX"] = old
+    return run
 
 
 def _loop(a, b_of, sizes_list, out):
@@ -76,9 +107,10 @@ def _loop_dw(x, dy, sizes_list, out):
 
 def run(ctx):
     dev = ctx.device
-    dtype = torch.bfloat16
+    dtype = ctx.dtype
+    dname = str(dtype).replace("torch.", "")
     rows = []
-    min_time = 0.05 if ctx.quick else 0.5
+    min_time = None if ctx.quick else 0.5
     for name, E, M, K, N, sizes in cases(ctx.quick):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(M, K, generator=g).to(dtype).to(dev)
@@ -112,9 +144,12 @@ def run(ctx):
                     peer_t[peer] = ctx.time(fn, min_time=min_time)
                 except Exception as exc:  # e.g. a torch build without _grouped_mm for this dtype
                     print(f"  [{OP}] peer {peer} failed: {exc}")
-            for backend in _backends_here(dev):
+            for backend in _backends_here(dev, ctx.backend_wanted):
                 with amo.use_backend(backend):
                     t = ctx.time(ours, min_time=min_time)
+                    if backend == "native" and dtype == torch.bfloat16 and _cpu_has_amx():
+                        peer_t = dict(peer_t, **{"native AVX-512 kernel (AMO_GG_AMX=0)":
+                                                 ctx.time(_avx512_kernel(ours), min_time=min_time)})
                 extra = {"E": E, "M": M, "K": K, "N": N, "pass": pname,
                          "max_group": max(sl), "empty_groups": sum(1 for s in sl if s == 0)}
                 # the least memory traffic of the pass (each operand read once, result written
@@ -124,12 +159,12 @@ def run(ctx):
                                     "dW": M * K + M * N + E * K * N}[pname])
                 extra["min_bytes"] = min_bytes
                 extra["GBps_at_min_bytes"] = round(min_bytes / t / 1e9, 2)
-                extra["copy_GBps_machine"] = round(ctx.machine.copy_gbps, 2)
                 if "dense torch.mm" in peer_t:
                     extra["pct_of_dense_same_problem"] = round(100 * peer_t["dense torch.mm"] / t, 1)
-                rows.append(Row(op=OP, case=f"{pname} {name}", backend=backend, dtype="bfloat16",
+                mm = {"fwd": (M, K, N), "dX": (M, N, K), "dW": (K, M, N)}[pname]
+                rows.append(Row(op=OP, case=f"{pname} {name}", backend=backend, dtype=dname,
                                 seconds=t, flops=flops, formula=formula, limit="flops",
-                                peers=peer_t, extra=extra))
+                                peers=peer_t, extra=extra, path=PATHS[pname], mm_shape=mm))
     rows += _moe_layer_rows(ctx, dtype, min_time)
     return rows
 
@@ -173,7 +208,9 @@ def _moe_layer_rows(ctx, dtype, min_time):
         t = ctx.time(step(layer), min_time=min_time)
     used = {op: _backends.active_backend(op, dev) for op in ("grouped_gemm", "moe_permute", "moe_unpermute")}
     rows.append(Row(op=OP, case=f"MoELayer fwd+bwd T{T} H{H} E{E} F{Fh} k{K}", backend="default",
-                    dtype="bfloat16", seconds=t, flops=flops, limit="flops",
+                    dtype=str(dtype).replace("torch.", ""),
+                    path="full MoE layer fwd+bwd: router, permute, grouped SwiGLU experts, unpermute "
+                         "(ascend_moe_ops.nn.MoELayer)", seconds=t, flops=flops, limit="flops",
                     formula="MoELayer flops = 3 * 2 * T * k * 3 * H * F (expert GEMMs, fwd+bwd)",
                     peers=peer, extra={"T": T, "H": H, "E": E, "F": Fh, "k": K, "backends": used}))
     return rows
@@ -202,28 +239,3 @@ def parity(ctx):
                 res = fn(*(t.to(torch.bfloat16).to(dev) for t in (x, w, dy)))
             out.append(parity_row(OP, f"{name} zipf E16 M1024 K256 N192", backend, res, ref64, lowp))
     return out
-
-
-# ---- pytest-benchmark (python -m pytest bench/bench_grouped_gemm.py) -----------------------------
-def _small():
-    sizes = zipf_sizes(16, 1024)
-    x = torch.randn(1024, 512).to(torch.bfloat16)
-    w = (torch.randn(16, 512, 256) / 23).to(torch.bfloat16)
-    return x, w, sizes
-
-
-def test_bench_grouped_gemm_fwd(benchmark):
-    x, w, sizes = _small()
-    benchmark(lambda: amo.grouped_gemm(x, w, sizes))
-
-
-def test_bench_grouped_gemm_dw(benchmark):
-    x, w, sizes = _small()
-    dy = torch.randn(1024, 256).to(torch.bfloat16)
-    benchmark(lambda: amo.grouped_gemm_dw(x, dy, sizes))
-
-
-def test_bench_torch_grouped_mm_fwd(benchmark):
-    x, w, sizes = _small()
-    offs = torch.cumsum(sizes, 0, dtype=torch.int32)
-    benchmark(lambda: torch._grouped_mm(x, w, offs=offs))

@@ -2,7 +2,7 @@
 activation memory saved for backward.
 
 Run by ``python -m ascend_moe_ops.bench`` through :func:`run` (and :func:`parity`); the
-``test_bench_*`` functions are pytest-benchmark cases on a small shape (``python -m pytest bench``).
+``python -m pytest bench`` collects the same cases for pytest-benchmark.
 
 Shapes: B=1, real MLA head dims (q/k 192 = nope 128 + rope 64, v 128, latent 512), bf16, causal;
 ``--full``: S=1024 with H=8 and S=2048 with H=16 (the issue's targets); quick: S=512, H=8.
@@ -40,6 +40,8 @@ FULL_CASES = [(1024, 8), (2048, 16)]
 QUICK_CASES = [(512, 8)]
 MEM_HEADS = 128
 FWD_FORMULA = "flops = 2*B*H*P*(Dqk+Dv), P = S(S+1)/2 causal pairs, Dqk=192, Dv=128"
+PATH_MLA = "MLA training attention from the latent (DeepSeek-V3 / Pangu MLA layer, recompute='kv')"
+PATH_FA = "flash attention on expanded q/k 192, v 128 (what a framework calls after up-projecting)"
 FWDBWD_FORMULA = "flops = 2*B*H*P*(Dqk+Dv) + 2*B*H*P*(3*Dqk+2*Dv) (bwd incl. QK^T recompute)"
 
 
@@ -139,10 +141,10 @@ def run(ctx):
                     saved_bytes_naive=saved_bytes(peer, q, c, kpe, w) - w.numel() * 2)
         rows.append(Row(op="mla_attention", case=case + " fwd", backend=backend, dtype="bf16",
                         seconds=t_f, flops=fl_f, formula=FWD_FORMULA, limit="flops",
-                        peers={"naive PyTorch MLA": p_f}))
+                        peers={"naive PyTorch MLA": p_f}, path=PATH_MLA))
         rows.append(Row(op="mla_attention", case=case + " fwd+bwd", backend=backend, dtype="bf16",
                         seconds=t_fb, flops=fl_fb, formula=FWDBWD_FORMULA, limit="flops",
-                        peers={"naive PyTorch MLA": p_fb},
+                        peers={"naive PyTorch MLA": p_fb}, path=PATH_MLA,
                         extra=dict(here, **{f"H128_{k}": v for k, v in mem.items()})))
         # flash attention alone on the expanded 192-dim keys (q/k 192, v 128)
         k_full = torch.cat([c.new_zeros(1, S, H, DN).normal_(), kpe[:, :, None].expand(1, S, H, DR)], -1)
@@ -157,10 +159,11 @@ def run(ctx):
         p_fb = ctx.time(_fwd_bwd(sd, (q, k_full, v)))
         b2 = amo.active_backend("flash_attention_fwd", dev)
         rows.append(Row(op="flash_attention", case=case + " fwd", backend=b2, dtype="bf16", seconds=t_f,
-                        flops=fl_f, formula=FWD_FORMULA, limit="flops", peers={"torch SDPA": p_f}))
+                        flops=fl_f, formula=FWD_FORMULA, limit="flops", peers={"torch SDPA": p_f},
+                        path=PATH_FA))
         rows.append(Row(op="flash_attention", case=case + " fwd+bwd", backend=b2, dtype="bf16",
                         seconds=t_fb, flops=fl_fb, formula=FWDBWD_FORMULA, limit="flops",
-                        peers={"torch SDPA": p_fb}))
+                        peers={"torch SDPA": p_fb}, path=PATH_FA))
     return rows
 
 
@@ -196,24 +199,3 @@ def parity(ctx):
         for name, a, r, lo in zip(("out", "dq", "dc_kv", "dk_pe", "dw_kv_up"), got, ref, low):
             out.append(parity_row(OP, f"B=1 S={S} H={H} {name}", "ascendc-emu", a, r, lo))
     return out
-
-
-# ------------------------------------------------------------------ pytest-benchmark (small)
-_SMALL = dict(S=256, H=4)
-
-
-def test_bench_mla_attention_fwd_bwd(benchmark):
-    ins = make_inputs(_SMALL["S"], _SMALL["H"], torch.device("cpu"))
-    benchmark(_fwd_bwd(lambda *x: ours_mla(*x, _SMALL["H"]), ins))
-
-
-def test_bench_naive_mla_fwd_bwd(benchmark):
-    ins = make_inputs(_SMALL["S"], _SMALL["H"], torch.device("cpu"))
-    benchmark(_fwd_bwd(lambda *x: naive_mla(*x, _SMALL["H"]), ins))
-
-
-def test_bench_flash_attention_fwd_bwd(benchmark):
-    q, c, kpe, w = make_inputs(_SMALL["S"], _SMALL["H"], torch.device("cpu"))
-    k = torch.randn_like(q)
-    v = torch.randn(*q.shape[:-1], DV).to(q.dtype)
-    benchmark(_fwd_bwd(lambda q, k, v: amo.flash_attention(q, k, v), (q, k, v)))

@@ -1,10 +1,10 @@
 """Benchmark of moe_permute / moe_unpermute (forward, and forward+backward of the round trip).
 
-Run by ``python -m ascend_moe_ops.bench`` through :func:`run` (and :func:`parity`); the
-``test_bench_*`` functions are pytest-benchmark cases on a small shape (``python -m pytest bench``).
+Run by ``python -m ascend_moe_ops.bench`` through :func:`run` (and :func:`parity`);
+``python -m pytest bench`` collects the same cases for pytest-benchmark.
 
-Shapes: the issue's Pangu Ultra MoE layer, T=4096 tokens, H=7680, E=256 experts, top-8, bf16
-(``--full``), and a scaled-down quick case; routing balanced (top-8 of uniform scores) and skewed
+Shapes: ``ctx.shape`` (T, H, E, K of the preset: pangu T=4096, H=7680, E=256, top-8; quick
+T=1024, H=1024, E=64, top-8; or the --tokens/--hidden/--experts/--topk flags), ``ctx.dtype``; routing balanced (top-8 of uniform scores) and skewed
 (experts drawn with Zipf-like weights 1/(e+1)^1.2, so a few experts receive most tokens).
 
 Peer, timed in the same process: Megatron-Core's pure-PyTorch ``moe_utils.permute/unpermute``
@@ -23,7 +23,6 @@ outputs as the peer) on the default backend, unless that is the reference (which
 from __future__ import annotations
 
 import os
-import time
 
 import torch
 
@@ -41,6 +40,7 @@ PERMUTE_FORMULA = ("bytes = (T*H + N*H)*elt + T*K*16 + N*4  (read tokens, write 
                    "index bytes: int64 ids, fp32 probs, int32 row_id_map, fp32 permuted probs)")
 UNPERMUTE_FORMULA = ("bytes = (N*H + T*H)*elt + T*K*8  (read N used rows, write tokens; int32 "
                      "row_id_map, fp32 probs)")
+UNPERMUTE_NOPROBS_FORMULA = "bytes = (N*H + T*H)*elt + T*K*4  (read N used rows, write tokens; int32 row_id_map)"
 ROUND_TRIP_FORMULA = ("bytes = (4*T*H + 5*N*H)*elt  (permute + weighted unpermute, forward and "
                       "backward incl. the re-read of rows for d probs; index bytes left out)")
 
@@ -108,10 +108,12 @@ def make_inputs(T, H, E, K, routing, device, dtype=DTYPE, seed=0):
     return (tokens.to(**to), ids.to(**to), probs.to(**to), mask.to(**to), dense.to(**to))
 
 
-def _backends_to_time(device):
+def _backends_to_time(device, wanted=lambda name: True):
     """Backends to time on ``device`` and a note on the ones left out."""
     names, skipped = [], []
     for b in _backends.BACKENDS:
+        if not wanted(b):
+            continue
         if b in _backends.available_backends(OP, device):
             if b == "triton" and device.type == "cpu":
                 skipped.append("triton: runs only in the TRITON_INTERPRET interpreter on cpu, "
@@ -128,43 +130,44 @@ def _backends_to_time(device):
 
 
 # ------------------------------------------------------------------------------------ run
-def _timer(ctx):
-    """``ctx.time`` that spends only two more calls on functions slower than a second (the
-    reference backend and the peer at the full shape); the probe call is the warm-up."""
-    def measure(fn):
-        t0 = time.perf_counter()
-        fn()
-        if time.perf_counter() - t0 > 1.0:
-            return ctx.time(fn, min_time=0.0, min_iters=2, warmup=0)
-        return ctx.time(fn)
-    return measure
+PATH_PERMUTE = "permute, top-k ids + probs -> rows + permuted probs (TE / torch_npu path)"
+PATH_UNPERMUTE_PROBS = "unpermute, with probs (torch_npu / TE path)"
+PATH_UNPERMUTE_NOPROBS = ("unpermute, no probs (Megatron-Core dispatcher path: probs are applied "
+                          "inside the experts)")
+PATH_TRIP = "permute + weighted unpermute, fwd+bwd (MoELayer path)"
+PATH_MG_PERMUTE = "permute, routing map [T, E] + probs (Megatron-Core moe_utils.permute signature)"
+PATH_MG_UNPERMUTE = ("unpermute, routing map, no probs (Megatron-Core dispatcher path, "
+                     "moe_utils.unpermute signature)")
 
 
 def _case_rows(ctx, shape, routing, peer):
     T, H, E, K = shape["T"], shape["H"], shape["E"], shape["K"]
     device = ctx.device
-    tokens, ids, probs, mask, dense = make_inputs(T, H, E, K, routing, device)
+    DTYPE = ctx.dtype
+    tokens, ids, probs, mask, dense = make_inputs(T, H, E, K, routing, device, dtype=DTYPE)
     N = T * K  # every slot is used (K distinct experts per token): static bound == used rows
     elt = tokens.element_size()
     tpe = mask.sum(0).double()
     base_extra = {"T": T, "H": H, "E": E, "K": K, "N_used": N, "routing": routing,
                   "max/mean tokens per expert": round(float(tpe.max() / tpe.mean()), 2),
                   "threads": torch.get_num_threads(), "peer": peer[0]}
-    names, skipped = _backends_to_time(device)
+    names, skipped = _backends_to_time(device, ctx.backend_wanted)
     if skipped:
         base_extra["not timed"] = skipped
     shape_s = f"T{T} H{H} E{E} K{K} {routing}"
     b_perm = (T * H + N * H) * elt + T * K * 16 + N * 4
     b_unperm = (N * H + T * H) * elt + T * K * 8
+    b_unperm_np = (N * H + T * H) * elt + T * K * 4
     b_trip = (4 * T * H + 5 * N * H) * elt
     _, p_perm, p_unperm = peer
-    timed = _timer(ctx)
+    timed = ctx.time
 
     # the peer, once per case
     p_rows, _, p_si = p_perm(tokens, mask, probs=dense, num_out_tokens=N)
     t_peer_perm = timed(lambda: p_perm(tokens, mask, probs=dense, num_out_tokens=N))
     t_peer_unperm = timed(lambda: p_unperm(p_rows, p_si, tokens.shape, probs=dense,
                                            routing_map=mask))
+    t_peer_unperm_np = timed(lambda: p_unperm(p_rows, p_si, tokens.shape, routing_map=mask))
     x_p = tokens.clone().requires_grad_()
     pr_p = dense.clone().requires_grad_()
     g = torch.randn(T, H, generator=torch.Generator().manual_seed(1)).to(DTYPE).to(device)
@@ -184,6 +187,7 @@ def _case_rows(ctx, shape, routing, peer):
             rows, rmap = res.tokens, res.row_id_map
             t_perm = timed(lambda: amo.moe_permute(tokens, ids, probs, num_experts=E))
             t_unperm = timed(lambda: amo.moe_unpermute(rows, rmap, probs))
+            t_unperm_np = timed(lambda: amo.moe_unpermute(rows, rmap))
             x = tokens.clone().requires_grad_()
             pr = probs.clone().requires_grad_()
 
@@ -198,13 +202,17 @@ def _case_rows(ctx, shape, routing, peer):
         out += [
             Row(op="moe_permute", case=f"fwd {shape_s}", backend=b, dtype=dt, seconds=t_perm,
                 bytes=b_perm, formula=PERMUTE_FORMULA, peers={peer[0]: t_peer_perm},
-                extra=dict(base_extra)),
-            Row(op="moe_unpermute", case=f"fwd {shape_s}", backend=b, dtype=dt, seconds=t_unperm,
+                extra=dict(base_extra), path=PATH_PERMUTE),
+            Row(op="moe_unpermute", case=f"fwd probs {shape_s}", backend=b, dtype=dt, seconds=t_unperm,
                 bytes=b_unperm, formula=UNPERMUTE_FORMULA, peers={peer[0]: t_peer_unperm},
-                extra=dict(base_extra, probs="weighted by fp32 probs")),
+                extra=dict(base_extra, probs="weighted by fp32 probs"), path=PATH_UNPERMUTE_PROBS),
+            Row(op="moe_unpermute", case=f"fwd no-probs {shape_s}", backend=b, dtype=dt,
+                seconds=t_unperm_np, bytes=b_unperm_np, formula=UNPERMUTE_NOPROBS_FORMULA,
+                peers={peer[0]: t_peer_unperm_np}, extra=dict(base_extra, probs="none"),
+                path=PATH_UNPERMUTE_NOPROBS),
             Row(op="moe_permute+unpermute", case=f"fwd+bwd {shape_s}", backend=b, dtype=dt,
                 seconds=t_trip, bytes=b_trip, formula=ROUND_TRIP_FORMULA,
-                peers={peer[0]: t_peer_trip}, extra=dict(base_extra)),
+                peers={peer[0]: t_peer_trip}, extra=dict(base_extra), path=PATH_TRIP),
         ]
 
     # the Megatron drop-in (integrations.megatron) on the default backend: what a swapped
@@ -212,27 +220,27 @@ def _case_rows(ctx, shape, routing, peer):
     # [T, E] mask by materializing all T*E slots (16 GB at the full shape) -- it is the spec.
     from ascend_moe_ops.integrations import megatron as mg
     default = _backends.active_backend(OP, device)
-    if default == "reference":
+    if default == "reference" or not ctx.backend_wanted(default):
         return out
     a_rows, _, a_si = mg.permute(tokens, mask, probs=dense, num_out_tokens=N)
     t_a_perm = timed(lambda: mg.permute(tokens, mask, probs=dense, num_out_tokens=N))
-    t_a_unperm = timed(lambda: mg.unpermute(a_rows, a_si, tokens.shape, probs=dense,
-                                            routing_map=mask))
+    t_a_unperm = timed(lambda: mg.unpermute(a_rows, a_si, tokens.shape, routing_map=mask))
     extra = dict(base_extra, adapter="ascend_moe_ops.integrations.megatron (same arguments and "
                  "outputs as the peer; includes sorted_indices <-> row_id_map conversion)")
     out += [
         Row(op="moe_permute", case=f"megatron-adapter fwd {shape_s}", backend=default,
             dtype=str(DTYPE).replace("torch.", ""), seconds=t_a_perm, bytes=b_perm,
-            formula=PERMUTE_FORMULA, peers={peer[0]: t_peer_perm}, extra=extra),
-        Row(op="moe_unpermute", case=f"megatron-adapter fwd {shape_s}", backend=default,
-            dtype=str(DTYPE).replace("torch.", ""), seconds=t_a_unperm, bytes=b_unperm,
-            formula=UNPERMUTE_FORMULA, peers={peer[0]: t_peer_unperm}, extra=extra),
+            formula=PERMUTE_FORMULA, peers={peer[0]: t_peer_perm}, extra=extra, path=PATH_MG_PERMUTE),
+        Row(op="moe_unpermute", case=f"megatron-adapter fwd no-probs {shape_s}", backend=default,
+            dtype=str(DTYPE).replace("torch.", ""), seconds=t_a_unperm, bytes=b_unperm_np,
+            formula=UNPERMUTE_NOPROBS_FORMULA, peers={peer[0]: t_peer_unperm_np}, extra=extra,
+            path=PATH_MG_UNPERMUTE),
     ]
     return out
 
 
 def run(ctx):
-    shape = QUICK_SHAPE if ctx.quick else FULL_SHAPE
+    shape = ctx.shape
     peer = megatron_peer()
     rows = []
     for routing in ROUTINGS:
@@ -274,49 +282,3 @@ def parity(ctx):
                 out.append(parity_row("megatron-adapter", f"permute {name} vs {label}",
                                       _backends.active_backend(OP, ctx.device), a, b))
     return out
-
-
-# ------------------------------------------------------------------------------------ pytest-benchmark
-_SMALL = dict(T=256, H=256, E=16, K=4)
-
-
-def _small_inputs():
-    return make_inputs(_SMALL["T"], _SMALL["H"], _SMALL["E"], _SMALL["K"], "balanced",
-                       torch.device("cpu"))
-
-
-def test_bench_moe_permute_fwd(benchmark):
-    tokens, ids, probs, _, _ = _small_inputs()
-    benchmark(lambda: amo.moe_permute(tokens, ids, probs, num_experts=_SMALL["E"]))
-
-
-def test_bench_moe_unpermute_fwd(benchmark):
-    tokens, ids, probs, _, _ = _small_inputs()
-    res = amo.moe_permute(tokens, ids, probs, num_experts=_SMALL["E"])
-    benchmark(lambda: amo.moe_unpermute(res.tokens, res.row_id_map, probs))
-
-
-def test_bench_moe_permute_round_trip_fwd_bwd(benchmark):
-    tokens, ids, probs, _, _ = _small_inputs()
-    x = tokens.clone().requires_grad_()
-    pr = probs.clone().requires_grad_()
-
-    def trip():
-        x.grad = pr.grad = None
-        r = amo.moe_permute(x, ids, num_experts=_SMALL["E"])
-        amo.moe_unpermute(r.tokens, r.row_id_map, pr).sum().backward()
-
-    benchmark(trip)
-
-
-def test_bench_megatron_peer_permute_fwd(benchmark):
-    tokens, _, _, mask, dense = _small_inputs()
-    _, p_perm, _ = megatron_peer()
-    benchmark(lambda: p_perm(tokens, mask, probs=dense))
-
-
-def test_bench_megatron_peer_unpermute_fwd(benchmark):
-    tokens, _, _, mask, dense = _small_inputs()
-    _, p_perm, p_unperm = megatron_peer()
-    rows, _, si = p_perm(tokens, mask, probs=dense)
-    benchmark(lambda: p_unperm(rows, si, tokens.shape, probs=dense, routing_map=mask))

@@ -7,8 +7,8 @@ On a CUDA machine::
 
 It checks parity against the pure-PyTorch reference (permute: every output bitwise equal;
 unpermute and its backward: the fp64-reference error rule of ``ascend_moe_ops.testing``, plus
-bitwise repeatability), then times each op with CUDA events (median of ``--iters`` runs after
-``--warmup`` runs) for the ``triton`` and ``reference`` backends and, when it imports,
+bitwise repeatability), then times each op with the project's harness (median of ``--iters`` runs after
+``--warmup`` runs, CUDA synchronized) for the ``triton`` and ``reference`` backends and, when it imports,
 TransformerEngine's ``transformer_engine.pytorch.moe_permute`` / ``moe_unpermute`` (mask map, the
 same routing), and prints a table with GB/s.
 
@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 
 def parse_args(argv=None):
@@ -56,26 +54,12 @@ def parse_args(argv=None):
 
 
 def _timer(device):
-    import torch
+    """The project's one harness (``ascend_moe_ops.benchmark.timing.measure``: torch.utils.benchmark
+    underneath, CUDA synchronized around each clock read): median of ``iters`` runs."""
+    from ascend_moe_ops.benchmark.timing import measure
 
     def time_fn(fn, iters, warmup):
-        for _ in range(warmup):
-            fn()
-        samples = []
-        for _ in range(iters):
-            if device.type == "cuda":
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
+        return float(measure(fn, device=device, runs=iters, warmup=warmup))
 
     return time_fn
 

@@ -15,9 +15,9 @@ For each op it first checks parity: our op on the NPU against the CPU fp64 refer
 + atol + rtol * max|ref|``, ``lowp`` being the reference run on the CPU in the op's own low
 precision and ``(atol, rtol)`` from ``ascend_moe_ops.testing.TOLERANCES`` of the op's dtype (as
 ``assert_close_to_ref(..., dtype=...)`` uses it); data movement (permute) must be bitwise equal.
-Then it times ours and, where one exists, the torch_npu baseline on the same inputs (median of
-``--iters`` runs after ``--warmup``, each run bracketed by ``torch.npu.Event`` records and an event
-synchronize; ``torch.npu.synchronize`` + wall clock if events are unavailable). A baseline that fails
+Then it times ours and, where one exists, the torch_npu baseline on the same inputs with the
+project's one harness (``ascend_moe_ops.benchmark``: median of ``--iters`` runs after
+``--warmup``; each run read from a clock that first calls ``torch.npu.synchronize``). A baseline that fails
 to import or to run is reported with the reason and skipped. The machine limits are measured in the
 same run: copy bandwidth (``dst.copy_(src)``, 1 GiB fp32 buffers, ``dst`` preallocated; bytes = 2 x
 1 GiB) and dense bf16 ``torch.mm`` at 8192 (flops = 2*8192^3).
@@ -73,7 +73,6 @@ import importlib.util
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -139,51 +138,30 @@ def _err(exc) -> str:
 
 # --------------------------------------------------------------------------------------- timing
 class Timer:
-    """Median seconds of ``fn()``: NPU event pairs (sync on the end event), else a synchronize and
-    the wall clock; plain wall clock on the CPU."""
+    """Median seconds of ``fn()`` with the project's one harness
+    (``ascend_moe_ops.benchmark.timing.measure``: torch.utils.benchmark underneath, exactly
+    ``--iters`` single-call runs after ``--warmup``); on the NPU the clock it reads synchronizes the
+    device first, so a run is the wall time from launch to completion."""
 
     def __init__(self, device, iters, warmup):
         import torch
         self.torch = torch
         self.device = device
         self.iters, self.warmup = iters, warmup
-        self.method = "wall clock (cpu)"
-        self._events = False
-        if device.type == "npu":
-            try:
-                e = torch.npu.Event(enable_timing=True)
-                e.record()
-                e.synchronize()
-                self._events = True
-                self.method = "torch.npu.Event pairs, end.synchronize()"
-            except Exception as exc:
-                self.method = f"torch.npu.synchronize() + wall clock (events unusable: {_err(exc)})"
+        self.method = ("ascend_moe_ops.benchmark harness (torch.utils.benchmark.Timer), "
+                       + ("torch.npu.synchronize() before each clock read" if device.type == "npu"
+                          else "wall clock (cpu)"))
+        self.last = None  # the last Timing (median, IQR, runs)
 
     def sync(self):
         if self.device.type == "npu":
             self.torch.npu.synchronize()
 
     def __call__(self, fn, iters=None):
-        torch = self.torch
-        for _ in range(self.warmup):
-            fn()
+        from ascend_moe_ops.benchmark.timing import measure
         self.sync()
-        samples = []
-        for _ in range(iters or self.iters):
-            if self._events:
-                start = torch.npu.Event(enable_timing=True)
-                end = torch.npu.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                self.sync()
-                samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
+        self.last = measure(fn, device=self.device, runs=iters or self.iters, warmup=self.warmup)
+        return float(self.last)
 
 
 def measure_limits(device, shp, timer):
@@ -727,7 +705,7 @@ class Run:
         print(f"  limits: copy {self.limits['copy_GBps']:.1f} GB/s ({self.limits['copy_MiB']} MiB buffers), "
               f"bf16 mm {self.limits['mm_bf16_TFLOPs']:.3f} TFLOP/s (n={self.limits['mm_n']})", flush=True)
         for op in self.args.ops:
-            t0 = time.perf_counter()
+            t0 = time.monotonic()  # progress display only
             n_par = len(self.parity)
             try:
                 getattr(self, f"op_{op}")()
@@ -739,7 +717,7 @@ class Run:
                 print(f"[{op}] FAILED:\n{tb}")
             bad = [p for p in self.parity[n_par:] if not p["ok"]]
             print(f"  [{op}] {len(self.parity) - n_par} parity checks, {len(bad)} failed; "
-                  f"{time.perf_counter() - t0:.1f} s", flush=True)
+                  f"{time.monotonic() - t0:.1f} s", flush=True)
         self.report()
 
     def report(self):

@@ -1,7 +1,7 @@
 """Compile every Triton kernel of ``triton_ref`` for a CUDA target without a GPU.
 
-    env -u TRITON_INTERPRET python -m triton_ref.aot_check            # sm_90 (H100/H200)
-    env -u TRITON_INTERPRET python -m triton_ref.aot_check --arch 80  # A100
+    env -u TRITON_INTERPRET python -m ascend_moe_ops.triton_ref.aot_check            # sm_90 (H100/H200)
+    env -u TRITON_INTERPRET python -m ascend_moe_ops.triton_ref.aot_check --arch 80  # A100
 
 The interpreter (``TRITON_INTERPRET=1``) never runs Triton's GPU compiler, so a kernel can pass
 every CPU test and still fail to compile (layout, histogram or scan lowering, type errors only the

@@ -19,7 +19,7 @@ Tensor = torch.Tensor
 for _op in (OP, DW):
     _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.grouped_gemm", _op)
     _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
-    _backends.register_impl(_op, "triton", "triton_ref.grouped_gemm", _op)
+    _backends.register_impl(_op, "triton", "ascend_moe_ops.triton_ref.grouped_gemm", _op)
     # the AscendC Cube kernels on the CPU emulation layer (fp16/bf16 only; fp32 raises)
     _backends.register_impl(_op, "ascendc-emu", "ascend_moe_ops._ascendc_emu", _op)
 

@@ -19,7 +19,7 @@ Tensor = torch.Tensor
 for _op in (OP, BWD):
     _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.mla_attention", _op)
     _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
-    _backends.register_impl(_op, "triton", "triton_ref.mla_attention", _op)
+    _backends.register_impl(_op, "triton", "ascend_moe_ops.triton_ref.mla_attention", _op)
 # The Ascend path composes the AscendC kernels (see ascend_fwd / ascend_bwd below): ascendc-emu runs
 # them on the CPU emulation layer; on an NPU the same functions serve PrivateUse1 (ascend_moe_ops._npu).
 _backends.register_impl(OP, "ascendc-emu", "ascend_moe_ops.ops.mla_attention", "ascend_fwd")

@@ -15,7 +15,7 @@ Tensor = torch.Tensor
 
 _backends.register_impl(OP, "reference", "ascend_moe_ops.reference.moe_permute", "moe_permute")
 _backends.register_impl(OP, "native", "ascend_moe_ops._C", "moe_permute")
-_backends.register_impl(OP, "triton", "triton_ref.moe_permute", "moe_permute")
+_backends.register_impl(OP, "triton", "ascend_moe_ops.triton_ref.moe_permute", "moe_permute")
 _backends.register_impl(OP, "ascendc-emu", "ascend_moe_ops._ascendc_emu", "moe_permute")
 
 

@@ -16,7 +16,7 @@ Tensor = torch.Tensor
 for _op in (OP, BWD):
     _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.moe_unpermute", _op)
     _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
-    _backends.register_impl(_op, "triton", "triton_ref.moe_unpermute", _op)
+    _backends.register_impl(_op, "triton", "ascend_moe_ops.triton_ref.moe_unpermute", _op)
     _backends.register_impl(_op, "ascendc-emu", "ascend_moe_ops._ascendc_emu", _op)
 
 

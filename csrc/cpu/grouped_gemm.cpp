@@ -18,7 +18,8 @@
 // touch (amo::empty_large, common/alloc.h). The bf16 micro-kernel rounds the last K block
 // straight into the output.
 //
-// dtypes: bf16 -> _mm512_dpbf16_ps (AVX512_BF16) with fp32 accumulation; fp32 -> FMA; fp16 ->
+// dtypes: bf16 -> AMX tiles (tdpbf16ps) where the CPU has AMX-BF16 and the OS grants the tile
+// state (AMO_GG_AMX=0 switches it off), else _mm512_dpbf16_ps (AVX512_BF16), fp32 accumulation; fp32 -> FMA; fp16 ->
 // converted to fp32 while packing (A and B), then the fp32 kernel; fp64 (oracle use only) ->
 // at::mm per group. Built with -march=native; without AVX512_BF16/AVX512F the same drivers run
 // the scalar fallback micro-kernel (correct, slow), so the extension still builds and works.
@@ -46,6 +47,16 @@
 #define AMO_GG_BF16DOT 1
 #else
 #define AMO_GG_BF16DOT 0
+#endif
+// AMX (Intel Sapphire Rapids and later): the bf16 tile kernel; compiled in when the build targets
+// a CPU with AMX-TILE + AMX-BF16 (-march=native there), used when the CPU and the OS allow it.
+#if AMO_GG_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define AMO_GG_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define AMO_GG_AMX 0
 #endif
 
 namespace amo {
@@ -385,7 +396,85 @@ struct TileArgs {
   Operand A, B;
   void* out;
   int64_t ldo;
+  bool amx = false;  // bf16 only: run the AMX tile kernel (see amx_usable)
 };
+
+// ------------------------------------------------------------------------------------------
+// AMX. Tiles: C 0..3 (fp32, 16 x 16 each: rows [0,16) x cols [0,16) / [16,32), rows [16,32) x
+// the same), A 4..5 (16 rows x 16 bf16 pairs), B 6..7 (16 pairs x 16 columns, the VNNI layout the
+// packed B panels already have: a panel row is 64 words, so a B tile is a 64-byte slice of 16
+// consecutive panel rows, stride 256 bytes). One micro-step: 4 tile loads, 4 tdpbf16ps
+// (16 x 16 x 32 MACs each), C stays in the tiles for the whole K block.
+#if AMO_GG_AMX
+inline bool amx_ready() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;  // AMX-BF16, AMX-TILE
+    // Linux keeps the tile data state off until a process asks (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// rows of the two A row blocks (ra0 in 1..16, ra1 in 0..16)
+inline void amx_configure(int ra0, int ra1) {
+  AmxConfig cfg;
+  const int ra[2] = {ra0, ra1};
+  for (int h = 0; h < 2; ++h) {
+    if (ra[h] == 0) continue;
+    cfg.rows[2 * h] = cfg.rows[2 * h + 1] = static_cast<uint8_t>(ra[h]);  // C tiles
+    cfg.colsb[2 * h] = cfg.colsb[2 * h + 1] = 64;
+    cfg.rows[4 + h] = static_cast<uint8_t>(ra[h]);  // A tile: ra rows x 16 pairs
+    cfg.colsb[4 + h] = 64;
+  }
+  for (int t = 6; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // B tiles
+  _tile_loadconfig(&cfg);
+}
+
+// C rows [0, ra0 + ra1) x cols [0, ldc) (+)= A . B over kp16 pairs (a multiple of 16, zero-padded).
+// A row r, pair p at aw[r * a_ld + p]; B panel j at bpk + j * kp_max * NR.
+template <bool TWO>
+inline void amx_block(const uint32_t* aw, int64_t a_ld, const uint32_t* bpk, int64_t kp_max,
+                      int64_t kp16, float* C, int64_t ldc, bool first) {
+  const int64_t cs = ldc * 4;
+  for (int64_t cc = 0; cc < ldc; cc += 32) {
+    const uint32_t* bp = bpk + (cc / NR) * kp_max * NR + (cc % NR);
+    float* c0 = C + cc;
+    float* c1 = C + 16 * ldc + cc;
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(1);
+      if (TWO) { _tile_zero(2); _tile_zero(3); }
+    } else {
+      _tile_loadd(0, c0, cs);
+      _tile_loadd(1, c0 + 16, cs);
+      if (TWO) { _tile_loadd(2, c1, cs); _tile_loadd(3, c1 + 16, cs); }
+    }
+    for (int64_t p0 = 0; p0 < kp16; p0 += 16) {
+      _tile_loadd(6, bp + p0 * NR, NR * 4);
+      _tile_loadd(7, bp + p0 * NR + 16, NR * 4);
+      _tile_loadd(4, aw + p0, a_ld * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (TWO) {
+        _tile_loadd(5, aw + 16 * a_ld + p0, a_ld * 4);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, c0, cs);
+    _tile_stored(1, c0 + 16, cs);
+    if (TWO) { _tile_stored(2, c1, cs); _tile_stored(3, c1 + 16, cs); }
+  }
+}
+#endif
 
 // Software prefetch of the operands of the *next* K block (of this item, or of the item this
 // thread runs next), spread over the micro-kernel calls of the current block so that the DRAM
@@ -432,7 +521,103 @@ struct Prefetcher {
   }
 };
 
+#if AMO_GG_AMX
+// The AMX version of tile_bf16 (same packing of B; A read in place for x rows, else packed as
+// [row][pair]); fp32 partial sums in ws.c, rounded into the output once at the end.
+inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+  const int64_t m = t.m, n = t.n, K = t.K, ldo = t.ldo;
+  const Operand A = t.A, B = t.B;
+  const uint16_t* a = static_cast<const uint16_t*>(A.p);
+  const uint16_t* b = static_cast<const uint16_t*>(B.p);
+  const int64_t npan = ceil_div(n, NR);
+  const int64_t ldc = npan * NR;
+  const int64_t kp_max = round_up(KC_BF16 / 2, 16);
+  const bool a_direct = A.s1 == 1 && A.s0 % 2 == 0 && K % 32 == 0;  // whole 16-pair steps in place
+  const int64_t full = m / 32 * 32;
+  const int64_t tail = m - full;
+  for (int64_t k0 = 0; k0 < K; k0 += KC_BF16) {
+    const int64_t kc = std::min(KC_BF16, K - k0);
+    const int64_t kp = (kc + 1) / 2;
+    const int64_t kp16 = round_up(kp, 16);
+    for (int64_t j = 0; j < npan; ++j) {
+      const int64_t nn = std::min(NR, n - j * NR);
+      uint32_t* dst = ws.b + j * kp_max * NR;
+      if (B.s1 == 1) interleave_rows(b + k0 * B.s0 + j * NR, B.s0, kc, nn, dst, NR, NR);
+      else pack_transposed_bf16(b + j * NR * B.s1 + k0, B.s1, kc, nn, dst, NR);
+      if (kp16 > kp) std::memset(dst + kp * NR, 0, sizeof(uint32_t) * (kp16 - kp) * NR);
+    }
+    const uint32_t* aw;
+    int64_t a_ld;
+    if (a_direct) {
+      aw = reinterpret_cast<const uint32_t*>(a + k0);
+      a_ld = A.s0 / 2;
+    } else {
+      // A(r, k) at a[r * s0 + k * s1] with s0 == 1 (dW: A = a^T): interleave k-row pairs into
+      // [pair][row] (ws.t), zero the pad pairs, transpose 16 x 16 blocks into [row][pair] (ws.a)
+      const int64_t ld = round_up(m, 16);
+      interleave_rows(a + k0 * A.s1, A.s1, kc, m, ws.t, ld, ld);
+      if (kp16 > kp) std::memset(ws.t + kp * ld, 0, sizeof(uint32_t) * (kp16 - kp) * ld);
+      for (int64_t r0 = 0; r0 < ld; r0 += 16)
+        for (int64_t p0 = 0; p0 < kp16; p0 += 16) {
+          __m512i r[16];
+          for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(ws.t + (p0 + i) * ld + r0);
+          transpose16x16_epi32(r);
+          for (int i = 0; i < 16; ++i) _mm512_storeu_si512(ws.a + (r0 + i) * kp_max + p0, r[i]);
+        }
+      aw = ws.a;
+      a_ld = kp_max;
+    }
+    const bool first = k0 == 0;
+    // prefetch (L2) the next K block's operands, or the next item's first, spread over the row
+    // blocks: a group's weights come from DRAM and AMX computes faster than they stream in
+    Prefetcher pf;
+    if (k0 + KC_BF16 < K) pf.add_block(t, k0 + KC_BF16, std::min(KC_BF16, K - k0 - KC_BF16), 2);
+    else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KC_BF16, next->K), 2);
+    const int64_t per_block = ceil_div(pf.lines(), std::max<int64_t>(1, ceil_div(m, 32)));
+    if (full) {
+      amx_configure(16, 16);
+      for (int64_t i = 0; i < full; i += 32) {
+        pf.step(per_block);
+        amx_block<true>(aw + i * a_ld, a_ld, ws.b, kp_max, kp16, ws.c + i * ldc, ldc, first);
+      }
+    }
+    pf.step(per_block);
+    if (tail) {
+      const int ra0 = static_cast<int>(std::min<int64_t>(16, tail));
+      const int ra1 = static_cast<int>(tail - ra0);
+      amx_configure(ra0, ra1);
+      if (ra1) amx_block<true>(aw + full * a_ld, a_ld, ws.b, kp_max, kp16, ws.c + full * ldc, ldc, first);
+      else amx_block<false>(aw + full * a_ld, a_ld, ws.b, kp_max, kp16, ws.c + full * ldc, ldc, first);
+    }
+  }
+  _tile_release();
+  c10::BFloat16* out = static_cast<c10::BFloat16*>(t.out);
+  if (K == 0) zero_tile(m, n, out, ldo);
+  else store_tile(ws.c, ldc, m, n, out, ldo);
+}
+#endif
+
+// AMX for this call? Compiled in, CPU + OS allow it, and not switched off with AMO_GG_AMX=0 (read
+// per call, so one process can time both kernels).
+inline bool amx_wanted(at::ScalarType dt) {
+#if AMO_GG_AMX
+  if (dt != at::kBFloat16) return false;
+  const char* v = std::getenv("AMO_GG_AMX");
+  if (v != nullptr && v[0] == '0') return false;
+  return amx_ready();
+#else
+  (void)dt;
+  return false;
+#endif
+}
+
 inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+#if AMO_GG_AMX
+  if (t.amx) {
+    tile_bf16_amx(t, next, ws);
+    return;
+  }
+#endif
   const int64_t m = t.m, n = t.n, K = t.K, ldo = t.ldo;
   const Operand A = t.A, B = t.B;
   c10::BFloat16* out = static_cast<c10::BFloat16*>(t.out);
@@ -741,6 +926,7 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
     off += gs[e];
   }
   const int64_t wsE = trans_b ? N * K : K * N;
+  const bool amx = amx_wanted(x.scalar_type()) && K % 32 == 0;  // x rows read in place by tiles
   const void* xv = x.data_ptr();
   const void* wv = w.data_ptr();
   void* ov = out.data_ptr();
@@ -750,7 +936,7 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
     // B(k, c): trans_b=False w[e][k][c]; trans_b=True w[e][c][k]
     Operand B = trans_b ? Operand{we + it.c0 * K, 1, K} : Operand{we + it.c0, N, 1};
     return TileArgs{it.m, it.n, K, Operand{static_cast<const T*>(xv) + it.r0 * K, K, 1}, B,
-                    static_cast<T*>(ov) + it.r0 * N + it.c0, N};
+                    static_cast<T*>(ov) + it.r0 * N + it.c0, N, amx};
   });
   return out;
 }
@@ -794,12 +980,14 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
   const void* av = a.data_ptr();
   const void* bv = b.data_ptr();
   void* ov = out.data_ptr();
+  const bool amx = amx_wanted(a.scalar_type());
   run_typed(a.scalar_type(), items, [&](const Item& it, auto tag) {
     using T = decltype(tag);
     const int64_t o = offs[it.e];
     Operand A{static_cast<const T*>(av) + o * P + it.r0, 1, P};  // A(r=p, k=row) = a[row][p]
     Operand B{static_cast<const T*>(bv) + o * Q + it.c0, Q, 1};  // B(k=row, c=q) = b[row][q]
-    return TileArgs{it.m, it.n, gs[it.e], A, B, static_cast<T*>(ov) + it.e * P * Q + it.r0 * Q + it.c0, Q};
+    return TileArgs{it.m, it.n, gs[it.e], A, B, static_cast<T*>(ov) + it.e * P * Q + it.r0 * Q + it.c0, Q,
+                    amx};
   });
   return out;
 }

@@ -1,0 +1,233 @@
+"""The benchmark harness, CLI, report and chart (ascend_moe_ops.benchmark). Nothing here asserts a
+speed: the timings are of tiny callables and only their bookkeeping is checked."""
+
+import json
+import math
+import os
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import ascend_moe_ops as amo
+from ascend_moe_ops.bench import Row
+from ascend_moe_ops.benchmark import chart, cli, report, runner
+from ascend_moe_ops.benchmark.timing import Timing, measure, noise_flags, quantum_cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------- timer
+def test_measure_reports_spread_and_pins_threads():
+    before = torch.get_num_threads()
+    t = measure(lambda: torch.ones(64).sum(), min_run_time=0.01, threads=1)
+    assert isinstance(t, Timing) and t > 0 and t.iqr >= 0 and t.n >= 3
+    assert t.threads == 1 and "blocked_autorange" in t.method
+    assert torch.get_num_threads() == before  # restored after the measurement
+    assert min(t.times) <= t.median <= max(t.times)
+
+
+def test_measure_fixed_runs_with_setup_before_each_run():
+    calls = {"fn": 0, "setup": 0}
+
+    def fn():
+        calls["fn"] += 1
+
+    def setup():
+        calls["setup"] += 1
+
+    t = measure(fn, runs=4, warmup=2, setup=setup)
+    assert t.n == 4 and len(t.times) == 4
+    assert calls["fn"] == 6  # 2 warm-up + 4 timed, nothing else (ranks must agree on the count)
+    assert calls["setup"] == 6
+
+
+def test_noise_flags():
+    sliced = Timing(0.032, 0.0, 6, [0.016, 0.032, 0.032, 0.048, 0.032, 0.0161])
+    assert any("16 ms" in f for f in noise_flags(sliced))
+    spread = Timing(0.0105, 0.004, 5, [0.0071, 0.0093, 0.0105, 0.0113, 0.0137])
+    flags = noise_flags(spread)
+    assert any("IQR" in f for f in flags) and not any("cluster" in f for f in flags)
+    quiet = Timing(0.0105, 0.0001, 5, [0.01049, 0.0105, 0.01051, 0.0105, 0.0105])
+    assert noise_flags(quiet) == []
+    assert quantum_cluster([0.0051, 0.0072, 0.0093, 0.0133, 0.0171]) is None
+
+
+def test_no_hand_written_timer_in_the_tree():
+    offenders = []
+    for folder in ("ascend_moe_ops", "bench", "triton_ref"):
+        for p in (ROOT / folder).rglob("*.py"):
+            text = p.read_text()
+            if "perf_counter" in text or "time.time()" in text:
+                offenders.append(str(p.relative_to(ROOT)))
+    assert offenders == []
+
+
+# ------------------------------------------------------------------------------- CLI errors
+def test_list_names_every_op(capsys):
+    assert cli.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for op in ("moe_permute", "moe_unpermute", "grouped_gemm", "mla_attention", "flash_attention",
+               "ep_dispatcher", "balance"):
+        assert op in out
+
+
+def test_unknown_op_is_an_error_listing_the_valid_ones(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--ops", "flash_atention"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "flash_atention" in err and "moe_permute" in err and "flash_attention" in err
+
+
+def test_alias_resolves_to_its_module():
+    assert runner.resolve_ops(["flash_attention", "mla_attention", "moe_unpermute"]) == \
+        ["mla_attention", "moe_permute"]
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_absent_device_is_a_clear_error(device, capsys):
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    if device == "npu" and cli.device_problem("npu") is None:
+        pytest.skip("an NPU is present")
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--device", device])
+    assert e.value.code == 2
+    assert f"--device {device}" in capsys.readouterr().err
+
+
+def test_bad_shape_flags(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--experts", "4", "--topk", "8"])
+    assert "--topk" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- a whole run
+def _fake_module():
+    def run(ctx):
+        src = torch.randn(1 << 14)
+        dst = torch.empty_like(src)
+        a = torch.randn(64, 32)
+        b = torch.randn(32, 48)
+        t_copy = ctx.time(lambda: dst.copy_(src))
+        t_clone = ctx.time(lambda: src.clone())
+        t_mm = ctx.time(lambda: torch.mm(a, b))
+        return [
+            Row(op="fake", case="copy 64 KiB", backend="native", dtype="float32", seconds=t_copy,
+                bytes=2 * src.numel() * 4, formula="bytes = 2 * n * 4", peers={"clone": t_clone},
+                path="copy path"),
+            Row(op="fake", case="mm 64x32x48", backend="native", dtype="float32", seconds=t_mm,
+                flops=2 * 64 * 32 * 48, formula="flops = 2*M*K*N", limit="flops", mm_shape=(64, 32, 48),
+                path="mm path"),
+            Row(op="fake", case="link", backend="flat", dtype="float32", seconds=t_copy, bytes=1 << 20,
+                limit="link", extra={"link_GBps": 0.125}),
+        ]
+    return types.SimpleNamespace(run=run, PYTEST_CASES=True)
+
+
+@pytest.fixture
+def fake_suite(monkeypatch):
+    mod = _fake_module()
+    monkeypatch.setattr(runner, "load", lambda name: mod)
+    monkeypatch.setattr(cli, "resolve_ops", lambda names: ["fake"])
+    monkeypatch.setattr(runner, "resolve_ops", lambda names: ["fake"])
+    return mod
+
+
+def test_cli_run_writes_json_png_and_compares(fake_suite, tmp_path, capsys):
+    out = tmp_path / "res"
+    rc = cli.main(["--ops", "fake", "--min-run-time", "0.01", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "% copy (same WS)" in text and "% dense mm" in text and "% link" in text and "IQR" in text
+    js = list(out.glob("bench-*.json"))
+    png = list(out.glob("bench-*.png"))
+    assert len(js) == 1 and len(png) == 1 and png[0].stat().st_size > 10_000
+    d = json.loads(js[0].read_text())
+    env = d["environment"]
+    assert env["version"] == amo.__version__ and env["torch"] == torch.__version__
+    assert env["threads"] == 1 and env["cpu"] and "compilers" in env and "git_commit" in env
+    kinds = {m["kind"] for m in d["limits"]["measured"]}
+    assert {"copy", "alloc-copy", "dense mm"} <= kinds
+    rows = {r["case"]: r for r in d["rows"]}
+    c = rows["copy 64 KiB"]
+    assert c["median_s"] > 0 and c["iqr_s"] >= 0 and c["n"] >= 3 and c["formula"] and c["path"] == "copy path"
+    assert c["pct_copy"] > 0 and c["residency"] in ("cache", "DRAM", "unknown") and c["pct_mm"] is None
+    assert c["peers"]["clone"]["speedup"] > 0
+    copy_lim = [m for m in d["limits"]["measured"] if m["kind"] == "copy"][0]
+    assert abs(copy_lim["working_set_bytes"] - c["bytes"]) / c["bytes"] < 0.05  # same working set
+    m = rows["mm 64x32x48"]
+    assert m["pct_mm"] > 0 and m["pct_copy"] is None and "64x32x48" in m["limit_note"]
+    assert [x for x in d["limits"]["measured"] if x["kind"] == "dense mm"][0]["shape"] == [64, 32, 48]
+    assert rows["link"]["pct_link"] > 0 and rows["link"]["pct_copy"] is None
+
+    # --compare: against itself -> 0; against a baseline 100x faster -> exit 3
+    base = json.loads(js[0].read_text())
+    for r in base["rows"]:
+        r["median_s"] /= 100
+    fast = tmp_path / "fast.json"
+    fast.write_text(json.dumps(base))
+    assert cli.main(["--min-run-time", "0.01", "--out", str(out), "--compare", str(js[0]),
+                     "--threshold", "100"]) == 0
+    assert cli.main(["--min-run-time", "0.01", "--out", str(out), "--compare", str(fast)]) == 3
+    assert "SLOWER" in capsys.readouterr().out
+
+
+def test_default_out_is_cwd_amo_bench(fake_suite, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--min-run-time", "0.01", "--no-parity"]) == 0
+    assert list((tmp_path / "amo-bench").glob("bench-*.json"))
+
+
+def test_collect_cases_names_rows_and_replays_the_backend(fake_suite):
+    seen = []
+    mod = fake_suite
+
+    def run(ctx):
+        with amo.use_backend("reference"):
+            t = ctx.time(lambda: seen.append(runner.forced_backend()))
+        return [Row(op="x", case="c", backend="reference", dtype="fp32", seconds=t, limit="none")]
+
+    mod.run = run
+    cases = runner.collect_cases(ops=["fake"])
+    assert [c.id for c in cases] == ["x[c][reference]"] and not seen  # nothing ran at collection
+    cases[0].fn()
+    assert seen == ["reference"]
+
+
+# ------------------------------------------------------------------------------- chart
+def test_chart_renders_panels_with_an_outlier(tmp_path):
+    recs = []
+    for i, (pc, mm) in enumerate([(95, None), (445, None), (None, 88), (None, 101)]):
+        recs.append(dict(op="op", case=f"case {i} with a rather long label to see that it is not clipped",
+                         backend="native", pct_copy=pc, pct_mm=mm, pct_link=None,
+                         peers={"peer": {"speedup": 1.5 + i}}))
+    path = tmp_path / "c.png"
+    assert chart.render(recs, path, "test") is None
+    import matplotlib.image
+    img = matplotlib.image.imread(str(path))
+    h, w = img.shape[:2]
+    assert 1000 < w < 2000 and 300 < h < 3000 and path.stat().st_size > 10_000
+    assert chart._axis_cap([95, 445, 90, 97], 100) < 445  # the outlier is cut, not scaled to
+
+
+def test_compare_matches_rows_by_key(tmp_path):
+    base = tmp_path / "b.json"
+    base.write_text(json.dumps({"rows": [{"key": "a | b | c", "median_s": 1.0},
+                                         {"key": "gone", "median_s": 1.0}]}))
+    text, reg = report.compare([{"key": "a | b | c", "median_s": 1.25}], str(base), 0.1)
+    assert len(reg) == 1 and "1.250" in text and "1 baseline rows not in this run" in text
+    _, reg = report.compare([{"key": "a | b | c", "median_s": 1.05}], str(base), 0.1)
+    assert reg == []
+
+
+# ------------------------------------------------------------------------------- packaging names
+def test_namespaced_subpackages_resolve():
+    import importlib
+    tr = importlib.import_module("ascend_moe_ops.triton_ref")
+    suite = importlib.import_module("ascend_moe_ops.benchmark.suite")
+    assert Path(tr.__file__).parent.name == "triton_ref"
+    assert (Path(suite.__file__).parent / "bench_moe_permute.py").is_file()
+    assert "bench_grouped_gemm.py" in os.listdir(runner.suite_dir())

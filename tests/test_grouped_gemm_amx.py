@@ -1,0 +1,78 @@
+"""The native bf16 grouped GEMM's two kernels (AMX tiles where the CPU has them, AVX-512 BF16
+otherwise; ``AMO_GG_AMX=0`` switches AMX off per call) against the fp64 reference, on shapes that
+hit every edge of the AMX tiling: row tails (1..40 rows), K not a multiple of 32 (falls back to
+AVX-512 in fwd/dX; zero-padded pairs in dW), column tails, trans_b, empty groups."""
+
+import os
+
+import pytest
+import torch
+
+import ascend_moe_ops as amo
+from ascend_moe_ops import _backends
+from ascend_moe_ops.testing import assert_close_to_ref
+
+pytestmark = pytest.mark.skipif("native" not in _backends.available_backends("grouped_gemm", "cpu"),
+                                reason="native backend not built")
+
+
+@pytest.fixture(params=["amx-if-present", "avx512"])
+def kernel(request, monkeypatch):
+    if request.param == "avx512":
+        monkeypatch.setenv("AMO_GG_AMX", "0")
+    else:
+        monkeypatch.delenv("AMO_GG_AMX", raising=False)
+    return request.param
+
+
+CASES = [  # (sizes, K, N)
+    ([1, 0, 17, 40, 32, 5], 64, 80),
+    ([33, 16, 0, 48], 96, 64),
+    ([7, 29], 80, 48),       # K % 32 != 0: fwd/dX take the AVX-512 kernel
+    ([300, 3], 512, 272),    # more rows than one item (MC) and a column tail
+]
+
+
+@pytest.mark.parametrize("sizes,K,N", CASES)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_fwd_matches_reference(kernel, sizes, K, N, trans_b):
+    g = torch.Generator().manual_seed(sum(sizes) + K)
+    E, M = len(sizes), sum(sizes) + 3  # 3 rows past the groups must come out zero
+    x = torch.randn(M, K, generator=g).bfloat16()
+    w = (torch.randn(E, N, K, generator=g) if trans_b else torch.randn(E, K, N, generator=g)).bfloat16()
+    gs = torch.tensor(sizes)
+    with amo.use_backend("native"):
+        out = amo.grouped_gemm(x, w, gs, trans_b=trans_b)
+    with amo.use_backend("reference"):
+        ref = amo.grouped_gemm(x.double(), w.double(), gs, trans_b=trans_b)
+        low = amo.grouped_gemm(x, w, gs, trans_b=trans_b)
+    assert_close_to_ref(out, ref, dtype=torch.bfloat16, torch_lowp=low, name=f"fwd {kernel}")
+    assert torch.equal(out[sum(sizes):], torch.zeros_like(out[sum(sizes):]))
+
+
+@pytest.mark.parametrize("sizes,P,Q", [([1, 0, 17, 40, 33, 5], 64, 80), ([300, 3, 0], 272, 64)])
+def test_dw_matches_reference(kernel, sizes, P, Q):
+    g = torch.Generator().manual_seed(sum(sizes) + P)
+    M = sum(sizes)
+    a = torch.randn(M, P, generator=g).bfloat16()
+    b = torch.randn(M, Q, generator=g).bfloat16()
+    gs = torch.tensor(sizes)
+    with amo.use_backend("native"):
+        out = amo.grouped_gemm_dw(a, b, gs)
+    with amo.use_backend("reference"):
+        ref = amo.grouped_gemm_dw(a.double(), b.double(), gs)
+        low = amo.grouped_gemm_dw(a, b, gs)
+    assert_close_to_ref(out, ref, dtype=torch.bfloat16, torch_lowp=low, name=f"dW {kernel}")
+    for e, s in enumerate(sizes):
+        if s == 0:
+            assert torch.equal(out[e], torch.zeros_like(out[e]))
+
+
+def test_nan_in_x_stays_in_its_row(kernel):
+    x = torch.randn(64, 64).bfloat16()
+    x[5, 7] = float("nan")
+    w = torch.randn(2, 64, 32).bfloat16()
+    with amo.use_backend("native"):
+        out = amo.grouped_gemm(x, w, torch.tensor([32, 32]))
+    bad = torch.isnan(out.float()).any(1)
+    assert bad[5] and int(bad.sum()) == 1
