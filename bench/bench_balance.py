@@ -18,8 +18,9 @@ device-level imbalance ``max / mean rank load - 1`` per step under
   this one's) and, as a clairvoyant bound, the true load averaged over the whole coming interval,
   with the bytes of weights + optimizer state the re-plans move (``--oracle``).
 
-These are simulations, not timings: ``run(ctx)`` returns rows whose ``seconds`` is the planner's
-time per re-plan and whose ``extra`` holds the study's figures. ``python bench/bench_balance.py``
+``run(ctx)`` returns one timed row, the planner's time per re-plan (``plan_placement`` on a
+lognormal load, measured by the bench harness), then the simulations' rows: no time of their own
+(``seconds`` is NaN, limit "none"), the study's figures in ``extra``. ``python bench/bench_balance.py``
 prints the full study (``--quick`` for a short one); ``--oracle`` the oracle comparison only.
 The traces and the replay loop are ``ascend_moe_ops.balance.traces``.
 """
@@ -159,8 +160,7 @@ def study(steps=1500, intervals=(10, 50), quick=False, seeds=(0, 1, 2), log=prin
                 results.append(r)
                 log(f"   {label:<40s} imbalance {r['imbalance']:.3f}  reduction {r['reduction_pct']:5.1f}% "
                     f"[{r['reduction_min']:5.1f}, {r['reduction_max']:5.1f}]  moved/re-plan "
-                    f"{r['moves_mean']:4.1f} (max {r['moves_max']:2d})  pred. L1 err {r['pred_err']:.3f}  "
-                    f"plan {1e3 * r['plan_seconds']:5.1f} ms")
+                    f"{r['moves_mean']:4.1f} (max {r['moves_max']:2d})  pred. L1 err {r['pred_err']:.3f}")
     return results
 
 
@@ -194,8 +194,7 @@ def oracle_study(steps=1500, intervals=(10, 50), seeds=(0, 1, 2), kinds=ORACLE_T
                          ratio_interval=f["cut"] / iv["cut"], static=f["static"],
                          imbalance=f["imbalance"], moves_mean=f["moves_mean"],
                          moves_max=f["moves_max"], moves_next=nx["moves_mean"],
-                         gb_mean=f["bytes_mean"] / 1e9, plan_seconds=f["plan_seconds"],
-                         method=method, max_moves=budget)
+                         gb_mean=f["bytes_mean"] / 1e9, method=method, max_moves=budget)
                 out.append(r)
                 pc = {k: f"{100 * v:5.1f} %" for k, v in r.items() if isinstance(v, float)}
                 log(f"   {kind:<15s} every {interval:3d} seed {sd}: cut {pc['cut']}  "
@@ -208,9 +207,20 @@ def oracle_study(steps=1500, intervals=(10, 50), seeds=(0, 1, 2), kinds=ORACLE_T
 
 
 def run(ctx):
+    """The planner's time per re-plan (timed), then the oracle comparison's and the study's
+    figures (simulations: rows with no time of their own)."""
     from ascend_moe_ops.bench import Row
+    rng = np.random.default_rng(0)
+    load = torch.from_numpy(np.exp(rng.normal(0, 0.6, E)) * 256)
+    cur = Placement.contiguous(E, R, S)
+    budget = default_max_moves(E)
+    t = ctx.time(lambda: plan_placement(load, R, S, cur, max_moves=budget, move_cost=EXPERT_COST))
+    rows = [Row(op="balance", case=f"plan_placement E={E} R={R}x{S} max_moves={budget} lognormal load",
+                backend="reference", dtype="fp64", seconds=t, limit="none",
+                path="expert placement re-plan (balance.plan_placement, every re-plan interval)")]
+    if ctx.recording:
+        return rows
     steps = 700 if ctx.quick else 1500
-    rows = []
     intervals = (10,) if ctx.quick else (10, 50)
     seeds = (0,) if ctx.quick else (0, 1, 2)
     for r in oracle_study(steps=steps, intervals=intervals, seeds=seeds,
@@ -220,7 +230,7 @@ def run(ctx):
                 f"next-step oracle ({100 * r['cut_next']:.1f}%), {100 * r['ratio_interval']:.1f}% of "
                 f"the interval oracle; {r['moves_mean']:.1f} moved/re-plan = {r['gb_mean']:.1f} GB")
         rows.append(Row(op="balance_oracle", case=case, backend="reference", dtype="fp64",
-                        seconds=r["plan_seconds"],
+                        seconds=float("nan"), limit="none", path="simulation (no timing)",
                         extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                                if k not in ("trace", "method")}))
     for r in study(steps=steps, intervals=intervals, quick=ctx.quick, seeds=seeds, log=lambda *_: None):
@@ -228,17 +238,10 @@ def run(ctx):
                 f"{r['label']} -> imbalance {r['imbalance']:.3f} (static {r['static']:.3f}, "
                 f"-{r['reduction_pct']:.0f}%), {r['moves_mean']:.1f} moved/re-plan")
         rows.append(Row(op="balance", case=case, backend="reference", dtype="fp64",
-                        seconds=r["plan_seconds"],
+                        seconds=float("nan"), limit="none", path="simulation (no timing)",
                         extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                                if k not in ("trace", "label")}))
     return rows
-
-
-def test_bench_plan_placement(benchmark):
-    rng = np.random.default_rng(0)
-    load = torch.from_numpy(np.exp(rng.normal(0, 0.6, E)) * 256)
-    cur = Placement.contiguous(E, R, S)
-    benchmark(lambda: plan_placement(load, R, S, cur, max_moves=25))
 
 
 if __name__ == "__main__":
@@ -249,12 +252,12 @@ if __name__ == "__main__":
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--oracle", action="store_true", help="only the forecast-vs-oracle comparison")
     a = ap.parse_args()
-    t0 = time.time()
+    t0 = time.monotonic()
     oracle_study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval,
                  seeds=a.seeds or ((0,) if a.quick else (0, 1, 2)))
     if a.oracle:
-        print(f"\n(took {time.time() - t0:.1f} s)")
+        print(f"\n(took {time.monotonic() - t0:.1f} s)")
         sys.exit(0)
     study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval, quick=a.quick,
           seeds=a.seeds or ((0,) if a.quick else (0, 1, 2)))
-    print(f"\n(study took {time.time() - t0:.1f} s)")
+    print(f"\n(study took {time.monotonic() - t0:.1f} s)")

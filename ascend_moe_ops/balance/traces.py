@@ -21,7 +21,6 @@ predictor that does not anticipate changes). The *cut* is
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -141,7 +140,7 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
 
     Returns a dict: ``imbalance`` (mean over measured steps), ``static``, ``cut``, ``moves_mean``
     / ``moves_max`` (expert copies per re-plan point from ``measure_from`` on, a rejected plan
-    counting 0), ``bytes_mean`` (with ``move_cost``), ``replans``, ``plan_seconds`` (mean),
+    counting 0), ``bytes_mean`` (with ``move_cost``), ``replans``,
     ``pred_err`` (L1 error of the forecast vs the interval's realised mean counts, relative).
     """
     if oracle not in (None, "next_step", "interval", "previous_step"):
@@ -158,7 +157,7 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
     else:
         pred = predictor()
     imb = np.empty(steps)
-    moves, nbytes, plan_s, pred_err = [], [], [], []
+    moves, nbytes, pred_err = [], [], []
     s2e = placement.slot_to_expert.numpy()
     rep = placement.replica_count.numpy().astype(np.float64)
     for t in range(steps):
@@ -173,9 +172,7 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
             else:
                 guess = pred.predict()
             pred_err.append(np.abs(guess.numpy() - nxt).sum() / nxt.sum())
-            t0 = time.perf_counter()
             new = plan_placement(guess, R, slots, placement, move_cost=move_cost, **plan_kw)
-            plan_s.append(time.perf_counter() - t0)
             if t >= measure_from:
                 moves.append(new.moved)
                 nbytes.append(new.moved_bytes)
@@ -196,6 +193,5 @@ def replay(p: np.ndarray, counts: np.ndarray, num_ranks: int, slots_per_rank: in
         "moves_max": int(np.max(moves)) if moves else 0,
         "bytes_mean": float(np.mean(nbytes)) if nbytes else 0.0,
         "replans": len(moves),
-        "plan_seconds": float(np.mean(plan_s)) if plan_s else 0.0,
         "pred_err": float(np.mean(pred_err)) if pred_err else float("nan"),
     }
