@@ -343,6 +343,8 @@ def scenario_errors(ctx):
         EPTopology(local_size=W + 1 if W > 2 else 3)
     with pytest.raises(ValueError, match=re.escape("not divisible by the EP world size")):
         MoEDispatcher(topo, E + 1)
+    with pytest.raises(ValueError, match=re.escape("timeout must be a positive number")):
+        EPTopology(local_size=ctx["local_size"], timeout=-1)
     disp = MoEDispatcher(topo, E, algorithm="flat")
     x = torch.randn(4, 3)
     with pytest.raises(ValueError, match=re.escape("outside the valid range")):
