@@ -343,6 +343,8 @@ def scenario_errors(ctx):
         EPTopology(local_size=W + 1 if W > 2 else 3)
     with pytest.raises(ValueError, match=re.escape("not divisible by the EP world size")):
         MoEDispatcher(topo, E + 1)
+    with pytest.raises(ValueError, match=re.escape("timeout must be a positive number")):
+        EPTopology(local_size=ctx["local_size"], timeout=-1)
     disp = MoEDispatcher(topo, E, algorithm="flat")
     x = torch.randn(4, 3)
     with pytest.raises(ValueError, match=re.escape("outside the valid range")):
@@ -430,6 +432,13 @@ def scenario_overlap(ctx, algorithm):
     torch.manual_seed(7)  # the same router and local experts on every rank
     layer = MoELayer(H, E, F, K, dispatcher=disp, shared_expert_ffn_hidden_size=8)
     assert layer.experts.num_experts == disp.num_local_experts
+    with pytest.raises(ValueError, match=re.escape("needs an expert-parallel dispatcher")):
+        MoELayer(H, E, F, K, overlap_chunks=2)
+    with pytest.raises(ValueError, match=re.escape("dropless")):
+        MoELayer(H, E, F, K, dispatcher=disp, capacity_factor=1.0)
+    with pytest.raises(ValueError, match=re.escape("chunks must be a positive int")):
+        moe_forward_overlapped(disp, torch.zeros(2, H), torch.zeros(2, K, dtype=torch.long), None,
+                               layer.experts, chunks=0)
     T = 0 if rank == 1 else 5 + 3 * rank
     g = torch.Generator().manual_seed(60 + rank)
     x0 = torch.randn(T, H, generator=g)

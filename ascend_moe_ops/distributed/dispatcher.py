@@ -37,14 +37,16 @@ class DispatchHandle:
     """What :meth:`MoEDispatcher.combine` needs to undo a dispatch, plus traffic statistics.
 
     Attributes:
-        algorithm: ``"flat"`` or ``"hierarchical"`` (what ``auto`` resolved to).
+        algorithm: ``"flat"``, ``"hierarchical"`` or ``"hierarchical_allgather"`` (what
+            ``auto`` resolved to).
         num_tokens: ``T`` of this rank's input.
         tokens_per_local_expert: ``[L]`` int64, rows per local expert in ``expert_tokens``.
         stats: rows/bytes this rank sent in the dispatch, taken from the split sizes actually used
             (padding included; rows a rank sends to itself are not counted):
-            ``inter_node_rows``, ``inter_node_bytes`` (token rows plus, for hierarchical, the
-            gathered top-k ids (int32) and probs), ``intra_node_rows``, ``intra_node_bytes``,
-            and ``combine_inter_node_bytes`` / ``combine_intra_node_bytes`` for the combine.
+            ``inter_node_rows``, ``inter_node_bytes`` (token rows plus, for the hierarchical
+            schemes, their top-k slots (int32) and probs), ``intra_node_rows``,
+            ``intra_node_bytes``, and ``combine_inter_node_rows`` / ``_bytes``,
+            ``combine_intra_node_rows`` / ``_bytes`` for the combine.
     """
 
     def __init__(self, algorithm: str, num_tokens: int):

@@ -50,9 +50,26 @@ class _Inline:
         pass
 
 
+def _same_device_initializer():
+    """The current accelerator device is per thread: give the communication thread the caller's
+    (NCCL/HCCL collectives and metadata tensors use it)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        dev = torch.cuda.current_device()
+        return lambda: torch.cuda.set_device(dev)
+    npu = getattr(torch, "npu", None)
+    if npu is not None and hasattr(npu, "current_device"):
+        try:
+            dev = npu.current_device()
+            return lambda: npu.set_device(dev)
+        except Exception:  # pragma: no cover - torch_npu without a device
+            pass
+    return None
+
+
 def _executor(overlap: bool):
     if overlap:
-        return cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend_moe_ops_ep_comm")
+        return cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend_moe_ops_ep_comm",
+                                     initializer=_same_device_initializer())
     return _Inline()
 
 
