@@ -162,6 +162,8 @@ def run(ctx):
                 if "dense torch.mm" in peer_t:
                     extra["pct_of_dense_same_problem"] = round(100 * peer_t["dense torch.mm"] / t, 1)
                 mm = {"fwd": (M, K, N), "dX": (M, N, K), "dW": (K, M, N)}[pname]
+                if hasattr(ctx, "limit_now"):
+                    ctx.limit_now(mm_shape=mm, dtype=dtype)  # the limit column, next to the row
                 rows.append(Row(op=OP, case=f"{pname} {name}", backend=backend, dtype=dname,
                                 seconds=t, flops=flops, formula=formula, limit="flops",
                                 peers=peer_t, extra=extra, path=PATHS[pname], mm_shape=mm))

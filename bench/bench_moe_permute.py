@@ -197,6 +197,9 @@ def _case_rows(ctx, shape, routing, peer):
                 amo.moe_unpermute(r.tokens, r.row_id_map, pr).backward(g)
 
             t_trip = timed(trip)
+        if hasattr(ctx, "limit_now"):  # the copies of the same working sets, next to the rows
+            for nb in (b_perm, b_unperm, b_unperm_np, b_trip):
+                ctx.limit_now(nbytes=nb)
         del res, rows, rmap
         dt = str(DTYPE).replace("torch.", "")
         out += [

@@ -231,3 +231,18 @@ def test_namespaced_subpackages_resolve():
     assert Path(tr.__file__).parent.name == "triton_ref"
     assert (Path(suite.__file__).parent / "bench_moe_permute.py").is_file()
     assert "bench_grouped_gemm.py" in os.listdir(runner.suite_dir())
+
+
+def test_limit_now_measures_next_to_the_row_and_is_reused():
+    from ascend_moe_ops.benchmark.rows import evaluate
+    ctx = runner.Context("cpu", min_run_time=0.01)
+    ctx.limit_now(nbytes=1 << 16, mm_shape=(32, 32, 32), dtype=torch.float32)
+    assert [m["kind"] for m in ctx.machine.measured] == ["copy", "alloc-copy", "dense mm"]
+    t = Timing(1e-4, 0.0, 3, [1e-4] * 3)
+    evaluate(Row(op="a", case="b", backend="c", dtype="float32", seconds=t, bytes=1 << 16), ctx.machine)
+    evaluate(Row(op="a", case="m", backend="c", dtype="float32", seconds=t, flops=2 * 32 ** 3,
+                 limit="flops", mm_shape=(32, 32, 32)), ctx.machine)
+    assert len(ctx.machine.measured) == 3  # the rows reuse the limits measured next to them
+    rec = runner.Context("cpu", recording=True)
+    rec.limit_now(nbytes=1 << 16)
+    assert rec.machine.measured == []

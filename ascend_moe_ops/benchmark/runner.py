@@ -101,6 +101,17 @@ class Context:
     def backend_wanted(self, name: str) -> bool:
         return self.backends is None or name in self.backends
 
+    def limit_now(self, nbytes: Optional[int] = None, mm_shape=None, dtype=None) -> None:
+        """Measure the limit a row will be compared with now, next to the row's own timing (the
+        machine caches it; under a changing load a limit measured minutes later misleads)."""
+        if self.recording:
+            return
+        if nbytes:
+            self.machine.copy_gbps_for(nbytes)
+            self.machine.copy_gbps_for(nbytes, fresh=True)
+        if mm_shape:
+            self.machine.mm_tflops_for(*mm_shape, dtype or self.dtype)
+
     def time(self, fn: Callable[[], object], min_time: Optional[float] = None, *,
              runs: Optional[int] = None, warmup: int = 1, **_legacy) -> Timing:
         """Median time of ``fn()`` with its spread (:class:`Timing`). ``min_time``: minimum run
