@@ -276,7 +276,10 @@ def main(argv=None):
     ap.add_argument("--profile", default=None, help="a configuration name to profile instead of timing")
     ap.add_argument("--ops-only", action="store_true", help="only the ops on Megatron's call paths")
     ap.add_argument("--memory", action="store_true", help="saved bytes of nn.MoELayer per memory option")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before timing")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     shape = QUICK_SHAPE if args.quick else SHAPE
     h = _cpu_helpers()
     with warnings.catch_warnings():

@@ -205,9 +205,19 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
             if used != n:
                 raise ValueError(f"num_out_tokens={n} must equal the {used} routed slots "
                                  "of routing_map (Megatron's unfused path returns exactly them)")
-        slot_probs = _slot_probs(probs, ids)
+        S = ids.shape[1]
+        full = used == T * S  # no -1 slot (top-k routing): fewer small ops
+        if full:
+            slot_probs = probs.gather(1, ids) if probs is not None else None
+        else:
+            slot_probs = _slot_probs(probs, ids)
         res = moe_permute(tokens, ids, slot_probs, num_experts=E, num_out_tokens=used)
-        si = sorted_indices_from_row_id_map(res.row_id_map, used)
+        if full and S:
+            # rows are expert-major and in (token, slot) order inside an expert: a stable sort of
+            # the slots by expert; the token of slot i is i // S
+            si = torch.div(torch.argsort(ids.reshape(-1), stable=True), S, rounding_mode="floor")
+        else:
+            si = sorted_indices_from_row_id_map(res.row_id_map, used)
         _remember(si, res.row_id_map, ids, routing_map, False, used)
         return res.tokens, res.probs, si
 

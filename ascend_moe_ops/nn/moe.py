@@ -359,6 +359,11 @@ class MoELayer(nn.Module):
         self.recompute_permute = bool(recompute_permute)
         self.recompute_activation = bool(recompute_activation)
         self.offload_activations = bool(offload_activations)
+        if dispatcher is not None and (self.score_before_experts or self.recompute_permute
+                                       or self.recompute_activation or self.offload_activations):
+            raise ValueError("score_before_experts, recompute_permute, recompute_activation and "
+                             "offload_activations are options of the single-device layer; they "
+                             "cannot be combined with an expert-parallel dispatcher yet")
         self._warned_offload = False
 
     def update_expert_bias(self, rate: float = 1e-3, tokens_per_expert: Optional[Tensor] = None) -> Tensor:
@@ -402,12 +407,29 @@ class MoELayer(nn.Module):
             out = moe_unpermute(y, perm.row_id_map, None if self.score_before_experts else probs)
         return out, perm
 
+    def _forward_with_options(self, x: Tensor) -> Tensor:
+        """``forward`` with score_before_experts / recompute / offload options (one device)."""
+        if getattr(self, "dispatcher", None) is not None:
+            raise ValueError("score_before_experts, recompute_* and offload_activations are not "
+                             "implemented with an expert-parallel dispatcher yet")
+        shape = x.shape
+        tokens = x.reshape(-1, self.hidden_size)
+        ids, probs, scores = self.router(tokens)
+        out, perm = self._experts_forward(tokens, ids, probs)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        self.tokens_per_expert = perm.tokens_per_expert
+        self.scores = scores
+        return out.reshape(shape)
+
     def capacity(self, num_tokens: int) -> Optional[int]:
         if self.capacity_factor is None:
             return None
         return max(1, capacity_for(num_tokens, self.top_k, self.num_experts, self.capacity_factor))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.score_before_experts or self.recompute_permute or self.recompute_activation or self.offload_activations:
+            return self._forward_with_options(x)
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         ids, probs, scores = self.router(tokens)
@@ -421,7 +443,10 @@ class MoELayer(nn.Module):
             self.tokens_per_expert = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
             self.scores = scores
             return out.reshape(shape)
-        out, perm = self._experts_forward(tokens, ids, probs)
+        perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts,
+                           capacity=self.capacity(tokens.shape[0]))
+        expert_out = self.experts(perm.tokens, perm.group_sizes)
+        out = moe_unpermute(expert_out, perm.row_id_map, probs)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         self.tokens_per_expert = perm.tokens_per_expert
