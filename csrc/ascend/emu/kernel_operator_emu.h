@@ -94,6 +94,10 @@
 #include <type_traits>
 #include <vector>
 
+#include <dlfcn.h>
+
+#include "pipe_model.h"
+
 #define __aicore__
 #define __global__
 #define __gm__
@@ -102,11 +106,6 @@
 
 namespace ascend_emu {
 
-struct EmuError : std::runtime_error {
-  explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
-};
-
-[[noreturn]] inline void fail(const std::string& m) { throw EmuError(m); }
 
 enum class SlotState { kFree, kAllocated, kQueued, kDequeued, kCalc };
 
@@ -136,6 +135,8 @@ struct Slot {
   SlotState state = SlotState::kFree;
   uint64_t generation = 0;  // bumped on every FreeTensor: stale LocalTensors are detected
   std::string owner;
+  BufferRecords rec;        // pipe model: accesses to this buffer (pipe_model.h)
+  QueueSync qsync;          // pipe model: the sync a queue buffer carries (EnQue/DeQue, Free/Alloc)
 };
 
 struct PipeState {
@@ -158,6 +159,7 @@ struct BlockContext {
   bool active = false;
   struct MixGroup* mix = nullptr;                // set in a mixed launch: the block's AI Core group
   uint32_t sub = 0;                              // AIV index inside the group (0 / 1)
+  PipeModel model;                               // per-core pipe model / race detector (pipe_model.h)
 };
 
 // Cross-core flag state of one AI Core group of a mixed launch (mode 2: AIC <-> its two AIVs), and
@@ -209,10 +211,39 @@ using ascend_emu::fail;
 enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, A2, B1, B2, CO1, CO2 };
 using QuePosition = TPosition;
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, S_MTE3, MTE3_S, MTE2_S, S_MTE2, MTE3_MTE2, V_MTE2 };
+// HardEvent SRC_DST: SetFlag on pipe SRC, WaitFlag on pipe DST (the pipe model, pipe_model.h).
+#define AMO_EMU_EVENTS(X)                                                                              \
+  X(MTE2_MTE1, MTE2, MTE1) X(MTE1_MTE2, MTE1, MTE2) X(MTE1_M, MTE1, M) X(M_MTE1, M, MTE1)             \
+  X(MTE2_V, MTE2, V) X(V_MTE2, V, MTE2) X(MTE3_V, MTE3, V) X(V_MTE3, V, MTE3) X(M_V, M, V)           \
+  X(V_M, V, M) X(V_V, V, V) X(MTE3_MTE1, MTE3, MTE1) X(MTE1_MTE3, MTE1, MTE3) X(MTE1_V, MTE1, V)     \
+  X(MTE2_M, MTE2, M) X(M_MTE2, M, MTE2) X(V_MTE1, V, MTE1) X(M_FIX, M, FIX) X(FIX_M, FIX, M)         \
+  X(MTE3_MTE2, MTE3, MTE2) X(MTE2_MTE3, MTE2, MTE3) X(S_V, S, V) X(V_S, V, S) X(S_MTE2, S, MTE2)     \
+  X(MTE2_S, MTE2, S) X(S_MTE3, S, MTE3) X(MTE3_S, MTE3, S) X(MTE2_FIX, MTE2, FIX)                    \
+  X(FIX_MTE2, FIX, MTE2) X(FIX_S, FIX, S) X(M_S, M, S) X(FIX_MTE3, FIX, MTE3) X(MTE1_FIX, MTE1, FIX) \
+  X(FIX_MTE1, FIX, MTE1) X(FIX_FIX, FIX, FIX)
+#define AMO_EMU_EV_NAME(n, a, b) n,
+enum class HardEvent { AMO_EMU_EVENTS(AMO_EMU_EV_NAME) MAX };
+#undef AMO_EMU_EV_NAME
 enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
+static_assert(int(PIPE_FIX) == ascend_emu::kPipeFIX && int(PIPE_ALL) == ascend_emu::kNumPipes, "pipe order");
 using event_t = int32_t;
-constexpr event_t EVENT_ID0 = 0;
+constexpr event_t EVENT_ID0 = 0, EVENT_ID1 = 1, EVENT_ID2 = 2, EVENT_ID3 = 3, EVENT_ID4 = 4, EVENT_ID5 = 5,
+                  EVENT_ID6 = 6, EVENT_ID7 = 7;
+namespace detail {
+struct EventPipes {
+  int src, dst;
+  const char* name;
+};
+constexpr EventPipes event_pipes(HardEvent e) {
+#define AMO_EMU_EV_CASE(n, a, b) \
+  if (e == HardEvent::n) return EventPipes{int(PIPE_##a), int(PIPE_##b), #n};
+  AMO_EMU_EVENTS(AMO_EMU_EV_CASE)
+#undef AMO_EMU_EV_CASE
+  return EventPipes{0, 0, "MAX"};
+}
+// Pipe model: the current instruction's pipe and name, and an access of it.
+inline void issue(int pipe, const char* name) { ascend_emu::ctx().model.begin(pipe, name); }
+}  // namespace detail
 
 // ---- 16-bit float storage types (conversions round to nearest even, like torch) -----------------
 namespace detail {
@@ -347,6 +378,8 @@ class LocalTensor {
   T GetValue(uint64_t i) const {
     live("GetValue");
     if (i >= size_) fail("LocalTensor GetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
+    detail::issue(PIPE_S, "LocalTensor::GetValue");
+    emu_touch(sizeof(T), false, i * sizeof(T));
     T v;
     std::memcpy(&v, data() + i, sizeof(T));
     return v;
@@ -354,6 +387,8 @@ class LocalTensor {
   void SetValue(uint64_t i, T v) const {
     live("SetValue");
     if (i >= size_) fail("LocalTensor SetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
+    detail::issue(PIPE_S, "LocalTensor::SetValue");
+    emu_touch(sizeof(T), true, i * sizeof(T));
     std::memcpy(data() + i, &v, sizeof(T));
   }
   uint32_t GetSize() const { return static_cast<uint32_t>(size_); }
@@ -422,6 +457,13 @@ class LocalTensor {
   }
   const std::shared_ptr<ascend_emu::Slot>& slot() const { return slot_; }
   uint64_t generation() const { return gen_; }
+  // Pipe model: the current instruction accesses `bytes` bytes from element offset startByte / sizeof(T).
+  void emu_touch(uint64_t bytes, bool write, uint64_t startByte = 0) const {
+    auto& m = ascend_emu::ctx().model;
+    if (!m.on() || !slot_) return;
+    m.touch(slot_->rec, slot_->owner, ascend_emu::space_name(slot_->space), byteOff_ + startByte,
+            byteOff_ + startByte + bytes, write);
+  }
 
  private:
   std::shared_ptr<ascend_emu::Slot> slot_;
@@ -433,15 +475,36 @@ class LocalTensor {
 // ---- TPipe, TQue, TBuf ----------------------------------------------------------------------------
 class TPipe;
 
+namespace detail {
+// Pipe model: the pipe that fills a queue buffer of this position (EnQue side) and the one that
+// drains it (DeQue side); a TQueBind<SRC, DST> goes from producer(SRC) to consumer(DST).
+constexpr int queue_producer(TPosition p) {
+  return p == TPosition::VECIN || p == TPosition::A1 || p == TPosition::B1 ? int(PIPE_MTE2)
+         : p == TPosition::A2 || p == TPosition::B2                       ? int(PIPE_MTE1)
+         : p == TPosition::CO1                                            ? int(PIPE_M)
+                                                                          : int(PIPE_V);
+}
+constexpr int queue_consumer(TPosition p) {
+  return p == TPosition::VECOUT                      ? int(PIPE_MTE3)
+         : p == TPosition::A1 || p == TPosition::B1 ? int(PIPE_MTE1)
+         : p == TPosition::A2 || p == TPosition::B2 ? int(PIPE_M)
+         : p == TPosition::CO1                      ? int(PIPE_FIX)
+                                                    : int(PIPE_V);
+}
+}  // namespace detail
+
 template <TPosition SRC, TPosition DST, int32_t DEPTH>
 class TQueBind {
  public:
   static_assert(DEPTH >= 1, "queue depth must be >= 1");
+  static constexpr int kProducer = detail::queue_producer(SRC);
+  static constexpr int kConsumer = detail::queue_consumer(DST);
   template <typename T>
   LocalTensor<T> AllocTensor() {
     init_check("AllocTensor");
     for (auto& s : slots_) {
       if (s->state == ascend_emu::SlotState::kFree) {
+        ascend_emu::ctx().model.acquire(kProducer, s->qsync.freed);  // waits for the FreeTensor's event
         s->state = ascend_emu::SlotState::kAllocated;
         return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
       }
@@ -458,6 +521,7 @@ class TQueBind {
     if (static_cast<int32_t>(fifo_.size()) >= DEPTH)
       fail("EnQue on " + name_ + ": queue depth " + std::to_string(DEPTH) + " exceeded (DeQue first)");
     s->state = ascend_emu::SlotState::kQueued;
+    s->qsync.enq = ascend_emu::ctx().model.snapshot(kProducer);  // the event set on the producer pipe
     fifo_.push_back(s);
     return true;
   }
@@ -467,6 +531,7 @@ class TQueBind {
     if (fifo_.empty()) fail("DeQue on " + name_ + ": the queue is empty (missing EnQue)");
     auto s = fifo_.front();
     fifo_.pop_front();
+    ascend_emu::ctx().model.acquire(kConsumer, s->qsync.enq);  // the wait on the consumer pipe
     s->state = ascend_emu::SlotState::kDequeued;
     return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
   }
@@ -479,6 +544,7 @@ class TQueBind {
     if (s->state == ascend_emu::SlotState::kQueued)
       fail("FreeTensor on " + name_ + " of a tensor that is still queued (DeQue it first)");
     s->state = ascend_emu::SlotState::kFree;
+    s->qsync.freed = ascend_emu::ctx().model.snapshot(kConsumer);  // the event the next AllocTensor waits for
     ++s->generation;
   }
   // emulator internals
@@ -694,9 +760,20 @@ inline void CrossCoreWaitFlag(uint16_t flagId) {
   --n;
 }
 
-template <HardEvent E> inline void SetFlag(event_t) {}
-template <HardEvent E> inline void WaitFlag(event_t) {}
-template <pipe_t P> inline void PipeBarrier() {}
+template <HardEvent E>
+inline void SetFlag(event_t id) {
+  constexpr detail::EventPipes ev = detail::event_pipes(E);
+  ascend_emu::ctx().model.set_flag(ev.src, ev.dst, id, ev.name);
+}
+template <HardEvent E>
+inline void WaitFlag(event_t id) {
+  constexpr detail::EventPipes ev = detail::event_pipes(E);
+  ascend_emu::ctx().model.wait_flag(ev.src, ev.dst, id, ev.name);
+}
+template <pipe_t P>
+inline void PipeBarrier() {
+  ascend_emu::ctx().model.barrier(int(P));
+}
 
 // ---- data movement -------------------------------------------------------------------------------
 struct DataCopyExtParams {
@@ -732,6 +809,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
   detail::check_block_len<T>(uint64_t(count) * sizeof(T), "DataCopy (GM->UB)");
   dst.need(count, "DataCopy (GM->UB)");
   src.check(0, count, "DataCopy (GM->UB)");
+  detail::issue(PIPE_MTE2, "DataCopy (GM->UB)");
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   std::memcpy(dst.data(), src.GetPhyAddr(), uint64_t(count) * sizeof(T));
 }
 
@@ -740,6 +819,8 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   detail::check_block_len<T>(uint64_t(count) * sizeof(T), "DataCopy (UB->GM)");
   src.need(count, "DataCopy (UB->GM)");
   dst.check(0, count, "DataCopy (UB->GM)");
+  detail::issue(PIPE_MTE3, "DataCopy (UB->GM)");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
   std::memcpy(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T));
 }
 
@@ -756,6 +837,8 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
   dst.need(needUb, "DataCopyPad (GM->UB)");
   const uint64_t gmStride = elems + p.srcStride / sizeof(T);
   src.check(0, p.blockCount ? uint64_t(p.blockCount - 1) * gmStride + elems : 0, "DataCopyPad (GM->UB)");
+  detail::issue(PIPE_MTE2, "DataCopyPad (GM->UB)");
+  dst.emu_touch(uint64_t(p.blockCount) * rowUb, true);
   uint8_t* ub = reinterpret_cast<uint8_t*>(dst.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) {
     uint8_t* row = ub + b * rowUb;
@@ -778,6 +861,8 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
   if (p.dstStride % sizeof(T)) fail("DataCopyPad (UB->GM): dstStride is not a multiple of sizeof(T)");
   const uint64_t gmStride = elems + p.dstStride / sizeof(T);
   dst.check(0, p.blockCount ? uint64_t(p.blockCount - 1) * gmStride + elems : 0, "DataCopyPad (UB->GM)");
+  detail::issue(PIPE_MTE3, "DataCopyPad (UB->GM)");
+  if (p.blockCount) src.emu_touch(uint64_t(p.blockCount - 1) * rowUb + p.blockLen, false);
   const uint8_t* ub = reinterpret_cast<const uint8_t*>(src.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
 }
@@ -804,6 +889,8 @@ void overlap(const LocalTensor<D>& d, const LocalTensor<S>& s, uint64_t n, const
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
   dst.need(count, "Duplicate");
+  detail::issue(PIPE_V, "Duplicate");
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = v;
 }
 
@@ -814,6 +901,10 @@ void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
     detail::arith_type<T>(#NAME);                                                       \
     dst.need(count, #NAME); a.need(count, #NAME); b.need(count, #NAME);                 \
     detail::overlap(dst, a, count, #NAME); detail::overlap(dst, b, count, #NAME);        \
+    detail::issue(PIPE_V, #NAME);                                                       \
+    a.emu_touch(uint64_t(count) * sizeof(T), false);                                    \
+    b.emu_touch(uint64_t(count) * sizeof(T), false);                                    \
+    dst.emu_touch(uint64_t(count) * sizeof(T), true);                                   \
     for (int32_t i = 0; i < count; ++i) {                                               \
       float x = static_cast<float>(a.data()[i]), y = static_cast<float>(b.data()[i]);   \
       dst.data()[i] = static_cast<T>(EXPR);                                             \
@@ -834,6 +925,9 @@ AMO_EMU_BINARY(Max, (x > y || std::isnan(x)) ? x : y)
       fail(std::string(#NAME) + " on " + type_name<T>() + ": float/half only");            \
     dst.need(count, #NAME); src.need(count, #NAME);                                         \
     detail::overlap(dst, src, count, #NAME);                                                \
+    detail::issue(PIPE_V, #NAME);                                                           \
+    src.emu_touch(uint64_t(count) * sizeof(T), false);                                      \
+    dst.emu_touch(uint64_t(count) * sizeof(T), true);                                       \
     for (int32_t i = 0; i < count; ++i) {                                                   \
       float x = static_cast<float>(src.data()[i]);                                          \
       dst.data()[i] = static_cast<T>(EXPR);                                                 \
@@ -849,6 +943,9 @@ void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   dst.need(count, "Muls");
   src.need(count, "Muls");
   detail::overlap(dst, src, count, "Muls");
+  detail::issue(PIPE_V, "Muls");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
 }
 
@@ -858,6 +955,9 @@ void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   dst.need(count, "Adds");
   src.need(count, "Adds");
   detail::overlap(dst, src, count, "Adds");
+  detail::issue(PIPE_V, "Adds");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) + static_cast<float>(s));
 }
 
@@ -869,6 +969,10 @@ void Axpy(const LocalTensor<T>& dst, const LocalTensor<U>& src, const U& s, int3
   dst.need(count, "Axpy");
   src.need(count, "Axpy");
   detail::overlap(dst, src, count, "Axpy");
+  detail::issue(PIPE_V, "Axpy");
+  src.emu_touch(uint64_t(count) * sizeof(U), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) {
     T prod = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
     dst.data()[i] = static_cast<T>(static_cast<float>(prod) + static_cast<float>(dst.data()[i]));
@@ -889,6 +993,9 @@ void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, 
     dst.need(count, "Cast");
     src.need(count, "Cast");
     detail::overlap(dst, src, count, "Cast");
+    detail::issue(PIPE_V, "Cast");
+    src.emu_touch(uint64_t(count) * sizeof(S), false);
+    dst.emu_touch(uint64_t(count) * sizeof(D), true);
     // copy first: an in-place cast must not read what it already wrote
     std::vector<S> tmp(src.data(), src.data() + count);
     for (uint32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<D>(static_cast<float>(tmp[i]));
@@ -906,6 +1013,10 @@ void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   constexpr int32_t per = 256 / sizeof(T);
   const int32_t repeats = (count + per - 1) / per;
   work.need(repeats, "ReduceSum work buffer");
+  detail::issue(PIPE_V, "ReduceSum");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  work.emu_touch(uint64_t(repeats) * sizeof(T), true);
+  dst.emu_touch(sizeof(T), true);
   float total = 0.0f;
   float lane[per];
   for (int32_t r = 0; r < repeats; ++r) {
@@ -932,6 +1043,10 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   dst.need(1, "ReduceMax");
   const int32_t repeats = (count + 63) / 64;
   work.need(repeats, "ReduceMax work buffer");
+  detail::issue(PIPE_V, "ReduceMax");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  work.emu_touch(uint64_t(repeats) * sizeof(T), true);
+  dst.emu_touch(sizeof(T), true);
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
   dst.data()[0] = m;
@@ -974,6 +1089,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
   dst.need_in((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0,
               "DataCopy (GM->L1, ND2NZ)", ascend_emu::kL1, ascend_emu::kL1, 32);
   src.check(0, uint64_t(p.nValue - 1) * p.srcDValue + p.dValue, "DataCopy (GM->L1, ND2NZ)");
+  detail::issue(PIPE_MTE2, "DataCopy (GM->L1, ND2NZ)");
+  dst.emu_touch(((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0) * sizeof(T), true);
   T* d = dst.data();
   const T* g = src.GetPhyAddr();
   for (uint64_t r = 0; r < p.nValue; ++r)
@@ -1001,6 +1118,9 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
   src.need_in((lastSrc + 1) * detail::kFrac, "LoadData source", ascend_emu::kL1, ascend_emu::kL1, 32);
   dst.need_in((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac, "LoadData destination",
               ascend_emu::kL0A, ascend_emu::kL0B, 512);
+  detail::issue(PIPE_MTE1, "LoadData (L1->L0)");
+  src.emu_touch((lastSrc + 1 - p.startIndex) * detail::kFrac * sizeof(T), false, uint64_t(p.startIndex) * detail::kFrac * sizeof(T));
+  dst.emu_touch((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac * sizeof(T), true);
   const T* s = src.data();
   T* d = dst.data();
   for (uint64_t i = 0; i < p.repeatTimes; ++i) {
@@ -1028,6 +1148,10 @@ void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p)
   const int s = dst.space();
   dst.need_in(n, "InitConstValue", s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0A,
               s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, 32);
+  // pipe: MTE1 on L0A/L0B, MTE2 on L1 (A2)
+  detail::issue(s == ascend_emu::kL1 ? PIPE_MTE2 : PIPE_MTE1,
+                s == ascend_emu::kL1 ? "InitConstValue (L1)" : "InitConstValue (L0A/L0B)");
+  dst.emu_touch(n * sizeof(T), true);
   T* d = dst.data();
   const T v = static_cast<T>(static_cast<float>(p.initValue));
   for (uint64_t r = 0; r < p.repeatTimes; ++r)
@@ -1065,6 +1189,16 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
     a.need_in(M16 * K16, "Mmad left matrix (L0A)", ascend_emu::kL0A, ascend_emu::kL0A, 512);
     b.need_in(K16 * N16, "Mmad right matrix (L0B)", ascend_emu::kL0B, ascend_emu::kL0B, 512);
     c.need_in(M16 * N16, "Mmad result (L0C)", ascend_emu::kL0C, ascend_emu::kL0C, 512);
+    detail::issue(PIPE_M, "Mmad");
+    a.emu_touch(M16 * K16 * sizeof(A), false);
+    b.emu_touch(K16 * N16 * sizeof(B), false);
+    if (!p.cmatrixInitVal) c.emu_touch(M16 * N16 * sizeof(D), false);
+    c.emu_touch(M16 * N16 * sizeof(D), true);
+    {
+      const uint64_t lo = c.ub_addr() - c.slot()->offset;
+      ascend_emu::ctx().model.mmad(c.slot().get(), c.slot()->owner, lo, lo + M16 * N16 * sizeof(D), !p.cmatrixInitVal,
+                                   p.m, p.n);
+    }
     const A* pa = a.data();
     const B* pb = b.data();
     float* pc = c.data();
@@ -1122,6 +1256,8 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     src.need_in((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16, "Fixpipe source (L0C)", ascend_emu::kL0C,
                 ascend_emu::kL0C, 64);
     dst.check(0, uint64_t(p.mSize - 1) * p.dstStride + p.nSize, "Fixpipe (L0C->GM)");
+    detail::issue(PIPE_FIX, "Fixpipe (L0C->GM)");
+    src.emu_touch(((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16) * sizeof(S), false);
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
     for (uint64_t i = 0; i < p.mSize; ++i)
@@ -1133,6 +1269,21 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
 
 namespace ascend_emu {
 
+// The kernel's name for the pipe model's messages: kernel_label_override() when a caller set one,
+// else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
+template <typename F>
+std::string kernel_label(const F& f) {
+  if (!kernel_label_override().empty()) return kernel_label_override();
+  if constexpr (std::is_function_v<F>) {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&f), &info) && info.dli_sname) return info.dli_sname;
+  } else if constexpr (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) {
+    Dl_info info;
+    if (f && dladdr(reinterpret_cast<void*>(f), &info) && info.dli_sname) return info.dli_sname;
+  }
+  return "an unnamed kernel";
+}
+
 // Run `kernel(args...)` once per block, blocks one after another, each with a fresh UB of
 // `ubCapacity` bytes filled with 0xFF; then check that the block freed every queue tensor.
 // Returns the most UB any block allocated (the host compares it with the tiling's UB plan).
@@ -1140,6 +1291,8 @@ template <typename F, typename... Args>
 uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args) {
   uint64_t peak = 0;
   if (blockDim == 0) fail("launch with blockDim = 0");
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1156,6 +1309,7 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.aic = false;
     c.pipe.reset();
     c.active = true;
+    c.model.reset(pipesOn, true, b, name);
     kernel(args...);
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
@@ -1182,6 +1336,8 @@ template <typename F, typename... Args>
 CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
   CubeMem peak;
   if (blockDim == 0) fail("launch with blockDim = 0");
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1205,6 +1361,7 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.aic = true;
     c.pipe.reset();
     c.active = true;
+    c.model.reset(pipesOn, false, b, name);
     kernel(args...);
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
@@ -1238,6 +1395,8 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   if (ctx().active) fail("nested kernel launch");
   MixMem peak;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   for (uint32_t grp = 0; grp < groups; ++grp) {
     MixGroup g;
     std::mutex peakMu;
@@ -1267,6 +1426,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
       }
       c.pipe.reset();
       c.active = true;
+      c.model.reset(pipesOn, !aic, c.blockIdx, name + (aic ? " (AIC)" : " (AIV)"));
       try {
         kernel(args...);
         if (c.pipe)
