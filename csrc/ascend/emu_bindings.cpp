@@ -271,7 +271,7 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
   return out;
 }
 
-// ---- flash attention forward (see kernels/flash_attention.cpp) ---------------------------------------
+// ---- flash attention forward (see kernels/flash_attention_*.cpp) ---------------------------------------
 // Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
 // ASCEND_MOE_OPS_FA_KERNELS=phases runs the phase kernels (four launches per key block, per pass in the
 // backward) instead of the fused mixed kernels amo_fa_fused / amo_fab_fused (the default; the NPU glue
@@ -368,7 +368,7 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   return {out, lse};
 }
 
-// ---- flash attention backward (AIC + AIV phase kernels, two passes; see kernels/flash_attention.cpp) --
+// ---- flash attention backward (AIC + AIV phase kernels, two passes; see kernels/flash_attention_*.cpp) --
 std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gradOut, const Tensor& q, const Tensor& k,
                                                                const Tensor& v, const c10::optional<Tensor>& kRope,
                                                                const Tensor& out, const Tensor& lse,

@@ -73,6 +73,7 @@ class MoePermuteKernel {
 
 // tokens [T, H], index [N] int32, out [N, H], tiling: MoePermuteTiling in GM.
 extern "C" __global__ __aicore__ void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   using namespace amo_ascend;
   MoePermuteTiling t;
   kernels::CopyTiling(&t, tiling);

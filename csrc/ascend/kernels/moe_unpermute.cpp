@@ -256,6 +256,7 @@ __aicore__ inline void RunGrad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOf
 // permuted [N, H], row_map [T, S] int32, probs [T, S] fp32 (ignored without probs), out [T, H].
 extern "C" __global__ __aicore__ void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out,
                                                          GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   using namespace amo_ascend;
   MoeUnpermuteTiling t;
   kernels::CopyTiling(&t, tiling);
@@ -273,6 +274,7 @@ extern "C" __global__ __aicore__ void amo_moe_unpermute(GM_ADDR permuted, GM_ADD
 extern "C" __global__ __aicore__ void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOfRow,
                                                               GM_ADDR probs, GM_ADDR gradPermuted, GM_ADDR dots,
                                                               GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   using namespace amo_ascend;
   MoeUnpermuteGradTiling t;
   kernels::CopyTiling(&t, tiling);
