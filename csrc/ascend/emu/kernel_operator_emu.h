@@ -25,9 +25,18 @@
 //   * Fresh UB is filled with 0xFF bytes (a NaN in fp16/bf16/fp32), so a kernel that reads UB it never
 //     wrote, or the undefined pad bytes of DataCopyPad without isPad, produces NaN in the tests.
 //
-// WHAT IT DOES NOT CHECK: timing and performance; pipe races and missing SetFlag/WaitFlag/PipeBarrier
-// (instructions run one after another in program order, so a missing synchronization is invisible;
-// the sync calls are accepted and ignored); UB bank conflicts; blocks running concurrently (blocks of
+//   * Intra-core ordering (pipe_model.h): every instruction is issued on its A2 pipe (DataCopy
+//     GM->UB/L1 MTE2, UB->GM MTE3, LoadData MTE1, Mmad M, Fixpipe FIX, vector ops V, LocalTensor
+//     GetValue/SetValue S, InitConstValue MTE1 on L0A/L0B and MTE2 on L1) and two accesses of
+//     different pipes to overlapping bytes of one UB/L1/L0 buffer, one a write, that no
+//     SetFlag/WaitFlag, PipeBarrier, queue hand-over or (AIV only) compiler auto-sync orders are an
+//     error; so are same-pipe overlapping writes of MTE1/MTE2/MTE3/FIX without a PipeBarrier of that
+//     pipe, small accumulating Mmads without PipeBarrier<PIPE_M>, event ids outside 0..7 and a
+//     WaitFlag with no pending SetFlag. ASCEND_MOE_OPS_EMU_PIPES=off disables it (debugging only).
+//
+// WHAT IT DOES NOT CHECK: timing and performance; the ORDER of GM accesses inside a core (GM is not
+// tracked by the pipe model; the instructions still run one after another in program order);
+// UB bank conflicts; blocks running concurrently (blocks of
 // single-type launches run one after another, mixed launches under the deterministic scheduler below,
 // so races between cores on GM are not observed as such -- the kernels avoid them by construction:
 // every output element has exactly one writer); the hardware's exact rounding of fused
