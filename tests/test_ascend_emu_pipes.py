@@ -69,6 +69,15 @@ def test_pipe_model_env_switch_turns_it_off(pipes_driver):
     assert run_case(pipes_driver, "bad_v_mte2", env=env).startswith("EmuError")
 
 
+def test_pipe_model_narrow_auto_sync_option(pipes_driver):
+    """ASCEND_MOE_OPS_EMU_AUTOSYNC=scalar: only the S <-> V/MTE2/MTE3 pairs are compiler-inserted, so
+    a vector result stored from a TBuf without V -> MTE3 is a race; the default accepts it."""
+    env = dict(os.environ, ASCEND_MOE_OPS_EMU_AUTOSYNC="scalar")
+    assert_emu_error(run_case(pipes_driver, "ok_auto_sync_vector_side", env=env), "narrow auto-sync",
+                     r"read-after-write, missing sync V->MTE3")
+    assert run_case(pipes_driver, "ok_v_mte2", env=env) == "ok"
+
+
 def test_strict_model_is_on_in_this_run():
     """CI runs the emulated parity suites with the pipe model on: the debugging switch must not be set."""
     v = os.environ.get("ASCEND_MOE_OPS_EMU_PIPES", "on").lower()
