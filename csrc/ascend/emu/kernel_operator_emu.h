@@ -25,6 +25,18 @@
 //   * Fresh UB is filled with 0xFF bytes (a NaN in fp16/bf16/fp32), so a kernel that reads UB it never
 //     wrote, or the undefined pad bytes of DataCopyPad without isPad, produces NaN in the tests.
 //
+// ATLAS A2 RULES (docs/ascend.md, "A2 rules"; tests/test_ascend_a2_rules.py); errors name the kernel set
+// with ascend_emu::set_kernel and the core ("[kernel amo_fa_qk, AIC block 3]"):
+//   * InitConstValue: blockNum / dstGap count 32-byte blocks on L1 but 512-byte fractals on L0A/L0B;
+//     a fill past the tensor is an error (the fill's pipe: MTE2 on L1, MTE1 on L0);
+//   * Mmad with m == 1 is GEMV: L0A is read as one ND row of k elements, not zZ (computed that way);
+//     the Mmad destination must be 1024-byte aligned in L0C;
+//   * scalar GlobalTensor::GetValue / SetValue go through a per-core data cache of 64-byte lines
+//     (emu/data_cache.h): lost writes between cores, DMA over a dirty line and stale lines (cached by
+//     an earlier launch, or written after caching) are errors; DataCacheCleanAndInvalid cleans/drops;
+//   * ReduceMax work buffer: ceil(2 * repeats / 8) * 8 floats;
+//   * cross-core flag ids 0..15, of which 11..14 belong to SyncAll.
+//
 //   * Intra-core ordering (pipe_model.h): every instruction is issued on its A2 pipe (DataCopy
 //     GM->UB/L1 MTE2, UB->GM MTE3, LoadData MTE1, Mmad M, Fixpipe FIX, vector ops V, LocalTensor
 //     GetValue/SetValue S, InitConstValue MTE1 on L0A/L0B and MTE2 on L1) and two accesses of
@@ -63,7 +75,8 @@
 //     fractal stored n-major), CO1 NZ (grid column-major, fractals row-major). The reduction reads the
 //     whole padded K fractals (ceil16(k)), so a kernel that leaves NaN in the K padding of A or B
 //     gets NaN -- again stricter than what we could verify about the hardware;
-//   * InitConstValue on A1/B1/A2/B2 (repeatTimes x blockNum 32-byte blocks, dstGap blocks between);
+//   * InitConstValue on A1/B1 (repeatTimes x blockNum 32-byte blocks) and A2/B2 (512-byte fractals),
+//     dstGap blocks between;
 //   * Fixpipe CO1 -> GM with NZ2ND (row-major output): float source, quantPre matching the GM type
 //     (NoQuant float, F322F16 half, F322BF16 bfloat16_t; round to nearest even), srcStride a multiple
 //     of 16 that is >= mSize, dstStride >= nSize, GM bounds.
@@ -77,14 +90,14 @@
 // the group on the AIC and 2 * group + sub on an AIV, GetBlockNum the group count, GetTaskRatio 1 / 2,
 // g_coreType AIC / AIV. CrossCoreSetFlag<2, pipe>(id) / CrossCoreWaitFlag(id) are real counters per
 // group with the documented mode-2 semantics (an AIC set releases one wait on EACH AIV; the AIC's
-// wait needs a set from BOTH AIVs); checked: mode 2 only, flag ids 0..10, at most 15 pending sets per
+// wait needs a set from BOTH AIVs); checked: mode 2 only, flag ids 0..15 except 11..14 (SyncAll's), at most 15 pending sets per
 // counter, a deadlock (no block of the group can run) throws, and a group that ends with a set nobody
 // waited for throws. GM is shared, so a kernel that touches a workspace slot outside the order its
 // flags impose reads stale or overwritten data under one of the schedules -- the emulator does not
 // name such a race itself, but the tests' results then differ from the reference.
 // NOT modelled on the Cube side: the hardware's accumulation order inside a fractal (the emulator sums
 // the K products one by one in fp32), hf32/fp32 Cube modes, bank/ping-pong conflicts, unitFlag,
-// bias tables, the real unit of InitConstValue's blockNum (32 B assumed), cross-core flag modes 0
+// bias tables, cross-core flag modes 0
 // and 1, and the hardware's timing of cross-core flags.
 #pragma once
 
@@ -105,6 +118,7 @@
 
 #include <dlfcn.h>
 
+#include "emu/data_cache.h"
 #include "pipe_model.h"
 
 #define __aicore__
@@ -115,6 +129,19 @@
 
 namespace ascend_emu {
 
+struct EmuError : std::runtime_error {
+  explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
+};
+
+// The kernel being launched (set by the host with set_kernel before a launch, cleared by the launch):
+// every EmuError names it and the core that failed.
+inline std::string& current_kernel() {
+  static std::string name;
+  return name;
+}
+inline void set_kernel(const char* name) { current_kernel() = name ? name : ""; }
+
+[[noreturn]] inline void fail(const std::string& m);
 
 enum class SlotState { kFree, kAllocated, kQueued, kDequeued, kCalc };
 
@@ -176,7 +203,7 @@ struct BlockContext {
 // time; it runs until it waits on a flag it cannot take (or, with the "switch" schedule, until it sets
 // a flag), then the token goes to the next block (AIC, AIV0, AIV1 round robin) that can run.
 struct MixGroup {
-  static constexpr int kFlags = 11;
+  static constexpr int kFlags = 16;
   std::mutex m;
   std::condition_variable cv;
   int aic[kFlags] = {};        // pending releases of the AIC's waits
@@ -208,6 +235,15 @@ inline BlockContext& ctx() {
   static thread_local BlockContext c;
   return c;
 }
+
+[[noreturn]] inline void fail(const std::string& m) {
+  const auto& c = ctx();
+  if (!c.active || current_kernel().empty()) throw EmuError(m);
+  throw EmuError(m + " [kernel " + current_kernel() + ", " + (c.aic ? "AIC" : "AIV") + " block " +
+                 std::to_string(c.blockIdx) + "]");
+}
+[[noreturn]] inline void dc_fail(const std::string& m) { fail(m); }
+inline int core_id() { return dc_core_id(ctx().aic, ctx().blockIdx); }
 
 inline uint64_t align32(uint64_t x) { return (x + 31) / 32 * 32; }
 
@@ -317,6 +353,7 @@ template <typename T> constexpr const char* type_name() {
   else if constexpr (std::is_same_v<T, half>) return "half";
   else if constexpr (std::is_same_v<T, bfloat16_t>) return "bfloat16_t";
   else if constexpr (std::is_same_v<T, int32_t>) return "int32_t";
+  else if constexpr (std::is_same_v<T, int64_t>) return "int64_t";
   else if constexpr (std::is_same_v<T, int16_t>) return "int16_t";
   else if constexpr (std::is_same_v<T, uint16_t>) return "uint16_t";
   else if constexpr (std::is_same_v<T, uint32_t>) return "uint32_t";
@@ -340,13 +377,18 @@ class GlobalTensor {
     g.SetGlobalBuffer(base_ + off, size_ - off);
     return g;
   }
+  // Scalar accesses go through the core's data cache (emu/data_cache.h).
   T GetValue(uint64_t i) const {
     check(i, 1, "GetValue");
-    return base_[i];
+    T v;
+    if (ascend_emu::ctx().active) ascend_emu::dc_read(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
+    else v = base_[i];
+    return v;
   }
   void SetValue(uint64_t i, T v) {
     check(i, 1, "SetValue");
-    base_[i] = v;
+    if (ascend_emu::ctx().active) ascend_emu::dc_write(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
+    else base_[i] = v;
   }
   uint64_t GetSize() const { return size_; }
   T* GetPhyAddr() const { return base_; }
@@ -707,7 +749,10 @@ inline ascend_emu::MixGroup& mix_group(const char* what) {
   return *g;
 }
 inline void check_flag(uint16_t id, const char* what) {
-  if (id >= ascend_emu::MixGroup::kFlags) fail(std::string(what) + ": flagId " + std::to_string(id) + " outside 0..10");
+  // API reference, CrossCoreSetFlag: modes 0/1/2 take flagId 0..15; SyncAll uses 11..14 internally.
+  if (id >= ascend_emu::MixGroup::kFlags) fail(std::string(what) + ": flagId " + std::to_string(id) + " outside 0..15");
+  if (id >= 11 && id <= 14)
+    fail(std::string(what) + ": flagId " + std::to_string(id) + " is one of 11..14, which SyncAll uses internally");
 }
 }  // namespace detail
 
@@ -767,6 +812,25 @@ inline void CrossCoreWaitFlag(uint16_t flagId) {
     if (g.abort) fail("aborted: another block of the AI Core group failed");
   }
   --n;
+}
+
+// ---- data cache maintenance (emu/data_cache.h) ------------------------------------------------------
+enum class CacheLine { SINGLE_CACHE_LINE, ENTIRE_DATA_CACHE };
+enum class DcciDst { CACHELINE_ALL, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
+
+// Documented prototypes: template <typename T, CacheLine entireType, DcciDst dcciDst> (GM or local
+// tensor) and template <typename T, CacheLine entireType> (GM). SINGLE_CACHE_LINE: the 64 B line that
+// holds the tensor's first element; ENTIRE_DATA_CACHE: every line of the core.
+template <typename T, CacheLine entireType, DcciDst dcciDst>
+inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dst) {
+  if (dcciDst == DcciDst::CACHELINE_UB || dcciDst == DcciDst::CACHELINE_ATOMIC)
+    fail("DataCacheCleanAndInvalid on a GlobalTensor: dcciDst must be CACHELINE_OUT or CACHELINE_ALL on A2");
+  dst.check(0, 0, "DataCacheCleanAndInvalid");
+  ascend_emu::dc_clean_invalidate(ascend_emu::core_id(), dst.GetPhyAddr(), entireType == CacheLine::ENTIRE_DATA_CACHE);
+}
+template <typename T, CacheLine entireType>
+inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dst) {
+  DataCacheCleanAndInvalid<T, entireType, DcciDst::CACHELINE_OUT>(dst);
 }
 
 template <HardEvent E>
@@ -830,6 +894,7 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   dst.check(0, count, "DataCopy (UB->GM)");
   detail::issue(PIPE_MTE3, "DataCopy (UB->GM)");
   src.emu_touch(uint64_t(count) * sizeof(T), false);
+  ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr(), uint64_t(count) * sizeof(T));
   std::memcpy(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T));
 }
 
@@ -873,7 +938,10 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
   detail::issue(PIPE_MTE3, "DataCopyPad (UB->GM)");
   if (p.blockCount) src.emu_touch(uint64_t(p.blockCount - 1) * rowUb + p.blockLen, false);
   const uint8_t* ub = reinterpret_cast<const uint8_t*>(src.data());
-  for (uint32_t b = 0; b < p.blockCount; ++b) std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
+  for (uint32_t b = 0; b < p.blockCount; ++b) {
+    ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr() + b * gmStride, p.blockLen);
+    std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
+  }
 }
 
 // ---- vector unit -----------------------------------------------------------------------------------
@@ -1050,11 +1118,19 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   if (count <= 0) fail("ReduceMax with count <= 0");
   src.need(count, "ReduceMax");
   dst.need(1, "ReduceMax");
+  // A2 rule (API reference, ReduceMax, sharedTmpBuffer without index): the first round writes a
+  // (max, index) pair per 256-byte repeat, so the work buffer needs ceil(2 * repeats / 8) * 8 floats.
   const int32_t repeats = (count + 63) / 64;
-  work.need(repeats, "ReduceMax work buffer");
+  const int32_t need = (2 * repeats + 7) / 8 * 8;
+  work.live("ReduceMax");
+  if (static_cast<uint64_t>(need) > work.GetSize())
+    fail("ReduceMax work buffer of " + work.slot()->owner + ": " + std::to_string(count) + " floats = " +
+         std::to_string(repeats) + " repeats need ceil(2 * repeats / 8) * 8 = " + std::to_string(need) +
+         " floats, it holds " + std::to_string(work.GetSize()));
+  work.need(need, "ReduceMax work buffer");
   detail::issue(PIPE_V, "ReduceMax");
   src.emu_touch(uint64_t(count) * sizeof(T), false);
-  work.emu_touch(uint64_t(repeats) * sizeof(T), true);
+  work.emu_touch(uint64_t(need) * sizeof(T), true);
   dst.emu_touch(sizeof(T), true);
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
@@ -1143,8 +1219,8 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
 template <typename U>
 struct InitConstValueParams {
   uint16_t repeatTimes = 0;
-  uint16_t blockNum = 0;  // 32-byte blocks per repeat
-  uint16_t dstGap = 0;    // 32-byte blocks skipped after each repeat
+  uint16_t blockNum = 0;  // blocks per repeat: 32 B on L1 (A1/B1), 512 B on L0A/L0B (A2/B2)
+  uint16_t dstGap = 0;    // blocks (same unit) skipped after each repeat
   U initValue = U(0);
 };
 
@@ -1152,11 +1228,25 @@ template <typename T, typename U>
 void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p) {
   detail::cube_input_type<T>("InitConstValue");
   if (p.repeatTimes == 0 || p.blockNum == 0) fail("InitConstValue with repeatTimes or blockNum = 0");
-  const uint64_t per = 32 / sizeof(T);
-  const uint64_t n = (uint64_t(p.repeatTimes - 1) * (p.blockNum + p.dstGap) + p.blockNum) * per;
+  // A2 rule (API reference, InitConstValue): blockNum / dstGap count 32-byte blocks on L1 but 512-byte
+  // fractals on L0A/L0B. The L0 fill runs on PIPE_MTE1, the L1 fill on PIPE_MTE2 (a sync is needed
+  // before the Mmad / LoadData that reads it); the pipe model issues it there.
   const int s = dst.space();
+  const uint64_t unit = s == ascend_emu::kL1 ? 32 : 512;
+  const AscendC::pipe_t fillPipe = s == ascend_emu::kL1 ? PIPE_MTE2 : PIPE_MTE1;
+  (void)fillPipe;
+  const uint64_t per = unit / sizeof(T);
+  const uint64_t n = (uint64_t(p.repeatTimes - 1) * (p.blockNum + p.dstGap) + p.blockNum) * per;
+  dst.live("InitConstValue");
+  if (n > dst.GetSize()) {
+    std::ostringstream o;
+    o << "InitConstValue overrun: " << p.repeatTimes << " x " << p.blockNum << " blocks of " << unit << " B on "
+      << ascend_emu::space_name(s) << " (" << (s == ascend_emu::kL1 ? "32 B per block on L1" : "512 B per block on L0A/L0B")
+      << ") = " << n * sizeof(T) << " B, but the tensor of " << dst.slot()->owner << " holds " << dst.GetSize() * sizeof(T) << " B";
+    fail(o.str());
+  }
   dst.need_in(n, "InitConstValue", s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0A,
-              s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, 32);
+              s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, s == ascend_emu::kL1 ? 32 : 512);
   // pipe: MTE1 on L0A/L0B, MTE2 on L1 (A2)
   detail::issue(s == ascend_emu::kL1 ? PIPE_MTE2 : PIPE_MTE1,
                 s == ascend_emu::kL1 ? "InitConstValue (L1)" : "InitConstValue (L0A/L0B)");
@@ -1197,7 +1287,12 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
     const uint64_t Mf = M16 / 16, Nf = N16 / 16, Kf = K16 / 16;
     a.need_in(M16 * K16, "Mmad left matrix (L0A)", ascend_emu::kL0A, ascend_emu::kL0A, 512);
     b.need_in(K16 * N16, "Mmad right matrix (L0B)", ascend_emu::kL0B, ascend_emu::kL0B, 512);
-    c.need_in(M16 * N16, "Mmad result (L0C)", ascend_emu::kL0C, ascend_emu::kL0C, 512);
+    // A2 rule: the Mmad destination in L0C starts 1024-byte aligned.
+    c.need_in(M16 * N16, "Mmad result (L0C)", ascend_emu::kL0C, ascend_emu::kL0C, 1024);
+    // A2 rule (API reference, Mmad / GEMV): m == 1 switches the Cube to GEMV, which reads L0A as ONE
+    // row of k contiguous elements (ND), not as zZ fractals; A2 cannot turn it off. A kernel that
+    // loaded a zZ tile and asks for m = 1 gets what the hardware computes from that memory.
+    const bool gemv = p.m == 1;
     detail::issue(PIPE_M, "Mmad");
     a.emu_touch(M16 * K16 * sizeof(A), false);
     b.emu_touch(K16 * N16 * sizeof(B), false);
@@ -1218,7 +1313,8 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
     std::vector<float> arow(K16);
     for (uint64_t i = 0; i < p.m; ++i) {
       for (uint64_t kk = 0; kk < K16; ++kk)
-        arow[kk] = static_cast<float>(pa[((i / 16) * Kf + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
+        arow[kk] = gemv ? static_cast<float>(pa[kk])
+                        : static_cast<float>(pa[((i / 16) * Kf + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
       for (uint64_t j = 0; j < p.n; ++j) {
         float* out = pc + ((j / 16) * Mf + i / 16) * 256 + (i % 16) * 16 + j % 16;
         float acc = p.cmatrixInitVal ? 0.0f : *out;
@@ -1269,6 +1365,7 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     src.emu_touch(((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16) * sizeof(S), false);
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
+    for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::dc_dma_write(ascend_emu::core_id(), d + i * p.dstStride, p.nSize * sizeof(D));
     for (uint64_t i = 0; i < p.mSize; ++i)
       for (uint64_t j = 0; j < p.nSize; ++j) d[i * p.dstStride + j] = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);
   }
@@ -1282,6 +1379,7 @@ namespace ascend_emu {
 // else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
 template <typename F>
 std::string kernel_label(const F& f) {
+  if (!current_kernel().empty()) return current_kernel();
   if (!kernel_label_override().empty()) return kernel_label_override();
   if constexpr (std::is_function_v<F>) {
     Dl_info info;
@@ -1308,8 +1406,10 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     ~Reset() {
       ctx().active = false;
       ctx().pipe.reset();
+      current_kernel().clear();
     }
   } reset;
+  dc_begin_launch();
   for (uint32_t b = 0; b < blockDim; ++b) {
     c.blockIdx = b;
     c.blockNum = blockDim;
@@ -1320,6 +1420,7 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.active = true;
     c.model.reset(pipesOn, true, b, name);
     kernel(args...);
+    dc_end_block(core_id());
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1354,10 +1455,12 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
       ctx().active = false;
       ctx().aic = false;
       ctx().pipe.reset();
+      current_kernel().clear();
       for (auto& m : ctx().mem) std::vector<uint8_t>().swap(m);
     }
   } reset;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  dc_begin_launch();
   for (uint32_t b = 0; b < blockDim; ++b) {
     c.blockIdx = b;
     c.blockNum = blockDim;
@@ -1372,6 +1475,7 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.active = true;
     c.model.reset(pipesOn, false, b, name);
     kernel(args...);
+    dc_end_block(core_id());
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1404,6 +1508,10 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   if (ctx().active) fail("nested kernel launch");
   MixMem peak;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  struct ResetName {
+    ~ResetName() { current_kernel().clear(); }
+  } resetName;
+  dc_begin_launch();
   const bool pipesOn = pipes_enabled();
   const std::string name = kernel_label(kernel);
   for (uint32_t grp = 0; grp < groups; ++grp) {
@@ -1438,6 +1546,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
       c.model.reset(pipesOn, !aic, c.blockIdx, name + (aic ? " (AIC)" : " (AIV)"));
       try {
         kernel(args...);
+        dc_end_block(core_id());
         if (c.pipe)
           for (auto& sl : c.pipe->slots)
             if (sl->state == SlotState::kAllocated || sl->state == SlotState::kQueued || sl->state == SlotState::kDequeued)

@@ -44,11 +44,8 @@
 
 namespace ascend_emu {
 
-struct EmuError : std::runtime_error {
-  explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
-};
-
-[[noreturn]] inline void fail(const std::string& m) { throw EmuError(m); }
+// Defined in kernel_operator_emu.h (throws ascend_emu::EmuError).
+[[noreturn]] inline void fail(const std::string& m);
 
 // Pipe indices of the model (same order as AscendC::pipe_t in the emulator).
 enum PipeId : int { kPipeS = 0, kPipeV, kPipeM, kPipeMTE1, kPipeMTE2, kPipeMTE3, kPipeFIX, kNumPipes };

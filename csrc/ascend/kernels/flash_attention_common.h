@@ -50,7 +50,7 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
                                 int64_t cores, uint32_t units, Op& op) {
   int64_t item = 0;
   for (int64_t b = 0; b < t.B; ++b) {
-    const int64_t s0 = cu.GetValue(b), len = cu.GetValue(b + 1) - s0;
+    const int64_t s0 = ReadGmFresh(cu, b), len = ReadGmFresh(cu, b + 1) - s0;
     const int64_t qb = CeilDiv(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < qb; ++i, ++item) {
@@ -118,8 +118,8 @@ class FaCube {
     LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
     LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
     if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
-      ZeroCubeBuffer(a1, mp * kp);
-      ZeroCubeBuffer(b1, np * kp);
+      ZeroCubeBuffer<TPosition::A1>(a1, mp * kp);
+      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
       PipeBarrier<PIPE_MTE2>();  // the L1 fill and the ND2NZ copy below both write L1 on MTE2
     }
     if (transA) Nd2Nz(a1, a, kc, rows, aStride, kp);  // L1 holds (k, m) fractals, m-major
@@ -162,7 +162,7 @@ class FaCube {
     a0 = l0A_.template DeQue<T>();
     b0 = l0B_.template DeQue<T>();
     MmadParams mm;
-    mm.m = static_cast<uint16_t>(rows);
+    mm.m = MmadM(rows);  // never 1: A2 would run GEMV on the zZ tile
     mm.n = static_cast<uint16_t>(cols);
     mm.k = static_cast<uint16_t>(kc);
     mm.cmatrixInitVal = init;
@@ -289,7 +289,7 @@ class FaRows {
     if (softmax) {
       pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
       pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
-      pipe.InitBuffer(work_, Up8(CeilDiv(t.baseN, 64)) * sizeof(float));
+      pipe.InitBuffer(work_, ReduceMaxWorkFloats(t.baseN) * sizeof(float));
     }
     pipe.InitBuffer(red_, 8 * sizeof(float));
     if (finish) pipe.InitBuffer(outBuf_, Up16(t.Dv) * sizeof(T));
@@ -344,6 +344,22 @@ class FaRows {
     return st;
   }
 
+  // dst[0] = v through UB and a 4-byte DMA (never the scalar data cache), ordered against the vector
+  // unit's next use of the red buffer.
+  __aicore__ inline void StoreScalar(const GlobalTensor<float>& dst, float v) {
+    LocalTensor<float> red = red_.Get<float>();
+    SetFlag<HardEvent::V_S>(EVENT_ID0);
+    WaitFlag<HardEvent::V_S>(EVENT_ID0);
+    red.SetValue(0, v);
+    SetFlag<HardEvent::S_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::S_MTE3>(EVENT_ID0);
+    StoreElement(dst, red);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+  }
+
   // After the item's last key block: out row = O / l in the input dtype to outRow, lse[lseIdx] =
   // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place).
   __aicore__ inline void FinishRow(const LocalTensor<float>& o, float m, float l, const GlobalTensor<T>& outRow,
@@ -354,10 +370,11 @@ class FaRows {
     Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
     Duplicate(red, l, 8);
     Ln(red, red, 8);
+    Adds(red, red, m, 8);  // lse = m + ln(l), stored by DMA: rows of other cores share its 64-byte line
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     CopyRowOut(outRow, outT, static_cast<uint32_t>(t_.Dv));
-    lse.SetValue(lseIdx, m + red.GetValue(0));
+    StoreElement(lse[lseIdx], red);
     SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
   }
@@ -390,14 +407,16 @@ class FaSoftmax {
     for (int64_t r = r0; r < r1; ++r) {
       FaRowState old{0.0f, 0.0f, 0.0f};
       if (j != 0) {
-        old.m = st_.GetValue(stBase + r);
-        old.l = st_.GetValue(stBase + t_.baseM + r);
+        old.m = ReadGmFresh(st_, stBase + r);  // written by the previous step's launch
+        old.l = ReadGmFresh(st_, stBase + t_.baseM + r);
       }
       const int64_t row = (it.t * t_.baseM + r) * t_.baseN;
       const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
-      st_.SetValue(stBase + r, st.m);
-      st_.SetValue(stBase + t_.baseM + r, st.l);
-      st_.SetValue(stBase + 2 * t_.baseM + r, st.alpha);
+      // DMA stores, not scalar SetValue: the state rows of the two AIV units of an item share 64-byte
+      // lines (vecRows = 8 floats at baseM = 16), and a data-cache write-back would lose the other's.
+      rows_.StoreScalar(st_[stBase + r], st.m);
+      rows_.StoreScalar(st_[stBase + t_.baseM + r], st.l);
+      rows_.StoreScalar(st_[stBase + 2 * t_.baseM + r], st.alpha);
     }
   }
 
@@ -448,7 +467,7 @@ class FaUpdate {
         DataCopy(pv, oPart_[wsRow], dva_);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        const float alpha = st_.GetValue(stBase + 2 * t_.baseM + r);
+        const float alpha = ReadGmFresh(st_, stBase + 2 * t_.baseM + r);
         Muls(o, o, alpha, dva);
         Add(o, o, pv, dva);
       }
@@ -461,7 +480,7 @@ class FaUpdate {
         continue;
       }
       const int64_t tok = it.seqStart + it.qPos0 + r;
-      rows_.FinishRow(o, st_.GetValue(stBase + r), st_.GetValue(stBase + t_.baseM + r),
+      rows_.FinishRow(o, ReadGmFresh(st_, stBase + r), ReadGmFresh(st_, stBase + t_.baseM + r),
                       out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
     }
   }
@@ -537,7 +556,7 @@ template <typename Visitor>
 __aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visitor& visit) {
   int64_t item = 0;
   for (int64_t s = 0; s < t.B; ++s) {
-    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0, nb = CeilDiv(len, t.baseM);
+    const int64_t s0 = ReadGmFresh(cu, s), len = ReadGmFresh(cu, s + 1) - s0, nb = CeilDiv(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < nb; ++i, ++item) visit.Visit(item, s0, len, i, h);
   }
@@ -758,8 +777,8 @@ class FabRows {
       WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(s, sRow, t_.baseN);
       DataCopy(dp, dpRow, t_.baseN);
-      const float lse = g_->lse.GetValue(it.head * t_.T + tok);
-      const float delta = g_->delta.GetValue(tok * t_.H + it.head);
+      const float lse = ReadGmFresh(g_->lse, it.head * t_.T + tok);  // written by earlier kernels
+      const float delta = ReadGmFresh(g_->delta, tok * t_.H + it.head);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       const int32_t n = static_cast<int32_t>(valid);
@@ -920,11 +939,12 @@ class FabDelta {
       Cast(fy, y, RoundMode::CAST_NONE, dv);
       Mul(fx, fx, fy, static_cast<int32_t>(dv));
       ReduceSum(red, fx, work, static_cast<int32_t>(dv));
-      SetFlag<HardEvent::V_S>(EVENT_ID0);
-      WaitFlag<HardEvent::V_S>(EVENT_ID0);
-      g_.delta.SetValue(r, red.GetValue(0));
-      SetFlag<HardEvent::S_V>(EVENT_ID0);
-      WaitFlag<HardEvent::S_V>(EVENT_ID0);
+      // delta rows of different cores share 64-byte lines: a DMA store, not a scalar SetValue
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      StoreElement(g_.delta[r], red);
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
     }
   }
 
@@ -944,7 +964,7 @@ class FabDelta {
     pipe.InitBuffer(y, d * sizeof(T));
     pipe.InitBuffer(fx, d * sizeof(float));
     pipe.InitBuffer(fy, d * sizeof(float));
-    pipe.InitBuffer(work, Up8(CeilDiv(d, 64)) * sizeof(float));
+    pipe.InitBuffer(work, ReduceMaxWorkFloats(d) * sizeof(float));
     pipe.InitBuffer(red, 8 * sizeof(float));
   }
 };
