@@ -931,6 +931,8 @@ class FabDelta {
     LocalTensor<float> fx = fxBuf_.Get<float>(), fy = fyBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
     const uint32_t dv = static_cast<uint32_t>(t.Dv);
     for (int64_t r = GetBlockIdx(); r < t.T * t.H; r += GetBlockNum()) {
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // x / y are reloaded: the previous row's Casts read them
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       CopyRowIn(x, g_.dout[r * t.Dv], dv);
       CopyRowIn(y, g_.out[r * t.Dv], dv);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
