@@ -107,7 +107,10 @@
 #include <type_traits>
 #include <vector>
 
+#include <dlfcn.h>
+
 #include "emu/data_cache.h"
+#include "pipe_model.h"
 
 #define __aicore__
 #define __global__
@@ -117,19 +120,14 @@
 
 namespace ascend_emu {
 
-struct EmuError : std::runtime_error {
-  explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
-};
-
 // The kernel being launched (set by the host with set_kernel before a launch, cleared by the launch):
-// every EmuError names it and the core that failed.
+// the launchers append it and the failing core to every EmuError raised inside the kernel.
 inline std::string& current_kernel() {
   static std::string name;
   return name;
 }
 inline void set_kernel(const char* name) { current_kernel() = name ? name : ""; }
 
-[[noreturn]] inline void fail(const std::string& m);
 
 enum class SlotState { kFree, kAllocated, kQueued, kDequeued, kCalc };
 
@@ -159,6 +157,8 @@ struct Slot {
   SlotState state = SlotState::kFree;
   uint64_t generation = 0;  // bumped on every FreeTensor: stale LocalTensors are detected
   std::string owner;
+  BufferRecords rec;        // pipe model: accesses to this buffer (pipe_model.h)
+  QueueSync qsync;          // pipe model: the sync a queue buffer carries (EnQue/DeQue, Free/Alloc)
 };
 
 struct PipeState {
@@ -181,6 +181,7 @@ struct BlockContext {
   bool active = false;
   struct MixGroup* mix = nullptr;                // set in a mixed launch: the block's AI Core group
   uint32_t sub = 0;                              // AIV index inside the group (0 / 1)
+  PipeModel model;                               // per-core pipe model / race detector (pipe_model.h)
 };
 
 // Cross-core flag state of one AI Core group of a mixed launch (mode 2: AIC <-> its two AIVs), and
@@ -221,12 +222,6 @@ inline BlockContext& ctx() {
   return c;
 }
 
-[[noreturn]] inline void fail(const std::string& m) {
-  const auto& c = ctx();
-  if (!c.active || current_kernel().empty()) throw EmuError(m);
-  throw EmuError(m + " [kernel " + current_kernel() + ", " + (c.aic ? "AIC" : "AIV") + " block " +
-                 std::to_string(c.blockIdx) + "]");
-}
 [[noreturn]] inline void dc_fail(const std::string& m) { fail(m); }
 inline int core_id() { return dc_core_id(ctx().aic, ctx().blockIdx); }
 
@@ -241,10 +236,39 @@ using ascend_emu::fail;
 enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, A2, B1, B2, CO1, CO2 };
 using QuePosition = TPosition;
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, S_MTE3, MTE3_S, MTE2_S, S_MTE2, MTE3_MTE2, V_MTE2 };
+// HardEvent SRC_DST: SetFlag on pipe SRC, WaitFlag on pipe DST (the pipe model, pipe_model.h).
+#define AMO_EMU_EVENTS(X)                                                                              \
+  X(MTE2_MTE1, MTE2, MTE1) X(MTE1_MTE2, MTE1, MTE2) X(MTE1_M, MTE1, M) X(M_MTE1, M, MTE1)             \
+  X(MTE2_V, MTE2, V) X(V_MTE2, V, MTE2) X(MTE3_V, MTE3, V) X(V_MTE3, V, MTE3) X(M_V, M, V)           \
+  X(V_M, V, M) X(V_V, V, V) X(MTE3_MTE1, MTE3, MTE1) X(MTE1_MTE3, MTE1, MTE3) X(MTE1_V, MTE1, V)     \
+  X(MTE2_M, MTE2, M) X(M_MTE2, M, MTE2) X(V_MTE1, V, MTE1) X(M_FIX, M, FIX) X(FIX_M, FIX, M)         \
+  X(MTE3_MTE2, MTE3, MTE2) X(MTE2_MTE3, MTE2, MTE3) X(S_V, S, V) X(V_S, V, S) X(S_MTE2, S, MTE2)     \
+  X(MTE2_S, MTE2, S) X(S_MTE3, S, MTE3) X(MTE3_S, MTE3, S) X(MTE2_FIX, MTE2, FIX)                    \
+  X(FIX_MTE2, FIX, MTE2) X(FIX_S, FIX, S) X(M_S, M, S) X(FIX_MTE3, FIX, MTE3) X(MTE1_FIX, MTE1, FIX) \
+  X(FIX_MTE1, FIX, MTE1) X(FIX_FIX, FIX, FIX)
+#define AMO_EMU_EV_NAME(n, a, b) n,
+enum class HardEvent { AMO_EMU_EVENTS(AMO_EMU_EV_NAME) MAX };
+#undef AMO_EMU_EV_NAME
 enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
+static_assert(int(PIPE_FIX) == ascend_emu::kPipeFIX && int(PIPE_ALL) == ascend_emu::kNumPipes, "pipe order");
 using event_t = int32_t;
-constexpr event_t EVENT_ID0 = 0;
+constexpr event_t EVENT_ID0 = 0, EVENT_ID1 = 1, EVENT_ID2 = 2, EVENT_ID3 = 3, EVENT_ID4 = 4, EVENT_ID5 = 5,
+                  EVENT_ID6 = 6, EVENT_ID7 = 7;
+namespace detail {
+struct EventPipes {
+  int src, dst;
+  const char* name;
+};
+constexpr EventPipes event_pipes(HardEvent e) {
+#define AMO_EMU_EV_CASE(n, a, b) \
+  if (e == HardEvent::n) return EventPipes{int(PIPE_##a), int(PIPE_##b), #n};
+  AMO_EMU_EVENTS(AMO_EMU_EV_CASE)
+#undef AMO_EMU_EV_CASE
+  return EventPipes{0, 0, "MAX"};
+}
+// Pipe model: the current instruction's pipe and name, and an access of it.
+inline void issue(int pipe, const char* name) { ascend_emu::ctx().model.begin(pipe, name); }
+}  // namespace detail
 
 // ---- 16-bit float storage types (conversions round to nearest even, like torch) -----------------
 namespace detail {
@@ -385,6 +409,8 @@ class LocalTensor {
   T GetValue(uint64_t i) const {
     live("GetValue");
     if (i >= size_) fail("LocalTensor GetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
+    detail::issue(PIPE_S, "LocalTensor::GetValue");
+    emu_touch(sizeof(T), false, i * sizeof(T));
     T v;
     std::memcpy(&v, data() + i, sizeof(T));
     return v;
@@ -392,6 +418,8 @@ class LocalTensor {
   void SetValue(uint64_t i, T v) const {
     live("SetValue");
     if (i >= size_) fail("LocalTensor SetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
+    detail::issue(PIPE_S, "LocalTensor::SetValue");
+    emu_touch(sizeof(T), true, i * sizeof(T));
     std::memcpy(data() + i, &v, sizeof(T));
   }
   uint32_t GetSize() const { return static_cast<uint32_t>(size_); }
@@ -460,6 +488,13 @@ class LocalTensor {
   }
   const std::shared_ptr<ascend_emu::Slot>& slot() const { return slot_; }
   uint64_t generation() const { return gen_; }
+  // Pipe model: the current instruction accesses `bytes` bytes from element offset startByte / sizeof(T).
+  void emu_touch(uint64_t bytes, bool write, uint64_t startByte = 0) const {
+    auto& m = ascend_emu::ctx().model;
+    if (!m.on() || !slot_) return;
+    m.touch(slot_->rec, slot_->owner, ascend_emu::space_name(slot_->space), byteOff_ + startByte,
+            byteOff_ + startByte + bytes, write);
+  }
 
  private:
   std::shared_ptr<ascend_emu::Slot> slot_;
@@ -471,15 +506,36 @@ class LocalTensor {
 // ---- TPipe, TQue, TBuf ----------------------------------------------------------------------------
 class TPipe;
 
+namespace detail {
+// Pipe model: the pipe that fills a queue buffer of this position (EnQue side) and the one that
+// drains it (DeQue side); a TQueBind<SRC, DST> goes from producer(SRC) to consumer(DST).
+constexpr int queue_producer(TPosition p) {
+  return p == TPosition::VECIN || p == TPosition::A1 || p == TPosition::B1 ? int(PIPE_MTE2)
+         : p == TPosition::A2 || p == TPosition::B2                       ? int(PIPE_MTE1)
+         : p == TPosition::CO1                                            ? int(PIPE_M)
+                                                                          : int(PIPE_V);
+}
+constexpr int queue_consumer(TPosition p) {
+  return p == TPosition::VECOUT                      ? int(PIPE_MTE3)
+         : p == TPosition::A1 || p == TPosition::B1 ? int(PIPE_MTE1)
+         : p == TPosition::A2 || p == TPosition::B2 ? int(PIPE_M)
+         : p == TPosition::CO1                      ? int(PIPE_FIX)
+                                                    : int(PIPE_V);
+}
+}  // namespace detail
+
 template <TPosition SRC, TPosition DST, int32_t DEPTH>
 class TQueBind {
  public:
   static_assert(DEPTH >= 1, "queue depth must be >= 1");
+  static constexpr int kProducer = detail::queue_producer(SRC);
+  static constexpr int kConsumer = detail::queue_consumer(DST);
   template <typename T>
   LocalTensor<T> AllocTensor() {
     init_check("AllocTensor");
     for (auto& s : slots_) {
       if (s->state == ascend_emu::SlotState::kFree) {
+        ascend_emu::ctx().model.acquire(kProducer, s->qsync.freed);  // waits for the FreeTensor's event
         s->state = ascend_emu::SlotState::kAllocated;
         return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
       }
@@ -496,6 +552,7 @@ class TQueBind {
     if (static_cast<int32_t>(fifo_.size()) >= DEPTH)
       fail("EnQue on " + name_ + ": queue depth " + std::to_string(DEPTH) + " exceeded (DeQue first)");
     s->state = ascend_emu::SlotState::kQueued;
+    s->qsync.enq = ascend_emu::ctx().model.snapshot(kProducer);  // the event set on the producer pipe
     fifo_.push_back(s);
     return true;
   }
@@ -505,6 +562,7 @@ class TQueBind {
     if (fifo_.empty()) fail("DeQue on " + name_ + ": the queue is empty (missing EnQue)");
     auto s = fifo_.front();
     fifo_.pop_front();
+    ascend_emu::ctx().model.acquire(kConsumer, s->qsync.enq);  // the wait on the consumer pipe
     s->state = ascend_emu::SlotState::kDequeued;
     return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
   }
@@ -517,6 +575,7 @@ class TQueBind {
     if (s->state == ascend_emu::SlotState::kQueued)
       fail("FreeTensor on " + name_ + " of a tensor that is still queued (DeQue it first)");
     s->state = ascend_emu::SlotState::kFree;
+    s->qsync.freed = ascend_emu::ctx().model.snapshot(kConsumer);  // the event the next AllocTensor waits for
     ++s->generation;
   }
   // emulator internals
@@ -754,9 +813,20 @@ inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dst) {
   DataCacheCleanAndInvalid<T, entireType, DcciDst::CACHELINE_OUT>(dst);
 }
 
-template <HardEvent E> inline void SetFlag(event_t) {}
-template <HardEvent E> inline void WaitFlag(event_t) {}
-template <pipe_t P> inline void PipeBarrier() {}
+template <HardEvent E>
+inline void SetFlag(event_t id) {
+  constexpr detail::EventPipes ev = detail::event_pipes(E);
+  ascend_emu::ctx().model.set_flag(ev.src, ev.dst, id, ev.name);
+}
+template <HardEvent E>
+inline void WaitFlag(event_t id) {
+  constexpr detail::EventPipes ev = detail::event_pipes(E);
+  ascend_emu::ctx().model.wait_flag(ev.src, ev.dst, id, ev.name);
+}
+template <pipe_t P>
+inline void PipeBarrier() {
+  ascend_emu::ctx().model.barrier(int(P));
+}
 
 // ---- data movement -------------------------------------------------------------------------------
 struct DataCopyExtParams {
@@ -792,6 +862,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
   detail::check_block_len<T>(uint64_t(count) * sizeof(T), "DataCopy (GM->UB)");
   dst.need(count, "DataCopy (GM->UB)");
   src.check(0, count, "DataCopy (GM->UB)");
+  detail::issue(PIPE_MTE2, "DataCopy (GM->UB)");
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   std::memcpy(dst.data(), src.GetPhyAddr(), uint64_t(count) * sizeof(T));
 }
 
@@ -800,6 +872,8 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   detail::check_block_len<T>(uint64_t(count) * sizeof(T), "DataCopy (UB->GM)");
   src.need(count, "DataCopy (UB->GM)");
   dst.check(0, count, "DataCopy (UB->GM)");
+  detail::issue(PIPE_MTE3, "DataCopy (UB->GM)");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
   ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr(), uint64_t(count) * sizeof(T));
   std::memcpy(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T));
 }
@@ -817,6 +891,8 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
   dst.need(needUb, "DataCopyPad (GM->UB)");
   const uint64_t gmStride = elems + p.srcStride / sizeof(T);
   src.check(0, p.blockCount ? uint64_t(p.blockCount - 1) * gmStride + elems : 0, "DataCopyPad (GM->UB)");
+  detail::issue(PIPE_MTE2, "DataCopyPad (GM->UB)");
+  dst.emu_touch(uint64_t(p.blockCount) * rowUb, true);
   uint8_t* ub = reinterpret_cast<uint8_t*>(dst.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) {
     uint8_t* row = ub + b * rowUb;
@@ -839,6 +915,8 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
   if (p.dstStride % sizeof(T)) fail("DataCopyPad (UB->GM): dstStride is not a multiple of sizeof(T)");
   const uint64_t gmStride = elems + p.dstStride / sizeof(T);
   dst.check(0, p.blockCount ? uint64_t(p.blockCount - 1) * gmStride + elems : 0, "DataCopyPad (UB->GM)");
+  detail::issue(PIPE_MTE3, "DataCopyPad (UB->GM)");
+  if (p.blockCount) src.emu_touch(uint64_t(p.blockCount - 1) * rowUb + p.blockLen, false);
   const uint8_t* ub = reinterpret_cast<const uint8_t*>(src.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) {
     ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr() + b * gmStride, p.blockLen);
@@ -868,6 +946,8 @@ void overlap(const LocalTensor<D>& d, const LocalTensor<S>& s, uint64_t n, const
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
   dst.need(count, "Duplicate");
+  detail::issue(PIPE_V, "Duplicate");
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = v;
 }
 
@@ -878,6 +958,10 @@ void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
     detail::arith_type<T>(#NAME);                                                       \
     dst.need(count, #NAME); a.need(count, #NAME); b.need(count, #NAME);                 \
     detail::overlap(dst, a, count, #NAME); detail::overlap(dst, b, count, #NAME);        \
+    detail::issue(PIPE_V, #NAME);                                                       \
+    a.emu_touch(uint64_t(count) * sizeof(T), false);                                    \
+    b.emu_touch(uint64_t(count) * sizeof(T), false);                                    \
+    dst.emu_touch(uint64_t(count) * sizeof(T), true);                                   \
     for (int32_t i = 0; i < count; ++i) {                                               \
       float x = static_cast<float>(a.data()[i]), y = static_cast<float>(b.data()[i]);   \
       dst.data()[i] = static_cast<T>(EXPR);                                             \
@@ -898,6 +982,9 @@ AMO_EMU_BINARY(Max, (x > y || std::isnan(x)) ? x : y)
       fail(std::string(#NAME) + " on " + type_name<T>() + ": float/half only");            \
     dst.need(count, #NAME); src.need(count, #NAME);                                         \
     detail::overlap(dst, src, count, #NAME);                                                \
+    detail::issue(PIPE_V, #NAME);                                                           \
+    src.emu_touch(uint64_t(count) * sizeof(T), false);                                      \
+    dst.emu_touch(uint64_t(count) * sizeof(T), true);                                       \
     for (int32_t i = 0; i < count; ++i) {                                                   \
       float x = static_cast<float>(src.data()[i]);                                          \
       dst.data()[i] = static_cast<T>(EXPR);                                                 \
@@ -913,6 +1000,9 @@ void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   dst.need(count, "Muls");
   src.need(count, "Muls");
   detail::overlap(dst, src, count, "Muls");
+  detail::issue(PIPE_V, "Muls");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
 }
 
@@ -922,6 +1012,9 @@ void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   dst.need(count, "Adds");
   src.need(count, "Adds");
   detail::overlap(dst, src, count, "Adds");
+  detail::issue(PIPE_V, "Adds");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) + static_cast<float>(s));
 }
 
@@ -933,6 +1026,10 @@ void Axpy(const LocalTensor<T>& dst, const LocalTensor<U>& src, const U& s, int3
   dst.need(count, "Axpy");
   src.need(count, "Axpy");
   detail::overlap(dst, src, count, "Axpy");
+  detail::issue(PIPE_V, "Axpy");
+  src.emu_touch(uint64_t(count) * sizeof(U), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) {
     T prod = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
     dst.data()[i] = static_cast<T>(static_cast<float>(prod) + static_cast<float>(dst.data()[i]));
@@ -953,6 +1050,9 @@ void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, 
     dst.need(count, "Cast");
     src.need(count, "Cast");
     detail::overlap(dst, src, count, "Cast");
+    detail::issue(PIPE_V, "Cast");
+    src.emu_touch(uint64_t(count) * sizeof(S), false);
+    dst.emu_touch(uint64_t(count) * sizeof(D), true);
     // copy first: an in-place cast must not read what it already wrote
     std::vector<S> tmp(src.data(), src.data() + count);
     for (uint32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<D>(static_cast<float>(tmp[i]));
@@ -970,6 +1070,10 @@ void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   constexpr int32_t per = 256 / sizeof(T);
   const int32_t repeats = (count + per - 1) / per;
   work.need(repeats, "ReduceSum work buffer");
+  detail::issue(PIPE_V, "ReduceSum");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  work.emu_touch(uint64_t(repeats) * sizeof(T), true);
+  dst.emu_touch(sizeof(T), true);
   float total = 0.0f;
   float lane[per];
   for (int32_t r = 0; r < repeats; ++r) {
@@ -1004,6 +1108,10 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
          std::to_string(repeats) + " repeats need ceil(2 * repeats / 8) * 8 = " + std::to_string(need) +
          " floats, it holds " + std::to_string(work.GetSize()));
   work.need(need, "ReduceMax work buffer");
+  detail::issue(PIPE_V, "ReduceMax");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  work.emu_touch(uint64_t(2 * repeats) * sizeof(T), true);
+  dst.emu_touch(sizeof(T), true);
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
   dst.data()[0] = m;
@@ -1046,6 +1154,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
   dst.need_in((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0,
               "DataCopy (GM->L1, ND2NZ)", ascend_emu::kL1, ascend_emu::kL1, 32);
   src.check(0, uint64_t(p.nValue - 1) * p.srcDValue + p.dValue, "DataCopy (GM->L1, ND2NZ)");
+  detail::issue(PIPE_MTE2, "DataCopy (GM->L1, ND2NZ)");
+  dst.emu_touch(((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0) * sizeof(T), true);
   T* d = dst.data();
   const T* g = src.GetPhyAddr();
   for (uint64_t r = 0; r < p.nValue; ++r)
@@ -1073,6 +1183,9 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
   src.need_in((lastSrc + 1) * detail::kFrac, "LoadData source", ascend_emu::kL1, ascend_emu::kL1, 32);
   dst.need_in((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac, "LoadData destination",
               ascend_emu::kL0A, ascend_emu::kL0B, 512);
+  detail::issue(PIPE_MTE1, "LoadData (L1->L0)");
+  src.emu_touch((lastSrc + 1 - p.startIndex) * detail::kFrac * sizeof(T), false, uint64_t(p.startIndex) * detail::kFrac * sizeof(T));
+  dst.emu_touch((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac * sizeof(T), true);
   const T* s = src.data();
   T* d = dst.data();
   for (uint64_t i = 0; i < p.repeatTimes; ++i) {
@@ -1114,6 +1227,10 @@ void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p)
   }
   dst.need_in(n, "InitConstValue", s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0A,
               s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, s == ascend_emu::kL1 ? 32 : 512);
+  // pipe: MTE1 on L0A/L0B, MTE2 on L1 (A2)
+  detail::issue(s == ascend_emu::kL1 ? PIPE_MTE2 : PIPE_MTE1,
+                s == ascend_emu::kL1 ? "InitConstValue (L1)" : "InitConstValue (L0A/L0B)");
+  dst.emu_touch(n * sizeof(T), true);
   T* d = dst.data();
   const T v = static_cast<T>(static_cast<float>(p.initValue));
   for (uint64_t r = 0; r < p.repeatTimes; ++r)
@@ -1156,6 +1273,16 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
     // row of k contiguous elements (ND), not as zZ fractals; A2 cannot turn it off. A kernel that
     // loaded a zZ tile and asks for m = 1 gets what the hardware computes from that memory.
     const bool gemv = p.m == 1;
+    detail::issue(PIPE_M, "Mmad");
+    a.emu_touch(M16 * K16 * sizeof(A), false);
+    b.emu_touch(K16 * N16 * sizeof(B), false);
+    if (!p.cmatrixInitVal) c.emu_touch(M16 * N16 * sizeof(D), false);
+    c.emu_touch(M16 * N16 * sizeof(D), true);
+    {
+      const uint64_t lo = c.ub_addr() - c.slot()->offset;
+      ascend_emu::ctx().model.mmad(c.slot().get(), c.slot()->owner, lo, lo + M16 * N16 * sizeof(D), !p.cmatrixInitVal,
+                                   p.m, p.n);
+    }
     const A* pa = a.data();
     const B* pb = b.data();
     float* pc = c.data();
@@ -1214,6 +1341,8 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     src.need_in((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16, "Fixpipe source (L0C)", ascend_emu::kL0C,
                 ascend_emu::kL0C, 64);
     dst.check(0, uint64_t(p.mSize - 1) * p.dstStride + p.nSize, "Fixpipe (L0C->GM)");
+    detail::issue(PIPE_FIX, "Fixpipe (L0C->GM)");
+    src.emu_touch(((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16) * sizeof(S), false);
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
     for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::dc_dma_write(ascend_emu::core_id(), d + i * p.dstStride, p.nSize * sizeof(D));
@@ -1226,6 +1355,32 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
 
 namespace ascend_emu {
 
+// An EmuError raised inside a kernel, with the kernel and the failing core appended.
+inline std::string named_error(const std::string& what, const std::string& kernel) {
+  std::string m = what;
+  const std::string pre = "AscendC emulator: ";
+  if (m.compare(0, pre.size(), pre) == 0) m = m.substr(pre.size());
+  if (m.find(" [kernel ") != std::string::npos) return m;
+  const auto& c = ctx();
+  return m + " [kernel " + kernel + ", " + (c.aic ? "AIC" : "AIV") + " block " + std::to_string(c.blockIdx) + "]";
+}
+
+// The kernel's name for the pipe model's messages: set_kernel / kernel_label_override() when a caller set one,
+// else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
+template <typename F>
+std::string kernel_label(const F& f) {
+  if (!current_kernel().empty()) return current_kernel();
+  if (!kernel_label_override().empty()) return kernel_label_override();
+  if constexpr (std::is_function_v<F>) {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&f), &info) && info.dli_sname) return info.dli_sname;
+  } else if constexpr (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) {
+    Dl_info info;
+    if (f && dladdr(reinterpret_cast<void*>(f), &info) && info.dli_sname) return info.dli_sname;
+  }
+  return "an unnamed kernel";
+}
+
 // Run `kernel(args...)` once per block, blocks one after another, each with a fresh UB of
 // `ubCapacity` bytes filled with 0xFF; then check that the block freed every queue tensor.
 // Returns the most UB any block allocated (the host compares it with the tiling's UB plan).
@@ -1233,6 +1388,8 @@ template <typename F, typename... Args>
 uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args) {
   uint64_t peak = 0;
   if (blockDim == 0) fail("launch with blockDim = 0");
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1251,8 +1408,13 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.aic = false;
     c.pipe.reset();
     c.active = true;
-    kernel(args...);
-    dc_end_block(core_id());
+    c.model.reset(pipesOn, true, b, name);
+    try {
+      kernel(args...);
+      dc_end_block(core_id());
+    } catch (const EmuError& e) {
+      throw EmuError(named_error(e.what(), name));
+    }
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1278,6 +1440,8 @@ template <typename F, typename... Args>
 CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
   CubeMem peak;
   if (blockDim == 0) fail("launch with blockDim = 0");
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1303,8 +1467,13 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.aic = true;
     c.pipe.reset();
     c.active = true;
-    kernel(args...);
-    dc_end_block(core_id());
+    c.model.reset(pipesOn, false, b, name);
+    try {
+      kernel(args...);
+      dc_end_block(core_id());
+    } catch (const EmuError& e) {
+      throw EmuError(named_error(e.what(), name));
+    }
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1337,6 +1506,8 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   if (ctx().active) fail("nested kernel launch");
   MixMem peak;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   struct ResetName {
     ~ResetName() { current_kernel().clear(); }
   } resetName;
@@ -1370,6 +1541,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
       }
       c.pipe.reset();
       c.active = true;
+      c.model.reset(pipesOn, !aic, c.blockIdx, name + (aic ? " (AIC)" : " (AIV)"));
       try {
         kernel(args...);
         dc_end_block(core_id());
@@ -1393,7 +1565,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
         std::lock_guard<std::mutex> lk(g.m);
         if (!g.abort) {
           g.abort = true;
-          g.error = e.what();
+          g.error = std::string("AscendC emulator: ") + named_error(e.what(), name);
         }
         g.cv.notify_all();
       }

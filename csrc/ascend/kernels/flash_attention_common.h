@@ -120,6 +120,7 @@ class FaCube {
     if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
       ZeroCubeBuffer<TPosition::A1>(a1, mp * kp);
       ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
+      PipeBarrier<PIPE_MTE2>();  // the L1 fill and the ND2NZ copy below both write L1 on MTE2
     }
     if (transA) Nd2Nz(a1, a, kc, rows, aStride, kp);  // L1 holds (k, m) fractals, m-major
     else Nd2Nz(a1, a, rows, kc, aStride, mp);        // L1 holds (m, k) fractals, k-major
@@ -165,6 +166,8 @@ class FaCube {
     mm.n = static_cast<uint16_t>(cols);
     mm.k = static_cast<uint16_t>(kc);
     mm.cmatrixInitVal = init;
+    // A2: an Mmad accumulating onto the previous one's small L0C tile must wait for it
+    if (!init && (mp / 16) * (np / 16) < 10) PipeBarrier<PIPE_M>();
     Mmad(c, a0, b0, mm);
     l0A_.FreeTensor(a0);
     l0B_.FreeTensor(b0);
@@ -304,6 +307,8 @@ class FaRows {
     FaRowState st{old.m, old.l, 1.0f};
     ZeroFill(p, t_.baseN);
     if (valid > 0) {
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous row's vector reads of s are done (not auto-synced)
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(s, sRow, t_.baseN);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -451,6 +456,8 @@ class FaUpdate {
     const int32_t dva = static_cast<int32_t>(dva_);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t wsRow = (it.t * t_.baseM + r) * dva_;
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // o / pv are reloaded: the previous row's vector reads are done
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       if (j == 0) {
         DataCopy(o, oPart_[wsRow], dva_);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -766,6 +773,8 @@ class FabRows {
     ZeroFill(p, t_.baseN);
     ZeroFill(ds, t_.baseN);
     if (valid > 0) {
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous row's vector reads of s / dp are done
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(s, sRow, t_.baseN);
       DataCopy(dp, dpRow, t_.baseN);
       const float lse = ReadGmFresh(g_->lse, it.head * t_.T + tok);  // written by earlier kernels
@@ -882,6 +891,8 @@ class FabAcc {
     LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t wsRow = (it.t * b + r) * gc;
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // acc / part are reloaded: the previous row's vector reads are done
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(acc, g_.acc[wsRow], static_cast<uint32_t>(n));
       DataCopy(part, g_.part[wsRow], static_cast<uint32_t>(n));
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -934,6 +945,8 @@ class FabDelta {
       StoreElement(g_.delta[r], red);
       SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the next row's loads overwrite x / y that Cast read
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
     }
   }
 

@@ -95,6 +95,8 @@ class FabFused {
     LocalTensor<float> part = partBuf_.Get<float>();
     for (int64_t r = g0; r < g1; ++r) {
       LocalTensor<float> acc = accBuf_.Get<float>()[(r - g0) * t_.gradCols];
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // part is reloaded: the previous row's Add / Muls read it
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(part, g_.part[base + r * t_.gradCols], static_cast<uint32_t>(n));
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);

@@ -136,6 +136,8 @@ class FaFused {
     LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>();
     const int32_t dva = static_cast<int32_t>(dva_);
     const GlobalTensor<float> part = o_[(j % 2) * rowsSlot_ + r * dva_];
+    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // o / pv are reloaded: earlier vector reads of them are done
+    WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
     if (j == 0) {
       DataCopy(o, part, dva_);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
