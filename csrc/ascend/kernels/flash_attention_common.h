@@ -947,6 +947,8 @@ class FabDelta {
       StoreElement(g_.delta[r], red);
       SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the next row's loads overwrite x / y that Cast read
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
     }
   }
 
