@@ -58,6 +58,11 @@ SHAPES = [
 ]
 
 
+def work(n):
+    """ReduceMax work buffer bytes: ceil(2 * repeats / 8) * 8 floats (A2, no index), repeats = ceil(n / 64)."""
+    return (2 * ((n + 63) // 64) + 7) // 8 * 8 * 4
+
+
 def check_budgets(t, Dk, Dr, Dv):
     M, N, R = t["baseM"], t["baseN"], t["vecRows"]
     assert M % 16 == 0 and N % 16 == 0 and M > 0 and N > 0, "16 x 16 fractal alignment"
@@ -69,13 +74,13 @@ def check_budgets(t, Dk, Dr, Dv):
     l0a = t["l0Buffers"] * M * max(dk, dr, N) * 2
     l0b = t["l0Buffers"] * N * max(dk, dr, dv) * 2
     l0c = t["l0cBuffers"] * M * max(N, dv) * 4
-    ub = t["ubBuffers"] * R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + 3 * u8(R) * 4 + (N + 63) // 64 * 4 + 32
+    ub = t["ubBuffers"] * R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + 3 * u8(R) * 4 + work(N) + 32
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(M / 2), "two AIVs per AIC split the query block"
     # fused kernel, per AIV: S row, P row, work, 8 fp32, O accumulator, O_partial row, output row,
     # m, l and the alpha of the two blocks in flight
-    fused = N * 4 + N * 2 + u8((N + 63) // 64) * 4 + 32 + R * u8(Dv) * 4 + u8(Dv) * 4 + u16(Dv) * 2 + 4 * u8(R) * 4
+    fused = N * 4 + N * 2 + work(N) + 32 + R * u8(Dv) * 4 + u8(Dv) * 4 + u16(Dv) * 2 + 4 * u8(R) * 4
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
@@ -127,7 +132,7 @@ def check_bwd_budgets(t, Dk, Dr, Dv):
         t["l0cBuffers"] * b * W * 4
     d = u16(max(Dv, Dr))
     ub = max(2 * b * 4 + 2 * b * 2, 2 * gc * 4 + u16(max(Dk, Dr, Dv)) * 2,
-             2 * d * 4 + 2 * d * 2 + u8((d + 63) // 64) * 4 + 32)
+             2 * d * 4 + 2 * d * 2 + work(d) + 32)
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(b / 2)
@@ -341,7 +346,8 @@ MIX_RULES = [
     ("one_aiv_sets", "deadlock"),
     ("set_never_waited", "cross-core flag 3 was set but never waited for"),
     ("mode0", "only mode 2"),
-    ("flag_id_11", "outside 0..10"),
+    ("flag_id_12", "one of 11..14, which SyncAll uses internally"),
+    ("flag_id_16", "outside 0..15"),
     ("too_many_sets", "set more than 15 times"),
 ]
 
@@ -366,6 +372,7 @@ def test_emulator_enforces_cross_core_rule(mix_driver, case, match):
 
 
 def test_emulator_mixed_launch_ids_and_ping_pong(mix_driver):
+    assert _mix(mix_driver, "flag_id_15_ok") == "ok", "flag 15 is free (11..14: SyncAll)"
     assert _mix(mix_driver, "ok_pingpong") == "ok"
     assert _mix(mix_driver, "ok_pingpong", "switch") == "ok"
     vals = [float(x) for x in _mix(mix_driver, "ids").split()]

@@ -163,3 +163,21 @@ def test_full_size_base_block():
     out = _emu(amo.grouped_gemm, x, w, s)
     assert_close_to_ref(out, _ref(amo.grouped_gemm, x.double(), w.double(), s), dtype=torch.bfloat16,
                         torch_lowp=_ref(amo.grouped_gemm, x, w, s))
+
+
+@needs_emu
+@pytest.mark.parametrize("cap", [16, 32])
+def test_dw_one_row_tiles_and_groups(monkeypatch, cap):
+    """A2 trigger shapes for the weight gradient: K = 33 leaves 1-row output tiles (Mmad m = 1 would
+    run GEMV on A2; the kernel promotes m to 16), a 1-row group (reduction of one row), an empty
+    group, and K % 16 != 0."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", str(cap))
+    g = torch.Generator().manual_seed(5)
+    s = torch.tensor([20, 1, 0, 12])
+    a = torch.randn(33, 33, generator=g).to(torch.float16)
+    b = torch.randn(33, 18, generator=g).to(torch.float16)
+    out = _emu(amo.grouped_gemm_dw, a, b, s)
+    assert_close_to_ref(out, _ref(amo.grouped_gemm_dw, a.double(), b.double(), s), dtype=torch.float16,
+                        torch_lowp=_ref(amo.grouped_gemm_dw, a, b, s))
+    assert (out[2] == 0).all()

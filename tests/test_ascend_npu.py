@@ -278,7 +278,7 @@ def test_hccl_harness_on_gloo(tmp_path):
 
 
 # ------------------------------------------------------------------ flash attention (phase kernels, NPU)
-# csrc/ascend/flash_attention.cpp launches the phase kernels of kernels/flash_attention.cpp; these tests
+# csrc/ascend/flash_attention.cpp launches the phase kernels of kernels/flash_attention_*.cpp; these tests
 # compare forward and backward with the fp64 reference (2 x PyTorch's own low-precision error rule).
 FA_SHAPES = {  # name: (H, Dk, Dr, Dv, sequence lengths)
     "mla_128+64_128": (4, 128, 64, 128, [1, 17, 300, 0, 129]),

@@ -19,7 +19,7 @@ for _op in (OP, BWD):
     _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.flash_attention", _op)
     _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
     _backends.register_impl(_op, "triton", "ascend_moe_ops.triton_ref.flash_attention", _op)
-# The AscendC kernels (csrc/ascend/kernels/flash_attention.cpp, on the CPU emulation layer): forward and
+# The AscendC kernels (csrc/ascend/kernels/flash_attention_*.cpp, on the CPU emulation layer): forward and
 # backward, fp16/bf16 inputs only (fp32 raises: no fp32 Cube path; docs/ascend.md).
 for _op in (OP, BWD):
     _backends.register_impl(_op, "ascendc-emu", "ascend_moe_ops._ascendc_emu", _op)

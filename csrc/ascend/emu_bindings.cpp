@@ -121,6 +121,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tok
   auto out = poisoned({N, H}, x.options());
   MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
   if (t.key != MoePermuteTilingKey::kEmpty) {
+    ascend_emu::set_kernel("amo_moe_permute");
     check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm(x), gm(index),
                                   gm(out), reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_permute");
@@ -142,6 +143,7 @@ Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::
   auto out = poisoned({T, H}, x.options());
   MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
+    ascend_emu::set_kernel("amo_moe_unpermute");
     check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm(x), gm(map),
                                   gm(w), gm(out), reinterpret_cast<GM_ADDR>(&t)),
                t.ubBytes, "amo_moe_unpermute");
@@ -170,6 +172,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const T
   Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
     dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
+    ascend_emu::set_kernel("amo_moe_unpermute_grad");
     check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm(g), gm(x),
                                   gm(slot), gm(w), gm(gradPermuted), gm(dots),
                                   reinterpret_cast<GM_ADDR>(&t)),
@@ -226,6 +229,7 @@ void launch_gemm(const GroupedGemmTiling& t, const ChipInfo& chip, void (*kernel
               chip.aicNum, "] Cube cores");
   ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
   GroupedGemmTiling tt = t;
+  ascend_emu::set_kernel(name);
   auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm(a), gm(b), gm(gs), gm(out),
                                       reinterpret_cast<GM_ADDR>(&tt));
   TORCH_CHECK(used.l1 == t.l1Bytes && used.l0a == t.l0aBytes && used.l0b == t.l0bBytes && used.l0c == t.l0cBytes,
@@ -271,7 +275,7 @@ Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSize
   return out;
 }
 
-// ---- flash attention forward (see kernels/flash_attention.cpp) ---------------------------------------
+// ---- flash attention forward (see kernels/flash_attention_*.cpp) ---------------------------------------
 // Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
 // ASCEND_MOE_OPS_FA_KERNELS=phases runs the phase kernels (four launches per key block, per pass in the
 // backward) instead of the fused mixed kernels amo_fa_fused / amo_fab_fused (the default; the NPU glue
@@ -343,6 +347,7 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
     FlashAttentionFwdArgs g{addr(qc), addr(kc), addr(vc), rope ? addr(krc) : 0, addr(cu), addr(sWs), addr(pWs),
                             addr(opWs), 0, 0, addr(out), addr(lse)};
     FlashAttentionTiling tt = t;
+    ascend_emu::set_kernel("amo_fa_fused");
     auto used = ascend_emu::launch_mix(t.blockDim, ub_limit(chip), caps, amo_fa_fused, reinterpret_cast<GM_ADDR>(&g),
                                        reinterpret_cast<GM_ADDR>(&tt));
     check_mix(used, t, "amo_fa_fused");
@@ -358,9 +363,13 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
     tt.step = static_cast<uint32_t>(j);
     auto tp = reinterpret_cast<GM_ADDR>(&tt);
     auto gp = reinterpret_cast<GM_ADDR>(&g);
+    ascend_emu::set_kernel("amo_fa_qk");
     auto c1 = ascend_emu::launch_cube(t.blockDim, caps, amo_fa_qk, gp, tp);
+    ascend_emu::set_kernel("amo_fa_softmax");
     check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fa_softmax, gp, tp), t, "amo_fa_softmax");
+    ascend_emu::set_kernel("amo_fa_pv");
     auto c2 = ascend_emu::launch_cube(t.blockDim, caps, amo_fa_pv, gp, tp);
+    ascend_emu::set_kernel("amo_fa_update");
     check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fa_update, gp, tp), t, "amo_fa_update");
     check_cube(c1, t, "amo_fa_qk");
     check_cube(c2, t, "amo_fa_pv");
@@ -368,7 +377,7 @@ std::tuple<Tensor, Tensor> flash_attention_fwd(const Tensor& q, const Tensor& k,
   return {out, lse};
 }
 
-// ---- flash attention backward (AIC + AIV phase kernels, two passes; see kernels/flash_attention.cpp) --
+// ---- flash attention backward (AIC + AIV phase kernels, two passes; see kernels/flash_attention_*.cpp) --
 std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gradOut, const Tensor& q, const Tensor& k,
                                                                const Tensor& v, const c10::optional<Tensor>& kRope,
                                                                const Tensor& out, const Tensor& lse,
@@ -411,23 +420,32 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
   auto gp = reinterpret_cast<GM_ADDR>(&g);
   FlashAttentionTiling tt = t;
   auto tp = reinterpret_cast<GM_ADDR>(&tt);
+  ascend_emu::set_kernel("amo_fab_delta");
   check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_delta, gp, tp), t, "amo_fab_delta");
   for (FlashAttentionPass pass : {FlashAttentionPass::kBackwardKV, FlashAttentionPass::kBackwardQ}) {
     tt.pass = pass;
     if (fused) {
+      ascend_emu::set_kernel("amo_fab_fused");
       check_mix(ascend_emu::launch_mix(t.blockDim, ub_limit(chip), caps, amo_fab_fused, gp, tp), t, "amo_fab_fused");
       continue;
     }
     acc.zero_();
     for (int64_t j = 0; j < w.steps; ++j) {
       tt.step = static_cast<uint32_t>(j);
+      ascend_emu::set_kernel("amo_fab_qk");
       check_cube(ascend_emu::launch_cube(t.blockDim, caps, amo_fab_qk, gp, tp), t, "amo_fab_qk");
+      ascend_emu::set_kernel("amo_fab_softmax");
       check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_softmax, gp, tp), t, "amo_fab_softmax");
+      ascend_emu::set_kernel("amo_fab_grad");
       check_cube(ascend_emu::launch_cube(t.blockDim, caps, amo_fab_grad, gp, tp), t, "amo_fab_grad");
+      ascend_emu::set_kernel("amo_fab_acc");
       check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_acc, gp, tp), t, "amo_fab_acc");
     }
   }
-  if (rope) check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_dkrope, gp, tp), t, "amo_fab_dkrope");
+  if (rope) {
+    ascend_emu::set_kernel("amo_fab_dkrope");
+    check_ub(ascend_emu::launch(t.vecBlockDim, ub_limit(chip), amo_fab_dkrope, gp, tp), t, "amo_fab_dkrope");
+  }
   return {dq, dk, dv, dkr};
 }
 

@@ -4,7 +4,7 @@
 // synchronization: max_seqlen from the caller bounds the work items) -> tiling
 // (tiling/flash_attention_tiling.h) -> GM workspaces sized by flash_attention_workspace() -> one
 // uint64 argument block (FlashAttentionFwdArgs / FlashAttentionBwdArgs) uploaded like the tiling ->
-// the kernels of kernels/flash_attention.cpp on the current NPU stream inside torch_npu's task queue,
+// the kernels of kernels/flash_attention_*.cpp on the current NPU stream inside torch_npu's task queue,
 // with one uploaded copy of the tiling per launch (its `step` and `pass` fields set). The launch
 // sequence mirrors the emulator host (emu_bindings.cpp). Default, the fused mixed kernels:
 //

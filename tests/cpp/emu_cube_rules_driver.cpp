@@ -55,6 +55,8 @@ struct Tile {
     p.dstNzC0Stride = 32;
     DataCopy(a1, gt(g_a), p);
     DataCopy(b1, gt(g_b), p);
+    SetFlag<HardEvent::MTE2_MTE1>(EVENT_ID0);  // pipe model: L1 written by MTE2, read by MTE1
+    WaitFlag<HardEvent::MTE2_MTE1>(EVENT_ID0);
     for (uint32_t mf = 0; mf < 2; ++mf) {
       LoadData2DParams l;
       l.startIndex = static_cast<uint16_t>(mf);
@@ -64,6 +66,8 @@ struct Tile {
       l.ifTranspose = true;
       LoadData(b2[mf * 512], b1, l);
     }
+    SetFlag<HardEvent::MTE1_M>(EVENT_ID0);  // L0A/L0B written by MTE1, read by the Mmad (M)
+    WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
   }
   void mmad(uint16_t k = 32) {
     MmadParams m;
@@ -79,6 +83,8 @@ struct Tile {
     f.srcStride = srcStride;
     f.dstStride = 64;
     f.quantPre = q;
+    SetFlag<HardEvent::M_FIX>(EVENT_ID0);  // L0C written by the Mmad, read by Fixpipe
+    WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
     Fixpipe(gt(g_c), c, f);
   }
   void done() {
@@ -220,6 +226,7 @@ static std::map<std::string, std::function<void()>> cube_kernels() {
          z.blockNum = 32 * 32 * 2 / 32;
          InitConstValue(t.a1, z);
          InitConstValue(t.b1, z);
+         PipeBarrier<PIPE_MTE2>();  // the L1 fill and the ND2NZ copy both write L1 on MTE2
          t.load(24);
          t.mmad(24);
          t.out();

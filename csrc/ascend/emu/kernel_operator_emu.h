@@ -25,9 +25,30 @@
 //   * Fresh UB is filled with 0xFF bytes (a NaN in fp16/bf16/fp32), so a kernel that reads UB it never
 //     wrote, or the undefined pad bytes of DataCopyPad without isPad, produces NaN in the tests.
 //
-// WHAT IT DOES NOT CHECK: timing and performance; pipe races and missing SetFlag/WaitFlag/PipeBarrier
-// (instructions run one after another in program order, so a missing synchronization is invisible;
-// the sync calls are accepted and ignored); UB bank conflicts; blocks running concurrently (blocks of
+// ATLAS A2 RULES (docs/ascend.md, "A2 rules"; tests/test_ascend_a2_rules.py); errors name the kernel set
+// with ascend_emu::set_kernel and the core ("[kernel amo_fa_qk, AIC block 3]"):
+//   * InitConstValue: blockNum / dstGap count 32-byte blocks on L1 but 512-byte fractals on L0A/L0B;
+//     a fill past the tensor is an error (the fill's pipe: MTE2 on L1, MTE1 on L0);
+//   * Mmad with m == 1 is GEMV: L0A is read as one ND row of k elements, not zZ (computed that way);
+//     the Mmad destination must be 1024-byte aligned in L0C;
+//   * scalar GlobalTensor::GetValue / SetValue go through a per-core data cache of 64-byte lines
+//     (emu/data_cache.h): lost writes between cores, DMA over a dirty line and stale lines (cached by
+//     an earlier launch, or written after caching) are errors; DataCacheCleanAndInvalid cleans/drops;
+//   * ReduceMax work buffer: ceil(2 * repeats / 8) * 8 floats;
+//   * cross-core flag ids 0..15, of which 11..14 belong to SyncAll.
+//
+//   * Intra-core ordering (pipe_model.h): every instruction is issued on its A2 pipe (DataCopy
+//     GM->UB/L1 MTE2, UB->GM MTE3, LoadData MTE1, Mmad M, Fixpipe FIX, vector ops V, LocalTensor
+//     GetValue/SetValue S, InitConstValue MTE1 on L0A/L0B and MTE2 on L1) and two accesses of
+//     different pipes to overlapping bytes of one UB/L1/L0 buffer, one a write, that no
+//     SetFlag/WaitFlag, PipeBarrier, queue hand-over or (AIV only) compiler auto-sync orders are an
+//     error; so are same-pipe overlapping writes of MTE1/MTE2/MTE3/FIX without a PipeBarrier of that
+//     pipe, small accumulating Mmads without PipeBarrier<PIPE_M>, event ids outside 0..7 and a
+//     WaitFlag with no pending SetFlag. ASCEND_MOE_OPS_EMU_PIPES=off disables it (debugging only).
+//
+// WHAT IT DOES NOT CHECK: timing and performance; the ORDER of GM accesses inside a core (GM is not
+// tracked by the pipe model; the instructions still run one after another in program order);
+// UB bank conflicts; blocks running concurrently (blocks of
 // single-type launches run one after another, mixed launches under the deterministic scheduler below,
 // so races between cores on GM are not observed as such -- the kernels avoid them by construction:
 // every output element has exactly one writer); the hardware's exact rounding of fused
@@ -54,7 +75,8 @@
 //     fractal stored n-major), CO1 NZ (grid column-major, fractals row-major). The reduction reads the
 //     whole padded K fractals (ceil16(k)), so a kernel that leaves NaN in the K padding of A or B
 //     gets NaN -- again stricter than what we could verify about the hardware;
-//   * InitConstValue on A1/B1/A2/B2 (repeatTimes x blockNum 32-byte blocks, dstGap blocks between);
+//   * InitConstValue on A1/B1 (repeatTimes x blockNum 32-byte blocks) and A2/B2 (512-byte fractals),
+//     dstGap blocks between;
 //   * Fixpipe CO1 -> GM with NZ2ND (row-major output): float source, quantPre matching the GM type
 //     (NoQuant float, F322F16 half, F322BF16 bfloat16_t; round to nearest even), srcStride a multiple
 //     of 16 that is >= mSize, dstStride >= nSize, GM bounds.
@@ -68,14 +90,14 @@
 // the group on the AIC and 2 * group + sub on an AIV, GetBlockNum the group count, GetTaskRatio 1 / 2,
 // g_coreType AIC / AIV. CrossCoreSetFlag<2, pipe>(id) / CrossCoreWaitFlag(id) are real counters per
 // group with the documented mode-2 semantics (an AIC set releases one wait on EACH AIV; the AIC's
-// wait needs a set from BOTH AIVs); checked: mode 2 only, flag ids 0..10, at most 15 pending sets per
+// wait needs a set from BOTH AIVs); checked: mode 2 only, flag ids 0..15 except 11..14 (SyncAll's), at most 15 pending sets per
 // counter, a deadlock (no block of the group can run) throws, and a group that ends with a set nobody
 // waited for throws. GM is shared, so a kernel that touches a workspace slot outside the order its
 // flags impose reads stale or overwritten data under one of the schedules -- the emulator does not
 // name such a race itself, but the tests' results then differ from the reference.
 // NOT modelled on the Cube side: the hardware's accumulation order inside a fractal (the emulator sums
 // the K products one by one in fp32), hf32/fp32 Cube modes, bank/ping-pong conflicts, unitFlag,
-// bias tables, the real unit of InitConstValue's blockNum (32 B assumed), cross-core flag modes 0
+// bias tables, cross-core flag modes 0
 // and 1, and the hardware's timing of cross-core flags.
 #pragma once
 
@@ -95,6 +117,10 @@
 #include <vector>
 
 #include "../../common/bf16.h"
+#include <dlfcn.h>
+
+#include "emu/data_cache.h"
+#include "pipe_model.h"
 
 #define __aicore__
 #define __global__
@@ -108,7 +134,15 @@ struct EmuError : std::runtime_error {
   explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
 };
 
-[[noreturn]] inline void fail(const std::string& m) { throw EmuError(m); }
+// The kernel being launched (set by the host with set_kernel before a launch, cleared by the launch):
+// the launchers append it and the failing core to every EmuError raised inside the kernel.
+inline std::string& current_kernel() {
+  static std::string name;
+  return name;
+}
+inline void set_kernel(const char* name) { current_kernel() = name ? name : ""; }
+
+[[noreturn]] inline void fail(const std::string& m) { throw EmuError(m); }  // (declared in pipe_model.h)
 
 enum class SlotState { kFree, kAllocated, kQueued, kDequeued, kCalc };
 
@@ -138,6 +172,8 @@ struct Slot {
   SlotState state = SlotState::kFree;
   uint64_t generation = 0;  // bumped on every FreeTensor: stale LocalTensors are detected
   std::string owner;
+  BufferRecords rec;        // pipe model: accesses to this buffer (pipe_model.h)
+  QueueSync qsync;          // pipe model: the sync a queue buffer carries (EnQue/DeQue, Free/Alloc)
 };
 
 struct PipeState {
@@ -160,6 +196,7 @@ struct BlockContext {
   bool active = false;
   struct MixGroup* mix = nullptr;                // set in a mixed launch: the block's AI Core group
   uint32_t sub = 0;                              // AIV index inside the group (0 / 1)
+  PipeModel model;                               // per-core pipe model / race detector (pipe_model.h)
 };
 
 // Cross-core flag state of one AI Core group of a mixed launch (mode 2: AIC <-> its two AIVs), and
@@ -167,7 +204,7 @@ struct BlockContext {
 // time; it runs until it waits on a flag it cannot take (or, with the "switch" schedule, until it sets
 // a flag), then the token goes to the next block (AIC, AIV0, AIV1 round robin) that can run.
 struct MixGroup {
-  static constexpr int kFlags = 11;
+  static constexpr int kFlags = 16;
   std::mutex m;
   std::condition_variable cv;
   int aic[kFlags] = {};        // pending releases of the AIC's waits
@@ -200,6 +237,9 @@ inline BlockContext& ctx() {
   return c;
 }
 
+[[noreturn]] inline void dc_fail(const std::string& m) { fail(m); }
+inline int core_id() { return dc_core_id(ctx().aic, ctx().blockIdx); }
+
 inline uint64_t align32(uint64_t x) { return (x + 31) / 32 * 32; }
 
 }  // namespace ascend_emu
@@ -211,10 +251,39 @@ using ascend_emu::fail;
 enum class TPosition { GM, VECIN, VECOUT, VECCALC, A1, A2, B1, B2, CO1, CO2 };
 using QuePosition = TPosition;
 enum class RoundMode { CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC, CAST_ODD };
-enum class HardEvent { MTE2_V, V_MTE3, MTE3_V, V_S, S_V, S_MTE3, MTE3_S, MTE2_S, S_MTE2, MTE3_MTE2, V_MTE2 };
+// HardEvent SRC_DST: SetFlag on pipe SRC, WaitFlag on pipe DST (the pipe model, pipe_model.h).
+#define AMO_EMU_EVENTS(X)                                                                              \
+  X(MTE2_MTE1, MTE2, MTE1) X(MTE1_MTE2, MTE1, MTE2) X(MTE1_M, MTE1, M) X(M_MTE1, M, MTE1)             \
+  X(MTE2_V, MTE2, V) X(V_MTE2, V, MTE2) X(MTE3_V, MTE3, V) X(V_MTE3, V, MTE3) X(M_V, M, V)           \
+  X(V_M, V, M) X(V_V, V, V) X(MTE3_MTE1, MTE3, MTE1) X(MTE1_MTE3, MTE1, MTE3) X(MTE1_V, MTE1, V)     \
+  X(MTE2_M, MTE2, M) X(M_MTE2, M, MTE2) X(V_MTE1, V, MTE1) X(M_FIX, M, FIX) X(FIX_M, FIX, M)         \
+  X(MTE3_MTE2, MTE3, MTE2) X(MTE2_MTE3, MTE2, MTE3) X(S_V, S, V) X(V_S, V, S) X(S_MTE2, S, MTE2)     \
+  X(MTE2_S, MTE2, S) X(S_MTE3, S, MTE3) X(MTE3_S, MTE3, S) X(MTE2_FIX, MTE2, FIX)                    \
+  X(FIX_MTE2, FIX, MTE2) X(FIX_S, FIX, S) X(M_S, M, S) X(FIX_MTE3, FIX, MTE3) X(MTE1_FIX, MTE1, FIX) \
+  X(FIX_MTE1, FIX, MTE1) X(FIX_FIX, FIX, FIX)
+#define AMO_EMU_EV_NAME(n, a, b) n,
+enum class HardEvent { AMO_EMU_EVENTS(AMO_EMU_EV_NAME) MAX };
+#undef AMO_EMU_EV_NAME
 enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_FIX, PIPE_ALL };
+static_assert(int(PIPE_FIX) == ascend_emu::kPipeFIX && int(PIPE_ALL) == ascend_emu::kNumPipes, "pipe order");
 using event_t = int32_t;
-constexpr event_t EVENT_ID0 = 0;
+constexpr event_t EVENT_ID0 = 0, EVENT_ID1 = 1, EVENT_ID2 = 2, EVENT_ID3 = 3, EVENT_ID4 = 4, EVENT_ID5 = 5,
+                  EVENT_ID6 = 6, EVENT_ID7 = 7;
+namespace detail {
+struct EventPipes {
+  int src, dst;
+  const char* name;
+};
+constexpr EventPipes event_pipes(HardEvent e) {
+#define AMO_EMU_EV_CASE(n, a, b) \
+  if (e == HardEvent::n) return EventPipes{int(PIPE_##a), int(PIPE_##b), #n};
+  AMO_EMU_EVENTS(AMO_EMU_EV_CASE)
+#undef AMO_EMU_EV_CASE
+  return EventPipes{0, 0, "MAX"};
+}
+// Pipe model: the current instruction's pipe and name, and an access of it.
+inline void issue(int pipe, const char* name) { ascend_emu::ctx().model.begin(pipe, name); }
+}  // namespace detail
 
 // ---- 16-bit float storage types (conversions round to nearest even, like torch) -----------------
 namespace detail {
@@ -270,6 +339,7 @@ template <typename T> constexpr const char* type_name() {
   else if constexpr (std::is_same_v<T, half>) return "half";
   else if constexpr (std::is_same_v<T, bfloat16_t>) return "bfloat16_t";
   else if constexpr (std::is_same_v<T, int32_t>) return "int32_t";
+  else if constexpr (std::is_same_v<T, int64_t>) return "int64_t";
   else if constexpr (std::is_same_v<T, int16_t>) return "int16_t";
   else if constexpr (std::is_same_v<T, uint16_t>) return "uint16_t";
   else if constexpr (std::is_same_v<T, uint32_t>) return "uint32_t";
@@ -293,13 +363,18 @@ class GlobalTensor {
     g.SetGlobalBuffer(base_ + off, size_ - off);
     return g;
   }
+  // Scalar accesses go through the core's data cache (emu/data_cache.h).
   T GetValue(uint64_t i) const {
     check(i, 1, "GetValue");
-    return base_[i];
+    T v;
+    if (ascend_emu::ctx().active) ascend_emu::dc_read(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
+    else v = base_[i];
+    return v;
   }
   void SetValue(uint64_t i, T v) {
     check(i, 1, "SetValue");
-    base_[i] = v;
+    if (ascend_emu::ctx().active) ascend_emu::dc_write(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
+    else base_[i] = v;
   }
   uint64_t GetSize() const { return size_; }
   T* GetPhyAddr() const { return base_; }
@@ -340,6 +415,8 @@ class LocalTensor {
   T GetValue(uint64_t i) const {
     live("GetValue");
     if (i >= size_) fail("LocalTensor GetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
+    detail::issue(PIPE_S, "LocalTensor::GetValue");
+    emu_touch(sizeof(T), false, i * sizeof(T));
     T v;
     std::memcpy(&v, data() + i, sizeof(T));
     return v;
@@ -347,6 +424,8 @@ class LocalTensor {
   void SetValue(uint64_t i, T v) const {
     live("SetValue");
     if (i >= size_) fail("LocalTensor SetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
+    detail::issue(PIPE_S, "LocalTensor::SetValue");
+    emu_touch(sizeof(T), true, i * sizeof(T));
     std::memcpy(data() + i, &v, sizeof(T));
   }
   uint32_t GetSize() const { return static_cast<uint32_t>(size_); }
@@ -415,6 +494,13 @@ class LocalTensor {
   }
   const std::shared_ptr<ascend_emu::Slot>& slot() const { return slot_; }
   uint64_t generation() const { return gen_; }
+  // Pipe model: the current instruction accesses `bytes` bytes from element offset startByte / sizeof(T).
+  void emu_touch(uint64_t bytes, bool write, uint64_t startByte = 0) const {
+    auto& m = ascend_emu::ctx().model;
+    if (!m.on() || !slot_) return;
+    m.touch(slot_->rec, slot_->owner, ascend_emu::space_name(slot_->space), byteOff_ + startByte,
+            byteOff_ + startByte + bytes, write);
+  }
 
  private:
   std::shared_ptr<ascend_emu::Slot> slot_;
@@ -426,15 +512,36 @@ class LocalTensor {
 // ---- TPipe, TQue, TBuf ----------------------------------------------------------------------------
 class TPipe;
 
+namespace detail {
+// Pipe model: the pipe that fills a queue buffer of this position (EnQue side) and the one that
+// drains it (DeQue side); a TQueBind<SRC, DST> goes from producer(SRC) to consumer(DST).
+constexpr int queue_producer(TPosition p) {
+  return p == TPosition::VECIN || p == TPosition::A1 || p == TPosition::B1 ? int(PIPE_MTE2)
+         : p == TPosition::A2 || p == TPosition::B2                       ? int(PIPE_MTE1)
+         : p == TPosition::CO1                                            ? int(PIPE_M)
+                                                                          : int(PIPE_V);
+}
+constexpr int queue_consumer(TPosition p) {
+  return p == TPosition::VECOUT                      ? int(PIPE_MTE3)
+         : p == TPosition::A1 || p == TPosition::B1 ? int(PIPE_MTE1)
+         : p == TPosition::A2 || p == TPosition::B2 ? int(PIPE_M)
+         : p == TPosition::CO1                      ? int(PIPE_FIX)
+                                                    : int(PIPE_V);
+}
+}  // namespace detail
+
 template <TPosition SRC, TPosition DST, int32_t DEPTH>
 class TQueBind {
  public:
   static_assert(DEPTH >= 1, "queue depth must be >= 1");
+  static constexpr int kProducer = detail::queue_producer(SRC);
+  static constexpr int kConsumer = detail::queue_consumer(DST);
   template <typename T>
   LocalTensor<T> AllocTensor() {
     init_check("AllocTensor");
     for (auto& s : slots_) {
       if (s->state == ascend_emu::SlotState::kFree) {
+        ascend_emu::ctx().model.acquire(kProducer, s->qsync.freed);  // waits for the FreeTensor's event
         s->state = ascend_emu::SlotState::kAllocated;
         return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
       }
@@ -451,6 +558,7 @@ class TQueBind {
     if (static_cast<int32_t>(fifo_.size()) >= DEPTH)
       fail("EnQue on " + name_ + ": queue depth " + std::to_string(DEPTH) + " exceeded (DeQue first)");
     s->state = ascend_emu::SlotState::kQueued;
+    s->qsync.enq = ascend_emu::ctx().model.snapshot(kProducer);  // the event set on the producer pipe
     fifo_.push_back(s);
     return true;
   }
@@ -460,6 +568,7 @@ class TQueBind {
     if (fifo_.empty()) fail("DeQue on " + name_ + ": the queue is empty (missing EnQue)");
     auto s = fifo_.front();
     fifo_.pop_front();
+    ascend_emu::ctx().model.acquire(kConsumer, s->qsync.enq);  // the wait on the consumer pipe
     s->state = ascend_emu::SlotState::kDequeued;
     return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
   }
@@ -472,6 +581,7 @@ class TQueBind {
     if (s->state == ascend_emu::SlotState::kQueued)
       fail("FreeTensor on " + name_ + " of a tensor that is still queued (DeQue it first)");
     s->state = ascend_emu::SlotState::kFree;
+    s->qsync.freed = ascend_emu::ctx().model.snapshot(kConsumer);  // the event the next AllocTensor waits for
     ++s->generation;
   }
   // emulator internals
@@ -625,7 +735,10 @@ inline ascend_emu::MixGroup& mix_group(const char* what) {
   return *g;
 }
 inline void check_flag(uint16_t id, const char* what) {
-  if (id >= ascend_emu::MixGroup::kFlags) fail(std::string(what) + ": flagId " + std::to_string(id) + " outside 0..10");
+  // API reference, CrossCoreSetFlag: modes 0/1/2 take flagId 0..15; SyncAll uses 11..14 internally.
+  if (id >= ascend_emu::MixGroup::kFlags) fail(std::string(what) + ": flagId " + std::to_string(id) + " outside 0..15");
+  if (id >= 11 && id <= 14)
+    fail(std::string(what) + ": flagId " + std::to_string(id) + " is one of 11..14, which SyncAll uses internally");
 }
 }  // namespace detail
 
@@ -687,9 +800,39 @@ inline void CrossCoreWaitFlag(uint16_t flagId) {
   --n;
 }
 
-template <HardEvent E> inline void SetFlag(event_t) {}
-template <HardEvent E> inline void WaitFlag(event_t) {}
-template <pipe_t P> inline void PipeBarrier() {}
+// ---- data cache maintenance (emu/data_cache.h) ------------------------------------------------------
+enum class CacheLine { SINGLE_CACHE_LINE, ENTIRE_DATA_CACHE };
+enum class DcciDst { CACHELINE_ALL, CACHELINE_UB, CACHELINE_OUT, CACHELINE_ATOMIC };
+
+// Documented prototypes: template <typename T, CacheLine entireType, DcciDst dcciDst> (GM or local
+// tensor) and template <typename T, CacheLine entireType> (GM). SINGLE_CACHE_LINE: the 64 B line that
+// holds the tensor's first element; ENTIRE_DATA_CACHE: every line of the core.
+template <typename T, CacheLine entireType, DcciDst dcciDst>
+inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dst) {
+  if (dcciDst == DcciDst::CACHELINE_UB || dcciDst == DcciDst::CACHELINE_ATOMIC)
+    fail("DataCacheCleanAndInvalid on a GlobalTensor: dcciDst must be CACHELINE_OUT or CACHELINE_ALL on A2");
+  dst.check(0, 0, "DataCacheCleanAndInvalid");
+  ascend_emu::dc_clean_invalidate(ascend_emu::core_id(), dst.GetPhyAddr(), entireType == CacheLine::ENTIRE_DATA_CACHE);
+}
+template <typename T, CacheLine entireType>
+inline void DataCacheCleanAndInvalid(const GlobalTensor<T>& dst) {
+  DataCacheCleanAndInvalid<T, entireType, DcciDst::CACHELINE_OUT>(dst);
+}
+
+template <HardEvent E>
+inline void SetFlag(event_t id) {
+  constexpr detail::EventPipes ev = detail::event_pipes(E);
+  ascend_emu::ctx().model.set_flag(ev.src, ev.dst, id, ev.name);
+}
+template <HardEvent E>
+inline void WaitFlag(event_t id) {
+  constexpr detail::EventPipes ev = detail::event_pipes(E);
+  ascend_emu::ctx().model.wait_flag(ev.src, ev.dst, id, ev.name);
+}
+template <pipe_t P>
+inline void PipeBarrier() {
+  ascend_emu::ctx().model.barrier(int(P));
+}
 
 // ---- data movement -------------------------------------------------------------------------------
 struct DataCopyExtParams {
@@ -725,6 +868,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
   detail::check_block_len<T>(uint64_t(count) * sizeof(T), "DataCopy (GM->UB)");
   dst.need(count, "DataCopy (GM->UB)");
   src.check(0, count, "DataCopy (GM->UB)");
+  detail::issue(PIPE_MTE2, "DataCopy (GM->UB)");
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   std::memcpy(dst.data(), src.GetPhyAddr(), uint64_t(count) * sizeof(T));
 }
 
@@ -733,6 +878,9 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   detail::check_block_len<T>(uint64_t(count) * sizeof(T), "DataCopy (UB->GM)");
   src.need(count, "DataCopy (UB->GM)");
   dst.check(0, count, "DataCopy (UB->GM)");
+  detail::issue(PIPE_MTE3, "DataCopy (UB->GM)");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr(), uint64_t(count) * sizeof(T));
   std::memcpy(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T));
 }
 
@@ -749,6 +897,8 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
   dst.need(needUb, "DataCopyPad (GM->UB)");
   const uint64_t gmStride = elems + p.srcStride / sizeof(T);
   src.check(0, p.blockCount ? uint64_t(p.blockCount - 1) * gmStride + elems : 0, "DataCopyPad (GM->UB)");
+  detail::issue(PIPE_MTE2, "DataCopyPad (GM->UB)");
+  dst.emu_touch(uint64_t(p.blockCount) * rowUb, true);
   uint8_t* ub = reinterpret_cast<uint8_t*>(dst.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) {
     uint8_t* row = ub + b * rowUb;
@@ -771,8 +921,13 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
   if (p.dstStride % sizeof(T)) fail("DataCopyPad (UB->GM): dstStride is not a multiple of sizeof(T)");
   const uint64_t gmStride = elems + p.dstStride / sizeof(T);
   dst.check(0, p.blockCount ? uint64_t(p.blockCount - 1) * gmStride + elems : 0, "DataCopyPad (UB->GM)");
+  detail::issue(PIPE_MTE3, "DataCopyPad (UB->GM)");
+  if (p.blockCount) src.emu_touch(uint64_t(p.blockCount - 1) * rowUb + p.blockLen, false);
   const uint8_t* ub = reinterpret_cast<const uint8_t*>(src.data());
-  for (uint32_t b = 0; b < p.blockCount; ++b) std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
+  for (uint32_t b = 0; b < p.blockCount; ++b) {
+    ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr() + b * gmStride, p.blockLen);
+    std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
+  }
 }
 
 // ---- vector unit -----------------------------------------------------------------------------------
@@ -797,6 +952,8 @@ void overlap(const LocalTensor<D>& d, const LocalTensor<S>& s, uint64_t n, const
 template <typename T>
 void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
   dst.need(count, "Duplicate");
+  detail::issue(PIPE_V, "Duplicate");
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = v;
 }
 
@@ -807,6 +964,10 @@ void Duplicate(const LocalTensor<T>& dst, const T& v, int32_t count) {
     detail::arith_type<T>(#NAME);                                                       \
     dst.need(count, #NAME); a.need(count, #NAME); b.need(count, #NAME);                 \
     detail::overlap(dst, a, count, #NAME); detail::overlap(dst, b, count, #NAME);        \
+    detail::issue(PIPE_V, #NAME);                                                       \
+    a.emu_touch(uint64_t(count) * sizeof(T), false);                                    \
+    b.emu_touch(uint64_t(count) * sizeof(T), false);                                    \
+    dst.emu_touch(uint64_t(count) * sizeof(T), true);                                   \
     for (int32_t i = 0; i < count; ++i) {                                               \
       float x = static_cast<float>(a.data()[i]), y = static_cast<float>(b.data()[i]);   \
       dst.data()[i] = static_cast<T>(EXPR);                                             \
@@ -827,6 +988,9 @@ AMO_EMU_BINARY(Max, (x > y || std::isnan(x)) ? x : y)
       fail(std::string(#NAME) + " on " + type_name<T>() + ": float/half only");            \
     dst.need(count, #NAME); src.need(count, #NAME);                                         \
     detail::overlap(dst, src, count, #NAME);                                                \
+    detail::issue(PIPE_V, #NAME);                                                           \
+    src.emu_touch(uint64_t(count) * sizeof(T), false);                                      \
+    dst.emu_touch(uint64_t(count) * sizeof(T), true);                                       \
     for (int32_t i = 0; i < count; ++i) {                                                   \
       float x = static_cast<float>(src.data()[i]);                                          \
       dst.data()[i] = static_cast<T>(EXPR);                                                 \
@@ -842,6 +1006,9 @@ void Muls(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   dst.need(count, "Muls");
   src.need(count, "Muls");
   detail::overlap(dst, src, count, "Muls");
+  detail::issue(PIPE_V, "Muls");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
 }
 
@@ -851,6 +1018,9 @@ void Adds(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, int3
   dst.need(count, "Adds");
   src.need(count, "Adds");
   detail::overlap(dst, src, count, "Adds");
+  detail::issue(PIPE_V, "Adds");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<T>(static_cast<float>(src.data()[i]) + static_cast<float>(s));
 }
 
@@ -862,6 +1032,10 @@ void Axpy(const LocalTensor<T>& dst, const LocalTensor<U>& src, const U& s, int3
   dst.need(count, "Axpy");
   src.need(count, "Axpy");
   detail::overlap(dst, src, count, "Axpy");
+  detail::issue(PIPE_V, "Axpy");
+  src.emu_touch(uint64_t(count) * sizeof(U), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), false);
+  dst.emu_touch(uint64_t(count) * sizeof(T), true);
   for (int32_t i = 0; i < count; ++i) {
     T prod = static_cast<T>(static_cast<float>(src.data()[i]) * static_cast<float>(s));
     dst.data()[i] = static_cast<T>(static_cast<float>(prod) + static_cast<float>(dst.data()[i]));
@@ -882,6 +1056,9 @@ void Cast(const LocalTensor<D>& dst, const LocalTensor<S>& src, RoundMode mode, 
     dst.need(count, "Cast");
     src.need(count, "Cast");
     detail::overlap(dst, src, count, "Cast");
+    detail::issue(PIPE_V, "Cast");
+    src.emu_touch(uint64_t(count) * sizeof(S), false);
+    dst.emu_touch(uint64_t(count) * sizeof(D), true);
     // copy first: an in-place cast must not read what it already wrote
     std::vector<S> tmp(src.data(), src.data() + count);
     for (uint32_t i = 0; i < count; ++i) dst.data()[i] = static_cast<D>(static_cast<float>(tmp[i]));
@@ -899,6 +1076,10 @@ void ReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   constexpr int32_t per = 256 / sizeof(T);
   const int32_t repeats = (count + per - 1) / per;
   work.need(repeats, "ReduceSum work buffer");
+  detail::issue(PIPE_V, "ReduceSum");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  work.emu_touch(uint64_t(repeats) * sizeof(T), true);
+  dst.emu_touch(sizeof(T), true);
   float total = 0.0f;
   float lane[per];
   for (int32_t r = 0; r < repeats; ++r) {
@@ -923,8 +1104,20 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   if (count <= 0) fail("ReduceMax with count <= 0");
   src.need(count, "ReduceMax");
   dst.need(1, "ReduceMax");
+  // A2 rule (API reference, ReduceMax, sharedTmpBuffer without index): the first round writes a
+  // (max, index) pair per 256-byte repeat, so the work buffer needs ceil(2 * repeats / 8) * 8 floats.
   const int32_t repeats = (count + 63) / 64;
-  work.need(repeats, "ReduceMax work buffer");
+  const int32_t need = (2 * repeats + 7) / 8 * 8;
+  work.live("ReduceMax");
+  if (static_cast<uint64_t>(need) > work.GetSize())
+    fail("ReduceMax work buffer of " + work.slot()->owner + ": " + std::to_string(count) + " floats = " +
+         std::to_string(repeats) + " repeats need ceil(2 * repeats / 8) * 8 = " + std::to_string(need) +
+         " floats, it holds " + std::to_string(work.GetSize()));
+  work.need(need, "ReduceMax work buffer");
+  detail::issue(PIPE_V, "ReduceMax");
+  src.emu_touch(uint64_t(count) * sizeof(T), false);
+  work.emu_touch(uint64_t(2 * repeats) * sizeof(T), true);
+  dst.emu_touch(sizeof(T), true);
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
   dst.data()[0] = m;
@@ -967,6 +1160,8 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
   dst.need_in((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0,
               "DataCopy (GM->L1, ND2NZ)", ascend_emu::kL1, ascend_emu::kL1, 32);
   src.check(0, uint64_t(p.nValue - 1) * p.srcDValue + p.dValue, "DataCopy (GM->L1, ND2NZ)");
+  detail::issue(PIPE_MTE2, "DataCopy (GM->L1, ND2NZ)");
+  dst.emu_touch(((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0) * sizeof(T), true);
   T* d = dst.data();
   const T* g = src.GetPhyAddr();
   for (uint64_t r = 0; r < p.nValue; ++r)
@@ -994,6 +1189,9 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
   src.need_in((lastSrc + 1) * detail::kFrac, "LoadData source", ascend_emu::kL1, ascend_emu::kL1, 32);
   dst.need_in((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac, "LoadData destination",
               ascend_emu::kL0A, ascend_emu::kL0B, 512);
+  detail::issue(PIPE_MTE1, "LoadData (L1->L0)");
+  src.emu_touch((lastSrc + 1 - p.startIndex) * detail::kFrac * sizeof(T), false, uint64_t(p.startIndex) * detail::kFrac * sizeof(T));
+  dst.emu_touch((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac * sizeof(T), true);
   const T* s = src.data();
   T* d = dst.data();
   for (uint64_t i = 0; i < p.repeatTimes; ++i) {
@@ -1007,8 +1205,8 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
 template <typename U>
 struct InitConstValueParams {
   uint16_t repeatTimes = 0;
-  uint16_t blockNum = 0;  // 32-byte blocks per repeat
-  uint16_t dstGap = 0;    // 32-byte blocks skipped after each repeat
+  uint16_t blockNum = 0;  // blocks per repeat: 32 B on L1 (A1/B1), 512 B on L0A/L0B (A2/B2)
+  uint16_t dstGap = 0;    // blocks (same unit) skipped after each repeat
   U initValue = U(0);
 };
 
@@ -1016,11 +1214,29 @@ template <typename T, typename U>
 void InitConstValue(const LocalTensor<T>& dst, const InitConstValueParams<U>& p) {
   detail::cube_input_type<T>("InitConstValue");
   if (p.repeatTimes == 0 || p.blockNum == 0) fail("InitConstValue with repeatTimes or blockNum = 0");
-  const uint64_t per = 32 / sizeof(T);
-  const uint64_t n = (uint64_t(p.repeatTimes - 1) * (p.blockNum + p.dstGap) + p.blockNum) * per;
+  // A2 rule (API reference, InitConstValue): blockNum / dstGap count 32-byte blocks on L1 but 512-byte
+  // fractals on L0A/L0B. The L0 fill runs on PIPE_MTE1, the L1 fill on PIPE_MTE2 (a sync is needed
+  // before the Mmad / LoadData that reads it); the pipe model issues it there.
   const int s = dst.space();
+  const uint64_t unit = s == ascend_emu::kL1 ? 32 : 512;
+  const AscendC::pipe_t fillPipe = s == ascend_emu::kL1 ? PIPE_MTE2 : PIPE_MTE1;
+  (void)fillPipe;
+  const uint64_t per = unit / sizeof(T);
+  const uint64_t n = (uint64_t(p.repeatTimes - 1) * (p.blockNum + p.dstGap) + p.blockNum) * per;
+  dst.live("InitConstValue");
+  if (n > dst.GetSize()) {
+    std::ostringstream o;
+    o << "InitConstValue overrun: " << p.repeatTimes << " x " << p.blockNum << " blocks of " << unit << " B on "
+      << ascend_emu::space_name(s) << " (" << (s == ascend_emu::kL1 ? "32 B per block on L1" : "512 B per block on L0A/L0B")
+      << ") = " << n * sizeof(T) << " B, but the tensor of " << dst.slot()->owner << " holds " << dst.GetSize() * sizeof(T) << " B";
+    fail(o.str());
+  }
   dst.need_in(n, "InitConstValue", s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0A,
-              s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, 32);
+              s == ascend_emu::kL1 ? ascend_emu::kL1 : ascend_emu::kL0B, s == ascend_emu::kL1 ? 32 : 512);
+  // pipe: MTE1 on L0A/L0B, MTE2 on L1 (A2)
+  detail::issue(s == ascend_emu::kL1 ? PIPE_MTE2 : PIPE_MTE1,
+                s == ascend_emu::kL1 ? "InitConstValue (L1)" : "InitConstValue (L0A/L0B)");
+  dst.emu_touch(n * sizeof(T), true);
   T* d = dst.data();
   const T v = static_cast<T>(static_cast<float>(p.initValue));
   for (uint64_t r = 0; r < p.repeatTimes; ++r)
@@ -1057,7 +1273,22 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
     const uint64_t Mf = M16 / 16, Nf = N16 / 16, Kf = K16 / 16;
     a.need_in(M16 * K16, "Mmad left matrix (L0A)", ascend_emu::kL0A, ascend_emu::kL0A, 512);
     b.need_in(K16 * N16, "Mmad right matrix (L0B)", ascend_emu::kL0B, ascend_emu::kL0B, 512);
-    c.need_in(M16 * N16, "Mmad result (L0C)", ascend_emu::kL0C, ascend_emu::kL0C, 512);
+    // A2 rule: the Mmad destination in L0C starts 1024-byte aligned.
+    c.need_in(M16 * N16, "Mmad result (L0C)", ascend_emu::kL0C, ascend_emu::kL0C, 1024);
+    // A2 rule (API reference, Mmad / GEMV): m == 1 switches the Cube to GEMV, which reads L0A as ONE
+    // row of k contiguous elements (ND), not as zZ fractals; A2 cannot turn it off. A kernel that
+    // loaded a zZ tile and asks for m = 1 gets what the hardware computes from that memory.
+    const bool gemv = p.m == 1;
+    detail::issue(PIPE_M, "Mmad");
+    a.emu_touch(M16 * K16 * sizeof(A), false);
+    b.emu_touch(K16 * N16 * sizeof(B), false);
+    if (!p.cmatrixInitVal) c.emu_touch(M16 * N16 * sizeof(D), false);
+    c.emu_touch(M16 * N16 * sizeof(D), true);
+    {
+      const uint64_t lo = c.ub_addr() - c.slot()->offset;
+      ascend_emu::ctx().model.mmad(c.slot().get(), c.slot()->owner, lo, lo + M16 * N16 * sizeof(D), !p.cmatrixInitVal,
+                                   p.m, p.n);
+    }
     const A* pa = a.data();
     const B* pb = b.data();
     float* pc = c.data();
@@ -1068,7 +1299,8 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
     std::vector<float> arow(K16);
     for (uint64_t i = 0; i < p.m; ++i) {
       for (uint64_t kk = 0; kk < K16; ++kk)
-        arow[kk] = static_cast<float>(pa[((i / 16) * Kf + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
+        arow[kk] = gemv ? static_cast<float>(pa[kk])
+                        : static_cast<float>(pa[((i / 16) * Kf + kk / 16) * 256 + (i % 16) * 16 + kk % 16]);
       for (uint64_t j = 0; j < p.n; ++j) {
         float* out = pc + ((j / 16) * Mf + i / 16) * 256 + (i % 16) * 16 + j % 16;
         float acc = p.cmatrixInitVal ? 0.0f : *out;
@@ -1115,8 +1347,11 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     src.need_in((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16, "Fixpipe source (L0C)", ascend_emu::kL0C,
                 ascend_emu::kL0C, 64);
     dst.check(0, uint64_t(p.mSize - 1) * p.dstStride + p.nSize, "Fixpipe (L0C->GM)");
+    detail::issue(PIPE_FIX, "Fixpipe (L0C->GM)");
+    src.emu_touch(((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16) * sizeof(S), false);
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
+    for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::dc_dma_write(ascend_emu::core_id(), d + i * p.dstStride, p.nSize * sizeof(D));
     for (uint64_t i = 0; i < p.mSize; ++i)
       for (uint64_t j = 0; j < p.nSize; ++j) d[i * p.dstStride + j] = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);
   }
@@ -1126,6 +1361,32 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
 
 namespace ascend_emu {
 
+// An EmuError raised inside a kernel, with the kernel and the failing core appended.
+inline std::string named_error(const std::string& what, const std::string& kernel) {
+  std::string m = what;
+  const std::string pre = "AscendC emulator: ";
+  if (m.compare(0, pre.size(), pre) == 0) m = m.substr(pre.size());
+  if (m.find(" [kernel ") != std::string::npos) return m;
+  const auto& c = ctx();
+  return m + " [kernel " + kernel + ", " + (c.aic ? "AIC" : "AIV") + " block " + std::to_string(c.blockIdx) + "]";
+}
+
+// The kernel's name for the pipe model's messages: set_kernel / kernel_label_override() when a caller set one,
+// else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
+template <typename F>
+std::string kernel_label(const F& f) {
+  if (!current_kernel().empty()) return current_kernel();
+  if (!kernel_label_override().empty()) return kernel_label_override();
+  if constexpr (std::is_function_v<F>) {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&f), &info) && info.dli_sname) return info.dli_sname;
+  } else if constexpr (std::is_pointer_v<F> && std::is_function_v<std::remove_pointer_t<F>>) {
+    Dl_info info;
+    if (f && dladdr(reinterpret_cast<void*>(f), &info) && info.dli_sname) return info.dli_sname;
+  }
+  return "an unnamed kernel";
+}
+
 // Run `kernel(args...)` once per block, blocks one after another, each with a fresh UB of
 // `ubCapacity` bytes filled with 0xFF; then check that the block freed every queue tensor.
 // Returns the most UB any block allocated (the host compares it with the tiling's UB plan).
@@ -1133,14 +1394,18 @@ template <typename F, typename... Args>
 uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args) {
   uint64_t peak = 0;
   if (blockDim == 0) fail("launch with blockDim = 0");
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
     ~Reset() {
       ctx().active = false;
       ctx().pipe.reset();
+      current_kernel().clear();
     }
   } reset;
+  dc_begin_launch();
   for (uint32_t b = 0; b < blockDim; ++b) {
     c.blockIdx = b;
     c.blockNum = blockDim;
@@ -1149,7 +1414,13 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.aic = false;
     c.pipe.reset();
     c.active = true;
-    kernel(args...);
+    c.model.reset(pipesOn, true, b, name);
+    try {
+      kernel(args...);
+      dc_end_block(core_id());
+    } catch (const EmuError& e) {
+      throw EmuError(named_error(e.what(), name));
+    }
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1175,6 +1446,8 @@ template <typename F, typename... Args>
 CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
   CubeMem peak;
   if (blockDim == 0) fail("launch with blockDim = 0");
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1182,10 +1455,12 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
       ctx().active = false;
       ctx().aic = false;
       ctx().pipe.reset();
+      current_kernel().clear();
       for (auto& m : ctx().mem) std::vector<uint8_t>().swap(m);
     }
   } reset;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  dc_begin_launch();
   for (uint32_t b = 0; b < blockDim; ++b) {
     c.blockIdx = b;
     c.blockNum = blockDim;
@@ -1198,7 +1473,13 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.aic = true;
     c.pipe.reset();
     c.active = true;
-    kernel(args...);
+    c.model.reset(pipesOn, false, b, name);
+    try {
+      kernel(args...);
+      dc_end_block(core_id());
+    } catch (const EmuError& e) {
+      throw EmuError(named_error(e.what(), name));
+    }
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1231,6 +1512,12 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   if (ctx().active) fail("nested kernel launch");
   MixMem peak;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
+  struct ResetName {
+    ~ResetName() { current_kernel().clear(); }
+  } resetName;
+  dc_begin_launch();
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   for (uint32_t grp = 0; grp < groups; ++grp) {
     MixGroup g;
     std::mutex peakMu;
@@ -1260,8 +1547,10 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
       }
       c.pipe.reset();
       c.active = true;
+      c.model.reset(pipesOn, !aic, c.blockIdx, name + (aic ? " (AIC)" : " (AIV)"));
       try {
         kernel(args...);
+        dc_end_block(core_id());
         if (c.pipe)
           for (auto& sl : c.pipe->slots)
             if (sl->state == SlotState::kAllocated || sl->state == SlotState::kQueued || sl->state == SlotState::kDequeued)
@@ -1282,7 +1571,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
         std::lock_guard<std::mutex> lk(g.m);
         if (!g.abort) {
           g.abort = true;
-          g.error = e.what();
+          g.error = std::string("AscendC emulator: ") + named_error(e.what(), name);
         }
         g.cv.notify_all();
       }

@@ -83,7 +83,7 @@ class GroupedGemmKernel {
  private:
   // Rows of group e, clamped to the rows left (the op checks sizes; the kernel never reads past M).
   __aicore__ inline int64_t GroupRows(int64_t e, int64_t off) {
-    int64_t g = gsGm_.GetValue(e);
+    int64_t g = ReadGmFresh(gsGm_, e);  // written by the host / an earlier kernel
     if (g < 0) g = 0;
     return Min64(g, t_.M - off);
   }
@@ -124,10 +124,12 @@ class GroupedGemmKernel {
           a0 = l0A_.template DeQue<T>();
           b0 = l0B_.template DeQue<T>();
           MmadParams mm;
-          mm.m = static_cast<uint16_t>(rows);
+          mm.m = MmadM(rows);  // never 1: A2 would run GEMV on the zZ tile
           mm.n = static_cast<uint16_t>(cols);
           mm.k = static_cast<uint16_t>(ks);
           mm.cmatrixInitVal = k0 == 0 && s0 == 0;
+          // A2: an Mmad accumulating onto the previous one's small L0C tile must wait for it
+          if (!mm.cmatrixInitVal && (mp / 16) * (np / 16) < 10) PipeBarrier<PIPE_M>();
           Mmad(c, a0, b0, mm);
           l0A_.FreeTensor(a0);
           l0B_.FreeTensor(b0);
@@ -153,10 +155,14 @@ class GroupedGemmKernel {
   __aicore__ inline void ZeroTile(const LocalTensor<float>& c, int64_t rows, int64_t cols) {
     LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
     LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
-    ZeroCubeBuffer(a0, Up16(rows) * 16);
-    ZeroCubeBuffer(b0, 16 * Up16(cols));
+    ZeroCubeBuffer<TPosition::A2>(a0, Up16(rows) * 16);  // whole 512-byte fractals on L0
+    ZeroCubeBuffer<TPosition::B2>(b0, 16 * Up16(cols));
+    l0A_.EnQue(a0);  // the L0 fills run on MTE1: the queues hand them to the Mmad (M)
+    l0B_.EnQue(b0);
+    a0 = l0A_.template DeQue<T>();
+    b0 = l0B_.template DeQue<T>();
     MmadParams mm;
-    mm.m = static_cast<uint16_t>(rows);
+    mm.m = MmadM(rows);
     mm.n = static_cast<uint16_t>(cols);
     mm.k = 16;
     mm.cmatrixInitVal = true;
@@ -170,7 +176,10 @@ class GroupedGemmKernel {
   // dW: a_e^T, stored as (k rows, m cols) of `a`, c0Stride kp (transposed when loaded to L0A).
   __aicore__ inline void CopyA(const LocalTensor<T>& a1, int64_t e, int64_t groupOff, int64_t row0, int64_t rows,
                                int64_t k0, int64_t kc, uint32_t mp, uint32_t kp) {
-    if (kc % 16) ZeroCubeBuffer(a1, mp * kp);  // K padding must be zero: the Cube sums whole K fractals
+    if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
+      ZeroCubeBuffer<TPosition::A1>(a1, mp * kp);
+      PipeBarrier<PIPE_MTE2>();  // the L1 fill and the ND2NZ copy both write L1 on MTE2
+    }
     if (t_.layout == GroupedGemmLayout::kDW) {
       Nd2Nz(a1, aGm_[(groupOff + k0) * t_.K + row0], kc, rows, t_.K, kp);
     } else {
@@ -182,7 +191,10 @@ class GroupedGemmKernel {
   // [N, K]: (n rows, k cols), c0Stride np.
   __aicore__ inline void CopyB(const LocalTensor<T>& b1, int64_t e, int64_t groupOff, int64_t col0, int64_t cols,
                                int64_t k0, int64_t kc, uint32_t np, uint32_t kp) {
-    if (kc % 16) ZeroCubeBuffer(b1, np * kp);
+    if (kc % 16) {
+      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
+      PipeBarrier<PIPE_MTE2>();
+    }
     if (t_.layout == GroupedGemmLayout::kNT) {
       Nd2Nz(b1, bGm_[e * t_.N * t_.K + col0 * t_.K + k0], cols, kc, t_.K, np);
     } else if (t_.layout == GroupedGemmLayout::kNN) {

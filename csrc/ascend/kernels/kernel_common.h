@@ -26,6 +26,11 @@ __aicore__ inline int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __aicore__ inline uint32_t Up16(int64_t x) { return static_cast<uint32_t>((x + 15) / 16 * 16); }  // 16 x 16 fractals
 __aicore__ inline uint32_t Up8(int64_t x) { return static_cast<uint32_t>((x + 7) / 8 * 8); }      // 8 fp32 = 32 bytes
 
+// Work buffer of ReduceMax / ReduceSum over `count` floats. A2 rule (API reference, ReduceMax without
+// index): the first round writes a (value, index) pair per 256-byte repeat, so ceil(2 * repeats / 8) * 8
+// floats (tiling twin: reduce_max_work_bytes).
+__aicore__ inline uint32_t ReduceMaxWorkFloats(int64_t count) { return Up8(2 * CeilDiv(count, 64)); }
+
 // Tiling structs are passed as a GM pointer (the host copies the POD struct to device memory) and
 // read word by word through the scalar unit.
 template <typename Tiling>
@@ -88,16 +93,43 @@ __aicore__ inline uint32_t TileCols(const HiddenSplit& h, uint32_t j) {
   return j + 1 == h.tileNum ? h.tailCols : h.tileCols;
 }
 
-// Cube side: zero an L1/L0 buffer of `elems` elements (whole 32-byte blocks) with InitConstValue.
-// K padding must be zero: the Cube sums whole 16-wide K fractals.
-template <typename T>
+// Cube side: zero an L1 (POS = A1/B1) or L0A/L0B (POS = A2/B2) buffer of `elems` elements with
+// InitConstValue. A2 rule: blockNum counts 32-byte blocks on L1 but 512-byte fractals on L0A/L0B, so
+// `elems` must fill whole blocks of the position's unit. The L1 fill runs on PIPE_MTE2, the L0 fill
+// on PIPE_MTE1. K padding must be zero: the Cube sums whole 16-wide K fractals.
+template <AscendC::TPosition POS, typename T>
 __aicore__ inline void ZeroCubeBuffer(const AscendC::LocalTensor<T>& t, uint32_t elems) {
+  constexpr bool l0 = POS == AscendC::TPosition::A2 || POS == AscendC::TPosition::B2;
+  constexpr uint32_t unit = l0 ? 512 : 32;
   AscendC::InitConstValueParams<T> z;
   z.repeatTimes = 1;
-  z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / 32);
+  z.blockNum = static_cast<uint16_t>(elems * sizeof(T) / unit);
   z.dstGap = 0;
   z.initValue = T(0);
   AscendC::InitConstValue(t, z);
+}
+
+// Mmad's m for a tile of `rows` rows. A2 rule: m == 1 switches the Cube to GEMV, which reads L0A as
+// one ND row instead of the zZ fractals the kernels load, and A2 cannot turn it off. So m is promoted
+// to 16: the extra rows of the fractal only produce L0C rows that Fixpipe (mSize = rows) never stores.
+__aicore__ inline uint16_t MmadM(int64_t rows) { return static_cast<uint16_t>(rows == 1 ? 16 : rows); }
+
+// Scalar read of GM that the host, an earlier kernel or another core wrote. A2 rule: scalar GM
+// accesses go through the core's data cache (64-byte lines) and the A2 build does not invalidate it
+// for them, so the line is cleaned and invalidated first (the next access reloads it from GM).
+template <typename T>
+__aicore__ inline T ReadGmFresh(const AscendC::GlobalTensor<T>& g, uint64_t i) {
+  AscendC::DataCacheCleanAndInvalid<T, AscendC::CacheLine::SINGLE_CACHE_LINE, AscendC::DcciDst::CACHELINE_OUT>(g[i]);
+  return g.GetValue(i);
+}
+
+// Store element 0 of a UB tensor to dst[0] with a 4-byte (sizeof(T)) DMA instead of a scalar
+// SetValue: DMA bypasses the data cache, so cores writing neighbouring elements of one 64-byte line
+// do not overwrite each other. The caller orders the UB value before the copy (V -> MTE3).
+template <typename T>
+__aicore__ inline void StoreElement(const AscendC::GlobalTensor<T>& dst, const AscendC::LocalTensor<T>& src) {
+  AscendC::DataCopyExtParams p{1, static_cast<uint32_t>(sizeof(T)), 0, 0, 0};
+  AscendC::DataCopyPad(dst, src, p);
 }
 
 // Cube side: ND (GM) -> NZ (L1) copy of nRows x nCols at src with row stride srcD; column blocks

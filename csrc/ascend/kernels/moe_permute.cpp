@@ -39,7 +39,7 @@ class MoePermuteKernel {
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);  // the zero tile is written by the vector unit, read by MTE3
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     for (int64_t r = 0; r < count_; ++r) {
-      const int64_t src = indexGm_.GetValue(r);
+      const int64_t src = ReadGmFresh(indexGm_, r);  // the row map: written by an earlier kernel
       const bool zero = src < 0 || src >= t_.srcRows;  // never a wild read
       for (uint32_t j = 0; j < t_.cols.tileNum; ++j) {
         const uint32_t cols = TileCols(t_.cols, j);
@@ -73,6 +73,7 @@ class MoePermuteKernel {
 
 // tokens [T, H], index [N] int32, out [N, H], tiling: MoePermuteTiling in GM.
 extern "C" __global__ __aicore__ void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   using namespace amo_ascend;
   MoePermuteTiling t;
   kernels::CopyTiling(&t, tiling);

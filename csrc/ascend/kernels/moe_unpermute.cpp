@@ -62,7 +62,7 @@ class MoeUnpermuteKernel {
         }
         Duplicate(acc, 0.0f, static_cast<int32_t>(cols));
         for (int64_t s = 0; s < t_.slots; ++s) {
-          const int64_t row = mapGm_.GetValue(tok * t_.slots + s);
+          const int64_t row = ReadGmFresh(mapGm_, tok * t_.slots + s);
           if (row < 0 || row >= t_.numRows) continue;  // dropped / empty slot
           LocalTensor<T> x = inQue_.template AllocTensor<T>();
           CopyRowIn(x, permGm_[row * t_.hidden + col0], cols);
@@ -76,7 +76,7 @@ class MoeUnpermuteKernel {
             Cast(xf, x, RoundMode::CAST_NONE, cols);
           }
           if (t_.withProbs) {
-            const float w = probsGm_.GetValue(tok * t_.slots + s);
+            const float w = ReadGmFresh(probsGm_, tok * t_.slots + s);
             Axpy(acc, xf, w, static_cast<int32_t>(cols));  // acc += w * x
           } else {
             Add(acc, acc, xf, static_cast<int32_t>(cols));
@@ -139,10 +139,10 @@ class MoeUnpermuteGradKernel {
     int64_t chunkStart = 0;
     if (t_.withProbs && count_ > 0) dotLocal = dotQue_.template AllocTensor<float>();
     for (int64_t r = 0; r < count_; ++r) {
-      const int64_t slot = slotGm_.GetValue(r);
+      const int64_t slot = ReadGmFresh(slotGm_, r);
       const bool none = slot < 0 || slot >= t_.numTokens * t_.slots;
       const int64_t tok = none ? 0 : slot / t_.slots;
-      const float w = (!none && t_.withProbs) ? probsGm_.GetValue(slot) : 1.0f;
+      const float w = (!none && t_.withProbs) ? ReadGmFresh(probsGm_, slot) : 1.0f;
       float dot = 0.0f;
       for (uint32_t j = 0; j < t_.cols.tileNum; ++j) {
         const uint32_t cols = TileCols(t_.cols, j);
@@ -256,6 +256,7 @@ __aicore__ inline void RunGrad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOf
 // permuted [N, H], row_map [T, S] int32, probs [T, S] fp32 (ignored without probs), out [T, H].
 extern "C" __global__ __aicore__ void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out,
                                                          GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   using namespace amo_ascend;
   MoeUnpermuteTiling t;
   kernels::CopyTiling(&t, tiling);
@@ -273,6 +274,7 @@ extern "C" __global__ __aicore__ void amo_moe_unpermute(GM_ADDR permuted, GM_ADD
 extern "C" __global__ __aicore__ void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOfRow,
                                                               GM_ADDR probs, GM_ADDR gradPermuted, GM_ADDR dots,
                                                               GM_ADDR tiling) {
+  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
   using namespace amo_ascend;
   MoeUnpermuteGradTiling t;
   kernels::CopyTiling(&t, tiling);

@@ -19,8 +19,8 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   t.l0bBytes = t.l0Buffers * N * std::max<uint64_t>({dk, dr, dv}) * e;
   t.l0cBytes = t.l0cBuffers * M * std::max<uint64_t>(N, dv) * 4;
   const uint64_t R = t.vecRows, dv8 = align_up(t.Dv, 8), r8 = align_up(R, 8);
-  t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + align_up(N, 64) / 64 * 4 + 32;
-  t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + align_up(align_up(N, 64) / 64 * 4, 32) + 32 + R * dv8 * 4 +
+  t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + reduce_max_work_bytes(N) + 32;
+  t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + reduce_max_work_bytes(N) + 32 + R * dv8 * 4 +
                                          dv8 * 4 + align_up(t.Dv, 16) * e + 4 * r8 * 4);
 }
 
@@ -44,7 +44,7 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t dmax = align_up(std::max<int64_t>({t.Dk, t.Dr, t.Dv}), 16);
   const uint64_t acc = 2 * uint64_t(t.gradCols) * 4 + dmax * e;
   const uint64_t rowDim = align_up(std::max<int64_t>(t.Dv, t.Dr), 16);
-  const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + align_up(align_up(rowDim, 64) / 64 * 4, 32) + 32;
+  const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + reduce_max_work_bytes(rowDim) + 32;
   t.ubBytes = std::max({softmax, acc, reduce});
   // fused pass kernel amo_fab_fused, per AIV: the softmax-grad rows, the running sums of its vecRows
   // gradient rows (fp32, kept in UB for the whole item), one product row and the output row

@@ -59,7 +59,7 @@ struct FlashAttentionTiling {
   uint64_t l1Bytes, l0aBytes, l0bBytes, l0cBytes, ubBytes;  // planned per core
   float softmaxScale;   // set by the host
   uint32_t step;        // key block (forward, backward Q pass) or query block (backward KV pass) of the
-                        // current phase launch (set by the host, see kernels/flash_attention.cpp)
+                        // current phase launch (set by the host, see kernels/flash_attention_*.cpp)
   FlashAttentionPass pass;  // set by the host per launch
   uint32_t vecBlockDim; // AIV cores of the vector phases: min(aivNum, blockDim * ceil(baseM / vecRows))
   uint32_t gradCols;    // backward: fp32 row width of the gradient workspaces, up8(Dk) + up8(Dr) + up8(Dv)

@@ -19,6 +19,8 @@ uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+uint64_t reduce_max_work_bytes(uint64_t count) { return align_up(2 * ((count + 63) / 64), 8) * 4; }
+
 uint64_t ub_budget(const ChipInfo& chip) {
   if (chip.ubReservedBytes >= chip.ubBytes) throw std::invalid_argument("ChipInfo: ubReservedBytes >= ubBytes");
   return chip.ubBytes - chip.ubReservedBytes;

@@ -68,6 +68,9 @@ struct HiddenSplit {
 // ---- host functions ----------------------------------------------------------------------------
 uint32_t dtype_bytes(DType d);
 uint64_t align_up(uint64_t x, uint64_t a);
+// Bytes of the ReduceMax/ReduceSum work buffer over `count` floats: ceil(2 * repeats / 8) * 8 floats,
+// repeats = ceil(count / 64) (A2: a (value, index) pair per repeat; device twin ReduceMaxWorkFloats).
+uint64_t reduce_max_work_bytes(uint64_t count);
 // ceil(a / b) for a >= 0, b >= 1.
 int64_t ceil_div(int64_t a, int64_t b);
 // rows >= 0; maxCores >= 1. blockDim = max(1, min(maxCores, rows)).

@@ -23,7 +23,7 @@ uint32_t aclrtlaunch_amo_grouped_gemm(uint32_t blockDim, aclrtStream stream, voi
                                       void* out, void* tiling);
 uint32_t aclrtlaunch_amo_grouped_gemm_dw(uint32_t blockDim, aclrtStream stream, void* a, void* b, void* groupSizes,
                                          void* out, void* tiling);
-// flash attention phase kernels (kernels/flash_attention.cpp), launched by csrc/ascend/flash_attention.cpp:
+// flash attention phase kernels (kernels/flash_attention_*.cpp), launched by csrc/ascend/flash_attention.cpp:
 // forward (amo_fa_*) and backward (amo_fab_*), each taking the uint64 argument block and the tiling
 uint32_t aclrtlaunch_amo_fa_qk(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);
 uint32_t aclrtlaunch_amo_fa_softmax(uint32_t blockDim, aclrtStream stream, void* gmArgs, void* tiling);

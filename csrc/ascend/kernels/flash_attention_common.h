@@ -1,4 +1,4 @@
-// AscendC flash attention forward and backward (MLA shape: Dk nope + Dr rope with a key part shared by all heads,
+// AscendC flash attention (shared device code) forward and backward (MLA shape: Dk nope + Dr rope with a key part shared by all heads,
 // and plain equal dims), fp16/bf16 inputs, fp32 accumulation, causal or not, packed sequences.
 //
 // STRUCTURE: two variants of the same arithmetic. The default is one fused mixed launch
@@ -19,7 +19,17 @@
 // from cu_seqlens (int64) exactly as flash_attention_schedule() does: item t runs on AIC core
 // t % blockDim; on the vector side item t is split into U = ceil(baseM / vecRows) units of vecRows rows
 // (U = 2 on the 910B: two AIVs per AIC), unit t * U + u on AIV core (t * U + u) % blockNum. Every workspace row has one writer per phase.
+// FILES (one kernel type per source file: CANN's build flow classifies a file by its FIRST
+// KERNEL_TASK_TYPE_DEFAULT and builds every kernel in it that way):
+//   flash_attention_common.h     this header: shared device code (walks, Cube/vector phase classes)
+//   flash_attention_cube.cpp     AIC_ONLY phase kernels amo_fa_qk, amo_fa_pv, amo_fab_qk, amo_fab_grad
+//   flash_attention_vec.cpp      AIV_ONLY phase kernels amo_fa_softmax, amo_fa_update, amo_fab_delta,
+//                                amo_fab_softmax, amo_fab_acc, amo_fab_dkrope
+//   flash_attention_fused_fwd.cpp MIX_AIC_1_2 amo_fa_fused
+//   flash_attention_fused_bwd.cpp MIX_AIC_1_2 amo_fab_fused
 // Nothing here has been compiled with bisheng or run on an NPU (see docs/ascend.md).
+#pragma once
+
 #include "kernels/kernel_common.h"
 #include "tiling/flash_attention_tiling.h"
 
@@ -40,7 +50,7 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
                                 int64_t cores, uint32_t units, Op& op) {
   int64_t item = 0;
   for (int64_t b = 0; b < t.B; ++b) {
-    const int64_t s0 = cu.GetValue(b), len = cu.GetValue(b + 1) - s0;
+    const int64_t s0 = ReadGmFresh(cu, b), len = ReadGmFresh(cu, b + 1) - s0;
     const int64_t qb = CeilDiv(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < qb; ++i, ++item) {
@@ -108,8 +118,9 @@ class FaCube {
     LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
     LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
     if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
-      ZeroCubeBuffer(a1, mp * kp);
-      ZeroCubeBuffer(b1, np * kp);
+      ZeroCubeBuffer<TPosition::A1>(a1, mp * kp);
+      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
+      PipeBarrier<PIPE_MTE2>();  // the L1 fill and the ND2NZ copy below both write L1 on MTE2
     }
     if (transA) Nd2Nz(a1, a, kc, rows, aStride, kp);  // L1 holds (k, m) fractals, m-major
     else Nd2Nz(a1, a, rows, kc, aStride, mp);        // L1 holds (m, k) fractals, k-major
@@ -151,10 +162,12 @@ class FaCube {
     a0 = l0A_.template DeQue<T>();
     b0 = l0B_.template DeQue<T>();
     MmadParams mm;
-    mm.m = static_cast<uint16_t>(rows);
+    mm.m = MmadM(rows);  // never 1: A2 would run GEMV on the zZ tile
     mm.n = static_cast<uint16_t>(cols);
     mm.k = static_cast<uint16_t>(kc);
     mm.cmatrixInitVal = init;
+    // A2: an Mmad accumulating onto the previous one's small L0C tile must wait for it
+    if (!init && (mp / 16) * (np / 16) < 10) PipeBarrier<PIPE_M>();
     Mmad(c, a0, b0, mm);
     l0A_.FreeTensor(a0);
     l0B_.FreeTensor(b0);
@@ -276,7 +289,7 @@ class FaRows {
     if (softmax) {
       pipe.InitBuffer(sBuf_, t.baseN * sizeof(float));
       pipe.InitBuffer(pBuf_, t.baseN * sizeof(T));
-      pipe.InitBuffer(work_, Up8(CeilDiv(t.baseN, 64)) * sizeof(float));
+      pipe.InitBuffer(work_, ReduceMaxWorkFloats(t.baseN) * sizeof(float));
     }
     pipe.InitBuffer(red_, 8 * sizeof(float));
     if (finish) pipe.InitBuffer(outBuf_, Up16(t.Dv) * sizeof(T));
@@ -294,6 +307,8 @@ class FaRows {
     FaRowState st{old.m, old.l, 1.0f};
     ZeroFill(p, t_.baseN);
     if (valid > 0) {
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous row's vector reads of s are done (not auto-synced)
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(s, sRow, t_.baseN);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -329,6 +344,22 @@ class FaRows {
     return st;
   }
 
+  // dst[0] = v through UB and a 4-byte DMA (never the scalar data cache), ordered against the vector
+  // unit's next use of the red buffer.
+  __aicore__ inline void StoreScalar(const GlobalTensor<float>& dst, float v) {
+    LocalTensor<float> red = red_.Get<float>();
+    SetFlag<HardEvent::V_S>(EVENT_ID0);
+    WaitFlag<HardEvent::V_S>(EVENT_ID0);
+    red.SetValue(0, v);
+    SetFlag<HardEvent::S_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::S_MTE3>(EVENT_ID0);
+    StoreElement(dst, red);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    SetFlag<HardEvent::MTE3_S>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+  }
+
   // After the item's last key block: out row = O / l in the input dtype to outRow, lse[lseIdx] =
   // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place).
   __aicore__ inline void FinishRow(const LocalTensor<float>& o, float m, float l, const GlobalTensor<T>& outRow,
@@ -339,10 +370,11 @@ class FaRows {
     Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
     Duplicate(red, l, 8);
     Ln(red, red, 8);
+    Adds(red, red, m, 8);  // lse = m + ln(l), stored by DMA: rows of other cores share its 64-byte line
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     CopyRowOut(outRow, outT, static_cast<uint32_t>(t_.Dv));
-    lse.SetValue(lseIdx, m + red.GetValue(0));
+    StoreElement(lse[lseIdx], red);
     SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
   }
@@ -375,14 +407,16 @@ class FaSoftmax {
     for (int64_t r = r0; r < r1; ++r) {
       FaRowState old{0.0f, 0.0f, 0.0f};
       if (j != 0) {
-        old.m = st_.GetValue(stBase + r);
-        old.l = st_.GetValue(stBase + t_.baseM + r);
+        old.m = ReadGmFresh(st_, stBase + r);  // written by the previous step's launch
+        old.l = ReadGmFresh(st_, stBase + t_.baseM + r);
       }
       const int64_t row = (it.t * t_.baseM + r) * t_.baseN;
       const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
-      st_.SetValue(stBase + r, st.m);
-      st_.SetValue(stBase + t_.baseM + r, st.l);
-      st_.SetValue(stBase + 2 * t_.baseM + r, st.alpha);
+      // DMA stores, not scalar SetValue: the state rows of the two AIV units of an item share 64-byte
+      // lines (vecRows = 8 floats at baseM = 16), and a data-cache write-back would lose the other's.
+      rows_.StoreScalar(st_[stBase + r], st.m);
+      rows_.StoreScalar(st_[stBase + t_.baseM + r], st.l);
+      rows_.StoreScalar(st_[stBase + 2 * t_.baseM + r], st.alpha);
     }
   }
 
@@ -422,6 +456,8 @@ class FaUpdate {
     const int32_t dva = static_cast<int32_t>(dva_);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t wsRow = (it.t * t_.baseM + r) * dva_;
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // o / pv are reloaded: the previous row's vector reads are done
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       if (j == 0) {
         DataCopy(o, oPart_[wsRow], dva_);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -431,7 +467,7 @@ class FaUpdate {
         DataCopy(pv, oPart_[wsRow], dva_);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-        const float alpha = st_.GetValue(stBase + 2 * t_.baseM + r);
+        const float alpha = ReadGmFresh(st_, stBase + 2 * t_.baseM + r);
         Muls(o, o, alpha, dva);
         Add(o, o, pv, dva);
       }
@@ -444,7 +480,7 @@ class FaUpdate {
         continue;
       }
       const int64_t tok = it.seqStart + it.qPos0 + r;
-      rows_.FinishRow(o, st_.GetValue(stBase + r), st_.GetValue(stBase + t_.baseM + r),
+      rows_.FinishRow(o, ReadGmFresh(st_, stBase + r), ReadGmFresh(st_, stBase + t_.baseM + r),
                       out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
     }
   }
@@ -520,7 +556,7 @@ template <typename Visitor>
 __aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visitor& visit) {
   int64_t item = 0;
   for (int64_t s = 0; s < t.B; ++s) {
-    const int64_t s0 = cu.GetValue(s), len = cu.GetValue(s + 1) - s0, nb = CeilDiv(len, t.baseM);
+    const int64_t s0 = ReadGmFresh(cu, s), len = ReadGmFresh(cu, s + 1) - s0, nb = CeilDiv(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < nb; ++i, ++item) visit.Visit(item, s0, len, i, h);
   }
@@ -737,10 +773,12 @@ class FabRows {
     ZeroFill(p, t_.baseN);
     ZeroFill(ds, t_.baseN);
     if (valid > 0) {
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous row's vector reads of s / dp are done
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(s, sRow, t_.baseN);
       DataCopy(dp, dpRow, t_.baseN);
-      const float lse = g_->lse.GetValue(it.head * t_.T + tok);
-      const float delta = g_->delta.GetValue(tok * t_.H + it.head);
+      const float lse = ReadGmFresh(g_->lse, it.head * t_.T + tok);  // written by earlier kernels
+      const float delta = ReadGmFresh(g_->delta, tok * t_.H + it.head);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       const int32_t n = static_cast<int32_t>(valid);
@@ -853,6 +891,8 @@ class FabAcc {
     LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t wsRow = (it.t * b + r) * gc;
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // acc / part are reloaded: the previous row's vector reads are done
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(acc, g_.acc[wsRow], static_cast<uint32_t>(n));
       DataCopy(part, g_.part[wsRow], static_cast<uint32_t>(n));
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -891,6 +931,8 @@ class FabDelta {
     LocalTensor<float> fx = fxBuf_.Get<float>(), fy = fyBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
     const uint32_t dv = static_cast<uint32_t>(t.Dv);
     for (int64_t r = GetBlockIdx(); r < t.T * t.H; r += GetBlockNum()) {
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // x / y are reloaded: the previous row's Casts read them
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       CopyRowIn(x, g_.dout[r * t.Dv], dv);
       CopyRowIn(y, g_.out[r * t.Dv], dv);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
@@ -899,11 +941,14 @@ class FabDelta {
       Cast(fy, y, RoundMode::CAST_NONE, dv);
       Mul(fx, fx, fy, static_cast<int32_t>(dv));
       ReduceSum(red, fx, work, static_cast<int32_t>(dv));
-      SetFlag<HardEvent::V_S>(EVENT_ID0);
-      WaitFlag<HardEvent::V_S>(EVENT_ID0);
-      g_.delta.SetValue(r, red.GetValue(0));
-      SetFlag<HardEvent::S_V>(EVENT_ID0);
-      WaitFlag<HardEvent::S_V>(EVENT_ID0);
+      // delta rows of different cores share 64-byte lines: a DMA store, not a scalar SetValue
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      StoreElement(g_.delta[r], red);
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the next row's loads overwrite x / y that Cast read
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
     }
   }
 
@@ -923,7 +968,7 @@ class FabDelta {
     pipe.InitBuffer(y, d * sizeof(T));
     pipe.InitBuffer(fx, d * sizeof(float));
     pipe.InitBuffer(fy, d * sizeof(float));
-    pipe.InitBuffer(work, Up8(CeilDiv(d, 64)) * sizeof(float));
+    pipe.InitBuffer(work, ReduceMaxWorkFloats(d) * sizeof(float));
     pipe.InitBuffer(red, 8 * sizeof(float));
   }
 };
@@ -965,271 +1010,6 @@ class FabDkRope {
   TBuf<TPosition::VECCALC> xBuf_, yBuf_, sumBuf_, rowBuf_, work_, red_;
 };
 
-// ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
-// The same math as the four phase kernels, in one kernel: per AI Core (one AIC + its two AIVs) the
-// items t with t % groups == group, and per item the key blocks j, PIPELINED over two GM slots per
-// workspace (slot j % 2) so the Cube and the vector units overlap:
-//   AIC : S_0 -> slot; then for each j: S_{j+1} -> slot (lookahead, flag S[(j+1)%2]); wait P[j%2]
-//         (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%2].
-//   AIVs: for each j: wait S[j%2]; online softmax of its half of the rows (m, l and alpha_j in UB);
-//         P_j -> slot; flag P[j%2]; then wait O[(j-1)%2] and O = alpha_{j-1} O + O_part_{j-1} (O in
-//         UB); after the last block the final update, out = O / l and lse = m + ln(l).
-// So the AIVs' softmax of block j runs while the AIC computes S_{j+1}, and their update of block j-1
-// while it computes P_j V_j. Slot hazards: S slot (j+1)%2 is rewritten after the AIC waited P_{j-1}
-// (its readers are done); P slot j%2 after the AIVs' update j-2 (which waited O_{j-2}, set after the
-// AIC read P_{j-2}); O slot j%2 after the AIC waited P_j (set after the AIVs' update j-2 read it).
-// Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
-// under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
-constexpr uint16_t kFaFlagS = 0, kFaFlagP = 2, kFaFlagO = 4;  // + slot (0 / 1)
-
-template <typename T>
-class FaFused {
- public:
-  __aicore__ inline void Run(const FaGm& g, const FlashAttentionTiling& t) {
-    t_ = t;
-    dva_ = Up8(t.Dv);
-    aic_ = g_coreType == AIC;
-    const int64_t ratio = GetTaskRatio();
-    group_ = GetBlockIdx() / ratio;
-    sub_ = static_cast<uint32_t>(GetBlockIdx() % ratio);
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
-    score_ = static_cast<uint64_t>(t.baseM) * t.baseN;
-    rowsSlot_ = static_cast<uint64_t>(t.baseM) * dva_;
-    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
-    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * 2 * score_, 2 * score_);
-    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart) + group_ * 2 * rowsSlot_, 2 * rowsSlot_);
-    TPipe pipe;
-    if (aic_) {
-      const int64_t dq = t.Dk + t.Dr;
-      cube_.Init(t, &pipe);
-      q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
-      k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
-      v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
-      if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
-    } else {
-      const uint32_t r8 = Up8(t.vecRows);
-      rows_.Init(pipe, t, true, true);
-      pipe.InitBuffer(oAcc_, t.vecRows * dva_ * sizeof(float));
-      pipe.InitBuffer(pv_, dva_ * sizeof(float));
-      pipe.InitBuffer(state_, 4 * r8 * sizeof(float));  // m, l, alpha of the two blocks in flight
-      out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
-      lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
-    }
-    FaWalkOn(t, cu_, group_, GetBlockNum(), 1, *this);
-  }
-
-  __aicore__ inline void Item(const FaItem& it, uint32_t) {
-    if (aic_) CubeItem(it);
-    else VecItem(it);
-  }
-
- private:
-  __aicore__ inline void CubeItem(const FaItem& it) {
-    const int64_t qRow = it.seqStart + it.qPos0;
-    ScoresBlock(it, qRow, 0);
-    for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      if (j + 1 < it.keyBlocks) ScoresBlock(it, qRow, j + 1);  // lookahead: overlaps the softmax of j
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
-      CrossCoreWaitFlag(kFaFlagP + slot);
-      LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-      cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
-                   t_.Dv, cols, true);
-      cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO + slot);
-    }
-  }
-
-  __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
-    const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
-    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.Scores(c, t_, q_, k_, kr_, qRow, it.seqStart + k0, it.head, it.rows, cols);
-    cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
-    CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
-  }
-
-  __aicore__ inline void VecItem(const FaItem& it) {
-    // both AIVs take part in every flag exchange, also one whose half of the rows is empty
-    const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
-    const uint32_t r8 = Up8(t_.vecRows);
-    LocalTensor<float> st = state_.Get<float>();
-    LocalTensor<float> m = st, l = st[r8];
-    for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
-      CrossCoreWaitFlag(kFaFlagS + slot);
-      for (int64_t r = r0; r < r1; ++r) SoftmaxRow(it, r, r - r0, j, k0, cols, m, l, st[(2 + slot) * r8]);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
-      if (j > 0) UpdateBlock(it, j - 1, r0, r1, m, l);  // overlaps the AIC's P_j V_j
-    }
-    UpdateBlock(it, it.keyBlocks - 1, r0, r1, m, l);
-  }
-
-  __aicore__ inline void UpdateBlock(const FaItem& it, int64_t j, int64_t r0, int64_t r1, const LocalTensor<float>& m,
-                                     const LocalTensor<float>& l) {
-    const int64_t slot = j % 2;
-    const uint32_t r8 = Up8(t_.vecRows);
-    CrossCoreWaitFlag(kFaFlagO + slot);
-    LocalTensor<float> alpha = state_.Get<float>()[(2 + slot) * r8];
-    for (int64_t r = r0; r < r1; ++r) UpdateRow(it, r, r - r0, j, j + 1 == it.keyBlocks, m, l, alpha);
-  }
-
-  __aicore__ inline void SoftmaxRow(const FaItem& it, int64_t r, int64_t u, int64_t j, int64_t k0, int64_t cols,
-                                    const LocalTensor<float>& m, const LocalTensor<float>& l,
-                                    const LocalTensor<float>& alpha) {
-    FaRowState old{0.0f, 0.0f, 0.0f};
-    if (j != 0) {
-      old.m = m.GetValue(u);
-      old.l = l.GetValue(u);
-    }
-    const int64_t row = (j % 2) * score_ + r * t_.baseN;
-    const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
-    m.SetValue(u, st.m);
-    l.SetValue(u, st.l);
-    alpha.SetValue(u, st.alpha);
-  }
-
-  __aicore__ inline void UpdateRow(const FaItem& it, int64_t r, int64_t u, int64_t j, bool last,
-                                   const LocalTensor<float>& m, const LocalTensor<float>& l,
-                                   const LocalTensor<float>& alpha) {
-    LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>();
-    const int32_t dva = static_cast<int32_t>(dva_);
-    const GlobalTensor<float> part = o_[(j % 2) * rowsSlot_ + r * dva_];
-    if (j == 0) {
-      DataCopy(o, part, dva_);
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-    } else {
-      DataCopy(pv, part, dva_);
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      Muls(o, o, alpha.GetValue(u), dva);
-      Add(o, o, pv, dva);
-    }
-    if (!last) return;
-    const int64_t tok = it.seqStart + it.qPos0 + r;
-    rows_.FinishRow(o, m.GetValue(u), l.GetValue(u), out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
-  }
-
-  FlashAttentionTiling t_;
-  uint32_t dva_ = 0, sub_ = 0;
-  uint64_t score_ = 0, rowsSlot_ = 0;  // elements of one S / P slot and of one O_partial slot
-  int64_t group_ = 0;
-  bool aic_ = false;
-  FaCube<T> cube_;
-  FaRows<T> rows_;
-  TBuf<TPosition::VECCALC> oAcc_, pv_, state_;
-  GlobalTensor<int64_t> cu_;
-  GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
-  GlobalTensor<float> s_, o_, lse_;
-};
-
-// ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
-// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items with
-// item % groups == group, each with its N blocks in step order, PIPELINED over two GM slots (block n
-// uses slot n % 2):
-//   AIC : S, dP of block 0; then for each n: S, dP of block n+1 (lookahead, flag S[(n+1)%2]); wait
-//         P[n%2] (both AIVs); the pass's products of block n -> part slot; flag G[n%2].
-//   AIVs: for each n: wait S[n%2]; P and dS of its half of the query rows -> slot; flag P[n%2]; then
-//         wait G[(n-1)%2] and add block n-1's products to the running sums of its half of the gradient
-//         rows (kept in UB for the whole item); after the last block the rows are written out.
-// Slot hazards: the S/dP slot of block n+1 is rewritten after the AIC waited P of block n-1 (its
-// readers are done); the P/dS slot of block n after the AIVs waited G of block n-2 (the AIC read it
-// before); the part slot of block n after the AIC waited P of block n (set after the AIVs added block
-// n-2). No GM running sums and no zeroing, one launch per pass.
-constexpr uint16_t kFabFlagS = 3, kFabFlagP = 5, kFabFlagG = 7;  // + slot (0 / 1)
-
-template <typename T>
-class FabFused {
- public:
-  __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
-    t_ = t;
-    aic_ = g_coreType == AIC;
-    const int64_t ratio = GetTaskRatio();
-    group_ = GetBlockIdx() / ratio;
-    sub_ = GetBlockIdx() % ratio;
-    g_.Set(g, t);
-    score_ = static_cast<uint64_t>(t.baseM) * t.baseM;
-    const uint64_t rows = static_cast<uint64_t>(t.baseM) * t.gradCols;
-    // this AI Core's two slots (the phase kernels' per-item workspaces shrink to 2 slots per AI Core);
-    // slot k of S/dP/P/dS starts at k * b * b and its part slot at k * b * gradCols, as FabGradMath expects
-    g_.s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
-    g_.dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp) + group_ * 2 * score_, 2 * score_);
-    g_.p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * 2 * score_, 2 * score_);
-    g_.ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds) + group_ * 2 * score_, 2 * score_);
-    g_.part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part) + group_ * 2 * rows, 2 * rows);
-    TPipe pipe;
-    if (aic_) {
-      cube_.InitBwd(t, &pipe);
-    } else {
-      pipe.InitBuffer(accBuf_, t.vecRows * t.gradCols * sizeof(float));
-      pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
-      rows_.Init(pipe, t, &g_, true, true);
-    }
-    FabWalkItems(t, g_.cu, group_, GetBlockNum(), *this);
-  }
-
-  __aicore__ inline void Item(int64_t count, const FabNth& nth) {
-    if (aic_) {
-      ScoresBlock(nth(0), 0);
-      for (int64_t n = 0; n < count; ++n) {
-        if (n + 1 < count) ScoresBlock(nth(n + 1), (n + 1) % 2);  // overlaps the AIVs' P, dS of block n
-        const int64_t slot = n % 2;
-        CrossCoreWaitFlag(kFabFlagP + slot);
-        grad_.Item(cube_, t_, g_, nth(n), static_cast<int64_t>(slot * score_));
-        CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG + slot);
-      }
-      return;
-    }
-    for (int64_t n = 0; n < count; ++n) {
-      const FabItem it = nth(n);
-      const int64_t slot = n % 2, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
-      const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
-      CrossCoreWaitFlag(kFabFlagS + slot);
-      for (int64_t r = r0; r < r1; ++r)
-        rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP + slot);
-      if (n > 0) AccBlock(nth(n - 1), (n - 1) % 2);  // overlaps the AIC's products of block n
-    }
-    AccBlock(nth(count - 1), (count - 1) % 2);
-  }
-
- private:
-  __aicore__ inline void ScoresBlock(const FabItem& it, int64_t slot) {
-    qk_.Item(cube_, t_, g_, it, static_cast<int64_t>(slot * score_));
-    CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS + slot);
-  }
-
-  // Running sums of this AIV's half of the gradient rows += the block's products; written out at the
-  // item's last block.
-  __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
-    CrossCoreWaitFlag(kFabFlagG + slot);
-    const int64_t extent = t_.pass == FlashAttentionPass::kBackwardKV ? it.cols : it.rows;
-    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(extent, g0 + t_.vecRows);
-    const int32_t n = rows_.AccCols();
-    const int64_t base = slot * static_cast<int64_t>(t_.baseM) * t_.gradCols;
-    LocalTensor<float> part = partBuf_.Get<float>();
-    for (int64_t r = g0; r < g1; ++r) {
-      LocalTensor<float> acc = accBuf_.Get<float>()[(r - g0) * t_.gradCols];
-      DataCopy(part, g_.part[base + r * t_.gradCols], static_cast<uint32_t>(n));
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      if (it.first) Muls(acc, part, 1.0f, n);  // start the running sum (x * 1 is exact)
-      else Add(acc, acc, part, n);
-      if (it.last) rows_.WriteGrad(it, r, acc);
-    }
-  }
-
-  FlashAttentionTiling t_;
-  bool aic_ = false;
-  int64_t group_ = 0, sub_ = 0;
-  uint64_t score_ = 0;  // elements of one S / dP / P / dS slot
-  FabTensors<T> g_;
-  FaCube<T> cube_;
-  FabQkMath<T> qk_;
-  FabGradMath<T> grad_;
-  FabRows<T> rows_;
-  TBuf<TPosition::VECCALC> accBuf_, partBuf_;
-};
-
 template <template <typename> class K, typename Args = FaGm>
 __aicore__ inline void FaRun(GM_ADDR gmArgs, GM_ADDR tiling) {
   FlashAttentionTiling t;
@@ -1247,60 +1027,3 @@ __aicore__ inline void FaRun(GM_ADDR gmArgs, GM_ADDR tiling) {
 
 }  // namespace kernels
 }  // namespace amo_ascend
-
-// Every phase kernel takes a GM block of the workspace/tensor addresses (struct FaGm) and the tiling.
-extern "C" __global__ __aicore__ void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaQk>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaSoftmax>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaPv>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaUpdate>(gmArgs, tiling);
-}
-
-// Fused forward: one mixed launch on blockDim AI Cores (1 AIC + 2 AIVs each), same argument block.
-extern "C" __global__ __aicore__ void amo_fa_fused(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FaFused>(gmArgs, tiling);
-}
-
-// Fused backward pass (pass set by the host): one mixed launch on blockDim AI Cores.
-extern "C" __global__ __aicore__ void amo_fab_fused(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_MIX_AIC_1_2);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabFused, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
-
-// Backward phase kernels: GM block of FlashAttentionBwdArgs + the tiling (pass and step set by the host).
-// (Written out one by one: CANN generates a launcher per kernel entry, so no macro hides them.)
-extern "C" __global__ __aicore__ void amo_fab_delta(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabDelta, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fab_qk(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabQk, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabSoftmax, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fab_grad(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIC_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabGrad, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fab_acc(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabAcc, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
-extern "C" __global__ __aicore__ void amo_fab_dkrope(GM_ADDR gmArgs, GM_ADDR tiling) {
-  KERNEL_TASK_TYPE_DEFAULT(KERNEL_TYPE_AIV_ONLY);
-  amo_ascend::kernels::FaRun<amo_ascend::kernels::FabDkRope, amo_ascend::FlashAttentionBwdArgs>(gmArgs, tiling);
-}
