@@ -6,8 +6,14 @@ tests/cpp/emu_pipes_driver.cpp."""
 import os
 
 import pytest
+import torch
 
+import ascend_moe_ops as amo
 from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
+from ascend_moe_ops import _backends
+from ascend_moe_ops.testing import assert_close_to_ref
+
+HAVE_EMU = "ascendc-emu" in _backends.available_backends("grouped_gemm", "cpu")
 
 CAUGHT = [
     ("bad_v_mte2", r"pipe race \(write-after-write, missing sync V->MTE2\) in kernel bad_v_mte2, block 0: "
@@ -25,6 +31,8 @@ CAUGHT = [
     ("bad_cube_mte1_m", r"read-after-write, missing sync MTE1->M.*L0A .*LoadData \(L1->L0\) on PIPE_MTE1.*Mmad on PIPE_M"),
     ("bad_cube_m_fix", r"read-after-write, missing sync M->FIX.*L0C .*Mmad on PIPE_M.*Fixpipe \(L0C->GM\) on PIPE_FIX"),
     ("bad_cube_fix_m", r"write-after-read, missing sync FIX->M.*Fixpipe \(L0C->GM\) on PIPE_FIX.*Mmad on PIPE_M"),
+    ("bad_l0_fill_mmad", r"read-after-write, missing sync MTE1->M.*L0A bytes \[0, \d+\) of TBuf #1: "
+                         r"InitConstValue \(L0A/L0B\) on PIPE_MTE1 \(issue #1, write\) and Mmad on PIPE_M"),
     ("bad_l1_fill_nd2nz", r"same-pipe overlap in kernel bad_l1_fill_nd2nz, block 0: InitConstValue \(L1\) \(issue #1\) "
                           r"and DataCopy \(GM->L1, ND2NZ\) \(issue #2\) both write L1 bytes \[0, 512\) of TBuf #0 on "
                           r"PIPE_MTE2 with no PipeBarrier<PIPE_MTE2>\(\)"),
@@ -34,7 +42,7 @@ CAUGHT = [
 ]
 
 CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_mte3_mte2", "ok_pipe_all", "ok_scalar_wait", "ok_queues",
-         "ok_auto_sync_vector_side", "ok_event_ids", "ok_cube_path", "ok_l1_fill_nd2nz", "ok_pipe_m",
+         "ok_auto_sync_vector_side", "ok_event_ids", "ok_cube_path", "ok_l0_fill_mmad", "ok_l1_fill_nd2nz", "ok_pipe_m",
          "ok_pipe_m_large"]
 
 
@@ -59,3 +67,40 @@ def test_pipe_model_env_switch_turns_it_off(pipes_driver):
     assert run_case(pipes_driver, "bad_v_mte2", env=env) == "ok"
     env["ASCEND_MOE_OPS_EMU_PIPES"] = "on"
     assert run_case(pipes_driver, "bad_v_mte2", env=env).startswith("EmuError")
+
+
+def test_pipe_model_narrow_auto_sync_option(pipes_driver):
+    """ASCEND_MOE_OPS_EMU_AUTOSYNC=scalar: only the S <-> V/MTE2/MTE3 pairs are compiler-inserted, so
+    a vector result stored from a TBuf without V -> MTE3 is a race; the default accepts it."""
+    env = dict(os.environ, ASCEND_MOE_OPS_EMU_AUTOSYNC="scalar")
+    assert_emu_error(run_case(pipes_driver, "ok_auto_sync_vector_side", env=env), "narrow auto-sync",
+                     r"read-after-write, missing sync V->MTE3")
+    assert run_case(pipes_driver, "ok_v_mte2", env=env) == "ok"
+
+
+def test_strict_model_is_on_in_this_run():
+    """CI runs the emulated parity suites with the pipe model on: the debugging switch must not be set."""
+    v = os.environ.get("ASCEND_MOE_OPS_EMU_PIPES", "on").lower()
+    assert v not in ("0", "off", "false"), "ASCEND_MOE_OPS_EMU_PIPES turns the A2 pipe model off (debugging only)"
+
+
+@pytest.mark.skipif(not HAVE_EMU, reason="ascend_moe_ops._ascendc_emu is not built")
+def test_grouped_gemm_at_the_pipe_rules_trigger_shapes(monkeypatch):
+    """The grouped GEMM kernel under the strict model where its syncs matter: 16 x 16 tiles
+    ((m/16)(n/16) = 1 < 10: PIPE_M barriers between the K steps), K = 40 (K % 16 != 0: the L1 K-padding
+    fill before the ND2NZ copy), a 1-row group, an empty group and zero rows past the groups (L0
+    zero-fill handed to the Mmad)."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_PIPES", "on")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "2")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 40, generator=g).half()
+    w = (torch.randn(3, 40, 20, generator=g) / 40 ** 0.5).half()
+    sizes = torch.tensor([1, 0, 17])
+    with amo.use_backend("ascendc-emu"):
+        out = amo.grouped_gemm(x, w, sizes)
+    with amo.use_backend("reference"):
+        ref64 = amo.grouped_gemm(x.double(), w.double(), sizes)
+        lowp = amo.grouped_gemm(x, w, sizes)
+    assert_close_to_ref(out, ref64, dtype=torch.float16, torch_lowp=lowp)
+    assert (out[18:] == 0).all()

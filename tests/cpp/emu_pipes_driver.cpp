@@ -268,6 +268,20 @@ static std::map<std::string, std::function<void()>> cube_cases() {
       {"bad_cube_mte1_m", [] { cube_path("MTE1_M"); }},
       {"bad_cube_m_fix", [] { cube_path("M_FIX"); }},
       {"bad_cube_fix_m", [] { cube_path("FIX_M"); }},
+      {"bad_l0_fill_mmad", [] {  // InitConstValue on L0A/L0B runs on MTE1: the Mmad needs MTE1 -> M
+         CubeTile t;
+         t.fill(t.a2, 1);
+         t.fill(t.b2, 1);
+         t.mmad(16, 16, true);
+       }},
+      {"ok_l0_fill_mmad", [] {
+         CubeTile t;
+         t.fill(t.a2, 1);
+         t.fill(t.b2, 1);
+         SetFlag<HardEvent::MTE1_M>(EVENT_ID0);
+         WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
+         t.mmad(16, 16, true);
+       }},
       {"bad_l1_fill_nd2nz", [] { l1_fill_then_copy(false); }},
       {"ok_l1_fill_nd2nz", [] { l1_fill_then_copy(true); }},
       {"bad_pipe_m", [] { accumulate(32, 64, false); }},   // 2 x 4 = 8 < 10 fractals

@@ -37,9 +37,18 @@
 //   * ReduceMax work buffer: ceil(2 * repeats / 8) * 8 floats;
 //   * cross-core flag ids 0..15, of which 11..14 belong to SyncAll.
 //
-// WHAT IT DOES NOT CHECK: timing and performance; pipe races and missing SetFlag/WaitFlag/PipeBarrier
-// (instructions run one after another in program order, so a missing synchronization is invisible;
-// the sync calls are accepted and ignored); UB bank conflicts; blocks running concurrently (blocks of
+//   * Intra-core ordering (pipe_model.h): every instruction is issued on its A2 pipe (DataCopy
+//     GM->UB/L1 MTE2, UB->GM MTE3, LoadData MTE1, Mmad M, Fixpipe FIX, vector ops V, LocalTensor
+//     GetValue/SetValue S, InitConstValue MTE1 on L0A/L0B and MTE2 on L1) and two accesses of
+//     different pipes to overlapping bytes of one UB/L1/L0 buffer, one a write, that no
+//     SetFlag/WaitFlag, PipeBarrier, queue hand-over or (AIV only) compiler auto-sync orders are an
+//     error; so are same-pipe overlapping writes of MTE1/MTE2/MTE3/FIX without a PipeBarrier of that
+//     pipe, small accumulating Mmads without PipeBarrier<PIPE_M>, event ids outside 0..7 and a
+//     WaitFlag with no pending SetFlag. ASCEND_MOE_OPS_EMU_PIPES=off disables it (debugging only).
+//
+// WHAT IT DOES NOT CHECK: timing and performance; the ORDER of GM accesses inside a core (GM is not
+// tracked by the pipe model; the instructions still run one after another in program order);
+// UB bank conflicts; blocks running concurrently (blocks of
 // single-type launches run one after another, mixed launches under the deterministic scheduler below,
 // so races between cores on GM are not observed as such -- the kernels avoid them by construction:
 // every output element has exactly one writer); the hardware's exact rounding of fused
@@ -120,14 +129,19 @@
 
 namespace ascend_emu {
 
+struct EmuError : std::runtime_error {
+  explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
+};
+
 // The kernel being launched (set by the host with set_kernel before a launch, cleared by the launch):
-// the launchers append it and the failing core to every EmuError raised inside the kernel.
+// every EmuError names it and the core that failed.
 inline std::string& current_kernel() {
   static std::string name;
   return name;
 }
 inline void set_kernel(const char* name) { current_kernel() = name ? name : ""; }
 
+[[noreturn]] inline void fail(const std::string& m);
 
 enum class SlotState { kFree, kAllocated, kQueued, kDequeued, kCalc };
 
@@ -222,6 +236,12 @@ inline BlockContext& ctx() {
   return c;
 }
 
+[[noreturn]] inline void fail(const std::string& m) {
+  const auto& c = ctx();
+  if (!c.active || current_kernel().empty()) throw EmuError(m);
+  throw EmuError(m + " [kernel " + current_kernel() + ", " + (c.aic ? "AIC" : "AIV") + " block " +
+                 std::to_string(c.blockIdx) + "]");
+}
 [[noreturn]] inline void dc_fail(const std::string& m) { fail(m); }
 inline int core_id() { return dc_core_id(ctx().aic, ctx().blockIdx); }
 
@@ -1110,7 +1130,7 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   work.need(need, "ReduceMax work buffer");
   detail::issue(PIPE_V, "ReduceMax");
   src.emu_touch(uint64_t(count) * sizeof(T), false);
-  work.emu_touch(uint64_t(2 * repeats) * sizeof(T), true);
+  work.emu_touch(uint64_t(need) * sizeof(T), true);
   dst.emu_touch(sizeof(T), true);
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
@@ -1355,17 +1375,7 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
 
 namespace ascend_emu {
 
-// An EmuError raised inside a kernel, with the kernel and the failing core appended.
-inline std::string named_error(const std::string& what, const std::string& kernel) {
-  std::string m = what;
-  const std::string pre = "AscendC emulator: ";
-  if (m.compare(0, pre.size(), pre) == 0) m = m.substr(pre.size());
-  if (m.find(" [kernel ") != std::string::npos) return m;
-  const auto& c = ctx();
-  return m + " [kernel " + kernel + ", " + (c.aic ? "AIC" : "AIV") + " block " + std::to_string(c.blockIdx) + "]";
-}
-
-// The kernel's name for the pipe model's messages: set_kernel / kernel_label_override() when a caller set one,
+// The kernel's name for the pipe model's messages: kernel_label_override() when a caller set one,
 // else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
 template <typename F>
 std::string kernel_label(const F& f) {
@@ -1409,12 +1419,8 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.pipe.reset();
     c.active = true;
     c.model.reset(pipesOn, true, b, name);
-    try {
-      kernel(args...);
-      dc_end_block(core_id());
-    } catch (const EmuError& e) {
-      throw EmuError(named_error(e.what(), name));
-    }
+    kernel(args...);
+    dc_end_block(core_id());
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1468,12 +1474,8 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.pipe.reset();
     c.active = true;
     c.model.reset(pipesOn, false, b, name);
-    try {
-      kernel(args...);
-      dc_end_block(core_id());
-    } catch (const EmuError& e) {
-      throw EmuError(named_error(e.what(), name));
-    }
+    kernel(args...);
+    dc_end_block(core_id());
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1506,12 +1508,12 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   if (ctx().active) fail("nested kernel launch");
   MixMem peak;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
-  const bool pipesOn = pipes_enabled();
-  const std::string name = kernel_label(kernel);
   struct ResetName {
     ~ResetName() { current_kernel().clear(); }
   } resetName;
   dc_begin_launch();
+  const bool pipesOn = pipes_enabled();
+  const std::string name = kernel_label(kernel);
   for (uint32_t grp = 0; grp < groups; ++grp) {
     MixGroup g;
     std::mutex peakMu;
@@ -1565,7 +1567,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
         std::lock_guard<std::mutex> lk(g.m);
         if (!g.abort) {
           g.abort = true;
-          g.error = std::string("AscendC emulator: ") + named_error(e.what(), name);
+          g.error = e.what();
         }
         g.cv.notify_all();
       }

@@ -30,6 +30,8 @@
 // NOT tracked: GM (global memory) accesses -- neither within one core nor between cores.
 //
 // ASCEND_MOE_OPS_EMU_PIPES=off turns the model off (for debugging a kernel only; CI runs it on).
+// ASCEND_MOE_OPS_EMU_AUTOSYNC=scalar narrows the AIV auto-sync to the pairs the BiSheng guide lists
+// (S <-> V, S <-> MTE2, S <-> MTE3): V <-> MTE3 and MTE2 -> MTE3 then need a flag or a queue too.
 #pragma once
 
 #include <array>
@@ -42,11 +44,8 @@
 
 namespace ascend_emu {
 
-struct EmuError : std::runtime_error {
-  explicit EmuError(const std::string& m) : std::runtime_error("AscendC emulator: " + m) {}
-};
-
-[[noreturn]] inline void fail(const std::string& m) { throw EmuError(m); }
+// Defined in kernel_operator_emu.h (throws ascend_emu::EmuError).
+[[noreturn]] inline void fail(const std::string& m);
 
 // Pipe indices of the model (same order as AscendC::pipe_t in the emulator).
 enum PipeId : int { kPipeS = 0, kPipeV, kPipeM, kPipeMTE1, kPipeMTE2, kPipeMTE3, kPipeFIX, kNumPipes };
@@ -85,6 +84,11 @@ struct BufferRecords {
   std::vector<Access> acc;
 };
 
+inline bool autosync_scalar_only() {
+  const char* e = std::getenv("ASCEND_MOE_OPS_EMU_AUTOSYNC");
+  return e && std::string(e) == "scalar";
+}
+
 inline bool pipes_enabled() {
   const char* e = std::getenv("ASCEND_MOE_OPS_EMU_PIPES");
   if (!e) return true;
@@ -103,6 +107,7 @@ class PipeModel {
   void reset(bool on, bool aiv, uint32_t block, std::string kernel) {
     on_ = on;
     aiv_ = aiv;
+    scalarAuto_ = on && autosync_scalar_only();
     block_ = block;
     kernel_ = std::move(kernel);
     for (auto& c : vc_) c.fill(0);
@@ -262,6 +267,7 @@ class PipeModel {
     if (!aiv_) return false;
     auto vecside = [](int x) { return x == kPipeS || x == kPipeV || x == kPipeMTE2 || x == kPipeMTE3; };
     if (!vecside(p) || !vecside(q)) return false;
+    if (scalarAuto_) return p == kPipeS || q == kPipeS;
     if (p == kPipeV && q == kPipeMTE2) return false;
     if (p == kPipeMTE3 && q == kPipeMTE2) return false;
     if (p == kPipeMTE2 && q == kPipeV) return false;
@@ -331,7 +337,7 @@ class PipeModel {
     list.resize(keep);
   }
 
-  bool on_ = false, aiv_ = false;
+  bool on_ = false, aiv_ = false, scalarAuto_ = false;
   uint32_t block_ = 0;
   std::string kernel_;
   std::array<Clock, kNumPipes> vc_{};  // vc_[q][p]: instructions of p known complete before q's next one

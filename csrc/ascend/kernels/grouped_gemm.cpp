@@ -155,7 +155,7 @@ class GroupedGemmKernel {
   __aicore__ inline void ZeroTile(const LocalTensor<float>& c, int64_t rows, int64_t cols) {
     LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
     LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
-    ZeroCubeBuffer<TPosition::A2>(a0, Up16(rows) * 16);
+    ZeroCubeBuffer<TPosition::A2>(a0, Up16(rows) * 16);  // whole 512-byte fractals on L0
     ZeroCubeBuffer<TPosition::B2>(b0, 16 * Up16(cols));
     l0A_.EnQue(a0);  // the L0 fills run on MTE1: the queues hand them to the Mmad (M)
     l0B_.EnQue(b0);
