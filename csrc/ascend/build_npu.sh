@@ -11,7 +11,8 @@ if [ -z "${ASCEND_HOME_PATH:-}" ]; then
   done
 fi
 : "${ASCEND_HOME_PATH:?no CANN toolkit: source <cann>/set_env.sh first}"
-cmake -S "$ROOT/csrc/ascend" -B "$ROOT/build/ascend" -DSOC_VERSION="$SOC" -DPython3_EXECUTABLE="$(command -v python)"
+cmake -S "$ROOT/csrc/ascend" -B "$ROOT/build/ascend" -DSOC_VERSION="$SOC" -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
+  -DPython3_EXECUTABLE="$(command -v python)"
 cmake --build "$ROOT/build/ascend" -j "$(nproc)"
 cmake --install "$ROOT/build/ascend"
 echo "built ascend_moe_ops/lib/libascend_moe_ops_npu.so; run: python -m pytest -m npu tests/test_ascend_npu.py"

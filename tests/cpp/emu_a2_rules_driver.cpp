@@ -49,11 +49,11 @@ static void fill(TPosition pos, uint16_t blockNum) {
   if (pos == TPosition::A1) InitConstValue(t1, z);
   else if (pos == TPosition::A2) InitConstValue(ta, z);
   else InitConstValue(tb, z);
-  PipeBarrier<PIPE_ALL>();
-  // check the fill (emulator-side read of the buffer): every element of the 2 KiB buffer is 0
+  PipeBarrier<PIPE_ALL>();  // pipe model: the fill (MTE1 / MTE2) completes before the scalar reads below
+  // check the fill: every element of the 2 KiB buffer is 0
   const LocalTensor<half>& t = pos == TPosition::A1 ? t1 : pos == TPosition::A2 ? ta : tb;
   for (uint32_t i = 0; i < 32 * 32; ++i)
-    if (static_cast<float>(t.data()[i]) != 0.0f) g_result = "not zeroed";
+    if (static_cast<float>(t.GetValue(i)) != 0.0f) g_result = "not zeroed";
   l1.FreeTensor(t1);
   l0a.FreeTensor(ta);
   l0b.FreeTensor(tb);
@@ -84,7 +84,7 @@ static void gemv_case(uint16_t m) {
   z.repeatTimes = 1;
   z.blockNum = 16 * 32 * 2 / 32;  // L1: 32-byte blocks
   InitConstValue(a1, z);
-  PipeBarrier<PIPE_ALL>();  // the syncs are not what this case tests
+  PipeBarrier<PIPE_MTE2>();  // pipe model: the L1 fill and the ND2NZ copy both write L1 on MTE2
   Nd2NzParams p;  // A: 1 row x 32 (rows 1..15 of the tile stay zero)
   p.nValue = 1;
   p.dValue = 32;
@@ -95,7 +95,8 @@ static void gemv_case(uint16_t m) {
   p.dValue = 16;
   p.dstNzC0Stride = 32;
   DataCopy(b1, gt(g_b, 64 * 64), p);
-  PipeBarrier<PIPE_ALL>();
+  SetFlag<HardEvent::MTE2_MTE1>(EVENT_ID0);  // pipe model: L1 (MTE2) -> LoadData (MTE1)
+  WaitFlag<HardEvent::MTE2_MTE1>(EVENT_ID0);
   LoadData2DParams l;  // L0A zZ: the (0, 0) and (0, 1) fractals
   l.startIndex = 0;
   l.repeatTimes = 2;
@@ -103,16 +104,17 @@ static void gemv_case(uint16_t m) {
   LoadData(a2, a1, l);
   l.ifTranspose = true;  // L0B zN
   LoadData(b2, b1, l);
-  PipeBarrier<PIPE_ALL>();
+  SetFlag<HardEvent::MTE1_M>(EVENT_ID0);  // pipe model: L0A/L0B (MTE1) -> Mmad (M)
+  WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
   MmadParams mm;
   mm.m = m;
   mm.n = 16;
   mm.k = 32;
   Mmad(c, a2, b2, mm);
-  PipeBarrier<PIPE_ALL>();
+  PipeBarrier<PIPE_ALL>();  // pipe model: the Mmad completes before the scalar read of L0C
   float want = 0.0f;
   for (int kk = 0; kk < 32; ++kk) want += static_cast<float>(g_a[kk]);
-  if (c.data()[0] != want) g_result = "wrong";
+  if (c.GetValue(0) != want) g_result = "wrong";
   a1q.FreeTensor(a1);
   b1q.FreeTensor(b1);
   a2q.FreeTensor(a2);
@@ -137,7 +139,8 @@ static void mmad_dst(uint32_t offFloats) {
   z.blockNum = 1;  // one 512-byte fractal
   InitConstValue(ta, z);
   InitConstValue(tb, z);
-  PipeBarrier<PIPE_ALL>();
+  SetFlag<HardEvent::MTE1_M>(EVENT_ID0);  // pipe model: the L0 fills run on MTE1
+  WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
   MmadParams m;
   m.m = m.n = m.k = 16;
   Mmad(tc[offFloats], ta, tb, m);

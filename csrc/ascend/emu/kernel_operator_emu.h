@@ -116,8 +116,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../common/bf16.h"
 #include <dlfcn.h>
+
+#include "../../common/bf16.h"
 
 #include "emu/data_cache.h"
 #include "pipe_model.h"
@@ -135,14 +136,14 @@ struct EmuError : std::runtime_error {
 };
 
 // The kernel being launched (set by the host with set_kernel before a launch, cleared by the launch):
-// the launchers append it and the failing core to every EmuError raised inside the kernel.
+// every EmuError names it and the core that failed.
 inline std::string& current_kernel() {
   static std::string name;
   return name;
 }
 inline void set_kernel(const char* name) { current_kernel() = name ? name : ""; }
 
-[[noreturn]] inline void fail(const std::string& m) { throw EmuError(m); }  // (declared in pipe_model.h)
+[[noreturn]] inline void fail(const std::string& m);
 
 enum class SlotState { kFree, kAllocated, kQueued, kDequeued, kCalc };
 
@@ -237,6 +238,12 @@ inline BlockContext& ctx() {
   return c;
 }
 
+[[noreturn]] inline void fail(const std::string& m) {
+  const auto& c = ctx();
+  if (!c.active || current_kernel().empty()) throw EmuError(m);
+  throw EmuError(m + " [kernel " + current_kernel() + ", " + (c.aic ? "AIC" : "AIV") + " block " +
+                 std::to_string(c.blockIdx) + "]");
+}
 [[noreturn]] inline void dc_fail(const std::string& m) { fail(m); }
 inline int core_id() { return dc_core_id(ctx().aic, ctx().blockIdx); }
 
@@ -1116,7 +1123,7 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   work.need(need, "ReduceMax work buffer");
   detail::issue(PIPE_V, "ReduceMax");
   src.emu_touch(uint64_t(count) * sizeof(T), false);
-  work.emu_touch(uint64_t(2 * repeats) * sizeof(T), true);
+  work.emu_touch(uint64_t(need) * sizeof(T), true);
   dst.emu_touch(sizeof(T), true);
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
@@ -1361,17 +1368,7 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
 
 namespace ascend_emu {
 
-// An EmuError raised inside a kernel, with the kernel and the failing core appended.
-inline std::string named_error(const std::string& what, const std::string& kernel) {
-  std::string m = what;
-  const std::string pre = "AscendC emulator: ";
-  if (m.compare(0, pre.size(), pre) == 0) m = m.substr(pre.size());
-  if (m.find(" [kernel ") != std::string::npos) return m;
-  const auto& c = ctx();
-  return m + " [kernel " + kernel + ", " + (c.aic ? "AIC" : "AIV") + " block " + std::to_string(c.blockIdx) + "]";
-}
-
-// The kernel's name for the pipe model's messages: set_kernel / kernel_label_override() when a caller set one,
+// The kernel's name for the pipe model's messages: kernel_label_override() when a caller set one,
 // else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
 template <typename F>
 std::string kernel_label(const F& f) {
@@ -1415,12 +1412,8 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.pipe.reset();
     c.active = true;
     c.model.reset(pipesOn, true, b, name);
-    try {
-      kernel(args...);
-      dc_end_block(core_id());
-    } catch (const EmuError& e) {
-      throw EmuError(named_error(e.what(), name));
-    }
+    kernel(args...);
+    dc_end_block(core_id());
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1474,12 +1467,8 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.pipe.reset();
     c.active = true;
     c.model.reset(pipesOn, false, b, name);
-    try {
-      kernel(args...);
-      dc_end_block(core_id());
-    } catch (const EmuError& e) {
-      throw EmuError(named_error(e.what(), name));
-    }
+    kernel(args...);
+    dc_end_block(core_id());
     if (c.pipe) {
       for (auto& s : c.pipe->slots) {
         if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
@@ -1571,7 +1560,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
         std::lock_guard<std::mutex> lk(g.m);
         if (!g.abort) {
           g.abort = true;
-          g.error = std::string("AscendC emulator: ") + named_error(e.what(), name);
+          g.error = e.what();
         }
         g.cv.notify_all();
       }
