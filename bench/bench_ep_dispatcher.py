@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PYTEST_CASES = False  # run() starts 4 processes: not a pytest-benchmark case (see the single-rank one)
 ALGOS = ("flat", "hierarchical", "hierarchical_allgather")
 # (T tokens per rank, H hidden): the issue's target range is T, H in 1024..4096
 NETNS_CASES = [(1024, 1024), (2048, 2048)]
@@ -57,6 +58,7 @@ def _timed(dist, torch, steps, warmup, iters, link_bytes):
     round runs each variant once (so load changes on a shared machine hit all variants alike).
     Per variant: median/min over ``iters`` rounds (after ``warmup``), a step's time is the
     slowest rank's, and the veth bytes its steps moved."""
+    from ascend_moe_ops.benchmark.timing import measure
     for _ in range(warmup):
         for step in steps.values():
             step()
@@ -64,11 +66,11 @@ def _timed(dist, torch, steps, warmup, iters, link_bytes):
     moved = {k: 0 for k in steps}
     for _ in range(iters):
         for name, step in steps.items():
-            dist.barrier()
             b0 = link_bytes()
-            t0 = time.perf_counter()
-            step()
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            # the package's harness: one timed call, after an untimed barrier (every rank makes
+            # the same calls)
+            one = measure(step, runs=1, warmup=0, setup=dist.barrier)
+            t = torch.tensor([one.times[0]], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             per[name].append(float(t))
             # veth bytes of the step (both directions, summed over nodes; the time all-reduce
@@ -209,11 +211,11 @@ def _launch(specs, world, local_size, init, cfg, timeout, threads=1):
                                   "--out", out, "--threads", str(threads)]
             procs.append(subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
-        deadline = time.time() + timeout
+        deadline = time.monotonic() + timeout
         logs = []
         for p in procs:
             try:
-                logs.append(p.communicate(timeout=max(1.0, deadline - time.time()))[0])
+                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"benchmark group did not finish within {timeout} s")
         if any(p.returncode for p in procs):
@@ -396,6 +398,15 @@ def layer_case(T, H, F, *, K=8, E=32, dtype="float32", algo="hierarchical", chun
 
 
 # ----------------------------------------------------------------------------- suite runner
+def _timing(m):
+    """A worker's per-variant figures as the harness's Timing (median, IQR, runs)."""
+    from ascend_moe_ops.benchmark.timing import Timing
+    v = m["all_s"]
+    q = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
+    return Timing(m["median_s"], q[2] - q[0], len(v), v, 1,
+                  "slowest rank per step, one harness run after a barrier, variants interleaved")
+
+
 def run(ctx):
     """Loopback 2x2 (suite runner). Loopback links are all equal: this shows the software
     overhead of each algorithm; the emulated two-node numbers come from ``--netns``."""
@@ -407,15 +418,16 @@ def run(ctx):
         e = res[algo]
         meas = sum(s["inter_node_bytes"] for s in e["stats_per_rank"]) // res["world"]
         comb = sum(s["combine_inter_node_bytes"] for s in e["stats_per_rank"]) // res["world"]
-        peers = {} if algo == "flat" else {"flat": res["flat"]["fwd_bwd"]["median_s"]}
+        peers = {} if algo == "flat" else {"flat": _timing(res["flat"]["fwd_bwd"])}
         rows.append(Row(op="ep_dispatcher", case=f"2x2 loopback T={T} H={H} K=8 E=32 fwd+bwd",
-                        backend=algo, dtype="bf16", seconds=e["fwd_bwd"]["median_s"],
+                        backend=algo, dtype="bf16", seconds=_timing(e["fwd_bwd"]),
                         bytes=2 * (meas + comb),
                         formula="bytes = inter-node bytes one rank sends per step "
                                 "(2 x (dispatch + combine), from the split sizes used)",
-                        limit="bandwidth", peers=peers,
+                        limit="link", peers=peers,
+                        path=f"EP dispatch + combine fwd+bwd, MoEDispatcher(algorithm='{algo}')",
                         extra=dict(fwd_s=e["fwd"]["median_s"], inter_node_bytes_dispatch=meas,
-                                   link="loopback (all links equal)")))
+                                   link="loopback (all links equal)", link_GBps=None)))
     return rows
 
 
