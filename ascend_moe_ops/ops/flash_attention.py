@@ -114,7 +114,7 @@ def _check_layout(q, k, v):
                          "(d_qk >= d_v is required)")
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                     softmax_scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
                     max_seqlen: Optional[int] = None, return_lse: bool = False):
     """Softmax attention ``softmax(q k^T * scale) v`` with online-softmax tiling.
@@ -124,7 +124,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
             fp32/fp16/bf16 (fp64 runs on the reference and native backends).
         k: same shape as ``q`` (same heads: no GQA).
         v: ``[B, S, H, D_v]`` / ``[T, H, D_v]`` with ``D_v <= D_qk`` (192/128 for MLA; no padding).
-        causal: query ``i`` sees keys ``<= i`` of its own sequence.
+        causal: query ``i`` sees keys ``<= i`` of its own sequence. Default ``False`` (as
+            flash-attention and SDPA; changed from ``True``: docs/design.md, Changes).
         softmax_scale: defaults to ``D_qk ** -0.5``; pass it explicitly for YaRN.
         cu_seqlens: ``[B+1]`` int32/int64 cumulative sequence starts of packed sequences
             (``0 = c[0] <= c[1] <= ... <= c[B] = T``); empty sequences are allowed.

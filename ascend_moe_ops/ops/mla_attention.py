@@ -140,7 +140,7 @@ _library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.mla_attention_bw
 
 
 def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num_heads: int,
-                  qk_nope_dim: int, v_dim: int, softmax_scale: float, causal: bool = True,
+                  qk_nope_dim: int, v_dim: int, softmax_scale: float, causal: bool = False,
                   cu_seqlens: Optional[Tensor] = None, max_seqlen: Optional[int] = None,
                   recompute: str = "kv") -> Tensor:
     """Multi-head latent attention (training): up-project the latent, attend, optionally
@@ -159,7 +159,8 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
             rows ``h*(Dn+Dv) : h*(Dn+Dv)+Dn`` give head ``h``'s K_nope, the next ``Dv`` its V).
         num_heads, qk_nope_dim, v_dim: ``H``, ``Dn``, ``Dv`` (128, 128, 128 in the real models).
         softmax_scale: required (YaRN changes it; DeepSeek-V3 uses 0.1352, not 192**-0.5).
-        causal: causal mask within each sequence.
+        causal: causal mask within each sequence. Default ``False`` (as flash-attention, SDPA and
+            FlashMLA; changed from ``True``: docs/design.md, Changes).
         cu_seqlens, max_seqlen: packed varlen layout, as in :func:`flash_attention`.
         recompute: ``"kv"`` (default, the Pangu Ultra MoE policy) saves only ``q``, ``c_kv``,
             ``k_pe``, ``w_kv_up``, the output and the fp32 LSE for backward and recomputes
