@@ -73,18 +73,20 @@ def like_tensor(op, name, t, like, d, layout) -> None:
     same_device(op, name, t, like)
 
 
-def index_range(op, name, idx: Tensor, low: int, high: int) -> None:
-    """All values in ``[low, high)``: a ValueError on the CPU, a device-side assert elsewhere."""
+def index_range(op: Optional[str], name, idx: Tensor, low: int, high: int) -> None:
+    """All values in ``[low, high)``: a ValueError on the CPU, a device-side assert elsewhere (no
+    host synchronization). ``op`` prefixes the message (``None``: no prefix)."""
     if idx.numel() == 0 or is_fake(idx):
         return
+    prefix = f"{op}: " if op else ""
     bad = (idx < low) | (idx >= high)
     if idx.device.type == "cpu":
         if bool(bad.any()):
             where = tuple(torch.nonzero(bad)[0].tolist())
-            raise ValueError(f"{op}: {name} has value {int(idx[where])} at index {where}, outside the "
+            raise ValueError(f"{prefix}{name} has value {int(idx[where])} at index {where}, outside the "
                              f"valid range [{low}, {high})")
     else:
-        torch._assert_async(~bad.any(), f"{op}: {name} has values outside [{low}, {high})")
+        torch._assert_async(~bad.any(), f"{prefix}{name} has values outside [{low}, {high})")
 
 
 # ------------------------------------------------------------------------------------ moe_permute
