@@ -144,9 +144,8 @@ def moe_permute_meta(tokens, routing, probs, num_experts, capacity, align, num_o
             base = num_out_tokens
             if base < 0:
                 raise ValueError(f"{op}: num_out_tokens must be >= 0, got {base}")
-            if base > slots:
-                raise ValueError(f"{op}: num_out_tokens={base} exceeds the T*K = {slots} routing slots "
-                                 "(no more rows can be routed)")
+            if base > MAX_ROWS:
+                raise ValueError(f"{op}: num_out_tokens={base} exceeds 2^31-1 rows (row_id_map is int32)")
         if num_experts * (align - 1) > MAX_ROWS - base:
             raise ValueError(f"{op}: align={align} is too large: the output would have {base} + "
                              "num_experts * (align - 1) rows, more than 2^31-1 (row_id_map is int32)")

@@ -180,8 +180,8 @@ inline int64_t moe_permute(const Tensor& tokens, const Tensor& routing, const Op
     if (num_out_tokens.has_value()) {
       base = *num_out_tokens;
       TORCH_CHECK_VALUE(base >= 0, op, ": num_out_tokens must be >= 0, got ", base);
-      TORCH_CHECK_VALUE(base <= slots, op, ": num_out_tokens=", base, " exceeds the T*K = ", slots,
-                        " routing slots (no more rows can be routed)");
+      TORCH_CHECK_VALUE(base <= kMaxRows, op, ": num_out_tokens=", base,
+                        " exceeds 2^31-1 rows (row_id_map is int32)");
     }
     int64_t pad = 0;
     const bool overflow = c10::mul_overflows(num_experts, align - 1, &pad);
