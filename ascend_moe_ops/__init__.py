@@ -1,13 +1,15 @@
 """ascend_moe_ops: fused MoE kernels and collectives (Pangu Ultra MoE recipe).
 
 Every op runs on the pure-PyTorch reference with no compiled backend at all;
-``active_backend(op, device)`` tells what really runs.
+``active_backend(op, device)`` tells what really runs. Each backend is also reachable directly as
+``torch.ops.<namespace>.<op>`` (``ascend_moe_ops_native``, ``_triton``, ``_emu``, ``_ref``).
 """
 
 from . import _srctree
 _srctree.install()  # ascend_moe_ops.triton_ref / .benchmark.suite in a source checkout
 
 from . import _library  # noqa: F401,E402  (defines every schema first)
+from . import _backends  # noqa: E402
 from ._backends import BackendUnavailableError, active_backend, available_backends, use_backend
 from .formats import group_sizes_to_group_list, group_sizes_to_offsets
 from .ops.moe_permute import PermuteResult, moe_permute
@@ -20,7 +22,8 @@ from . import distributed  # noqa: E402  (EPTopology, MoEDispatcher: torch.distr
 from . import balance  # noqa: E402  (load balancing: aux losses, expert placement)
 from . import _npu  # noqa: E402  (AscendC NPU backend: loaded only when torch_npu is installed)
 
-_npu.load()  # after every op module, so the PrivateUse1 kernels find their schemas
+_backends.bind_public()  # once, after every op module: one kernel per dispatch key (CPU, CUDA)
+_npu.load()  # PrivateUse1 kernels of the public namespace, when torch_npu and the NPU build exist
 
 __version__ = "0.1.0"
 

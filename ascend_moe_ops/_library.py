@@ -1,37 +1,54 @@
-"""The one registration point: every schema of ``torch.ops.ascend_moe_ops`` is defined here.
+"""The one registration point: every schema of ascend_moe_ops is defined here, once per namespace.
 
-Native code never defines a schema; it only adds implementations:
+Namespaces (same schemas in each):
 
-* ``csrc/cpu`` (extension ``ascend_moe_ops._C``) and ``triton_ref/`` provide plain functions with
-  the op's signature, which the CPU/CUDA router below calls (see ``_backends.py``);
-* ``csrc/ascend`` registers ``TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m)`` on an Ascend
-  build.
+==========================  =================================================================
+``ascend_moe_ops``          the public ops; one kernel per dispatch key, bound once at import
+                            (``_backends.bind_public``): CPU and CUDA here, PrivateUse1 by
+                            ``_npu.py`` on an Ascend build
+``ascend_moe_ops_native``   C++ kernels of ``csrc/cpu`` (``TORCH_LIBRARY_IMPL(..., CPU, m)`` in
+                            the extension ``ascend_moe_ops._C``)
+``ascend_moe_ops_triton``   Triton kernels of ``triton_ref/`` (CUDA; CPU under TRITON_INTERPRET=1)
+``ascend_moe_ops_emu``      the AscendC kernels on the CPU emulation layer
+                            (``ascend_moe_ops._ascendc_emu``, tests only)
+``ascend_moe_ops_ref``      the pure-PyTorch reference (``ascend_moe_ops/reference``)
+==========================  =================================================================
 
-The op modules in ``ascend_moe_ops/ops`` hold the public wrappers, argument checks, fake (meta)
-implementations and autograd formulas for these schemas.
+Native code never defines a schema; it only adds implementations. The op modules in
+``ascend_moe_ops/ops`` register, for every namespace, the fake (meta) kernel, which runs the
+metadata part of the op's contract check (``ops/_contracts.py``), and the autograd formula, whose
+backward calls the ops of the same namespace (so each backend is opcheck-able and differentiable on
+its own). The Python backends' kernels are registered by :func:`register_python_kernels`: each runs
+the full contract check, then the implementation.
 
-Conventions: an ``int`` argument documented as "-1 = not given" stands for ``None`` in Python;
-index outputs are int32 (row maps) or int64 (counts).
+Conventions: optional ints are ``int?`` (``None``); index outputs are int32 (row maps) or int64
+(counts).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import functools
+import importlib
+from typing import Callable, Dict, Optional
 
 import torch
 
-from . import _backends
-
 NAMESPACE = "ascend_moe_ops"
-_lib = torch.library.Library(NAMESPACE, "DEF")
+BACKEND_NAMESPACES: Dict[str, str] = {
+    "native": "ascend_moe_ops_native",
+    "triton": "ascend_moe_ops_triton",
+    "ascendc-emu": "ascend_moe_ops_emu",
+    "reference": "ascend_moe_ops_ref",
+}
+NAMESPACES = (NAMESPACE,) + tuple(BACKEND_NAMESPACES.values())
 
 SCHEMAS = {
     # moe_permute(tokens [T,H], routing [T,K] int ids (-1 = empty) | [T,E] bool, probs same shape
-    # as routing or None, num_experts, capacity (-1 = dropless), align (>=1), num_out_tokens
-    # (-1 = static bound)) -> (permuted_tokens [N,H], permuted_probs [N] (shape [0] without probs),
+    # as routing or None, num_experts, capacity (None = dropless), align (>=1), num_out_tokens
+    # (None = static bound)) -> (permuted_tokens [N,H], permuted_probs [N] (shape [0] without probs),
     # row_id_map [T,K] int32 (-1 = not kept), tokens_per_expert [E] int64, group_sizes [E] int64)
     "moe_permute": "moe_permute(Tensor tokens, Tensor routing, Tensor? probs, int num_experts, "
-                   "int capacity, int align, int num_out_tokens) "
+                   "int? capacity, int align, int? num_out_tokens) "
                    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     # moe_unpermute(permuted [N,H], row_id_map [T,K] int32/int64, probs [T,K] or None) -> [T,H]
     "moe_unpermute": "moe_unpermute(Tensor permuted, Tensor row_id_map, Tensor? probs) -> Tensor",
@@ -79,32 +96,77 @@ SCHEMAS = {
     "grouped_gemm_dw": "grouped_gemm_dw(Tensor a, Tensor b, Tensor group_sizes) -> Tensor",
 }
 
-for _schema in SCHEMAS.values():
-    _lib.define(_schema)
+LIBS: Dict[str, torch.library.Library] = {ns: torch.library.Library(ns, "DEF") for ns in NAMESPACES}
+for _lib_ in LIBS.values():
+    for _schema in SCHEMAS.values():
+        _lib_.define(_schema)
+_lib = LIBS[NAMESPACE]  # the public namespace's library (PrivateUse1 registrations in _npu.py)
 
 
-def op(name: str):
-    """``torch.ops.ascend_moe_ops.<name>`` (default overload)."""
-    return getattr(getattr(torch.ops, NAMESPACE), name).default
+def op(name: str, ns: str = NAMESPACE):
+    """``torch.ops.<ns>.<name>`` (default overload); ``ns`` defaults to the public namespace."""
+    return getattr(getattr(torch.ops, ns), name).default
 
 
-def _first_tensor_device(args) -> torch.device:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a.device
-    return torch.device("cpu")
+def ops_of(ns: str):
+    """``name -> op`` for one namespace (what backward formulas and compositions call)."""
+    return functools.partial(op, ns=ns)
 
 
-def register_router(name: str, check: Optional[Callable] = None) -> None:
-    """Register the CPU/CUDA kernel of op ``name``: optional value checks on the real inputs (the
-    fake implementation never runs them), then the implementation chosen by ``_backends``."""
+# Python implementations of the Python backends: op -> (module, attribute), imported on first call.
+PYTHON_IMPLS: Dict[str, Dict[str, tuple]] = {"reference": {}, "triton": {}}
+# Python kernels of C++ backends' ops that are compositions in Python (MLA on the Ascend kernels):
+# backend -> op -> factory(ns) returning the kernel for namespace ns.
+COMPOSITE_KERNELS: Dict[str, Dict[str, Callable]] = {"ascendc-emu": {}}
+# op -> contract check run by the Python kernels (full: metadata and values)
+CHECKS: Dict[str, Callable] = {}
+# op -> empty(*args): the outputs of a valid empty call (e.g. attention with T = 0 or H = 0) or None;
+# the C++ kernels do the same after their check.
+EMPTY: Dict[str, Callable] = {}
+
+
+def register_op(name: str, *, fake: Callable, check_meta: Callable, check: Callable,
+                backward: Optional[Callable] = None, setup_context: Optional[Callable] = None,
+                empty: Optional[Callable] = None) -> None:
+    """Register, for every namespace, the fake kernel of ``name`` (``check_meta`` first) and, when
+    given, its autograd formula; ``backward(ops, ctx, *grads)`` gets the namespace's ``ops``."""
+    CHECKS[name] = check
+    if empty is not None:
+        EMPTY[name] = empty
+
+    def fake_kernel(*args):
+        check_meta(*args)
+        return fake(*args)
+
+    for ns in NAMESPACES:
+        torch.library.register_fake(f"{ns}::{name}", fake_kernel, lib=LIBS[ns])
+        if backward is not None:
+            bwd = functools.partial(backward, ops_of(ns))
+            torch.library.register_autograd(f"{ns}::{name}", bwd, setup_context=setup_context, lib=LIBS[ns])
+
+
+def python_kernel(backend: str, name: str, ns: str) -> Callable:
+    """The kernel of ``name`` for a Python backend: the op's contract check, then the
+    implementation (imported on first call, so a missing toolkit only disables its backend)."""
+    if name in COMPOSITE_KERNELS.get(backend, {}):
+        return COMPOSITE_KERNELS[backend][name](ns)
+    module, attr = PYTHON_IMPLS[backend][name]
+    check, empty = CHECKS[name], EMPTY.get(name)
+    state = {}
 
     def kernel(*args):
-        if check is not None:
-            check(*args)
-        _, impl = _backends.resolve(name, _first_tensor_device(args))
-        return impl(*args)
+        check(*args)
+        if backend == "triton":
+            from . import _backends
+            _backends.require_usable(backend, args)
+        if empty is not None:
+            out = empty(*args)
+            if out is not None:
+                return out
+        fn = state.get("fn")
+        if fn is None:
+            fn = state["fn"] = getattr(importlib.import_module(module), attr)
+        return fn(*args)
 
-    kernel.__name__ = f"{name}_router"
-    _lib.impl(name, kernel, "CPU")
-    _lib.impl(name, kernel, "CUDA")
+    kernel.__name__ = f"{name}_{backend.replace('-', '_')}"
+    return kernel

@@ -57,8 +57,9 @@ def _register_composites() -> None:
     from . import _library
     from .ops import mla_attention as mla
 
-    _library._lib.impl("mla_attention_fwd", mla.ascend_fwd, "PrivateUse1")
-    _library._lib.impl("mla_attention_bwd", mla.ascend_bwd, "PrivateUse1")
+    fwd, bwd = mla.ascend_kernels(_library.NAMESPACE)
+    _library.LIBS[_library.NAMESPACE].impl("mla_attention_fwd", fwd, "PrivateUse1")
+    _library.LIBS[_library.NAMESPACE].impl("mla_attention_bwd", bwd, "PrivateUse1")
 
 
 def status() -> str:

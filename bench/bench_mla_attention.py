@@ -58,7 +58,7 @@ def naive_mla(q, c_kv, k_pe, w_kv_up, H, scale=SCALE):
 
 def ours_mla(q, c_kv, k_pe, w_kv_up, H, recompute="kv"):
     return amo.mla_attention(q, c_kv, k_pe, w_kv_up, num_heads=H, qk_nope_dim=DN, v_dim=DV,
-                             softmax_scale=SCALE, recompute=recompute)
+                             softmax_scale=SCALE, causal=True, recompute=recompute)
 
 
 def make_inputs(S, H, device, dtype=DTYPE, B=1, seed=0):
@@ -149,7 +149,7 @@ def run(ctx):
         # flash attention alone on the expanded 192-dim keys (q/k 192, v 128)
         k_full = torch.cat([c.new_zeros(1, S, H, DN).normal_(), kpe[:, :, None].expand(1, S, H, DR)], -1)
         v = torch.randn(1, S, H, DV).to(dev, DTYPE)
-        fa = lambda q, k, v: amo.flash_attention(q, k, v, softmax_scale=SCALE)  # noqa: E731
+        fa = lambda q, k, v: amo.flash_attention(q, k, v, softmax_scale=SCALE, causal=True)  # noqa: E731
         sd = lambda q, k, v: F.scaled_dot_product_attention(  # noqa: E731
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=SCALE).transpose(1, 2)
         with torch.no_grad():

@@ -3,7 +3,9 @@
 * Without a GPU, Triton kernels run in the interpreter (``TRITON_INTERPRET=1``), which must be set
   before triton is imported.
 * ``backends(op)`` lists the backends that can run ``op`` on cpu in this process; tests parametrize
-  over it. The backends named in ``ASCEND_MOE_OPS_REQUIRE`` (default ``native,triton,ascendc-emu``, the ones a
+  over it. Each backend is its own dispatcher namespace (``namespace(backend)``,
+  ``ops_of(backend)(op)`` = ``torch.ops.<namespace>.<op>.default``); ``namespaces(op)`` gives
+  ``pytest.param(namespace, id=backend)`` for parametrizing direct op calls. The backends named in ``ASCEND_MOE_OPS_REQUIRE`` (default ``native,triton,ascendc-emu``, the ones a
   normal install builds) must load for every op that has them, so a broken build fails the suite
   instead of silently shortening the test matrix. ``ASCEND_MOE_OPS_REQUIRE=`` relaxes that.
 """
@@ -17,13 +19,26 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import ascend_moe_ops  # noqa: E402
-from ascend_moe_ops import _backends  # noqa: E402
+from ascend_moe_ops import _backends, _library  # noqa: E402
 
 DEVICE = "cpu"
 
 
 def backends(op: str):
     return [b for b in _backends.BACKENDS if b in _backends.available_backends(op, DEVICE)]
+
+
+def namespace(backend: str) -> str:
+    return _library.BACKEND_NAMESPACES[backend]
+
+
+def ops_of(backend: str):
+    """``ops_of(backend)(op)`` is ``torch.ops.<namespace of backend>.<op>.default``."""
+    return _library.ops_of(namespace(backend))
+
+
+def namespaces(op: str):
+    return [pytest.param(namespace(b), id=b) for b in backends(op)]
 
 
 def required_backends():

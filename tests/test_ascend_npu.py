@@ -84,7 +84,7 @@ def test_npu_opcheck():
     dev = _device()
     tokens, routing, probs = _inputs(10, 64, 4, 2, "index", torch.float32)
     tokens, routing, probs = tokens.to(dev), routing.to(dev), probs.to(dev)
-    torch.library.opcheck(torch.ops.ascend_moe_ops.moe_permute.default, (tokens, routing, probs, 4, -1, 1, -1))
+    torch.library.opcheck(torch.ops.ascend_moe_ops.moe_permute.default, (tokens, routing, probs, 4, None, 1, None))
     out = amo.moe_permute(tokens, routing, probs, num_experts=4)
     torch.library.opcheck(torch.ops.ascend_moe_ops.moe_unpermute.default, (out.tokens, out.row_id_map, probs))
 

@@ -9,7 +9,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import ERROR_FACTOR, assert_close_to_ref, max_abs_err, torch_attention, torch_sdpa
-from conftest import backends
+from conftest import backends, ops_of
 
 _DEFAULT_CAUSAL = inspect.signature(amo.flash_attention).parameters["causal"].default
 OP = "flash_attention_fwd"
@@ -152,14 +152,13 @@ def test_opcheck(backend):
     Dq, Dv = DIMS.get(backend, (24, 16))
     q, k, v, do = (t.to(_fp(backend)) for t in _inputs((11,), 2, Dq, Dv))
     cu = torch.tensor([0, 5, 11], dtype=torch.int32)
-    with amo.use_backend(backend):
-        for t in (q, k, v):
-            t.requires_grad_()
-        torch.library.opcheck(torch.ops.ascend_moe_ops.flash_attention_fwd.default,
-                              (q, k, v, None, cu, 6, True, 0.2))
-        out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(q.detach(), k.detach(), v.detach(), None, cu, 6, True, 0.2)
-        torch.library.opcheck(torch.ops.ascend_moe_ops.flash_attention_bwd.default,
-                              (do, q.detach(), k.detach(), v.detach(), None, out, lse, cu, 6, True, 0.2))
+    ops = ops_of(backend)  # the backend's own namespace
+    for t in (q, k, v):
+        t.requires_grad_()
+    torch.library.opcheck(ops("flash_attention_fwd"), (q, k, v, None, cu, 6, True, 0.2))
+    out, lse = ops("flash_attention_fwd")(q.detach(), k.detach(), v.detach(), None, cu, 6, True, 0.2)
+    torch.library.opcheck(ops("flash_attention_bwd"),
+                          (do, q.detach(), k.detach(), v.detach(), None, out, lse, cu, 6, True, 0.2))
 
 
 def test_compile_fullgraph():

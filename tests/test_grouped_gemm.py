@@ -8,7 +8,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import assert_close_to_ref
-from conftest import backends
+from conftest import backends, ops_of
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -248,10 +248,9 @@ def test_opcheck(backend, trans_b):
     sizes = torch.tensor([10, 0, 20, 1, 5])
     x.requires_grad_()
     w.requires_grad_()
-    with amo.use_backend(backend):
-        torch.library.opcheck(torch.ops.ascend_moe_ops.grouped_gemm.default, (x, w, sizes, trans_b))
-        torch.library.opcheck(torch.ops.ascend_moe_ops.grouped_gemm_dw.default,
-                              (x, torch.randn(40, 6, requires_grad=True), sizes))
+    ops = ops_of(backend)  # the backend's own namespace
+    torch.library.opcheck(ops("grouped_gemm"), (x, w, sizes, trans_b))
+    torch.library.opcheck(ops("grouped_gemm_dw"), (x, torch.randn(40, 6, requires_grad=True), sizes))
 
 
 def test_double_backward_reference():

@@ -10,7 +10,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import assert_close_to_ref, torch_mla_attention
-from conftest import backends
+from conftest import backends, ops_of
 
 _DEFAULT_CAUSAL = inspect.signature(amo.mla_attention).parameters["causal"].default
 OP = "mla_attention_fwd"
@@ -159,14 +159,12 @@ def test_opcheck(backend):
     H, Dn, Dr, Dv, Dc = DIMS["triton"]
     q, c, kpe, w, do = (t.to(_fp(backend)) for t in _inputs((10,), H, Dn, Dr, Dv, Dc))
     cu = torch.tensor([0, 3, 10], dtype=torch.int32)
-    with amo.use_backend(backend):
-        for save_kv in (False, True):
-            args = tuple(t.clone().requires_grad_() for t in (q, c, kpe, w))
-            torch.library.opcheck(torch.ops.ascend_moe_ops.mla_attention_fwd.default,
-                                  args + (cu, 7, H, Dn, Dv, SCALE, True, save_kv))
-        out, lse, kv = torch.ops.ascend_moe_ops.mla_attention_fwd(q, c, kpe, w, cu, 7, H, Dn, Dv, SCALE, True, False)
-        torch.library.opcheck(torch.ops.ascend_moe_ops.mla_attention_bwd.default,
-                              (do, q, c, kpe, w, out, lse, kv, cu, 7, H, Dn, Dv, SCALE, True))
+    ops = ops_of(backend)  # the backend's own namespace
+    for save_kv in (False, True):
+        args = tuple(t.clone().requires_grad_() for t in (q, c, kpe, w))
+        torch.library.opcheck(ops("mla_attention_fwd"), args + (cu, 7, H, Dn, Dv, SCALE, True, save_kv))
+    out, lse, kv = ops("mla_attention_fwd")(q, c, kpe, w, cu, 7, H, Dn, Dv, SCALE, True, False)
+    torch.library.opcheck(ops("mla_attention_bwd"), (do, q, c, kpe, w, out, lse, kv, cu, 7, H, Dn, Dv, SCALE, True))
 
 
 @pytest.mark.parametrize("backend", [b for b in backends(OP) if b == "ascendc-emu"])

@@ -7,7 +7,7 @@ import torch
 import ascend_moe_ops as amo
 from ascend_moe_ops.reference import moe_permute as ref_mod
 from ascend_moe_ops.testing import assert_close_to_ref
-from conftest import backends
+from conftest import backends, ops_of
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (T, H, E, K): Pangu Ultra MoE scaled down (H 7680 -> 768, E=256, K=8), DeepSeek-V3-like, odd sizes
@@ -222,12 +222,10 @@ def test_opcheck(backend, mode):
     tokens, routing, probs = _inputs(10, 16, 4, 2, "index", torch.float32)
     tokens.requires_grad_()
     probs.requires_grad_()
-    cap = mode.get("capacity", -1)
-    with amo.use_backend(backend):
-        torch.library.opcheck(torch.ops.ascend_moe_ops.moe_permute.default,
-                              (tokens, routing, probs, 4, cap, mode.get("align", 1), -1))
-        torch.library.opcheck(torch.ops.ascend_moe_ops.moe_permute.default,
-                              (tokens, routing, None, 4, cap, mode.get("align", 1), -1))
+    cap = mode.get("capacity")
+    op = ops_of(backend)("moe_permute")  # the backend's own namespace
+    torch.library.opcheck(op, (tokens, routing, probs, 4, cap, mode.get("align", 1), None))
+    torch.library.opcheck(op, (tokens, routing, None, 4, cap, mode.get("align", 1), None))
 
 
 def test_compile_fullgraph_round_trip():

@@ -6,7 +6,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import assert_close_to_ref
-from conftest import backends
+from conftest import backends, ops_of
 from test_moe_permute import SHAPES, _inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -151,12 +151,11 @@ def test_opcheck(backend):
     _, probs, res, rows = _permuted(10, 16, 4, 2, "index", torch.float32, dict(align=4))
     rows = torch.nan_to_num(rows).requires_grad_()
     probs = probs.requires_grad_()
-    with amo.use_backend(backend):
-        for p in (probs, None):
-            torch.library.opcheck(torch.ops.ascend_moe_ops.moe_unpermute.default, (rows, res.row_id_map, p))
-            torch.library.opcheck(torch.ops.ascend_moe_ops.moe_unpermute_backward.default,
-                                  (torch.randn(10, 16), rows.detach(), res.row_id_map,
-                                   None if p is None else p.detach()))
+    ops = ops_of(backend)  # the backend's own namespace
+    for p in (probs, None):
+        torch.library.opcheck(ops("moe_unpermute"), (rows, res.row_id_map, p))
+        torch.library.opcheck(ops("moe_unpermute_backward"),
+                              (torch.randn(10, 16), rows.detach(), res.row_id_map, None if p is None else p.detach()))
 
 
 @pytest.mark.parametrize("bad, match", [

@@ -16,19 +16,8 @@ from conftest import backends
 @contextlib.contextmanager
 def gg_backend(name):
     """Force ``name`` for the grouped GEMM ops only (permute/unpermute keep their default)."""
-    orig = _backends.resolve
-
-    def resolve(op, device):
-        if op.startswith("grouped_gemm"):
-            with _backends.use_backend(name):
-                return orig(op, device)
-        return orig(op, device)
-
-    _backends.resolve = resolve
-    try:
+    with _backends.use_backend(name, ops=("grouped_gemm", "grouped_gemm_dw")):
         yield
-    finally:
-        _backends.resolve = orig
 
 
 def dense_moe(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:

@@ -210,6 +210,9 @@ class DropStats(NamedTuple):
 
 def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: float) -> int:
     """``C = ceil(capacity_factor · T · K / E)`` rows per expert (the usual capacity rule)."""
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
     return int(math.ceil(capacity_factor * num_tokens * topk / num_experts))
 
 

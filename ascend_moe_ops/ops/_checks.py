@@ -1,6 +1,7 @@
-"""Argument checks shared by the op wrappers. Every message names the argument and says what was
-expected and what was given. Metadata checks (shape, dtype, device) are traceable and run in the
-wrappers; checks that read values run only on real tensors, inside the op's kernel."""
+"""Python-type checks of the public wrappers (and of the non-op modules: balance, distributed,
+integrations). Every message names the argument and says what was expected and what was given. The
+op contracts themselves (shapes, dtypes, devices, values) are checked at the op boundary:
+``_contracts.py`` and ``csrc/common/checks.h``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-INDEX_DTYPES = (torch.int32, torch.int64)
+from . import _contracts
+
+FLOAT_DTYPES = _contracts.FLOAT_DTYPES
+INDEX_DTYPES = _contracts.INDEX_DTYPES
 
 
 def check_tensor(name: str, t, *, ndim: Optional[int] = None, dtypes: Optional[Iterable] = None,
@@ -49,20 +52,11 @@ def check_float(name: str, value) -> float:
 
 
 def is_fake(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import is_fake as _is_fake
-    return _is_fake(t) or t.device.type == "meta"
+    return _contracts.is_fake(t)
 
 
 def check_index_range(name: str, idx: torch.Tensor, low: int, high: int) -> None:
     """All values of ``idx`` in ``[low, high)``. On the CPU a ValueError; on accelerators a
-    device-side assert (no host synchronization), so the kernels never see a wild index."""
-    if idx.numel() == 0 or is_fake(idx):
-        return
-    bad = (idx < low) | (idx >= high)
-    if idx.device.type == "cpu":
-        if bool(bad.any()):
-            where = torch.nonzero(bad)[0].tolist()
-            raise ValueError(f"{name} has value {int(idx[tuple(where)])} at index {tuple(where)}, "
-                             f"outside the valid range [{low}, {high})")
-    else:
-        torch._assert_async(~bad.any(), f"{name} has values outside [{low}, {high})")
+    device-side assert (no host synchronization), so the kernels never see a wild index. The one
+    range check (``_contracts.index_range``), without an op prefix."""
+    _contracts.index_range(None, name, idx, low, high)

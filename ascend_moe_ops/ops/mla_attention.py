@@ -7,43 +7,31 @@ from typing import Optional
 
 import torch
 
-from .. import _backends, _library
-from ..reference.flash_attention import lse_dtype
-from . import _checks
-from .flash_attention import check_cu_seqlens, pack_layout
+from .. import _library
+from . import _checks, _contracts
+from .flash_attention import pack_layout
 
 OP = "mla_attention_fwd"
 BWD = "mla_attention_bwd"
 Tensor = torch.Tensor
 
 for _op in (OP, BWD):
-    _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.mla_attention", _op)
-    _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
-    _backends.register_impl(_op, "triton", "ascend_moe_ops.triton_ref.mla_attention", _op)
-# The Ascend path composes the AscendC kernels (see ascend_fwd / ascend_bwd below): ascendc-emu runs
-# them on the CPU emulation layer; on an NPU the same functions serve PrivateUse1 (ascend_moe_ops._npu).
-_backends.register_impl(OP, "ascendc-emu", "ascend_moe_ops.ops.mla_attention", "ascend_fwd")
-_backends.register_impl(BWD, "ascendc-emu", "ascend_moe_ops.ops.mla_attention", "ascend_bwd")
+    _library.PYTHON_IMPLS["reference"][_op] = ("ascend_moe_ops.reference.mla_attention", _op)
+    _library.PYTHON_IMPLS["triton"][_op] = ("ascend_moe_ops.triton_ref.mla_attention", _op)
 
 
 # ----------------------------------------------------------------------------- Ascend composition
 # MLA on the Ascend kernels: the up-projection kv = c_kv . w_kv_up^T and its two gradients are the
 # grouped GEMM Cube kernels with one group (grouped_gemm, grouped_gemm_dw), the attention is the
-# AscendC flash attention with k_pe as the shared rope key (never expanded per head). Each op is
-# called through its router, so the active backend's kernels run (ascendc-emu on CPU tensors, the
-# PrivateUse1 kernels on NPU tensors). The per-head K_nope / V are split out of kv with one copy each
-# (the attention kernels take [T, H, D] rows); they live only inside the call (recompute="kv" saves
-# none of them). fp16/bf16 only, as the Cube kernels.
+# AscendC flash attention with k_pe as the shared rope key (never expanded per head). The kernels are
+# those of one namespace: ascend_moe_ops_emu (the emulated kernels, on CPU tensors) or, on an NPU,
+# the public ascend_moe_ops (PrivateUse1 kernels; ascend_moe_ops._npu). The per-head K_nope / V are
+# split out of kv with one copy each (the attention kernels take [T, H, D] rows); they live only
+# inside the call (recompute="kv" saves none of them). fp16/bf16 only, as the Cube kernels.
 def _ascend_dtype(q, op):
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError(f"{op} on the Ascend path takes float16/bfloat16 inputs only (the Cube kernels "
                            f"accumulate in fp32); got {q.dtype}. Use the native or reference backend for fp32")
-
-
-def _up_project(c_kv, w_kv_up):
-    T = c_kv.shape[0]
-    sizes = torch.full((1,), T, dtype=torch.int64, device=c_kv.device)
-    return _library.op("grouped_gemm")(c_kv, w_kv_up.unsqueeze(0), sizes, True)
 
 
 def _split(kv, H, Dn, Dv):
@@ -51,56 +39,79 @@ def _split(kv, H, Dn, Dv):
     return kvh[..., :Dn].contiguous(), kvh[..., Dn:].contiguous()
 
 
-def ascend_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
-               softmax_scale, causal, save_kv):
-    _ascend_dtype(q, OP)
-    kv = _up_project(c_kv, w_kv_up)
-    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
-    out, lse = _library.op("flash_attention_fwd")(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal,
-                                                  softmax_scale)
-    return out, lse, (kv if save_kv else kv.new_empty((0,)))
+def ascend_kernels(ns: str):
+    """``(fwd, bwd)`` kernels of MLA composed of namespace ``ns``'s AscendC kernels (after the
+    op-boundary check, as every kernel)."""
+    ops = _library.ops_of(ns)
+
+    def up_project(c_kv, w_kv_up):
+        sizes = torch.full((1,), c_kv.shape[0], dtype=torch.int64, device=c_kv.device)
+        return ops("grouped_gemm")(c_kv, w_kv_up.unsqueeze(0), sizes, True)
+
+    def fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
+            softmax_scale, causal, save_kv):
+        _contracts.mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads,
+                                     qk_nope_dim, v_dim, softmax_scale, causal, save_kv)
+        _ascend_dtype(q, OP)
+        kv = up_project(c_kv, w_kv_up)
+        k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+        out, lse = ops("flash_attention_fwd")(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal,
+                                              softmax_scale)
+        return out, lse, (kv if save_kv else kv.new_empty((0,)))
+
+    def bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, num_heads,
+            qk_nope_dim, v_dim, softmax_scale, causal):
+        _contracts.mla_attention_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens,
+                                     max_seqlen, num_heads, qk_nope_dim, v_dim, softmax_scale, causal)
+        _ascend_dtype(q, BWD)
+        if kv.numel() == 0:  # recompute="kv": the same kernel as the forward, so bitwise the same kv
+            kv = up_project(c_kv, w_kv_up)
+        k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+        dq, dk_nope, dv, dk_pe = ops("flash_attention_bwd")(grad_out, q, k_nope, v, k_pe, out, lse,
+                                                            cu_seqlens, max_seqlen, causal, softmax_scale)
+        T = c_kv.shape[0]
+        dkv = torch.cat((dk_nope, dv), dim=-1).reshape(T, -1)
+        sizes = torch.full((1,), T, dtype=torch.int64, device=c_kv.device)
+        dc_kv = ops("grouped_gemm")(dkv, w_kv_up.unsqueeze(0), sizes, False)
+        dw = ops("grouped_gemm_dw")(dkv, c_kv, sizes)[0]
+        return dq, dc_kv, dk_pe, dw
+
+    return fwd, bwd
 
 
-def ascend_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, num_heads,
-               qk_nope_dim, v_dim, softmax_scale, causal):
-    _ascend_dtype(q, BWD)
-    if kv.numel() == 0:  # recompute="kv": the same kernel as the forward, so bitwise the same kv
-        kv = _up_project(c_kv, w_kv_up)
-    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
-    dq, dk_nope, dv, dk_pe = _library.op("flash_attention_bwd")(grad_out, q, k_nope, v, k_pe, out, lse,
-                                                                cu_seqlens, max_seqlen, causal,
-                                                                softmax_scale)
-    T = c_kv.shape[0]
-    dkv = torch.cat((dk_nope, dv), dim=-1).reshape(T, -1)
-    sizes = torch.full((1,), T, dtype=torch.int64, device=c_kv.device)
-    dc_kv = _library.op("grouped_gemm")(dkv, w_kv_up.unsqueeze(0), sizes, False)
-    dw = _library.op("grouped_gemm_dw")(dkv, c_kv, sizes)[0]
-    return dq, dc_kv, dk_pe, dw
+_library.COMPOSITE_KERNELS["ascendc-emu"][OP] = lambda ns: ascend_kernels(ns)[0]
+_library.COMPOSITE_KERNELS["ascendc-emu"][BWD] = lambda ns: ascend_kernels(ns)[1]
 
 
-def _check_fwd(q, c_kv, k_pe, w, cu_seqlens, max_seqlen, *rest):
-    check_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
-
-
-def _check_bwd(grad_out, q, c_kv, k_pe, w, out, lse, kv, cu_seqlens, max_seqlen, *rest):
-    check_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
-
-
-@torch.library.register_fake(f"{_library.NAMESPACE}::{OP}")
 def _fake(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
           softmax_scale, causal, save_kv):
     T = q.shape[0]
     out = q.new_empty((T, num_heads, v_dim))
-    lse = q.new_empty((num_heads, T), dtype=lse_dtype(q.dtype))
+    lse = q.new_empty((num_heads, T), dtype=_contracts.lse_dtype(q.dtype))
     kv = c_kv.new_empty((T, w_kv_up.shape[0]) if save_kv else (0,))
     return out, lse, kv
 
 
-@torch.library.register_fake(f"{_library.NAMESPACE}::{BWD}")
 def _fake_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, num_heads,
               qk_nope_dim, v_dim, softmax_scale, causal):
     return (q.new_empty(q.shape), c_kv.new_empty(c_kv.shape), k_pe.new_empty(k_pe.shape),
             w_kv_up.new_empty(w_kv_up.shape))
+
+
+def _empty(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
+           softmax_scale, causal, save_kv):
+    """T = 0 (B = 0 too): valid, empty results (as the C++ kernels)."""
+    if q.shape[0]:
+        return None
+    return (q.new_zeros((0, num_heads, v_dim)),
+            q.new_empty((num_heads, 0), dtype=_contracts.lse_dtype(q.dtype)),
+            q.new_empty((0, w_kv_up.shape[0]) if save_kv else (0,)))
+
+
+def _empty_bwd(grad_out, q, c_kv, k_pe, w_kv_up, *rest):
+    if q.shape[0]:
+        return None
+    return tuple(torch.zeros_like(t) for t in (q, c_kv, k_pe, w_kv_up))
 
 
 def _setup_context(ctx, inputs, output):
@@ -113,21 +124,23 @@ def _setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse, kv)
 
 
-def _backward(ctx, grad_out, _grad_lse, _grad_kv):
+def _backward(ops, ctx, grad_out, _grad_lse, _grad_kv):
     q, c_kv, k_pe, w, out, lse, kv, cu_seqlens = ctx.saved_tensors
     max_seqlen, H, Dn, Dv, scale, causal = ctx.args
-    dq, dc, dkpe, dw = _library.op(BWD)(grad_out.contiguous(), q, c_kv, k_pe, w, out, lse, kv,
-                                        cu_seqlens, max_seqlen, H, Dn, Dv, scale, causal)
+    dq, dc, dkpe, dw = ops(BWD)(grad_out.contiguous(), q, c_kv, k_pe, w, out, lse, kv, cu_seqlens,
+                                max_seqlen, H, Dn, Dv, scale, causal)
     return dq, dc, dkpe, dw, None, None, None, None, None, None, None, None
 
 
-torch.library.register_autograd(f"{_library.NAMESPACE}::{OP}", _backward, setup_context=_setup_context)
-_library.register_router(OP, check=_check_fwd)
-_library.register_router(BWD, check=_check_bwd)
+_library.register_op(OP, fake=_fake, check_meta=_contracts.mla_attention_fwd_meta,
+                     check=_contracts.mla_attention_fwd, backward=_backward, setup_context=_setup_context,
+                     empty=_empty)
+_library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.mla_attention_bwd_meta,
+                     check=_contracts.mla_attention_bwd, empty=_empty_bwd)
 
 
 def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num_heads: int,
-                  qk_nope_dim: int, v_dim: int, softmax_scale: float, causal: bool = True,
+                  qk_nope_dim: int, v_dim: int, softmax_scale: float, causal: bool = False,
                   cu_seqlens: Optional[Tensor] = None, max_seqlen: Optional[int] = None,
                   recompute: str = "kv") -> Tensor:
     """Multi-head latent attention (training): up-project the latent, attend, optionally
@@ -146,7 +159,8 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
             rows ``h*(Dn+Dv) : h*(Dn+Dv)+Dn`` give head ``h``'s K_nope, the next ``Dv`` its V).
         num_heads, qk_nope_dim, v_dim: ``H``, ``Dn``, ``Dv`` (128, 128, 128 in the real models).
         softmax_scale: required (YaRN changes it; DeepSeek-V3 uses 0.1352, not 192**-0.5).
-        causal: causal mask within each sequence.
+        causal: causal mask within each sequence. Default ``False`` (as flash-attention, SDPA and
+            FlashMLA; changed from ``True``: docs/design.md, Changes).
         cu_seqlens, max_seqlen: packed varlen layout, as in :func:`flash_attention`.
         recompute: ``"kv"`` (default, the Pangu Ultra MoE policy) saves only ``q``, ``c_kv``,
             ``k_pe``, ``w_kv_up``, the output and the fp32 LSE for backward and recomputes
@@ -157,41 +171,34 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
         ``[B, S, H, Dv]`` / ``[T, H, Dv]`` in q's dtype. Gradients flow to ``q``, ``c_kv``,
         ``k_pe`` (summed over heads) and ``w_kv_up``.
     """
-    _checks.check_tensor("q", q, dtypes=_checks.FLOAT_DTYPES)
-    device, dtype = q.device, q.dtype
-    for name, t in (("c_kv", c_kv), ("k_pe", k_pe), ("w_kv_up", w_kv_up)):
-        _checks.check_tensor(name, t, dtypes=(dtype,), device=device)
-    _checks.check_int("num_heads", num_heads, minimum=1)
-    _checks.check_int("qk_nope_dim", qk_nope_dim, minimum=1)
-    _checks.check_int("v_dim", v_dim, minimum=1)
+    for name, t in (("q", q), ("c_kv", c_kv), ("k_pe", k_pe), ("w_kv_up", w_kv_up)):
+        _checks.check_tensor(name, t)
+    for name, val in (("num_heads", num_heads), ("qk_nope_dim", qk_nope_dim), ("v_dim", v_dim)):
+        _checks.check_int(name, val)
     if recompute not in ("kv", "none"):
         raise ValueError(f"recompute must be 'kv' or 'none', got {recompute!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     softmax_scale = _checks.check_float("softmax_scale", softmax_scale)
+    # layout only (what packing needs); heads, dims, dtypes and devices are checked at the op
     if q.dim() not in (3, 4):
         raise ValueError(f"q must be [B, S, H, Dn+Dr] or packed [T, H, Dn+Dr], got shape {tuple(q.shape)}")
-    if q.shape[-2] != num_heads:
-        raise ValueError(f"q must have num_heads={num_heads} heads (dim -2), got shape {tuple(q.shape)}")
-    rope_dim = q.shape[-1] - qk_nope_dim
-    if rope_dim < 1:
-        raise ValueError(f"q head dim {q.shape[-1]} must be qk_nope_dim={qk_nope_dim} + a rope dim >= 1")
-    if v_dim > q.shape[-1]:
+    if v_dim > q.shape[-1]:  # the API's rule (the kernels of every backend compute it)
         raise ValueError(f"v_dim={v_dim} > d_qk={q.shape[-1]} is not supported (d_qk >= d_v is required)")
     tok = tuple(q.shape[:-2])
     if k_pe.dim() == q.dim() and k_pe.shape[-2] == 1:
         k_pe = k_pe.squeeze(-2)
-    if c_kv.dim() != len(tok) + 1 or tuple(c_kv.shape[:-1]) != tok:
-        raise ValueError(f"c_kv must have shape {tok} + (Dc,) (the tokens of q, then the latent dim), "
-                         f"got {tuple(c_kv.shape)}")
-    _checks.check_shape("k_pe", k_pe, tok + (rope_dim,), f"tokens of q, rope dim = q head dim - qk_nope_dim")
-    latent = c_kv.shape[-1]
-    _checks.check_shape("w_kv_up", w_kv_up, (num_heads * (qk_nope_dim + v_dim), latent),
-                        "[num_heads*(qk_nope_dim+v_dim), latent dim]")
+    for name, t, what in (("c_kv", c_kv, "Dc"), ("k_pe", k_pe, "Dr")):
+        if t.dim() != len(tok) + 1 or tuple(t.shape[:-1]) != tok:
+            raise ValueError(f"{name} must have shape {tok} + ({what},) (the tokens of q, then its last "
+                             f"dim), got {tuple(t.shape)}")
     cu, max_len, batch = pack_layout("q", q, cu_seqlens, max_seqlen, len(tok))
-    qp = q.reshape(-1, num_heads, q.shape[-1]).contiguous()
-    out, _, _ = _library.op(OP)(qp, c_kv.reshape(-1, latent).contiguous(),
-                                k_pe.reshape(-1, rope_dim).contiguous(), w_kv_up.contiguous(), cu,
-                                max_len, num_heads, qk_nope_dim, v_dim, softmax_scale,
-                                bool(causal), recompute == "none")
+    T = q.shape[0] * q.shape[1] if batch is not None else q.shape[0]
+    qp = q.reshape(T, q.shape[-2], q.shape[-1]).contiguous()
+    out, _, _ = _library.op(OP)(qp, c_kv.reshape(T, c_kv.shape[-1]).contiguous(),
+                                k_pe.reshape(T, k_pe.shape[-1]).contiguous(), w_kv_up.contiguous(), cu,
+                                max_len, num_heads, qk_nope_dim, v_dim, softmax_scale, causal,
+                                recompute == "none")
     if batch is not None:
         out = out.view(*batch, num_heads, v_dim)
     return out

@@ -6,34 +6,22 @@ from typing import Optional
 
 import torch
 
-from .. import _backends, _library
-from . import _checks
+from .. import _library
+from . import _checks, _contracts
 
 OP = "moe_unpermute"
 BWD = "moe_unpermute_backward"
 Tensor = torch.Tensor
 
 for _op in (OP, BWD):
-    _backends.register_impl(_op, "reference", "ascend_moe_ops.reference.moe_unpermute", _op)
-    _backends.register_impl(_op, "native", "ascend_moe_ops._C", _op)
-    _backends.register_impl(_op, "triton", "ascend_moe_ops.triton_ref.moe_unpermute", _op)
-    _backends.register_impl(_op, "ascendc-emu", "ascend_moe_ops._ascendc_emu", _op)
+    _library.PYTHON_IMPLS["reference"][_op] = ("ascend_moe_ops.reference.moe_unpermute", _op)
+    _library.PYTHON_IMPLS["triton"][_op] = ("ascend_moe_ops.triton_ref.moe_unpermute", _op)
 
 
-def _check_values(permuted, row_id_map, probs, *rest):
-    _checks.check_index_range("row_id_map", row_id_map, -1, permuted.shape[0])
-
-
-def _check_values_bwd(grad_out, permuted, row_id_map, probs):
-    _checks.check_index_range("row_id_map", row_id_map, -1, permuted.shape[0])
-
-
-@torch.library.register_fake(f"{_library.NAMESPACE}::{OP}")
 def _fake(permuted, row_id_map, probs):
     return permuted.new_empty((row_id_map.shape[0], permuted.shape[1]))
 
 
-@torch.library.register_fake(f"{_library.NAMESPACE}::{BWD}")
 def _fake_bwd(grad_out, permuted, row_id_map, probs):
     grad_permuted = grad_out.new_empty((permuted.shape[0], grad_out.shape[1]), dtype=permuted.dtype)
     grad_probs = probs.new_empty(probs.shape) if probs is not None else grad_out.new_empty((0,), dtype=torch.float32)
@@ -50,19 +38,20 @@ def _setup_context(ctx, inputs, output):
         ctx.save_for_backward(permuted.new_empty((permuted.shape[0], 0)), row_id_map)
 
 
-def _backward(ctx, grad_out):
+def _backward(ops, ctx, grad_out):
     if ctx.has_probs:
         permuted, row_id_map, probs = ctx.saved_tensors
     else:
         (permuted, row_id_map), probs = ctx.saved_tensors, None
-    d_permuted, d_probs = _library.op(BWD)(grad_out.contiguous(), permuted, row_id_map, probs)
+    d_permuted, d_probs = ops(BWD)(grad_out.contiguous(), permuted, row_id_map, probs)
     return (d_permuted if ctx.needs_input_grad[0] else None, None,
             d_probs if ctx.has_probs and ctx.needs_input_grad[2] else None)
 
 
-torch.library.register_autograd(f"{_library.NAMESPACE}::{OP}", _backward, setup_context=_setup_context)
-_library.register_router(OP, check=_check_values)
-_library.register_router(BWD, check=_check_values_bwd)
+_library.register_op(OP, fake=_fake, check_meta=_contracts.moe_unpermute_meta, check=_contracts.moe_unpermute,
+                     backward=_backward, setup_context=_setup_context)
+_library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.moe_unpermute_backward_meta,
+                     check=_contracts.moe_unpermute_backward)
 
 
 def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor] = None) -> Tensor:
@@ -78,11 +67,9 @@ def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor] 
         ``[T, H]`` in ``permuted``'s dtype. The sum runs in fp32 over slots in ascending order,
         so the result is bitwise reproducible. Differentiable w.r.t. ``permuted`` and ``probs``.
     """
-    _checks.check_tensor("permuted", permuted, ndim=2, dtypes=_checks.FLOAT_DTYPES)
-    device = permuted.device
-    _checks.check_tensor("row_id_map", row_id_map, ndim=2, dtypes=_checks.INDEX_DTYPES, device=device)
+    _checks.check_tensor("permuted", permuted)
+    _checks.check_tensor("row_id_map", row_id_map)
     if probs is not None:
-        _checks.check_tensor("probs", probs, dtypes=_checks.FLOAT_DTYPES, device=device)
-        _checks.check_shape("probs", probs, row_id_map.shape, "the shape of row_id_map")
+        _checks.check_tensor("probs", probs)
     return _library.op(OP)(permuted.contiguous(), row_id_map.contiguous(),
                            None if probs is None else probs.contiguous())

@@ -1,7 +1,7 @@
 // ascend_moe_ops._ascendc_emu: the AscendC kernels of csrc/ascend/kernels, compiled with g++ against
 // the emulation layer (csrc/ascend/emu, -DASCEND_MOE_OPS_EMU) and exposed with the ops' positional
-// signatures, so the parity suites run the real kernel sources on CPU tensors
-// (ASCEND_MOE_OPS_BACKEND=ascendc-emu). The host side mirrors the NPU glue (csrc/ascend/moe_*.cpp):
+// signatures and registered with the dispatcher as namespace ascend_moe_ops_emu, so the parity suites
+// run the real kernel sources on CPU tensors (torch.ops.ascend_moe_ops_emu.<op>). The host side mirrors the NPU glue (csrc/ascend/moe_*.cpp):
 // same row-map math (host/row_map.h), same tilings, one "launch" per kernel; blocks run one after
 // another with the UB budget of the tiling enforced.
 //
@@ -11,9 +11,16 @@
 // to check that a tiling planning more UB than the core has is caught.
 // Outputs are pre-filled with NaN, so a row a kernel forgets to write fails the tests.
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include <cstdlib>
 #include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../common/checks.h"
 
 #include "emu/kernel_operator_emu.h"
 #include "host/fa_kernels.h"
@@ -449,15 +456,85 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
   return {dq, dk, dv, dkr};
 }
 
+// ---- dispatcher kernels (namespace ascend_moe_ops_emu, dispatch key CPU) ---------------------------------
+// The op-boundary checks (common/checks.h, shared with the native CPU kernels), the valid empty attention
+// cases, then the emulated glue above. MLA on the Ascend path is a composition of these kernels in Python
+// (ascend_moe_ops/ops/mla_attention.py), registered there.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_op(const Tensor& tokens, const Tensor& routing,
+                                                                  const c10::optional<Tensor>& probs, int64_t numExperts,
+                                                                  std::optional<int64_t> capacity, int64_t align,
+                                                                  std::optional<int64_t> numOutTokens) {
+  amo::checks::moe_permute(tokens, routing, probs, numExperts, capacity, align, numOutTokens);
+  return moe_permute(tokens, routing, probs, numExperts, capacity.value_or(-1), align, numOutTokens.value_or(-1));
+}
+
+Tensor moe_unpermute_op(const Tensor& permuted, const Tensor& rowIdMap, const c10::optional<Tensor>& probs) {
+  amo::checks::moe_unpermute(permuted, rowIdMap, probs);
+  return moe_unpermute(permuted, rowIdMap, probs);
+}
+
+std::tuple<Tensor, Tensor> moe_unpermute_backward_op(const Tensor& gradOut, const Tensor& permuted, const Tensor& rowIdMap,
+                                                     const c10::optional<Tensor>& probs) {
+  amo::checks::moe_unpermute_backward(gradOut, permuted, rowIdMap, probs);
+  return moe_unpermute_backward(gradOut, permuted, rowIdMap, probs);
+}
+
+Tensor grouped_gemm_op(const Tensor& x, const Tensor& weight, const Tensor& groupSizes, bool transB) {
+  amo::checks::grouped_gemm(x, weight, groupSizes, transB);
+  return grouped_gemm(x, weight, groupSizes, transB);
+}
+
+Tensor grouped_gemm_dw_op(const Tensor& a, const Tensor& b, const Tensor& groupSizes) {
+  amo::checks::grouped_gemm_dw(a, b, groupSizes);
+  return grouped_gemm_dw(a, b, groupSizes);
+}
+
+std::tuple<Tensor, Tensor> flash_attention_fwd_op(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                  const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
+                                                  int64_t maxSeqlen, bool causal, double softmaxScale) {
+  amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlens, maxSeqlen, causal, softmaxScale);
+  if (amo::checks::attention_is_empty(q)) return amo::checks::empty_attention_fwd(q, v);
+  return flash_attention_fwd(q, k, v, kRope, cuSeqlens, maxSeqlen, causal, softmaxScale);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd_op(const Tensor& gradOut, const Tensor& q, const Tensor& k,
+                                                                  const Tensor& v, const c10::optional<Tensor>& kRope,
+                                                                  const Tensor& out, const Tensor& lse,
+                                                                  const Tensor& cuSeqlens, int64_t maxSeqlen,
+                                                                  bool causal, double softmaxScale) {
+  amo::checks::flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlens, maxSeqlen, causal, softmaxScale);
+  if (amo::checks::attention_is_empty(q))
+    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
+            kRope.has_value() ? at::zeros_like(*kRope) : at::empty({0}, q.options())};
+  return flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlens, maxSeqlen, causal, softmaxScale);
+}
+
+void register_kernels(torch::Library& m) {
+  m.impl("moe_permute", TORCH_FN(moe_permute_op));
+  m.impl("moe_unpermute", TORCH_FN(moe_unpermute_op));
+  m.impl("moe_unpermute_backward", TORCH_FN(moe_unpermute_backward_op));
+  m.impl("grouped_gemm", TORCH_FN(grouped_gemm_op));
+  m.impl("grouped_gemm_dw", TORCH_FN(grouped_gemm_dw_op));
+  m.impl("flash_attention_fwd", TORCH_FN(flash_attention_fwd_op));
+  m.impl("flash_attention_bwd", TORCH_FN(flash_attention_bwd_op));
+}
+
+// The same kernels for another namespace's CPU key (ASCEND_MOE_OPS_BACKEND=ascendc-emu binds them to
+// the public ascend_moe_ops at import); once per namespace, the Library objects live until exit.
+void bind_cpu(const std::string& ns) {
+  static std::set<std::string> done;
+  static std::vector<std::unique_ptr<torch::Library>> libs;
+  if (!done.insert(ns).second) return;
+  libs.push_back(std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::CPU, __FILE__, __LINE__));
+  register_kernels(*libs.back());
+}
+
 }  // namespace
 
+TORCH_LIBRARY_IMPL(ascend_moe_ops_emu, CPU, m) { register_kernels(m); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("flash_attention_fwd", &flash_attention_fwd, "flash_attention_fwd on the emulated AscendC kernels (fp16/bf16)");
-  m.def("flash_attention_bwd", &flash_attention_bwd, "flash_attention_bwd on the emulated AscendC kernels (fp16/bf16)");
-  m.doc() = "AscendC kernels of ascend_moe_ops run on the CPU emulation layer (csrc/ascend/emu); tests only";
-  m.def("moe_permute", &moe_permute, "moe_permute on the emulated AscendC kernel");
-  m.def("moe_unpermute", &moe_unpermute, "moe_unpermute on the emulated AscendC kernel");
-  m.def("moe_unpermute_backward", &moe_unpermute_backward, "moe_unpermute_backward on the emulated AscendC kernel");
-  m.def("grouped_gemm", &grouped_gemm, "grouped_gemm on the emulated AscendC Cube kernel (fp16/bf16)");
-  m.def("grouped_gemm_dw", &grouped_gemm_dw, "grouped_gemm_dw on the emulated AscendC Cube kernel (fp16/bf16)");
+  m.doc() = "AscendC kernels of ascend_moe_ops run on the CPU emulation layer (csrc/ascend/emu); tests only. "
+            "Importing it registers them with the dispatcher as namespace ascend_moe_ops_emu";
+  m.def("_bind_cpu", &bind_cpu, "register the emulated kernels for namespace ns, dispatch key CPU", pybind11::arg("ns"));
 }

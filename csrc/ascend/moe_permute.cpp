@@ -15,7 +15,8 @@ namespace npu {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_npu(
     const at::Tensor& tokens, const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t numExperts,
-    int64_t capacity, int64_t align, int64_t numOutTokens) {
+    std::optional<int64_t> capacityOpt, int64_t align, std::optional<int64_t> numOutTokensOpt) {
+  const int64_t capacity = capacityOpt.value_or(-1), numOutTokens = numOutTokensOpt.value_or(-1);  // -1 = not given
   check_npu(tokens, "tokens");
   check_npu(routing, "routing");
   TORCH_CHECK(tokens.dim() == 2, "moe_permute: tokens must be 2-D [T, H], got shape ", tokens.sizes());

@@ -25,6 +25,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/checks.h"
 #include "common/registry.h"
 
 // BLAS from the MKL that the x86 torch wheels link statically (column-major Fortran ABI). Weak:
@@ -399,4 +400,34 @@ AMO_REGISTER(flash_attention) {
   m.def("flash_attention_bwd", &amo::flash_attention_bwd_cpu,
         "flash attention backward (grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, "
         "causal, softmax_scale)");
+}
+
+// ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty cases
+// (T = 0, B = 0, H = 0: no kernel launch), then the kernels ----
+namespace {
+std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          const std::optional<at::Tensor>& k_rope,
+                                                          const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal,
+                                                          double softmax_scale) {
+  amo::checks::flash_attention_fwd(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale);
+  if (amo::checks::attention_is_empty(q)) return amo::checks::empty_attention_fwd(q, v);
+  return amo::flash_attention_fwd_cpu(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_op(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale) {
+  amo::checks::flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal, softmax_scale);
+  if (amo::checks::attention_is_empty(q))
+    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
+            k_rope ? at::zeros_like(*k_rope) : at::empty({0}, q.options())};
+  return amo::flash_attention_bwd_cpu(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal,
+                                      softmax_scale);
+}
+}  // namespace
+
+AMO_KERNELS(flash_attention) {
+  m.impl("flash_attention_fwd", TORCH_FN(flash_attention_fwd_op));
+  m.impl("flash_attention_bwd", TORCH_FN(flash_attention_bwd_op));
 }

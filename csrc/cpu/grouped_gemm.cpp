@@ -26,6 +26,7 @@
 #include "common/alloc.h"
 #include "common/bf16.h"
 #include "common/vec.h"
+#include "common/checks.h"
 #include "common/registry.h"
 
 #include <ATen/Parallel.h>
@@ -991,4 +992,22 @@ AMO_REGISTER(grouped_gemm) {
         "grouped_gemm(x [M,K], weight [E,K,N] | [E,N,K], group_sizes [E], trans_b) -> [M,N]");
   m.def("grouped_gemm_dw", &amo::grouped_gemm_cpu::grouped_gemm_dw_cpu,
         "grouped_gemm_dw(a [M,P], b [M,Q], group_sizes [E]) -> [E,P,Q], out[e] = a_e^T b_e");
+}
+
+// ---- dispatcher kernels: the op-boundary checks (common/checks.h), then the kernels ----
+namespace {
+at::Tensor grouped_gemm_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& group_sizes, bool trans_b) {
+  amo::checks::grouped_gemm(x, w, group_sizes, trans_b);
+  return amo::grouped_gemm_cpu::grouped_gemm_cpu(x, w, group_sizes, trans_b);
+}
+
+at::Tensor grouped_gemm_dw_op(const at::Tensor& a, const at::Tensor& b, const at::Tensor& group_sizes) {
+  amo::checks::grouped_gemm_dw(a, b, group_sizes);
+  return amo::grouped_gemm_cpu::grouped_gemm_dw_cpu(a, b, group_sizes);
+}
+}  // namespace
+
+AMO_KERNELS(grouped_gemm) {
+  m.impl("grouped_gemm", TORCH_FN(grouped_gemm_op));
+  m.impl("grouped_gemm_dw", TORCH_FN(grouped_gemm_dw_op));
 }

@@ -3,6 +3,7 @@
 // up-projected kv, no copy) and the rope key k_pe as the single shared key part.
 // The backward recomputes kv with the very same call when it was not saved, so both recompute
 // modes give the same bits.
+#include "common/checks.h"
 #include "common/registry.h"
 #include "cpu/flash_attention.h"
 
@@ -58,4 +59,41 @@ AMO_REGISTER(mla_attention) {
   m.def("mla_attention_bwd", &amo::mla_attention_bwd_cpu,
         "MLA backward (grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, "
         "num_heads, qk_nope_dim, v_dim, softmax_scale, causal)");
+}
+
+// ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty case (T = 0),
+// then the kernels ----
+namespace {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_attention_fwd_op(
+    const at::Tensor& q, const at::Tensor& c_kv, const at::Tensor& k_pe, const at::Tensor& w,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale,
+    bool causal, bool save_kv) {
+  amo::checks::mla_attention_fwd(q, c_kv, k_pe, w, cu_seqlens, max_seqlen, H, Dn, Dv, softmax_scale);
+  if (q.size(0) == 0) {
+    const int64_t T = 0;
+    return {at::zeros({T, H, Dv}, q.options()),
+            at::empty({H, T}, q.options().dtype(amo::checks::lse_dtype(q.scalar_type()))),
+            save_kv ? at::empty({T, w.size(0)}, q.options()) : at::empty({0}, q.options())};
+  }
+  return amo::mla_attention_fwd_cpu(q, c_kv, k_pe, w, cu_seqlens, max_seqlen, H, Dn, Dv, softmax_scale, causal,
+                                    save_kv);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_op(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& c_kv, const at::Tensor& k_pe,
+    const at::Tensor& w, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& kv,
+    const at::Tensor& cu_seqlens, int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale,
+    bool causal) {
+  amo::checks::mla_attention_bwd(grad_out, q, c_kv, k_pe, w, out, lse, kv, cu_seqlens, max_seqlen, H, Dn, Dv,
+                                 softmax_scale);
+  if (q.size(0) == 0)
+    return {at::zeros_like(q), at::zeros_like(c_kv), at::zeros_like(k_pe), at::zeros_like(w)};
+  return amo::mla_attention_bwd_cpu(grad_out, q, c_kv, k_pe, w, out, lse, kv, cu_seqlens, max_seqlen, H, Dn, Dv,
+                                    softmax_scale, causal);
+}
+}  // namespace
+
+AMO_KERNELS(mla_attention) {
+  m.impl("mla_attention_fwd", TORCH_FN(mla_attention_fwd_op));
+  m.impl("mla_attention_bwd", TORCH_FN(mla_attention_bwd_op));
 }

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/alloc.h"
+#include "common/checks.h"
 #include "common/registry.h"
 #include "common/vec.h"
 
@@ -297,3 +298,15 @@ AMO_REGISTER(moe_permute) {
         pybind11::arg("tokens"), pybind11::arg("routing"), pybind11::arg("probs"), pybind11::arg("num_experts"),
         pybind11::arg("capacity"), pybind11::arg("align"), pybind11::arg("num_out_tokens"));
 }
+
+// ---- dispatcher kernel: the op-boundary check (common/checks.h), then the kernel ----
+namespace {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_op(
+    const at::Tensor& tokens, const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t num_experts,
+    std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> num_out_tokens) {
+  amo::checks::moe_permute(tokens, routing, probs, num_experts, capacity, align, num_out_tokens);
+  return moe_permute_cpu(tokens, routing, probs, num_experts, capacity.value_or(-1), align, num_out_tokens.value_or(-1));
+}
+}  // namespace
+
+AMO_KERNELS(moe_permute) { m.impl("moe_permute", TORCH_FN(moe_permute_op)); }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/alloc.h"
+#include "common/checks.h"
 #include "common/registry.h"
 #include "common/vec.h"
 
@@ -323,4 +324,25 @@ AMO_REGISTER(moe_unpermute) {
   m.def("moe_unpermute_backward", &moe_unpermute_backward_cpu,
         "moe_unpermute_backward(grad_out, permuted, row_id_map, probs) -> (grad_permuted, grad_probs)",
         pybind11::arg("grad_out"), pybind11::arg("permuted"), pybind11::arg("row_id_map"), pybind11::arg("probs"));
+}
+
+// ---- dispatcher kernels: the op-boundary checks (common/checks.h), then the kernels ----
+namespace {
+at::Tensor moe_unpermute_op(const at::Tensor& permuted, const at::Tensor& row_id_map,
+                            const c10::optional<at::Tensor>& probs) {
+  amo::checks::moe_unpermute(permuted, row_id_map, probs);
+  return moe_unpermute_cpu(permuted, row_id_map, probs);
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward_op(const at::Tensor& grad_out, const at::Tensor& permuted,
+                                                             const at::Tensor& row_id_map,
+                                                             const c10::optional<at::Tensor>& probs) {
+  amo::checks::moe_unpermute_backward(grad_out, permuted, row_id_map, probs);
+  return moe_unpermute_backward_cpu(grad_out, permuted, row_id_map, probs);
+}
+}  // namespace
+
+AMO_KERNELS(moe_unpermute) {
+  m.impl("moe_unpermute", TORCH_FN(moe_unpermute_op));
+  m.impl("moe_unpermute_backward", TORCH_FN(moe_unpermute_backward_op));
 }

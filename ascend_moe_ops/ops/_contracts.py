@@ -1,0 +1,440 @@
+"""The op contracts, checked at the op boundary: what every ``torch.ops.<namespace>.<op>`` call
+passes through, whichever backend serves it.
+
+* The C++ backends (native CPU kernels, the emulated AscendC glue) run the twin of each check in
+  ``csrc/common/checks.h`` (same rules, same messages).
+* The Python backends (reference, triton) run :data:`FULL` ``[op]`` in their registered kernel.
+* Every namespace's fake (meta) kernel runs :data:`META` ``[op]``: the metadata part (dtype, shape,
+  device, sizes), so a meta-device input mixed with real ones, or a wrong shape under
+  ``torch.compile``, is refused before anything is traced or allocated.
+
+Errors: a wrong dtype raises ``TypeError``; a wrong shape, device, size or value ``ValueError``
+(the lse dtype of the backward ops: ``RuntimeError``, as the backends that check it themselves have
+always raised). Every message starts with the op and names the argument. Value checks read the
+data on the CPU; on accelerators they are device-side asserts (no host synchronization).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+MAX_ROWS = 2 ** 31 - 1  # row_id_map is int32
+MAX_EXPERTS = 2 ** 20   # id routing; the [E] count outputs are int64
+
+
+def _name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _shape(s) -> str:
+    return str(tuple(s))
+
+
+def is_fake(t: Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake as _is_fake
+    return _is_fake(t) or t.device.type == "meta"
+
+
+def dtype_in(op, name, t, dtypes) -> None:
+    if t.dtype not in dtypes:
+        raise TypeError(f"{op}: {name} must have dtype in ({', '.join(_name(d) for d in dtypes)}), "
+                        f"got {_name(t.dtype)}")
+
+
+def ndim(op, name, t, d, layout) -> None:
+    if t.dim() != d:
+        raise ValueError(f"{op}: {name} must be {d}-D {layout}, got shape {_shape(t.shape)}")
+
+
+def same_device(op, name, t, like) -> None:
+    if t.device != like.device:
+        raise ValueError(f"{op}: {name} is on {t.device} but the other inputs are on {like.device}")
+
+
+def shape_is(op, name, t, expected: Sequence[int], what: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{op}: {name} must have shape {_shape(expected)} ({what}), got {_shape(t.shape)}")
+
+
+def float_tensor(op, name, t, d, layout) -> None:
+    ndim(op, name, t, d, layout)
+    dtype_in(op, name, t, FLOAT_DTYPES)
+
+
+def like_tensor(op, name, t, like, d, layout) -> None:
+    ndim(op, name, t, d, layout)
+    dtype_in(op, name, t, (like.dtype,))
+    same_device(op, name, t, like)
+
+
+def index_range(op: Optional[str], name, idx: Tensor, low: int, high: int) -> None:
+    """All values in ``[low, high)``: a ValueError on the CPU, a device-side assert elsewhere (no
+    host synchronization). ``op`` prefixes the message (``None``: no prefix)."""
+    if idx.numel() == 0 or is_fake(idx):
+        return
+    prefix = f"{op}: " if op else ""
+    bad = (idx < low) | (idx >= high)
+    if idx.device.type == "cpu":
+        if bool(bad.any()):
+            where = tuple(torch.nonzero(bad)[0].tolist())
+            raise ValueError(f"{prefix}{name} has value {int(idx[where])} at index {where}, outside the "
+                             f"valid range [{low}, {high})")
+    else:
+        torch._assert_async(~bad.any(), f"{prefix}{name} has values outside [{low}, {high})")
+
+
+# ------------------------------------------------------------------------------------ moe_permute
+def output_rows(num_tokens: int, slots: int, num_experts: int, capacity: Optional[int], align: int,
+                num_out_tokens: Optional[int]) -> int:
+    """The output row count N of moe_permute (a static bound from shapes; the one definition)."""
+    if capacity is not None:
+        return num_experts * capacity
+    base = num_out_tokens if num_out_tokens is not None else num_tokens * slots
+    return base + num_experts * (align - 1)
+
+
+def moe_permute_meta(tokens, routing, probs, num_experts, capacity, align, num_out_tokens) -> int:
+    op = "moe_permute"
+    float_tensor(op, "tokens", tokens, 2, "[T, H]")
+    ndim(op, "routing", routing, 2, "[T, K] (expert ids) or [T, E] (bool mask)")
+    dtype_in(op, "routing", routing, (torch.bool,) + INDEX_DTYPES)
+    same_device(op, "routing", routing, tokens)
+    if routing.shape[0] != tokens.shape[0]:
+        raise ValueError(f"{op}: routing must have one row per token: tokens has {tokens.shape[0]} rows, "
+                         f"routing has shape {_shape(routing.shape)}")
+    mask = routing.dtype == torch.bool
+    if num_experts < 1:
+        raise ValueError(f"{op}: num_experts must be >= 1, got {num_experts}")
+    if mask and num_experts != routing.shape[1]:
+        raise ValueError(f"{op}: num_experts={num_experts} does not match the routing mask's "
+                         f"{routing.shape[1]} columns")
+    if not mask and num_experts > MAX_EXPERTS:
+        raise ValueError(f"{op}: num_experts={num_experts} exceeds the supported maximum of 2^20 experts")
+    if probs is not None:
+        dtype_in(op, "probs", probs, FLOAT_DTYPES)
+        same_device(op, "probs", probs, tokens)
+        shape_is(op, "probs", probs, routing.shape, "the shape of routing")
+    if align < 1:
+        raise ValueError(f"{op}: align must be >= 1, got {align}")
+    T, S = routing.shape
+    slots = T * S
+    if slots > MAX_ROWS:
+        raise ValueError(f"{op}: routing has T*K = {slots} slots; row_id_map is int32, so at most "
+                         "2^31-1 are supported")
+    if capacity is not None:
+        if capacity < 1:
+            raise ValueError(f"{op}: capacity must be >= 1, got {capacity}")
+        if capacity % align:
+            raise ValueError(f"{op}: align={align} must divide capacity={capacity}")
+        if num_out_tokens is not None:
+            raise ValueError(f"{op}: num_out_tokens cannot be combined with capacity (the output has "
+                             "exactly num_experts * capacity rows)")
+        if num_experts * capacity > MAX_ROWS:
+            raise ValueError(f"{op}: capacity={capacity} is too large: num_experts * capacity = "
+                             f"{num_experts} * {capacity} rows exceeds 2^31-1 (row_id_map is int32)")
+    else:
+        base = slots
+        if num_out_tokens is not None:
+            base = num_out_tokens
+            if base < 0:
+                raise ValueError(f"{op}: num_out_tokens must be >= 0, got {base}")
+            if base > MAX_ROWS:
+                raise ValueError(f"{op}: num_out_tokens={base} exceeds 2^31-1 rows (row_id_map is int32)")
+        if num_experts * (align - 1) > MAX_ROWS - base:
+            raise ValueError(f"{op}: align={align} is too large: the output would have {base} + "
+                             "num_experts * (align - 1) rows, more than 2^31-1 (row_id_map is int32)")
+    return output_rows(T, S, num_experts, capacity, align, num_out_tokens)
+
+
+def moe_permute(tokens, routing, probs, num_experts, capacity, align, num_out_tokens) -> None:
+    op = "moe_permute"
+    moe_permute_meta(tokens, routing, probs, num_experts, capacity, align, num_out_tokens)
+    if routing.dtype != torch.bool:
+        index_range(op, "routing (expert ids)", routing, -1, num_experts)
+    if num_out_tokens is not None and capacity is None and not is_fake(routing):
+        used = (routing != 0).sum() if routing.dtype == torch.bool else (routing >= 0).sum()
+        if routing.device.type == "cpu":
+            if int(used) > num_out_tokens:
+                raise ValueError(f"{op}: num_out_tokens={num_out_tokens} is smaller than the {int(used)} "
+                                 "routed slots in routing")
+        else:
+            torch._assert_async(used <= num_out_tokens,
+                                f"{op}: num_out_tokens is smaller than the number of routed slots")
+
+
+# ---------------------------------------------------------------------------------- moe_unpermute
+def moe_unpermute_meta(permuted, row_id_map, probs) -> None:
+    op = "moe_unpermute"
+    float_tensor(op, "permuted", permuted, 2, "[N, H]")
+    ndim(op, "row_id_map", row_id_map, 2, "[T, K]")
+    dtype_in(op, "row_id_map", row_id_map, INDEX_DTYPES)
+    same_device(op, "row_id_map", row_id_map, permuted)
+    if probs is not None:
+        dtype_in(op, "probs", probs, FLOAT_DTYPES)
+        same_device(op, "probs", probs, permuted)
+        shape_is(op, "probs", probs, row_id_map.shape, "the shape of row_id_map")
+
+
+def moe_unpermute(permuted, row_id_map, probs) -> None:
+    moe_unpermute_meta(permuted, row_id_map, probs)
+    index_range("moe_unpermute", "row_id_map", row_id_map, -1, permuted.shape[0])
+
+
+def moe_unpermute_backward_meta(grad_out, permuted, row_id_map, probs) -> None:
+    op = "moe_unpermute_backward"
+    float_tensor(op, "grad_out", grad_out, 2, "[T, H]")
+    float_tensor(op, "permuted", permuted, 2, "[N, H] (or an [N, 0] stand-in without probs)")
+    same_device(op, "permuted", permuted, grad_out)
+    ndim(op, "row_id_map", row_id_map, 2, "[T, K]")
+    dtype_in(op, "row_id_map", row_id_map, INDEX_DTYPES)
+    same_device(op, "row_id_map", row_id_map, grad_out)
+    if grad_out.shape[0] != row_id_map.shape[0]:
+        raise ValueError(f"{op}: grad_out must have one row per row of row_id_map: grad_out has shape "
+                         f"{_shape(grad_out.shape)}, row_id_map {_shape(row_id_map.shape)}")
+    if probs is not None:
+        dtype_in(op, "probs", probs, FLOAT_DTYPES)
+        same_device(op, "probs", probs, grad_out)
+        shape_is(op, "probs", probs, row_id_map.shape, "the shape of row_id_map")
+        if permuted.shape[1] != grad_out.shape[1]:
+            raise ValueError(f"{op}: permuted must have shape (N, {grad_out.shape[1]}) with probs (the "
+                             f"hidden size of grad_out), got {_shape(permuted.shape)}")
+
+
+def moe_unpermute_backward(grad_out, permuted, row_id_map, probs) -> None:
+    moe_unpermute_backward_meta(grad_out, permuted, row_id_map, probs)
+    index_range("moe_unpermute_backward", "row_id_map", row_id_map, -1, permuted.shape[0])
+
+
+# ----------------------------------------------------------------------------------- grouped_gemm
+def group_sizes(op, gs, groups: int, x, rows: int, values: bool) -> None:
+    """The one group-size check: 1-D int32/int64, one entry per group, on x's device or the cpu
+    (never meta next to real inputs); values in [0, rows] each and sum <= rows (each entry is
+    bounded first, so the int64 sum cannot overflow)."""
+    ndim(op, "group_sizes", gs, 1, "[E]")
+    dtype_in(op, "group_sizes", gs, INDEX_DTYPES)
+    if gs.device != x.device and gs.device.type != "cpu":
+        raise ValueError(f"{op}: group_sizes is on {gs.device} but the other inputs are on {x.device} "
+                         "(group_sizes may live on their device or the cpu)")
+    if groups >= 0 and gs.shape[0] != groups:
+        raise ValueError(f"{op}: group_sizes must have one entry per expert: weight has {groups} experts, "
+                         f"group_sizes has shape {_shape(gs.shape)}")
+    if not values or gs.numel() == 0 or is_fake(gs):
+        return
+    g = gs.to(torch.int64)
+    if g.device.type == "cpu":
+        neg = torch.nonzero(g < 0)
+        if neg.numel():
+            e = int(neg[0, 0])
+            raise ValueError(f"{op}: group_sizes must be non-negative, got {int(g[e])} for group {e}")
+        big = torch.nonzero(g > rows)
+        if big.numel():
+            e = int(big[0, 0])
+            raise ValueError(f"{op}: sum(group_sizes) exceeds the {rows} rows of the input (group {e} "
+                             f"alone has {int(g[e])})")
+        total = int(g.sum())
+        if total > rows:
+            raise ValueError(f"{op}: sum(group_sizes) = {total} exceeds the {rows} rows of the input")
+    else:
+        torch._assert_async(((g >= 0) & (g <= rows)).all(), f"{op}: group_sizes must be in [0, {rows}]")
+        torch._assert_async(g.sum() <= rows, f"{op}: sum(group_sizes) exceeds the number of input rows")
+
+
+def grouped_gemm_meta(x, weight, gs, trans_b, values: bool = False) -> None:
+    op = "grouped_gemm"
+    float_tensor(op, "x", x, 2, "[M, K]")
+    layout = "[E, N, K]" if trans_b else "[E, K, N]"
+    like_tensor(op, "weight", weight, x, 3, layout)
+    k_w = weight.shape[2] if trans_b else weight.shape[1]
+    if k_w != x.shape[1]:
+        raise ValueError(f"{op}: weight {layout} (trans_b={trans_b}) has K={k_w} but x has K={x.shape[1]} "
+                         f"(x {_shape(x.shape)}, weight {_shape(weight.shape)})")
+    group_sizes(op, gs, weight.shape[0], x, x.shape[0], values)
+
+
+def grouped_gemm(x, weight, gs, trans_b) -> None:
+    grouped_gemm_meta(x, weight, gs, trans_b, values=True)
+
+
+def grouped_gemm_dw_meta(a, b, gs, values: bool = False) -> None:
+    op = "grouped_gemm_dw"
+    float_tensor(op, "a", a, 2, "[M, P]")
+    like_tensor(op, "b", b, a, 2, "[M, Q]")
+    if b.shape[0] != a.shape[0]:
+        raise ValueError(f"{op}: a and b must have the same rows: a {_shape(a.shape)}, b {_shape(b.shape)}")
+    group_sizes(op, gs, -1, a, a.shape[0], values)
+
+
+def grouped_gemm_dw(a, b, gs) -> None:
+    grouped_gemm_dw_meta(a, b, gs, values=True)
+
+
+# -------------------------------------------------------------------------------- flash attention
+# d_v > d_qk is valid at the op: every backend's kernels compute it (fwd and bwd checked against the
+# fp64 reference); the public wrappers still refuse it until their API allows it.
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def cu_seqlens(op, cu, q, max_seqlen, values: bool) -> None:
+    T = q.shape[0]
+    ndim(op, "cu_seqlens", cu, 1, "[B+1]")
+    dtype_in(op, "cu_seqlens", cu, INDEX_DTYPES)
+    same_device(op, "cu_seqlens", cu, q)
+    if not (cu.numel() >= 2 or (cu.numel() == 1 and T == 0)):
+        raise ValueError(f"{op}: cu_seqlens must have B+1 >= 2 entries (one entry only for B = 0 and no "
+                         f"tokens), got shape {_shape(cu.shape)} for T={T} tokens")
+    if max_seqlen < 0:
+        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
+    if not values or is_fake(cu):
+        return
+    if cu.device.type != "cpu":
+        d = cu[1:] - cu[:-1]
+        torch._assert_async((cu[0] == 0) & (cu[-1] == T) & (d >= 0).all()
+                            & ((d.max() if d.numel() else cu[0]) <= max_seqlen),
+                            f"{op}: cu_seqlens must start at 0, be non-decreasing, end at T and have no "
+                            "sequence longer than max_seqlen")
+        return
+    c = cu.tolist()
+    if c[0] != 0:
+        raise ValueError(f"{op}: cu_seqlens must start at 0, got {c[0]}")
+    for i in range(len(c) - 1):
+        if c[i + 1] < c[i]:
+            raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={c[i]} > "
+                             f"cu_seqlens[{i + 1}]={c[i + 1]}")
+    if c[-1] != T:
+        raise ValueError(f"{op}: cu_seqlens must end at the number of tokens T={T}, got {c[-1]}")
+    longest = max((c[i + 1] - c[i] for i in range(len(c) - 1)), default=0)
+    if longest > max_seqlen:
+        raise ValueError(f"{op}: max_seqlen={max_seqlen} is smaller than the longest sequence ({longest})")
+
+
+def lse(op, t, q) -> None:
+    want = lse_dtype(q.dtype)
+    if t.dtype != want:
+        raise RuntimeError(f"{op}: lse must be {_name(want)} (float64 for float64 inputs), got {_name(t.dtype)}")
+    same_device(op, "lse", t, q)
+    shape_is(op, "lse", t, (q.shape[1], q.shape[0]), "[H, T]")
+
+
+def _scale(op, softmax_scale) -> None:
+    if not math.isfinite(softmax_scale):
+        raise ValueError(f"{op}: softmax_scale must be finite, got {softmax_scale}")
+
+
+def _attention(op, q, k, v, k_rope, cu, max_seqlen, softmax_scale, values) -> None:
+    float_tensor(op, "q", q, 3, "[T, H, D_qk]")
+    like_tensor(op, "k", k, q, 3, "[T, H, D_k]")
+    like_tensor(op, "v", v, q, 3, "[T, H, D_v]")
+    T, H, Dq = q.shape
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != T or t.shape[1] != H:
+            raise ValueError(f"{op}: {name} must have shape ({T}, {H}, D) (the tokens and heads of q), got "
+                             f"{_shape(t.shape)}")
+    dr = 0
+    if k_rope is not None:
+        like_tensor(op, "k_rope", k_rope, q, 2, "[T, D_r]")
+        if k_rope.shape[0] != T:
+            raise ValueError(f"{op}: k_rope must have shape ({T}, D_r) (the tokens of q), got "
+                             f"{_shape(k_rope.shape)}")
+        dr = k_rope.shape[1]
+    if Dq < 1 or v.shape[2] < 1:
+        raise ValueError(f"{op}: head dims must be positive, got d_qk={Dq}, d_v={v.shape[2]}")
+    if k.shape[2] + dr != Dq:
+        raise ValueError(f"{op}: k head dim must equal q head dim {Dq} minus the k_rope dim {dr}, got "
+                         f"{k.shape[2]}")
+    _scale(op, softmax_scale)
+    cu_seqlens(op, cu, q, max_seqlen, values)
+
+
+def flash_attention_fwd_meta(q, k, v, k_rope, cu, max_seqlen, causal, softmax_scale, values=False) -> None:
+    _attention("flash_attention_fwd", q, k, v, k_rope, cu, max_seqlen, softmax_scale, values)
+
+
+def flash_attention_fwd(*args) -> None:
+    flash_attention_fwd_meta(*args, values=True)
+
+
+def flash_attention_bwd_meta(grad_out, q, k, v, k_rope, out, l, cu, max_seqlen, causal, softmax_scale,
+                             values=False) -> None:
+    op = "flash_attention_bwd"
+    _attention(op, q, k, v, k_rope, cu, max_seqlen, softmax_scale, values)
+    o_shape = (q.shape[0], q.shape[1], v.shape[2])
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        like_tensor(op, name, t, q, 3, "[T, H, D_v]")
+        shape_is(op, name, t, o_shape, "[T, H, D_v]")
+    lse(op, l, q)
+
+
+def flash_attention_bwd(*args) -> None:
+    flash_attention_bwd_meta(*args, values=True)
+
+
+# -------------------------------------------------------------------------------------------- MLA
+def _mla(op, q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale, values) -> None:
+    float_tensor(op, "q", q, 3, "[T, H, Dn + Dr]")
+    for name, val in (("num_heads", H), ("qk_nope_dim", Dn), ("v_dim", Dv)):
+        if val < 1:
+            raise ValueError(f"{op}: {name} must be >= 1, got {val}")
+    T, _, Dq = q.shape
+    if q.shape[1] != H:
+        raise ValueError(f"{op}: q must have num_heads={H} heads (dim 1), got shape {_shape(q.shape)}")
+    if Dq - Dn < 1:
+        raise ValueError(f"{op}: q head dim {Dq} must be qk_nope_dim={Dn} + a rope dim >= 1")
+    like_tensor(op, "c_kv", c_kv, q, 2, "[T, Dc]")
+    if c_kv.shape[0] != T:
+        raise ValueError(f"{op}: c_kv must have shape ({T}, Dc) (the tokens of q), got {_shape(c_kv.shape)}")
+    like_tensor(op, "k_pe", k_pe, q, 2, "[T, Dr]")
+    shape_is(op, "k_pe", k_pe, (T, Dq - Dn), "tokens of q, rope dim = q head dim - qk_nope_dim")
+    like_tensor(op, "w_kv_up", w, q, 2, "[H * (Dn + Dv), Dc]")
+    shape_is(op, "w_kv_up", w, (H * (Dn + Dv), c_kv.shape[1]), "[num_heads*(qk_nope_dim+v_dim), latent dim]")
+    _scale(op, softmax_scale)
+    cu_seqlens(op, cu, q, max_seqlen, values)
+
+
+def mla_attention_fwd_meta(q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale, causal, save_kv,
+                           values=False) -> None:
+    _mla("mla_attention_fwd", q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale, values)
+
+
+def mla_attention_fwd(*args) -> None:
+    mla_attention_fwd_meta(*args, values=True)
+
+
+def mla_attention_bwd_meta(grad_out, q, c_kv, k_pe, w, out, l, kv, cu, max_seqlen, H, Dn, Dv,
+                           softmax_scale, causal, values=False) -> None:
+    op = "mla_attention_bwd"
+    _mla(op, q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale, values)
+    o_shape = (q.shape[0], H, Dv)
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        like_tensor(op, name, t, q, 3, "[T, H, Dv]")
+        shape_is(op, name, t, o_shape, "[T, H, Dv]")
+    lse(op, l, q)
+    if kv.numel() != 0:
+        like_tensor(op, "kv", kv, q, 2, "[T, H * (Dn + Dv)] (or shape [0] = recompute)")
+        shape_is(op, "kv", kv, (q.shape[0], w.shape[0]), "[T, H * (Dn + Dv)], or shape [0] = recompute")
+
+
+def mla_attention_bwd(*args) -> None:
+    mla_attention_bwd_meta(*args, values=True)
+
+
+META = {
+    "moe_permute": moe_permute_meta, "moe_unpermute": moe_unpermute_meta,
+    "moe_unpermute_backward": moe_unpermute_backward_meta,
+    "grouped_gemm": grouped_gemm_meta, "grouped_gemm_dw": grouped_gemm_dw_meta,
+    "flash_attention_fwd": flash_attention_fwd_meta, "flash_attention_bwd": flash_attention_bwd_meta,
+    "mla_attention_fwd": mla_attention_fwd_meta, "mla_attention_bwd": mla_attention_bwd_meta,
+}
+FULL = {
+    "moe_permute": moe_permute, "moe_unpermute": moe_unpermute,
+    "moe_unpermute_backward": moe_unpermute_backward,
+    "grouped_gemm": grouped_gemm, "grouped_gemm_dw": grouped_gemm_dw,
+    "flash_attention_fwd": flash_attention_fwd, "flash_attention_bwd": flash_attention_bwd,
+    "mla_attention_fwd": mla_attention_fwd, "mla_attention_bwd": mla_attention_bwd,
+}
