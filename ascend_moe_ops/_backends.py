@@ -250,6 +250,11 @@ def active_backend(op: str, device="cpu") -> str:
     return bound
 
 
+def forced_backend() -> Optional[str]:
+    """The backend the innermost active :func:`use_backend` forces (``None`` outside one)."""
+    return _FORCED[-1][0] if _FORCED else None
+
+
 @contextlib.contextmanager
 def use_backend(name: Optional[str], ops=None):
     """Run every public op (or only those named in ``ops``) on backend ``name`` inside the

@@ -133,7 +133,7 @@ def forced_backend() -> Optional[str]:
     """The backend a ``with amo.use_backend(name):`` around the caller forces (None: default).
     The only place the harness reads the backend registry's state."""
     from .. import _backends
-    return getattr(_backends._local, "forced", None)
+    return _backends.forced_backend()
 
 
 def _replay_under_current_backend(fn):
