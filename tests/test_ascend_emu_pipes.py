@@ -22,6 +22,9 @@ CAUGHT = [
     ("bad_mte2_v", r"pipe race \(read-after-write, missing sync MTE2->V\) in kernel bad_mte2_v.*"
                    r"DataCopy \(GM->UB\) on PIPE_MTE2 \(issue #1, write\) and Adds on PIPE_V \(issue #2, read\)"),
     ("bad_mte3_mte2", r"write-after-read, missing sync MTE3->MTE2.*DataCopy \(UB->GM\) on PIPE_MTE3"),
+    ("bad_gm_mte3_mte2", r"pipe race \(read-after-write, missing sync MTE3->MTE2\) in kernel bad_gm_mte3_mte2, block 0: "
+                         r"GM bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\) of global memory: DataCopy \(UB->GM\) on PIPE_MTE3 "
+                         r"\(issue #2, write\) and DataCopy \(GM->UB\) on PIPE_MTE2 \(issue #3, read\) are not ordered"),
     ("bad_tbuf_no_queue_sync", r"missing sync V->MTE2.*TBuf #0"),
     ("bad_wait_without_set", r"flag rule in kernel bad_wait_without_set.*WaitFlag<HardEvent::MTE2_V>\(0\) with no "
                              r"pending SetFlag"),
@@ -41,7 +44,7 @@ CAUGHT = [
                    r"PipeBarrier<PIPE_M>\(\)"),
 ]
 
-CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_mte3_mte2", "ok_pipe_all", "ok_scalar_wait", "ok_queues",
+CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_mte3_mte2", "ok_gm_mte3_mte2", "ok_pipe_all", "ok_scalar_wait", "ok_queues",
          "ok_auto_sync_vector_side", "ok_event_ids", "ok_cube_path", "ok_l0_fill_mmad", "ok_l1_fill_nd2nz", "ok_pipe_m",
          "ok_pipe_m_large"]
 

@@ -72,6 +72,24 @@ static void store_then_reload(bool mte3_mte2) {
   DataCopy(t, gt(g_in), 64);
 }
 
+// A row written to GM (MTE3) and read back from the same GM bytes (MTE2) into another UB buffer:
+// auto-sync does not insert MTE3 -> MTE2, so the load may read GM before the store landed.
+static void gm_store_then_load(bool mte3_mte2) {
+  TPipe pipe;
+  TBuf<TPosition::VECCALC> a, b;
+  pipe.InitBuffer(a, 256);
+  pipe.InitBuffer(b, 256);
+  auto ta = a.Get<float>();
+  auto tb = b.Get<float>();
+  Duplicate(ta, 3.0f, 64);
+  DataCopy(gt(g_out)[32], ta, 64);  // GM floats [32, 96)
+  if (mte3_mte2) {
+    SetFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
+  }
+  DataCopy(tb, gt(g_out), 64);  // GM floats [0, 64): overlaps [32, 64)
+}
+
 // ---- Cube (AIC) side ---------------------------------------------------------------------------------
 // 16 x 16 x 16 tile on TBufs (no queues: every hand-over is an explicit flag when `sync`).
 struct CubeTile {
@@ -183,6 +201,8 @@ static std::map<std::string, std::function<void()>> vector_cases() {
       {"ok_mte2_v", [] { load_then_compute(true); }},
       {"bad_mte3_mte2", [] { store_then_reload(false); }},
       {"ok_mte3_mte2", [] { store_then_reload(true); }},
+      {"bad_gm_mte3_mte2", [] { gm_store_then_load(false); }},
+      {"ok_gm_mte3_mte2", [] { gm_store_then_load(true); }},
       {"ok_pipe_all", [] {  // PipeBarrier<PIPE_ALL> orders everything before it
          TPipe pipe;
          TBuf<TPosition::VECCALC> b;

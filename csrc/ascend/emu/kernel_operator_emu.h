@@ -877,6 +877,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
   src.check(0, count, "DataCopy (GM->UB)");
   detail::issue(PIPE_MTE2, "DataCopy (GM->UB)");
   dst.emu_touch(uint64_t(count) * sizeof(T), true);
+  ascend_emu::ctx().model.touch_gm(src.GetPhyAddr(), uint64_t(count) * sizeof(T), false);
   std::memcpy(dst.data(), src.GetPhyAddr(), uint64_t(count) * sizeof(T));
 }
 
@@ -887,6 +888,7 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   dst.check(0, count, "DataCopy (UB->GM)");
   detail::issue(PIPE_MTE3, "DataCopy (UB->GM)");
   src.emu_touch(uint64_t(count) * sizeof(T), false);
+  ascend_emu::ctx().model.touch_gm(dst.GetPhyAddr(), uint64_t(count) * sizeof(T), true);
   ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr(), uint64_t(count) * sizeof(T));
   std::memcpy(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T));
 }
@@ -911,6 +913,7 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
     uint8_t* row = ub + b * rowUb;
     std::memset(row, 0xFF, ascend_emu::align32(pad.leftPadding * sizeof(T) + p.blockLen));  // undefined bytes
     T* r = reinterpret_cast<T*>(row);
+    ascend_emu::ctx().model.touch_gm(src.GetPhyAddr() + b * gmStride, p.blockLen, false);
     std::memcpy(r + pad.leftPadding, src.GetPhyAddr() + b * gmStride, p.blockLen);
     if (pad.isPad) {
       for (uint32_t i = 0; i < pad.leftPadding; ++i) r[i] = pad.paddingValue;
@@ -932,6 +935,7 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
   if (p.blockCount) src.emu_touch(uint64_t(p.blockCount - 1) * rowUb + p.blockLen, false);
   const uint8_t* ub = reinterpret_cast<const uint8_t*>(src.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) {
+    ascend_emu::ctx().model.touch_gm(dst.GetPhyAddr() + b * gmStride, p.blockLen, true);
     ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr() + b * gmStride, p.blockLen);
     std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
   }
@@ -1171,6 +1175,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
   dst.emu_touch(((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0) * sizeof(T), true);
   T* d = dst.data();
   const T* g = src.GetPhyAddr();
+  for (uint64_t r = 0; r < p.nValue; ++r) ascend_emu::ctx().model.touch_gm(g + r * p.srcDValue, uint64_t(p.dValue) * sizeof(T), false);
   for (uint64_t r = 0; r < p.nValue; ++r)
     for (uint64_t c = 0; c < p.dValue; ++c)
       d[((c / detail::kC0) * p.dstNzC0Stride + r) * detail::kC0 + c % detail::kC0] = g[r * p.srcDValue + c];
@@ -1358,6 +1363,7 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     src.emu_touch(((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16) * sizeof(S), false);
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
+    for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::ctx().model.touch_gm(d + i * p.dstStride, p.nSize * sizeof(D), true);
     for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::dc_dma_write(ascend_emu::core_id(), d + i * p.dstStride, p.nSize * sizeof(D));
     for (uint64_t i = 0; i < p.mSize; ++i)
       for (uint64_t j = 0; j < p.nSize; ++j) d[i * p.dstStride + j] = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);

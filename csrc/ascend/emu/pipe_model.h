@@ -27,7 +27,13 @@
 // Also checked: two writes to overlapping bytes on the same data-movement pipe (MTE1, MTE2, MTE3,
 // FIX) need a PipeBarrier of that pipe (or any sync chain) between them; consecutive Mmads that
 // accumulate into one L0C tile need PipeBarrier<PIPE_M> between them when ceil(m/16)*ceil(n/16) < 10.
-// NOT tracked: GM (global memory) accesses -- neither within one core nor between cores.
+// GM (global memory) accesses of the DMA instructions are tracked WITHIN ONE CORE the same way: the
+// byte ranges DataCopy / DataCopyPad read (GM -> UB / L1, MTE2) and write (UB -> GM, MTE3), and
+// Fixpipe writes (L0C -> GM, FIX), are kept per block in one interval list (cleared at block start)
+// and checked against the same happens-before relation: e.g. a row stored on MTE3 and read back on
+// MTE2 needs SetFlag/WaitFlag<HardEvent::MTE3_MTE2> (auto-sync does not insert it). Scalar GM
+// accesses (GlobalTensor::GetValue/SetValue) and ordering between cores are not part of this model
+// (the data-cache model, data_cache.h, and the cross-core flags cover those).
 //
 // ASCEND_MOE_OPS_EMU_PIPES=off turns the model off (for debugging a kernel only; CI runs it on).
 // ASCEND_MOE_OPS_EMU_AUTOSYNC=scalar narrows the AIV auto-sync to the pairs the BiSheng guide lists
@@ -117,6 +123,7 @@ class PipeModel {
     pending_.clear();
     lastMmad_ = nullptr;
     cur_ = Cur{};
+    gm_.acc.clear();
   }
   bool on() const { return on_; }
   bool aiv() const { return aiv_; }
@@ -173,6 +180,15 @@ class PipeModel {
     }
     list.push_back(a);
     if (list.size() > 24) prune(list);
+  }
+
+  // A DMA access of the current instruction to GM bytes [addr, addr + bytes) (absolute addresses).
+  void touch_gm(const void* addr, uint64_t bytes, bool write) {
+    if (!on_ || bytes == 0) return;
+    const uint64_t lo = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(addr));
+    gmRanges_ = true;
+    touch(gm_, "global memory", "GM", lo, lo + bytes, write);
+    gmRanges_ = false;
   }
 
   void set_flag(int src, int dst, int id, const char* ev) {
@@ -283,16 +299,26 @@ class PipeModel {
     }
   }
 
+  std::string range(uint64_t lo, uint64_t hi) const {
+    std::ostringstream o;
+    if (gmRanges_)
+      o << "[0x" << std::hex << lo << ", 0x" << hi << ")";
+    else
+      o << "[" << lo << ", " << hi << ")";
+    return o.str();
+  }
+
   void check_pair(const Access& b, int q, bool write, const std::string& owner, const char* space, uint64_t lo,
                   uint64_t hi) {
     const int p = b.pipe;
+    const uint64_t olo = lo > b.lo ? lo : b.lo, ohi = hi < b.hi ? hi : b.hi;
     if (p == q) {
       if (!(write && b.write && transfer_pipe(q))) return;  // program order
       if (ordered(p, b.seq, q)) return;
       std::ostringstream o;
       o << "same-pipe overlap in kernel " << kernel_ << ", block " << block_ << ": " << b.instr << " (issue #"
-        << b.issue << ") and " << cur_.name << " (issue #" << cur_.issue << ") both write " << space << " bytes ["
-        << (lo > b.lo ? lo : b.lo) << ", " << (hi < b.hi ? hi : b.hi) << ") of " << owner << " on " << pipe_name(q)
+        << b.issue << ") and " << cur_.name << " (issue #" << cur_.issue << ") both write " << space << " bytes "
+        << range(olo, ohi) << " of " << owner << " on " << pipe_name(q)
         << " with no PipeBarrier<" << pipe_name(q) << ">() between them";
       fail(o.str());
     }
@@ -306,8 +332,7 @@ class PipeModel {
     const char* kind = b.write ? (write ? "write-after-write" : "read-after-write") : "write-after-read";
     std::ostringstream o;
     o << "pipe race (" << kind << ", missing sync " << pipe_short(p) << "->" << pipe_short(q) << ") in kernel "
-      << kernel_ << ", block " << block_ << ": " << space << " bytes [" << (lo > b.lo ? lo : b.lo) << ", "
-      << (hi < b.hi ? hi : b.hi) << ") of " << owner << ": " << b.instr << " on " << pipe_name(p) << " (issue #"
+      << kernel_ << ", block " << block_ << ": " << space << " bytes " << range(olo, ohi) << " of " << owner << ": " << b.instr << " on " << pipe_name(p) << " (issue #"
       << b.issue << ", " << (b.write ? "write" : "read") << ") and " << cur_.name << " on " << pipe_name(q)
       << " (issue #" << cur_.issue << ", " << (write ? "write" : "read") << ") are not ordered: add SetFlag/WaitFlag<HardEvent::"
       << pipe_short(p) << "_" << pipe_short(q) << ">, a queue EnQue/DeQue or a PipeBarrier<PIPE_ALL>()";
@@ -337,7 +362,8 @@ class PipeModel {
     list.resize(keep);
   }
 
-  bool on_ = false, aiv_ = false, scalarAuto_ = false;
+  bool on_ = false, aiv_ = false, scalarAuto_ = false, gmRanges_ = false;
+  BufferRecords gm_;  // GM accesses of this block's DMA instructions (absolute byte addresses)
   uint32_t block_ = 0;
   std::string kernel_;
   std::array<Clock, kNumPipes> vc_{};  // vc_[q][p]: instructions of p known complete before q's next one
