@@ -544,12 +544,7 @@ class MoEDispatcher:
         per_row = H * es + K * 4 + (0 if probs is None else K * probs.element_size())
         c_inter = sum(recv1) - recv1[node]
         intra, c_intra = sum(send) - send[lme], sum(recv) - recv[lme]
-        handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
-                            intra_node_rows=intra, intra_node_bytes=intra * per_row,
-                            combine_inter_node_rows=c_inter,
-                            combine_inter_node_bytes=c_inter * H * es,
-                            combine_intra_node_rows=c_intra,
-                            combine_intra_node_bytes=c_intra * H * es)
+        handle.stats = _node_stats(inter, c_inter, intra, c_intra, per_row, H * es)
 
         def finish():
             if pending is not None:
@@ -605,12 +600,7 @@ class MoEDispatcher:
         inter = Tmax * (N - 1)
         per_row = H * es + K * 4 + (0 if probs is None else K * probs.element_size())
         intra, c_intra = sum(send) - send[lme], sum(recv) - recv[lme]
-        handle.stats = dict(inter_node_rows=inter, inter_node_bytes=inter * per_row,
-                            intra_node_rows=intra, intra_node_bytes=intra * per_row,
-                            combine_inter_node_rows=inter,
-                            combine_inter_node_bytes=inter * H * es,
-                            combine_intra_node_rows=c_intra,
-                            combine_intra_node_bytes=c_intra * H * es)
+        handle.stats = _node_stats(inter, inter, intra, c_intra, per_row, H * es)
 
         def finish():
             if pending is not None:
@@ -692,3 +682,12 @@ class MoEDispatcher:
                 return reduced[:T]
         p = PendingCombine(finish)
         return p if async_op else p.wait()
+
+
+def _node_stats(inter, c_inter, intra, c_intra, dispatch_row_bytes, combine_row_bytes) -> dict:
+    """Rows and bytes per link class of one hierarchical dispatch (dispatch rows carry the token,
+    its ids and probs; combine rows carry the token only)."""
+    return dict(inter_node_rows=inter, inter_node_bytes=inter * dispatch_row_bytes,
+                intra_node_rows=intra, intra_node_bytes=intra * dispatch_row_bytes,
+                combine_inter_node_rows=c_inter, combine_inter_node_bytes=c_inter * combine_row_bytes,
+                combine_intra_node_rows=c_intra, combine_intra_node_bytes=c_intra * combine_row_bytes)
