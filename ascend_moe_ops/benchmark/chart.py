@@ -26,6 +26,15 @@ def _axis_cap(values: List[float], floor: float) -> float:
     return max(cap, floor) * 1.08
 
 
+def _label_axes(ax, labels: List[str], xlabel: str) -> None:
+    """Row labels top to bottom in the records' order, small fonts so long case names fit."""
+    ax.set_yticks(list(range(len(labels))))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+
+
 def render(records: List[dict], path: Path, title: str) -> Optional[str]:
     """Write the chart; returns None, or why no chart was written."""
     try:
@@ -64,11 +73,7 @@ def render(records: List[dict], path: Path, title: str) -> Optional[str]:
                 ax.annotate(f"{v:.3g}x", (v, i), xytext=(3 if v >= 1 else -3, 0),
                             textcoords="offset points", va="center", ha="left" if v >= 1 else "right",
                             fontsize=7)
-            ax.set_yticks(list(y))
-            ax.set_yticklabels(labels, fontsize=7)
-            ax.invert_yaxis()
-            ax.set_xlabel(xlabel, fontsize=8)
-            ax.tick_params(axis="x", labelsize=7)
+            _label_axes(ax, labels, xlabel)
             continue
         cap = _axis_cap(vals, 1.5 * ref)  # up to 150 % always shown as is
         shown = [min(v, cap) for v in vals]
@@ -84,11 +89,7 @@ def render(records: List[dict], path: Path, title: str) -> Optional[str]:
             else:
                 ax.annotate(txt, (s, i), xytext=(3, 0), textcoords="offset points", va="center",
                             fontsize=7)
-        ax.set_yticks(list(y))
-        ax.set_yticklabels(labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel(xlabel, fontsize=8)
-        ax.tick_params(axis="x", labelsize=7)
+        _label_axes(ax, labels, xlabel)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.2)  # never clip a label
