@@ -34,8 +34,10 @@ SUBSETS = {"2x3": ["stats", "modes_equal", "fp64_hierarchical", "async_hierarchi
                    "zero_tokens_hierarchical", "skew_hierarchical", "expert_map_hierarchical",
                    "overlap_hierarchical"]}
 # the pipeline's scheduling does not depend on the topology: its other modes run on 2x2 only
-_SKIP = {"3x2": {"overlap_flat", "overlap_hierarchical_allgather"},
-         "1x4": {"overlap_flat", "overlap_hierarchical_allgather"}}
+_SKIP = {"3x2": {"overlap_flat", "overlap_hierarchical_allgather", "overlap_order_flat",
+                 "overlap_order_hierarchical"},
+         "1x4": {"overlap_flat", "overlap_hierarchical_allgather", "overlap_order_flat",
+                 "overlap_order_hierarchical"}}
 PG_TIMEOUT_S = int(os.environ.get("EP_TEST_PG_TIMEOUT", 40))
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOIN_TIMEOUT_S = 150
@@ -479,6 +481,57 @@ def scenario_overlap(ctx, algorithm):
         assert torch.equal(layer(x0), ref[0])
 
 
+def scenario_overlap_order(ctx, algorithm):
+    """The pipeline really overlaps: the recorded event order of one overlapped fwd+bwd (4 chunks)
+    has, for every chunk i, chunk i+1's dispatch issued (on the communication thread) before
+    chunk i's experts end (forward), and chunk i+1's combine-gradient all-to-all launched before
+    chunk i's expert backward (its weight-gradient GEMMs) starts; expert work runs on the
+    calling thread, collectives on the communication thread."""
+    from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
+    from ascend_moe_ops.distributed.overlap import record_schedule
+    from ascend_moe_ops.nn import GroupedMLP
+    W, rank = ctx["world"], ctx["rank"]
+    E, H, K, n = 2 * W, 8, 2, 4
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    torch.manual_seed(3)
+    experts = GroupedMLP(disp.num_local_experts, H, 8)
+    g = torch.Generator().manual_seed(70 + rank)
+    T = 12 + rank
+    x = torch.randn(T, H, generator=g, requires_grad=True)
+    ids = torch.rand(T, E, generator=g).topk(K, dim=1).indices
+    probs = torch.rand(T, K, generator=g, requires_grad=True)
+    with record_schedule() as ev:
+        out = moe_forward_overlapped(disp, x, ids, probs, experts, list(experts.parameters()),
+                                     chunks=n)
+        out.sum().backward()
+    assert x.grad is not None and all(q.grad is not None for q in experts.parameters())
+
+    def at(phase, name, i):
+        hits = [e for e in ev if (e["phase"], e["event"], e["chunk"]) == (phase, name, i)]
+        assert len(hits) == 1, (phase, name, i, hits)
+        return hits[0]
+
+    main = at("fwd", "expert_start", 0)["thread"]
+    for i in range(n):
+        for phase, name in (("fwd", "dispatch_launch"), ("fwd", "combine_launch"),
+                            ("bwd", "combine_grad_launch"), ("bwd", "dispatch_grad_launch")):
+            assert at(phase, name, i)["thread"] != main, (phase, name, i)
+        assert at("fwd", "expert_end", i)["thread"] == main
+        assert at("bwd", "expert_bwd_start", i)["thread"] == main
+        assert at("fwd", "dispatch_launch", i)["detail"].startswith("dispatch: ")
+        launch = at("bwd", "combine_grad_launch", i)
+        assert launch["detail"].startswith("combine: all-to-all") and \
+            launch["detail"].endswith("(backward)"), launch
+        if i + 1 < n:
+            nxt = at("fwd", "dispatch_launch", i + 1)
+            assert nxt["seq"] < at("fwd", "expert_end", i)["seq"], (i, nxt)
+            nxt = at("bwd", "combine_grad_launch", i + 1)
+            assert nxt["seq"] < at("bwd", "expert_bwd_start", i)["seq"], (i, nxt)
+    # backward of chunk i's experts comes after its own combine gradient arrived
+    for i in range(n):
+        assert at("bwd", "combine_grad_done", i)["seq"] < at("bwd", "expert_bwd_start", i)["seq"]
+
+
 def scenario_auto(ctx):
     from ascend_moe_ops.distributed import MoEDispatcher
     topo = ctx["topo"]
@@ -514,6 +567,7 @@ for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     if _alg == "hierarchical_allgather":
         continue  # its node stage is the deduplicated path's: the scenarios below run once there
     SCENARIOS[f"no_probs_{_alg}"] = (scenario_no_probs, (_alg,))
+    SCENARIOS[f"overlap_order_{_alg}"] = (scenario_overlap_order, (_alg,))
     SCENARIOS[f"round_trip_{_alg}"] = (scenario_round_trip, (_alg,))
     SCENARIOS[f"bf16_{_alg}"] = (scenario_bf16, (_alg,))
     SCENARIOS[f"expert_map_{_alg}"] = (scenario_expert_map, (_alg,))

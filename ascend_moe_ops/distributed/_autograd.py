@@ -13,6 +13,7 @@ backend (the data is copied), so a one-node topology costs no inter-node call.
 
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Sequence
 
 import torch
@@ -104,9 +105,26 @@ def group_size(group) -> int:
     return dist.get_world_size(group)
 
 
+_launch_hook = threading.local()
+
+
+def on_launch(hook) -> None:
+    """Set (or clear, with ``None``) this thread's launch hook: ``hook(what)`` is called each time
+    a collective of this module is issued on this thread (before it is handed to the backend).
+    :mod:`.overlap` uses it to record and order its pipeline."""
+    _launch_hook.fn = hook
+
+
+def _launched(what: str) -> None:
+    fn = getattr(_launch_hook, "fn", None)
+    if fn is not None:
+        fn(what)
+
+
 def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Optional[Pending],
          what: str = "all_to_all"):
     x = x.contiguous()
+    _launched(what)
     out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
     if group_size(group) == 1:
         out.copy_(x[: sum(send)])
@@ -120,6 +138,7 @@ def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Op
 
 def _all_gather(x: Tensor, group, pending: Optional[Pending], what: str = "all_gather"):
     x = x.contiguous()
+    _launched(what)
     n = group_size(group)
     out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
     if n == 1:
@@ -136,6 +155,7 @@ def _all_gather(x: Tensor, group, pending: Optional[Pending], what: str = "all_g
 
 def _reduce_scatter(x: Tensor, group, pending: Optional[Pending], what: str = "reduce_scatter"):
     x = x.contiguous()
+    _launched(what)
     n = group_size(group)
     out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
     if n == 1:
@@ -241,6 +261,7 @@ def gather_ints(values: Tensor, group, what: str, device=None) -> Tensor:
     """Collective: all-gather a 1-D int64 tensor (same length on every rank) -> ``[n, len]`` on
     the CPU. Failures raise :class:`CollectiveError` naming ``what``."""
     n = group_size(group)
+    _launched(what)
     mine = values.to(device=device or values.device, dtype=torch.int64).contiguous()
     everyone = torch.empty(n * mine.numel(), dtype=torch.int64, device=mine.device)
     if n > 1 and mine.numel() > 0:  # (the length is the same on every member)
