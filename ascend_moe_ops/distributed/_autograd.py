@@ -203,6 +203,59 @@ class _AllToAll(torch.autograd.Function):
                 None, None, None, None, None)
 
 
+class _SlotsAllToAll(torch.autograd.Function):
+    """One all-to-all for the per-row slot data of a hierarchical leg: the ``[R, K]`` int32 slot
+    ids and (optionally) the ``[R, K]`` probs travel as the bytes of one uint8 buffer (a plain
+    copy, no arithmetic, so both arrive bit-exact). Differentiable w.r.t. ``probs``: the backward
+    is the reverse all-to-all of the probs gradient."""
+
+    @staticmethod
+    def forward(ctx, ids, probs, send, recv, group, pending, what):
+        ctx.send, ctx.recv, ctx.group, ctx.what = list(send), list(recv), group, what
+        R, K = ids.shape
+        parts = [ids.to(torch.int32).contiguous().view(torch.uint8)]
+        if probs is not None:
+            parts.append(probs.contiguous().view(torch.uint8))
+        buf = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        out = _a2a(buf, send, recv, group, pending, what)
+        n = out.shape[0]
+        ids_out = torch.empty((n, K), dtype=torch.int32, device=ids.device)
+        probs_out = None if probs is None else torch.empty((n, K), dtype=probs.dtype,
+                                                            device=probs.device)
+
+        def unpack():
+            if n == 0:
+                return
+            with torch.no_grad():
+                ids_out.copy_(out[:, :4 * K].contiguous().view(torch.int32))
+                if probs_out is not None:
+                    probs_out.copy_(out[:, 4 * K:].contiguous().view(probs.dtype))
+
+        if pending is None:
+            unpack()
+        else:
+            pending.then(unpack)
+        ctx.mark_non_differentiable(ids_out)
+        return ids_out, probs_out
+
+    @staticmethod
+    def backward(ctx, g_ids, g_probs):
+        gp = None
+        if g_probs is not None:
+            gp = _a2a(g_probs, ctx.recv, ctx.send, ctx.group, None, ctx.what + " (backward)")
+        return None, gp, None, None, None, None, None
+
+
+def all_to_all_slots(ids: Tensor, probs: Optional[Tensor], send_splits: Sequence[int],
+                     recv_splits: Sequence[int], group=None, *, pending: Optional[Pending] = None,
+                     what: str = "all_to_all of slots"):
+    """``(ids [R', K] int32, probs [R', K] or None)``: both moved by one all-to-all (see
+    :class:`_SlotsAllToAll`); with ``pending`` the outputs are valid after ``pending.wait()``."""
+    if probs is None:
+        return _a2a(ids.to(torch.int32), send_splits, recv_splits, group, pending, what), None
+    return _SlotsAllToAll.apply(ids, probs, list(send_splits), list(recv_splits), group, pending, what)
+
+
 class _AllGather(torch.autograd.Function):
     """All-gathers several tensors (same leading size) in one autograd node, so their backward
     reduce-scatters run in a fixed order on every rank."""
