@@ -378,16 +378,22 @@ def test_plan_drifting_trace():
 # the imbalance is >= 95 % of the cut the same planner gets from the true next-step load. Small,
 # deterministic version of bench/bench_balance.py --oracle (64 experts on 8 x 8, 256 routed slots
 # per expert and step as in the bench, 500 steps, seed 0); a quality assertion, not a timing one.
-# On the bursty trace at a 10-step interval the goal is NOT met (0.93 here): the next-step oracle
-# sees the bursts that begin on the very step the placement starts serving, which no forecast can;
-# the same planner fed the true load of the last *observed* step reaches no more (0.93). There the
-# test asserts the documented shortfall bound and that the forecast reaches that causal ceiling.
-QUALITY_CASES = [("lognormal_slow", 10, 0.95), ("lognormal_slow", 50, 0.95),
-                 ("bursty", 10, 0.90), ("bursty", 50, 0.95)]
+# The goal is NOT met on two cases, where the test asserts the measured shortfall bound and that
+# the forecast reaches the causal ceiling (the same planner fed the true load of the last
+# *observed* step): bursty at a 10-step interval (0.93 here; the next-step oracle sees the bursts
+# that begin on the very step the placement starts serving, which no forecast can, and the
+# ceiling reaches no more) and the fast drift at a 50-step interval (0.86 here, while the
+# forecast beats the ceiling: 1.04 of it; the next-step oracle's advantage is knowing where the
+# drift stands at the first served step, which a forecast from counts cannot know).
+# Columns: trace, interval, share of the oracle's cut, share of the ceiling's cut, least cut (the
+# fast drift leaves less to cut at a 50-step interval: 0.39 for the oracle).
+QUALITY_CASES = [("lognormal_slow", 10, 0.95, 0.97, 0.4), ("lognormal_slow", 50, 0.95, 0.97, 0.4),
+                 ("bursty", 10, 0.90, 0.97, 0.4), ("bursty", 50, 0.95, 0.97, 0.4),
+                 ("lognormal_fast", 10, 0.95, 0.95, 0.4), ("lognormal_fast", 50, 0.84, 0.97, 0.3)]
 
 
-@pytest.mark.parametrize("kind,interval,goal", QUALITY_CASES)
-def test_placement_reaches_its_oracle(kind, interval, goal):
+@pytest.mark.parametrize("kind,interval,goal,ceiling_share,least", QUALITY_CASES)
+def test_placement_reaches_its_oracle(kind, interval, goal, ceiling_share, least):
     from ascend_moe_ops.balance import traces
     E, R, S = 64, 8, 8
     p, counts = traces.make_trace(kind, 500, seed=0, num_experts=E, slots_per_step=16384)
@@ -396,9 +402,9 @@ def test_placement_reaches_its_oracle(kind, interval, goal):
     oracle = traces.replay(p, counts, R, S, oracle="next_step", **kw)
     ceiling = traces.replay(p, counts, R, S, oracle="previous_step", **kw)
     assert ours["moves_max"] <= default_max_moves(E) == 6
-    assert oracle["cut"] > 0.4 and ours["cut"] > 0.4              # placement does real work here
+    assert oracle["cut"] > least and ours["cut"] > least          # placement does real work here
     assert ours["cut"] >= goal * oracle["cut"], (ours["cut"], oracle["cut"])
-    assert ours["cut"] >= 0.97 * ceiling["cut"], (ours["cut"], ceiling["cut"])
+    assert ours["cut"] >= ceiling_share * ceiling["cut"], (ours["cut"], ceiling["cut"])
     # the forecast beats the plain window mean (the old baseline predictor) or ties it
     base = traces.replay(p, counts, R, S, predictor=lambda: ExpertLoadPredictor(
         E, method="window_mean", horizon=interval), **kw)

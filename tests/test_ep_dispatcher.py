@@ -34,11 +34,13 @@ SUBSETS = {"2x3": ["stats", "modes_equal", "fp64_hierarchical", "async_hierarchi
                    "zero_tokens_hierarchical", "skew_hierarchical", "expert_map_hierarchical",
                    "overlap_hierarchical"]}
 # the pipeline's scheduling does not depend on the topology: its other modes run on 2x2 only
-_SKIP = {"3x2": {"overlap_flat", "overlap_hierarchical_allgather"},
-         "1x4": {"overlap_flat", "overlap_hierarchical_allgather"}}
+_SKIP = {"3x2": {"overlap_flat", "overlap_hierarchical_allgather", "overlap_order_flat",
+                 "overlap_order_hierarchical"},
+         "1x4": {"overlap_flat", "overlap_hierarchical_allgather", "overlap_order_flat",
+                 "overlap_order_hierarchical"}}
 PG_TIMEOUT_S = int(os.environ.get("EP_TEST_PG_TIMEOUT", 40))
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-JOIN_TIMEOUT_S = 150
+JOIN_TIMEOUT_S = 150  # one spawned group of the HCCL harness (tests/test_ascend_npu.py)
 
 
 # ------------------------------------------------------------------ helpers run in the workers
@@ -285,10 +287,10 @@ def scenario_stats(ctx):
     hd = disps["hierarchical"].dispatch(x, ids, p)[2]
     everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(W)]
     import torch.distributed as dist
-    dist.all_gather(everyone, torch.tensor([hd.stats["inter_node_rows"]]))
+    dist.all_gather(everyone, torch.tensor([hd.stats["inter_node_rows"]]), group=topo.group)
     total_sent = sum(int(v) for v in everyone)
     back = torch.tensor([hd.stats["combine_inter_node_rows"]])
-    dist.all_reduce(back)
+    dist.all_reduce(back, group=topo.group)
     assert int(back) == total_sent, (int(back), total_sent)
 
 
@@ -340,11 +342,11 @@ def scenario_errors(ctx):
     topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
     E = 2 * W
     with pytest.raises(ValueError, match=re.escape("not divisible by local_size")):
-        EPTopology(local_size=W + 1 if W > 2 else 3)
+        EPTopology(topo.group, local_size=W + 1 if W > 2 else 3)
     with pytest.raises(ValueError, match=re.escape("not divisible by the EP world size")):
         MoEDispatcher(topo, E + 1)
     with pytest.raises(ValueError, match=re.escape("timeout must be a positive number")):
-        EPTopology(local_size=ctx["local_size"], timeout=-1)
+        EPTopology(topo.group, local_size=ctx["local_size"], timeout=-1)
     disp = MoEDispatcher(topo, E, algorithm="flat")
     x = torch.randn(4, 3)
     with pytest.raises(ValueError, match=re.escape("outside the valid range")):
@@ -366,9 +368,9 @@ def scenario_errors(ctx):
     if rank == 0:
         send = [2] + [1] * (W - 1)
     with pytest.raises(SplitMismatchError, match=re.escape("rank 0 sends 2 rows to rank 0, which expects 1")):
-        amd.all_to_all(torch.randn(W + 1, 3), send, recv, None, debug=True)
+        amd.all_to_all(torch.randn(W + 1, 3), send, recv, topo.group, debug=True)
     with pytest.raises(SplitMismatchError, match=re.escape("sends")):
-        amd.check_splits([0] * W, [0] * (W - 1) + [int(rank == 0)], None)
+        amd.check_splits([0] * W, [0] * (W - 1) + [int(rank == 0)], topo.group)
     dbg = MoEDispatcher(topo, E, algorithm="hierarchical", debug=True)
     ids = torch.zeros(4, 2, dtype=torch.long)
     # non-matching dtypes across ranks
@@ -479,6 +481,57 @@ def scenario_overlap(ctx, algorithm):
         assert torch.equal(layer(x0), ref[0])
 
 
+def scenario_overlap_order(ctx, algorithm):
+    """The pipeline really overlaps: the recorded event order of one overlapped fwd+bwd (4 chunks)
+    has, for every chunk i, chunk i+1's dispatch issued (on the communication thread) before
+    chunk i's experts end (forward), and chunk i+1's combine-gradient all-to-all launched before
+    chunk i's expert backward (its weight-gradient GEMMs) starts; expert work runs on the
+    calling thread, collectives on the communication thread."""
+    from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
+    from ascend_moe_ops.distributed.overlap import record_schedule
+    from ascend_moe_ops.nn import GroupedMLP
+    W, rank = ctx["world"], ctx["rank"]
+    E, H, K, n = 2 * W, 8, 2, 4
+    disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
+    torch.manual_seed(3)
+    experts = GroupedMLP(disp.num_local_experts, H, 8)
+    g = torch.Generator().manual_seed(70 + rank)
+    T = 12 + rank
+    x = torch.randn(T, H, generator=g, requires_grad=True)
+    ids = torch.rand(T, E, generator=g).topk(K, dim=1).indices
+    probs = torch.rand(T, K, generator=g, requires_grad=True)
+    with record_schedule() as ev:
+        out = moe_forward_overlapped(disp, x, ids, probs, experts, list(experts.parameters()),
+                                     chunks=n)
+        out.sum().backward()
+    assert x.grad is not None and all(q.grad is not None for q in experts.parameters())
+
+    def at(phase, name, i):
+        hits = [e for e in ev if (e["phase"], e["event"], e["chunk"]) == (phase, name, i)]
+        assert len(hits) == 1, (phase, name, i, hits)
+        return hits[0]
+
+    main = at("fwd", "expert_start", 0)["thread"]
+    for i in range(n):
+        for phase, name in (("fwd", "dispatch_launch"), ("fwd", "combine_launch"),
+                            ("bwd", "combine_grad_launch"), ("bwd", "dispatch_grad_launch")):
+            assert at(phase, name, i)["thread"] != main, (phase, name, i)
+        assert at("fwd", "expert_end", i)["thread"] == main
+        assert at("bwd", "expert_bwd_start", i)["thread"] == main
+        assert at("fwd", "dispatch_launch", i)["detail"].startswith("dispatch: ")
+        launch = at("bwd", "combine_grad_launch", i)
+        assert launch["detail"].startswith("combine: all-to-all") and \
+            launch["detail"].endswith("(backward)"), launch
+        if i + 1 < n:
+            nxt = at("fwd", "dispatch_launch", i + 1)
+            assert nxt["seq"] < at("fwd", "expert_end", i)["seq"], (i, nxt)
+            nxt = at("bwd", "combine_grad_launch", i + 1)
+            assert nxt["seq"] < at("bwd", "expert_bwd_start", i)["seq"], (i, nxt)
+    # backward of chunk i's experts comes after its own combine gradient arrived
+    for i in range(n):
+        assert at("bwd", "combine_grad_done", i)["seq"] < at("bwd", "expert_bwd_start", i)["seq"]
+
+
 def scenario_auto(ctx):
     from ascend_moe_ops.distributed import MoEDispatcher
     topo = ctx["topo"]
@@ -489,17 +542,18 @@ def scenario_auto(ctx):
 
 
 def scenario_subgroup(ctx):
-    """EP group smaller than the world: two independent 2-rank EP groups (2 nodes x 1 rank)."""
+    """EP group smaller than the enclosing one: independent 2-rank EP groups (2 nodes x 1 rank)."""
     import torch.distributed as dist
     from ascend_moe_ops.distributed import EPTopology
-    W, rank = ctx["world"], ctx["rank"]
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
     if W % 2:
         return
-    groups = [dist.new_group([2 * i, 2 * i + 1]) for i in range(W // 2)]  # every rank creates all
-    sub = groups[rank // 2]
-    topo = EPTopology(sub, local_size=1)
-    assert (topo.world_size, topo.rank, topo.num_nodes) == (2, rank % 2, 2)
-    sub_ctx = dict(rank=rank % 2, world=2, local_size=1, topo=topo)
+    pair = [topo.ranks[2 * (rank // 2)], topo.ranks[2 * (rank // 2) + 1]]  # global ranks
+    sub = dist.new_group(pair, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S),
+                         use_local_synchronization=True)
+    topo2 = EPTopology(sub, local_size=1)
+    assert (topo2.world_size, topo2.rank, topo2.num_nodes) == (2, rank % 2, 2)
+    sub_ctx = dict(rank=rank % 2, world=2, local_size=1, topo=topo2)
     scenario_fp64(sub_ctx, "hierarchical")
     scenario_fp64(sub_ctx, "flat")
 
@@ -514,6 +568,7 @@ for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     if _alg == "hierarchical_allgather":
         continue  # its node stage is the deduplicated path's: the scenarios below run once there
     SCENARIOS[f"no_probs_{_alg}"] = (scenario_no_probs, (_alg,))
+    SCENARIOS[f"overlap_order_{_alg}"] = (scenario_overlap_order, (_alg,))
     SCENARIOS[f"round_trip_{_alg}"] = (scenario_round_trip, (_alg,))
     SCENARIOS[f"bf16_{_alg}"] = (scenario_bf16, (_alg,))
     SCENARIOS[f"expert_map_{_alg}"] = (scenario_expert_map, (_alg,))
@@ -531,158 +586,205 @@ def scenario_calls(ctx, names):
     return [(name, functools.partial(SCENARIOS[name][0], ctx, *SCENARIOS[name][1])) for name in names]
 
 
-def _worker(rank, world, local_size, port, outdir, names):
+# ------------------------------------------------------------------ one spawned world for all
+# Starting a rank process (importing torch) costs more CPU than most scenarios, so ONE spawned
+# world of 8 gloo processes runs every topology and every fault, in phases separated by barriers
+# of the default group (long timeout; it is used for nothing else):
+#   1. ranks 0-3 run 2x2 while ranks 4-7 run 1x4;
+#   2. ranks 0-5 run 3x2, then 2x3 (ranks 6 and 7 wait at the barrier);
+#   3. ranks 0-3 run fault list "a" while ranks 4-7 run fault list "b" (see below).
+# Every topology (and every fault) gets its own EP group (new_group over its ranks with the
+# EP timeout); every collective has a timeout and the world a join deadline, so a deadlock fails
+# the tests instead of hanging.
+WORLD_SIZE = 8
+PHASES = [[(0, ["2x2"]), (4, ["1x4"])], [(0, ["3x2", "2x3"])]]  # (first global rank, topologies)
+FIRST_RANK = {name: first for phase in PHASES for first, names in phase for name in names}
+FAULT_JOBS = [(0, "a"), (4, "b")]  # (first global rank, fault list)
+WORLD_TIMEOUT_S = 600
+WORLD_JOIN_TIMEOUT_S = int(os.environ.get("EP_TEST_JOIN_TIMEOUT", 480))
+
+
+def _names(world, only=None):
+    return [n for n in SUBSETS.get(world, list(SCENARIOS))
+            if n not in _SKIP.get(world, ()) and (only is None or n in only)]
+
+
+def _setup_rank():
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if _ROOT not in sys.path:
-        sys.path.insert(0, _ROOT)
+    for p in (_ROOT, os.path.join(_ROOT, "tests")):
+        if p not in sys.path:
+            sys.path.insert(0, p)
     torch.set_num_threads(1)
     import warnings
     warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
+
+
+def _pad_group_count():
+    """Make every rank hold as many process groups as the rank with the most (one-rank groups)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    mine = len(c10d._world.pg_names)
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, mine)
+    for _ in range(max(counts) - mine):
+        dist.new_group([dist.get_rank()], use_local_synchronization=True)
+
+
+def _survivors():
+    """Global ranks alive after the faults (each fault list's "dies" victim exits)."""
+    dead = {first + victim for first, tag in FAULT_JOBS
+            for _, _, victim, kind in FAULT_GROUPS[tag] if kind == "dies"}
+    return [r for r in range(WORLD_SIZE) if r not in dead]
+
+
+def _world_worker(rank, port, outdir, only, faults):
+    _setup_rank()
     import torch.distributed as dist
     from ascend_moe_ops.distributed import EPTopology
     results = {}
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
-        ctx = dict(rank=rank, world=world, local_size=local_size,
-                   topo=EPTopology(local_size=local_size))
-        run_scenarios(scenario_calls(ctx, names), results, outdir, rank,
-                      log=bool(os.environ.get("EP_TEST_VERBOSE")))
-        dist.barrier()
-        dist.destroy_process_group()
+                                world_size=WORLD_SIZE,
+                                timeout=datetime.timedelta(seconds=WORLD_TIMEOUT_S))
+        # Every group is created up front. A subgroup made with use_local_synchronization=True
+        # (EPTopology's subgroups of an explicit EP group) is named from its ranks and the number
+        # of groups its creator already holds, so its members must hold equally many: the EP
+        # groups are created by all ranks in one order (a non-member holds none of them, so the
+        # counts are then padded), then the topologies of the fault lists (every rank creates
+        # as many), then those of the scenario phases.
+        jobs = [(first, name) for phase in PHASES for first, names in phase for name in names]
+        eps = {}
+        for first, name in jobs:
+            eps[name] = dist.new_group(list(range(first, first + WORLDS[name][0])),
+                                       timeout=datetime.timedelta(seconds=PG_TIMEOUT_S))
+        for first, tag in FAULT_JOBS:
+            for fault in FAULT_GROUPS[tag]:
+                eps[fault[0]] = dist.new_group(list(range(first, first + 4)),
+                                               timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
+        _pad_group_count()
+        topos = {}
+        for first, tag in FAULT_JOBS:
+            if first <= rank < first + 4:
+                for fault in FAULT_GROUPS[tag]:
+                    topos[fault[0]] = EPTopology(eps[fault[0]], local_size=2)
+        for first, name in jobs:
+            if first <= rank < first + WORLDS[name][0]:
+                topos[name] = EPTopology(eps[name], local_size=WORLDS[name][1])
+        for phase in PHASES:
+            for first, names in phase:
+                for name in names:
+                    world, local = WORLDS[name]
+                    if not first <= rank < first + world:
+                        continue
+                    ctx = dict(rank=rank - first, world=world, local_size=local, topo=topos[name])
+                    calls = [(f"{name}/{n}", fn) for n, fn in scenario_calls(ctx, _names(name, only))]
+                    run_scenarios(calls, results, outdir, rank,
+                                  log=bool(os.environ.get("EP_TEST_VERBOSE")))
+            dist.barrier()
+        if faults:
+            for first, tag in FAULT_JOBS:
+                if first <= rank < first + 4:
+                    _run_faults(rank, first, FAULT_GROUPS[tag], topos, results, outdir)
     except Exception:
         setup_failure(results, outdir, rank)
-
-
-def run_group(world, local_size, names, outdir, timeout=JOIN_TIMEOUT_S):
-    """Spawn ``world`` gloo processes running ``names``; returns ``(per_rank results, hung ranks)``."""
-    return spawn_ranks(_worker, world, (world, local_size, free_port(), outdir, names), outdir, timeout)
+    # rank 0 hosts the store the later groups rendezvous on: it stays until every surviving
+    # rank is done (bounded), then everyone leaves without an orderly teardown (the fault groups
+    # are broken on purpose)
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"ep_test_done_{rank}", "1")
+        if rank == 0:
+            store.wait([f"ep_test_done_{r}" for r in _survivors()], datetime.timedelta(seconds=60))
+    except Exception:
+        pass
+    os._exit(0)
 
 
 _CACHE = {}
 
 
-def _names(world):
-    return [n for n in SUBSETS.get(world, list(SCENARIOS)) if n not in _SKIP.get(world, ())]
-
-
-def _group_results(name, tmp_path_factory):
-    if name not in _CACHE:
-        world, local = WORLDS[name]
-        _CACHE[name] = run_group(world, local, _names(name), str(tmp_path_factory.mktemp(name)))
-    return _CACHE[name]
+def _world_results(tmp_path_factory):
+    if "world" not in _CACHE:
+        d = str(tmp_path_factory.mktemp("ep_world"))
+        _CACHE["world"] = spawn_ranks(_world_worker, WORLD_SIZE, (free_port(), d, None, True), d,
+                                      WORLD_JOIN_TIMEOUT_S)
+    return _CACHE["world"]
 
 
 @pytest.mark.parametrize("world,scenario", [(w, s) for w in WORLDS for s in _names(w)])
 def test_ep_dispatcher(world, scenario, tmp_path_factory):
-    per_rank, hung = _group_results(world, tmp_path_factory)
-    bad = problems(per_rank, hung, [scenario])
+    per_rank, hung = _world_results(tmp_path_factory)
+    first, n = FIRST_RANK[world], WORLDS[world][0]
+    bad = problems(per_rank[first:first + n], [r - first for r in hung if first <= r < first + n],
+                   [f"{world}/{scenario}"])
     if bad:
         pytest.fail("\n".join(bad))
 
 
 # ------------------------------------------------------------------ faults
-# Each fault runs on a fresh 4-rank EP group (2 nodes x 2) with a short timeout, created with
-# new_group after the previous fault, so several faults share one spawned process group; the
-# default group (long timeout) only hosts the store. A victim rank raises inside dispatch (or skips
-# combine) and stays alive, or dies (os._exit); every other rank must raise CollectiveError naming
-# the collective within the timeout plus a margin.
+# Each fault runs on its own 4-rank EP group (2 nodes x 2) with a short timeout, so several
+# faults share one set of processes. A victim rank raises inside
+# dispatch (or skips combine) and stays alive, or dies (os._exit); every other rank must raise
+# CollectiveError naming the collective within the timeout plus a margin. The two fault lists
+# run at the same time on ranks 0-3 and 4-7 of the spawned world (they mostly wait on timeouts).
 FAULT_TIMEOUT_S = 5
 FAULT_MARGIN_S = float(os.environ.get("EP_TEST_FAULT_MARGIN", 8))  # loaded 2-core CI machines
-FAULT_GROUPS = {  # spawned group -> [(name, algorithm, victim, kind)]; "dies" must come last
+FAULT_GROUPS = {  # fault list -> [(name, algorithm, victim, kind)]; "dies" must come last
     "a": [("flat_raise", "flat", 1, "raise"), ("allgather_raise", "hierarchical_allgather", 3, "raise"),
           ("hier_dies", "hierarchical", 1, "dies")],
     "b": [("hier_raise", "hierarchical", 2, "raise"),
           ("hier_skip_combine", "hierarchical", 0, "skip_combine"), ("flat_dies", "flat", 2, "dies")],
 }
 FAULTS = [f for group in FAULT_GROUPS.values() for f in group]
+FAULT_FIRST = {name: first for first, tag in FAULT_JOBS for name, *_ in FAULT_GROUPS[tag]}
 
 
-def _fault_worker(rank, world, local_size, port, outdir, faults):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if _ROOT not in sys.path:
-        sys.path.insert(0, _ROOT)
-    torch.set_num_threads(1)
-    import warnings
-    warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
-    import torch.distributed as dist
+def _run_faults(grank, first, faults, topos, results, outdir):
     from _spawn import dump_results
     import ascend_moe_ops.distributed.dispatcher as D
-    from ascend_moe_ops.distributed import EPTopology, MoEDispatcher
-    results = {}
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=120))
-        for name, alg, victim, kind in faults:
-            ep = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=FAULT_TIMEOUT_S))
-            topo = EPTopology(ep, local_size=local_size)
-            assert topo.timeout.total_seconds() == FAULT_TIMEOUT_S
-            disp = MoEDispatcher(topo, 2 * world, algorithm=alg)
-            x, ids, p, _ = _inputs(world, [6] * world, 4, 2 * world, 3, seed=50)[rank]
-            et, _, h = disp.dispatch(x, ids, p)  # a good round first: connections are up
+    from ascend_moe_ops.distributed import MoEDispatcher
+    world, rank = 4, grank - first
+    for name, alg, victim, kind in faults:
+        topo = topos[name]
+        assert topo.timeout.total_seconds() == FAULT_TIMEOUT_S
+        disp = MoEDispatcher(topo, 2 * world, algorithm=alg)
+        x, ids, p, _ = _inputs(world, [6] * world, 4, 2 * world, 3, seed=50)[rank]
+        et, _, h = disp.dispatch(x, ids, p)  # a good round first: connections are up
+        disp.combine(et, h)
+        original = D.moe_permute
+
+        def boom(*args, **kwargs):
+            if kind == "dies":
+                os._exit(3)
+            raise RuntimeError("injected fault")
+
+        t0 = time.time()
+        try:
+            if rank == victim and kind != "skip_combine":
+                D.moe_permute = boom
+            et, _, h = disp.dispatch(x, ids, p)
+            if rank == victim:  # stops participating: never calls combine
+                raise RuntimeError("injected fault (skipped combine)")
             disp.combine(et, h)
-            original = D.moe_permute
-
-            def boom(*args, **kwargs):
-                if kind == "dies":
-                    os._exit(3)
-                raise RuntimeError("injected fault")
-
-            t0 = time.time()
-            try:
-                if rank == victim and kind != "skip_combine":
-                    D.moe_permute = boom
-                et, _, h = disp.dispatch(x, ids, p)
-                if rank == victim:  # stops participating: never calls combine
-                    raise RuntimeError("injected fault (skipped combine)")
-                disp.combine(et, h)
-                results[name] = ["no error", "", time.time() - t0]
-            except Exception as e:
-                results[name] = [type(e).__name__, str(e), time.time() - t0]
-            finally:
-                D.moe_permute = original
-            dump_results(results, outdir, rank)
-            if rank == victim:  # stay alive until every peer has given up on this group
-                time.sleep(FAULT_TIMEOUT_S + 1)
-    except Exception:
-        import traceback
-        results["__setup__"] = [traceback.format_exc(), "", 0]
-        dump_results(results, outdir, rank)
-    os._exit(0)  # the EP groups are broken on purpose: skip the orderly teardown
-
-
-_FAULT_CACHE = {}
-
-
-def _fault_results(tmp_path_factory):
-    """The fault groups run at the same time (they mostly wait on timeouts)."""
-    if not _FAULT_CACHE:
-        import threading
-        out = {}
-
-        def run(tag, faults):
-            d = str(tmp_path_factory.mktemp(f"faults_{tag}"))
-            out[tag] = spawn_ranks(_fault_worker, 4, (4, 2, free_port(), d, faults), d,
-                                   JOIN_TIMEOUT_S)
-
-        threads = [threading.Thread(target=run, args=(t, f)) for t, f in FAULT_GROUPS.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for tag, faults in FAULT_GROUPS.items():
-            per_rank, hung = out[tag]
-            for name, *_ in faults:
-                _FAULT_CACHE[name] = ([r.get(name) or r.get("__setup__") for r in per_rank], hung)
-    return _FAULT_CACHE
+            results[f"fault/{name}"] = ["no error", "", time.time() - t0]
+        except Exception as e:
+            results[f"fault/{name}"] = [type(e).__name__, str(e), time.time() - t0]
+        finally:
+            D.moe_permute = original
+        dump_results(results, outdir, grank)
+        if rank == victim:  # stay alive until every peer has given up on this group
+            time.sleep(FAULT_TIMEOUT_S + 1)
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f[0] for f in FAULTS])
 def test_ep_dispatcher_faults(fault, tmp_path_factory):
     name, alg, victim, kind = fault
-    per_rank, hung = _fault_results(tmp_path_factory)[name]
-    assert not hung, f"ranks {hung} hung"
-    for r, res in enumerate(per_rank):
+    per_rank, hung = _world_results(tmp_path_factory)
+    first = FAULT_FIRST[name]
+    mine = [r - first for r in hung if first <= r < first + 4]
+    assert not mine, f"ranks {mine} of the fault group hung"
+    for r, res in enumerate(per_rank[first:first + 4]):
+        res = res.get(f"fault/{name}") or res.get("__setup__")
         if r == victim:
             if kind != "dies":
                 assert res is not None and "injected fault" in res[1], res
@@ -698,11 +800,16 @@ def test_ep_dispatcher_faults(fault, tmp_path_factory):
         assert secs <= FAULT_TIMEOUT_S + FAULT_MARGIN_S, f"rank {r}: error after {secs:.1f} s: {msg}"
 
 
-if __name__ == "__main__":  # quick manual run: python tests/test_ep_dispatcher.py 2x2 [scenario...]
+if __name__ == "__main__":  # quick manual run: python tests/test_ep_dispatcher.py [scenario...]
     import tempfile
-    w = sys.argv[1] if len(sys.argv) > 1 else "2x2"
-    names = sys.argv[2:] or list(SCENARIOS)
+    only = sys.argv[1:] or None
     t0 = time.time()
-    per_rank, hung = run_group(*WORLDS[w], names, tempfile.mkdtemp())
-    print("\n".join(problems(per_rank, hung, names)) or "all ok", f"hung: {hung}")
+    d = tempfile.mkdtemp()
+    per_rank, hung = spawn_ranks(_world_worker, WORLD_SIZE, (free_port(), d, only, only is None), d,
+                                 WORLD_JOIN_TIMEOUT_S)
+    names = sorted({k for r in per_rank for k in r})
+    print("\n".join(problems(per_rank, hung, [])) or "", f"hung: {hung}")
+    for k in names:
+        bad = [i for i, r in enumerate(per_rank) if k in r and r[k][0] not in ("ok", "CollectiveError")]
+        print(k, "ok" if not bad else f"FAILED on ranks {bad}")
     print(f"{time.time() - t0:.1f}s")

@@ -13,6 +13,7 @@ backend (the data is copied), so a one-node topology costs no inter-node call.
 
 from __future__ import annotations
 
+import threading
 from typing import List, Optional, Sequence
 
 import torch
@@ -104,9 +105,26 @@ def group_size(group) -> int:
     return dist.get_world_size(group)
 
 
+_launch_hook = threading.local()
+
+
+def on_launch(hook) -> None:
+    """Set (or clear, with ``None``) this thread's launch hook: ``hook(what)`` is called each time
+    a collective of this module is issued on this thread (before it is handed to the backend).
+    :mod:`.overlap` uses it to record and order its pipeline."""
+    _launch_hook.fn = hook
+
+
+def _launched(what: str) -> None:
+    fn = getattr(_launch_hook, "fn", None)
+    if fn is not None:
+        fn(what)
+
+
 def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Optional[Pending],
          what: str = "all_to_all"):
     x = x.contiguous()
+    _launched(what)
     out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
     if group_size(group) == 1:
         out.copy_(x[: sum(send)])
@@ -120,6 +138,7 @@ def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Op
 
 def _all_gather(x: Tensor, group, pending: Optional[Pending], what: str = "all_gather"):
     x = x.contiguous()
+    _launched(what)
     n = group_size(group)
     out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
     if n == 1:
@@ -136,6 +155,7 @@ def _all_gather(x: Tensor, group, pending: Optional[Pending], what: str = "all_g
 
 def _reduce_scatter(x: Tensor, group, pending: Optional[Pending], what: str = "reduce_scatter"):
     x = x.contiguous()
+    _launched(what)
     n = group_size(group)
     out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
     if n == 1:
@@ -181,6 +201,59 @@ class _AllToAll(torch.autograd.Function):
     def backward(ctx, g):
         return (_a2a(g, ctx.recv, ctx.send, ctx.group, None, ctx.what + " (backward)"),
                 None, None, None, None, None)
+
+
+class _SlotsAllToAll(torch.autograd.Function):
+    """One all-to-all for the per-row slot data of a hierarchical leg: the ``[R, K]`` int32 slot
+    ids and (optionally) the ``[R, K]`` probs travel as the bytes of one uint8 buffer (a plain
+    copy, no arithmetic, so both arrive bit-exact). Differentiable w.r.t. ``probs``: the backward
+    is the reverse all-to-all of the probs gradient."""
+
+    @staticmethod
+    def forward(ctx, ids, probs, send, recv, group, pending, what):
+        ctx.send, ctx.recv, ctx.group, ctx.what = list(send), list(recv), group, what
+        R, K = ids.shape
+        parts = [ids.to(torch.int32).contiguous().view(torch.uint8)]
+        if probs is not None:
+            parts.append(probs.contiguous().view(torch.uint8))
+        buf = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        out = _a2a(buf, send, recv, group, pending, what)
+        n = out.shape[0]
+        ids_out = torch.empty((n, K), dtype=torch.int32, device=ids.device)
+        probs_out = None if probs is None else torch.empty((n, K), dtype=probs.dtype,
+                                                            device=probs.device)
+
+        def unpack():
+            if n == 0:
+                return
+            with torch.no_grad():
+                ids_out.copy_(out[:, :4 * K].contiguous().view(torch.int32))
+                if probs_out is not None:
+                    probs_out.copy_(out[:, 4 * K:].contiguous().view(probs.dtype))
+
+        if pending is None:
+            unpack()
+        else:
+            pending.then(unpack)
+        ctx.mark_non_differentiable(ids_out)
+        return ids_out, probs_out
+
+    @staticmethod
+    def backward(ctx, g_ids, g_probs):
+        gp = None
+        if g_probs is not None:
+            gp = _a2a(g_probs, ctx.recv, ctx.send, ctx.group, None, ctx.what + " (backward)")
+        return None, gp, None, None, None, None, None
+
+
+def all_to_all_slots(ids: Tensor, probs: Optional[Tensor], send_splits: Sequence[int],
+                     recv_splits: Sequence[int], group=None, *, pending: Optional[Pending] = None,
+                     what: str = "all_to_all of slots"):
+    """``(ids [R', K] int32, probs [R', K] or None)``: both moved by one all-to-all (see
+    :class:`_SlotsAllToAll`); with ``pending`` the outputs are valid after ``pending.wait()``."""
+    if probs is None:
+        return _a2a(ids.to(torch.int32), send_splits, recv_splits, group, pending, what), None
+    return _SlotsAllToAll.apply(ids, probs, list(send_splits), list(recv_splits), group, pending, what)
 
 
 class _AllGather(torch.autograd.Function):
@@ -241,6 +314,7 @@ def gather_ints(values: Tensor, group, what: str, device=None) -> Tensor:
     """Collective: all-gather a 1-D int64 tensor (same length on every rank) -> ``[n, len]`` on
     the CPU. Failures raise :class:`CollectiveError` naming ``what``."""
     n = group_size(group)
+    _launched(what)
     mine = values.to(device=device or values.device, dtype=torch.int64).contiguous()
     everyone = torch.empty(n * mine.numel(), dtype=torch.int64, device=mine.device)
     if n > 1 and mine.numel() > 0:  # (the length is the same on every member)

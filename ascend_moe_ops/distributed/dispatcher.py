@@ -413,15 +413,39 @@ class MoEDispatcher:
 
         return finish
 
-    def _node_stage(self, ids_recv: Tensor, src_node: Tensor, device):
-        """Shared second stage of both hierarchical schemes, part 1 (counts only, so it can run
-        while the token rows are in flight). ``ids_recv [M, K]``: rank-major expert positions of
-        the rows this rank holds after the inter-node step (``-1`` = slot not for this node or
-        empty), ``src_node [M]`` the node each row came from. Every row goes once to every rank
-        of the node that owns at least one of its slots (deduplicated per rank, like the
-        inter-node step per node)."""
+    def _rank_rows(self, pos: Tensor) -> Tensor:
+        """``[W]``: how many of this rank's tokens have at least one slot on each EP rank (what
+        the owning rank receives of them inside its node, whichever path they take)."""
+        W = self.topology.world_size
+        slot_rank = torch.where(pos >= 0, self._table("pos_rank", pos.device)[pos.clamp(min=0)],
+                                torch.full_like(pos, W))
+        hit = torch.zeros(pos.shape[0], W + 1, dtype=torch.bool, device=pos.device)
+        hit.scatter_(1, slot_rank, torch.ones_like(slot_rank, dtype=torch.bool))
+        return hit[:, :W].sum(0)
+
+    def _intra_splits(self, rank_rows: Tensor, device) -> dict:
+        """Splits of the intra-node all-to-all, from the ``[W src, W dst]`` table of
+        :meth:`_rank_rows` that rode on the metadata exchange (so no count exchange inside the
+        node). Local rank ``g'`` forwards to local rank ``g`` the rows it holds from source rank
+        ``(n', g')`` whose token has a slot on ``g``: ``rank_rows[n' * G + g', node * G + g]``
+        of them, in source-node order."""
         topo = self.topology
         G, N, node, lme = topo.local_size, topo.num_nodes, topo.node, topo.local_rank
+        ci = rank_rows.view(N, G, -1)[:, :, node * G:(node + 1) * G].permute(1, 2, 0)  # [g', g, n']
+        send, recv = ci[lme].sum(1).tolist(), ci[:, lme].sum(1).tolist()
+        # source EP rank of every row this rank receives: sender g' sends in source-node order
+        src_rank = (torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)).reshape(-1)
+        recv_src = torch.repeat_interleave(src_rank, ci[:, lme].reshape(-1)).to(device)
+        return dict(send=send, recv=recv, recv_src=recv_src)
+
+    def _node_masks(self, ids_recv: Tensor, ns: dict) -> None:
+        """Shared second stage of both hierarchical schemes, part 1: ``ids_recv [M, K]`` are the
+        rank-major expert positions of the rows this rank holds after the inter-node step (``-1``
+        = empty, or a slot of another node). Every row goes once to every rank of the node that
+        owns at least one of its slots (deduplicated per rank, like the inter-node step per
+        node); fills ``ns`` with the slots, their owning local ranks and that ``[M, G]`` mask."""
+        topo = self.topology
+        G, node = topo.local_size, topo.node
         node_lo, node_hi = self.rank_offsets[node * G], self.rank_offsets[(node + 1) * G]
         pk = ids_recv.long()
         M = pk.shape[0]
@@ -430,18 +454,7 @@ class MoEDispatcher:
                             torch.full_like(pk, G))  # local rank owning each slot, G = none
         hit = torch.zeros(M, G + 1, dtype=torch.bool, device=pk.device)
         hit.scatter_(1, owner, torch.ones_like(owner, dtype=torch.bool))
-        mask = hit[:, :G].contiguous()  # [M, G]: row j has >= 1 slot on local rank l'
-        sn = src_node.to(pk.device).view(M, 1)
-        cell = torch.where(mask, torch.arange(G, device=pk.device).view(1, G) * N + sn,
-                           torch.full((M, G), -1, dtype=torch.int64, device=pk.device))
-        counts = _bincount(cell, G * N)  # rows for (dest local rank, source node)
-        ci = C.gather_ints(counts, topo.intra_group, "dispatch: count exchange (intra-node group)",
-                           device=self._meta_device()).view(G, G, N)  # [sender, dest, src node]
-        send, recv = ci[lme].sum(1).tolist(), ci[:, lme].sum(1).tolist()
-        # source EP rank of every row this rank receives: sender s's rows come in source-node order
-        src_rank = (torch.arange(N).view(1, N) * G + torch.arange(G).view(G, 1)).reshape(-1)
-        recv_src = torch.repeat_interleave(src_rank, ci[:, lme].reshape(-1)).to(device)
-        return dict(pk=pk, owner=owner, mask=mask, send=send, recv=recv, recv_src=recv_src)
+        ns.update(pk=pk, owner=owner, mask=hit[:, :G].contiguous())
 
     def _forward_in_node(self, rows: Tensor, probs_rows: Optional[Tensor], ns: dict):
         """Part 2: one row per (row, owning local rank), written by ``moe_permute`` (mask
@@ -464,14 +477,12 @@ class MoEDispatcher:
         ids_send = torch.where(owner[src] == dst.view(-1, 1), pk[src],
                                torch.full((S, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
         g = topo.intra_group
-        ids2 = C._a2a(ids_send, send, recv, g, None,
-                      what="dispatch: all-to-all of top-k slots (intra-node group)").long()
+        ids2, probs2 = C.all_to_all_slots(
+            ids_send, None if probs_rows is None else probs_rows[src], send, recv, g,
+            what="dispatch: all-to-all of top-k slots and probs (intra-node group)")
+        ids2 = ids2.long()
         tok2 = C.all_to_all(perm.tokens[:S], send, recv, g, debug=self.debug,
                             what="dispatch: all-to-all of token rows (intra-node group)")
-        probs2 = None
-        if probs_rows is not None:
-            probs2 = C.all_to_all(probs_rows[src], send, recv, g,
-                                  what="dispatch: all-to-all of probs (intra-node group)")
         L = self.num_local_experts
         if L == 0:  # owns no expert: receives nothing
             return tok2, torch.zeros(0, dtype=torch.int64, device=dev), None, rmap, probs2
@@ -495,14 +506,15 @@ class MoEDispatcher:
             hit = torch.zeros(T, N + 1, dtype=torch.bool, device=tokens.device)
             hit.scatter_(1, slot_node, torch.ones_like(slot_node, dtype=torch.bool))
             mask = hit[:, :N].contiguous()  # [T, N]: token t has >= 1 expert on node n
-            node_rows = mask.sum(0)
+            counts = torch.cat([mask.sum(0), self._rank_rows(pos)])
         else:
-            node_rows = torch.zeros(N, dtype=torch.int64)
-        table = self._header(meta, node_rows, error)  # [W, N]: rows each rank sends to each node
+            counts = torch.zeros(N + topo.world_size, dtype=torch.int64)
+        # [W, N + W]: rows each rank sends to each node, then its tokens with a slot on each rank
+        table = self._header(meta, counts, error)
         T, H = tokens.shape
         K = topk_idx.shape[1]
         peers = [n * G + lme for n in range(N)]  # the inter-node group, in its rank order
-        send1 = table[me].tolist()
+        send1 = table[me, :N].tolist()
         recv1 = [int(table[p, node]) for p in peers]
         R1 = sum(send1)
         dev = tokens.device
@@ -520,22 +532,18 @@ class MoEDispatcher:
         ids_send = torch.where(slot_node[src_tok] == dst_node.view(-1, 1), pos[src_tok],
                                torch.full((R1, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
         g_inter = topo.inter_group
-        ids1 = C._a2a(ids_send, send1, recv1, g_inter, None,
-                      what="dispatch: all-to-all of top-k slots (inter-node group)")
-        # always launched asynchronously: the intra-node count exchange below runs while the token
-        # rows cross the inter-node link (finish() waits; with async_op the caller's work too)
+        # two collectives, both launched asynchronously (finish() waits; with async_op the
+        # caller's work runs in between): the slots and probs in one, the token rows
         pending = Pending()
+        ids1, probs1 = C.all_to_all_slots(
+            ids_send, None if probs is None else probs[src_tok], send1, recv1, g_inter,
+            pending=pending, what="dispatch: all-to-all of top-k slots and probs (inter-node group)")
         tok1 = C.all_to_all(perm1.tokens[:R1], send1, recv1, g_inter, pending=pending,
                             debug=self.debug,
                             what="dispatch: all-to-all of token rows (inter-node group)")
-        probs1 = None
-        if probs is not None:
-            probs1 = C.all_to_all(probs[src_tok], send1, recv1, g_inter, pending=pending,
-                                  what="dispatch: all-to-all of probs (inter-node group)")
 
-        # 2. intra-node splits (needs only the slots, so it runs while the token rows travel)
-        src_node = torch.repeat_interleave(torch.arange(N), torch.tensor(recv1, dtype=torch.int64))
-        ns = self._node_stage(ids1, src_node, dev)
+        # 2. intra-node splits: from the table (no count exchange inside the node)
+        ns = self._intra_splits(table[:, N:], dev)
         send, recv = ns["send"], ns["recv"]
 
         handle = DispatchHandle("hierarchical", T)
@@ -549,6 +557,7 @@ class MoEDispatcher:
         def finish():
             if pending is not None:
                 pending.wait()
+            self._node_masks(ids1, ns)
             expert_tokens, tpe, local_map, rmap2, probs2 = self._forward_in_node(tok1, probs1, ns)
             handle.tokens_per_local_expert = tpe
             handle._state = dict(row_id_map1=perm1.row_id_map, send1=send1, recv1=recv1,
@@ -563,7 +572,10 @@ class MoEDispatcher:
         G, N = topo.local_size, topo.num_nodes
         me, node, lme = topo.rank, topo.node, topo.local_rank
         T0 = tokens.shape[0] if isinstance(tokens, torch.Tensor) and tokens.dim() == 2 else 0
-        table = self._header(meta, torch.tensor([T0]), error)  # [W, 1]
+        W = topo.world_size
+        rank_rows = (self._rank_rows(self._rank_major_key(topk_idx)) if error is None
+                     else torch.zeros(W, dtype=torch.int64))
+        table = self._header(meta, torch.cat([torch.tensor([T0]), rank_rows]), error)  # [W, 1 + W]
         T, H = tokens.shape
         K = topk_idx.shape[1]
         mdev = self._meta_device()
@@ -583,16 +595,16 @@ class MoEDispatcher:
         ids_g = C._all_gather(ids.to(mdev), topo.inter_group, None,
                               what="dispatch: AllGather of top-k slots (inter-node group)")
         ids_g = ids_g.to(tokens.device)
-        pending = Pending()  # (as in _dispatch_dedup: the intra-node counts overlap the transfer)
+        pending = Pending()
         gathered = C.all_gather([tokens_p] + ([] if probs_p is None else [probs_p]),
                                 topo.inter_group, pending=pending,
                                 what="dispatch: AllGather of tokens/probs (inter-node group)")
         tokens_g = gathered[0]
         probs_g = gathered[1] if probs_p is not None else None
 
-        # 3. select this node's (token, slot) pairs and exchange the counts inside the node
-        src_node = torch.arange(N).repeat_interleave(Tmax)
-        ns = self._node_stage(ids_g, src_node, tokens.device)
+        # 3. this node's (token, slot) pairs: the intra-node splits come from the table
+        ns = self._intra_splits(table[:, 1:], tokens.device)
+        self._node_masks(ids_g, ns)
         send, recv = ns["send"], ns["recv"]
 
         handle = DispatchHandle("hierarchical_allgather", T)

@@ -10,6 +10,14 @@ Backward, the combine-gradient all-to-all of chunk ``i+1`` is launched before th
 (data- and weight-gradient GEMMs) of chunk ``i`` starts, and the dispatch-gradient all-to-all of
 chunk ``i-1`` runs meanwhile.
 
+The order is enforced, not left to thread timing: before the experts of chunk ``i`` start
+(forward) the calling thread waits until the communication thread has issued the first
+collective of chunk ``i+1``'s dispatch, and before chunk ``i``'s expert backward (its data- and
+weight-gradient GEMMs) until it has issued chunk ``i+1``'s combine-gradient all-to-all. Those
+waits cover only local preparation of the next chunk (the communication thread's queue holds
+nothing newer in front of it). :func:`record_schedule` records the resulting event order (the
+tests assert it).
+
 Each chunk is its own small autograd graph (dispatch, experts, combine, separated by detached
 leaves); one custom autograd Function ties them to the caller's graph and schedules their
 backward passes. Results are those of the same chunks run one after the other (bitwise:
@@ -20,11 +28,84 @@ summed over chunks in chunk order.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import threading
 from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from . import _autograd as C
+
 Tensor = torch.Tensor
+
+_RECORD: Optional[list] = None
+_RECORD_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def record_schedule():
+    """Record the pipeline's events (forward and backward) while the block runs; yields the list.
+
+    Each event is a dict ``{"seq", "phase" ("fwd"/"bwd"), "event", "chunk", "thread",
+    "detail"}`` in the order it happened (``seq`` counts up across threads). Events: forward
+    ``dispatch_launch`` (its first collective issued; ``detail`` names it), ``dispatch_done``,
+    ``expert_start``, ``expert_end``, ``combine_launch``, ``combine_done``; backward
+    ``combine_grad_launch`` (the first collective of the combine's backward: the combine-gradient
+    all-to-all), ``combine_grad_done``, ``expert_bwd_start`` / ``expert_bwd_end`` (the expert
+    backward: data- and weight-gradient GEMMs), ``dispatch_grad_launch``, ``dispatch_grad_done``.
+    A diagnostic for tests and profiling; one recording at a time per process."""
+    global _RECORD
+    events: list = []
+    _RECORD = events
+    try:
+        yield events
+    finally:
+        _RECORD = None
+
+
+def _event(phase: str, name: str, chunk: int, detail: str = "") -> None:
+    rec = _RECORD
+    if rec is not None:
+        with _RECORD_LOCK:
+            rec.append(dict(seq=len(rec), phase=phase, event=name, chunk=chunk,
+                            thread=threading.current_thread().name, detail=detail))
+
+
+class _CommTask:
+    """One communication task of a chunk. ``launched`` is set when its first collective is
+    issued (or when it ends without one); both moments are recorded."""
+
+    def __init__(self, phase: str, name: str, chunk: int, fn):
+        self.phase, self.name, self.chunk, self.fn = phase, name, chunk, fn
+        self.launched = threading.Event()
+        self.future = None
+
+    def _hook(self, what: str) -> None:
+        if not self.launched.is_set():
+            _event(self.phase, self.name + "_launch", self.chunk, what)
+            self.launched.set()
+
+    def __call__(self):
+        prev = getattr(C._launch_hook, "fn", None)
+        C.on_launch(self._hook)
+        try:
+            return self.fn()
+        finally:
+            C.on_launch(prev)
+            self._hook("(no collective)")
+            _event(self.phase, self.name + "_done", self.chunk)
+
+    def wait_launched(self) -> None:
+        """Block until the first collective is issued (or the task has finished, also by error)."""
+        while not self.launched.wait(0.01):
+            if self.future is not None and self.future.done():
+                return
+
+
+def _submit(ex, phase, name, chunk, fn) -> _CommTask:
+    task = _CommTask(phase, name, chunk, fn)
+    task.future = ex.submit(task)
+    return task
 
 
 class _Inline:
@@ -106,19 +187,23 @@ def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool
 
     chunks = [dict() for _ in range(n)]
     try:
-        fd = {i: ex.submit(lambda i=i: dispatch(i)) for i in range(min(2, n))}
+        fd = {i: _submit(ex, "fwd", "dispatch", i, lambda i=i: dispatch(i)) for i in range(min(2, n))}
         fc = {}
         for i in range(n):
-            et, tpe, h = fd.pop(i).result()
+            et, tpe, h = fd.pop(i).future.result()
+            if i + 1 < n:  # dispatch i+1 is issued before the experts of chunk i start
+                fd[i + 1].wait_launched()
             et_leaf = _leaf(et, True) if record else et
+            _event("fwd", "expert_start", i)
             y = expert_fn(et_leaf, tpe)  # overlaps dispatch i+1 and combine i-1
+            _event("fwd", "expert_end", i)
             y_leaf = _leaf(y, True) if record else y
-            fc[i] = ex.submit(lambda i=i, y_leaf=y_leaf, h=h: combine(i, y_leaf, h))
-            if i + 2 < n:
-                fd[i + 2] = ex.submit(lambda j=i + 2: dispatch(j))
+            if i + 2 < n:  # (queued ahead of combine i: it is waited for first)
+                fd[i + 2] = _submit(ex, "fwd", "dispatch", i + 2, lambda j=i + 2: dispatch(j))
+            fc[i] = _submit(ex, "fwd", "combine", i, lambda i=i, y_leaf=y_leaf, h=h: combine(i, y_leaf, h))
             chunks[i].update(et=et, et_leaf=et_leaf, y=y, y_leaf=y_leaf)
         for i in range(n):
-            chunks[i]["out"] = fc.pop(i).result()
+            chunks[i]["out"] = fc.pop(i).future.result()
     finally:
         ex.shutdown(wait=True, cancel_futures=True) if overlap else None
     return chunks
@@ -161,21 +246,26 @@ class _Pipeline(torch.autograd.Function):
         dps: List[Optional[Tensor]] = [None] * n
         dparams: List[Optional[Tensor]] = [None] * len(params)
         try:
-            fcb = {i: ex.submit(lambda i=i: combine_bwd(i)) for i in range(min(2, n))}
+            fcb = {i: _submit(ex, "bwd", "combine_grad", i, lambda i=i: combine_bwd(i))
+                   for i in range(min(2, n))}
             fdb = {}
             for i in range(n):
-                dy, dps[i] = fcb.pop(i).result()
-                if i + 2 < n:  # the next combine-gradient exchange goes out before these GEMMs
-                    fcb[i + 2] = ex.submit(lambda j=i + 2: combine_bwd(j))
+                dy, dps[i] = fcb.pop(i).future.result()
+                if i + 2 < n:
+                    fcb[i + 2] = _submit(ex, "bwd", "combine_grad", i + 2, lambda j=i + 2: combine_bwd(j))
+                if i + 1 < n:  # chunk i+1's combine-gradient exchange goes out before these GEMMs
+                    fcb[i + 1].wait_launched()
                 c = chunks[i]
+                _event("bwd", "expert_bwd_start", i)
                 got = _grad(c["y"], [c["et_leaf"]] + params, dy) if dy is not None else \
                     [None] * (1 + len(params))
+                _event("bwd", "expert_bwd_end", i)
                 for k, gp in enumerate(got[1:]):
                     if gp is not None:
                         dparams[k] = gp if dparams[k] is None else dparams[k] + gp
-                fdb[i] = ex.submit(lambda i=i, det=got[0]: dispatch_bwd(i, det))
+                fdb[i] = _submit(ex, "bwd", "dispatch_grad", i, lambda i=i, det=got[0]: dispatch_bwd(i, det))
             for i in range(n):
-                dxi, dpi = fdb.pop(i).result()
+                dxi, dpi = fdb.pop(i).future.result()
                 dx[i] = dxi
                 if dpi is not None:
                     dps[i] = dpi if dps[i] is None else dps[i] + dpi
@@ -239,4 +329,4 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
     return _Pipeline.apply(cfg, tokens, probs, *params)
 
 
-__all__ = ["moe_forward_overlapped"]
+__all__ = ["moe_forward_overlapped", "record_schedule"]
