@@ -14,8 +14,8 @@
 // per-thread C tile that is rounded once into the output dtype at the end.
 //
 // Each thread claims its next item one step ahead and prefetches (into L2) the operands of the
-// next K block while it computes; large outputs get transparent huge pages before the first
-// touch (amo::empty_large, common/alloc.h). The bf16 micro-kernel rounds the last K block
+// next K block while it computes; large outputs come from amo::empty_large (common/alloc.h):
+// reused, already faulted-in, huge-page blocks instead of fresh pages on every call. The bf16 micro-kernel rounds the last K block
 // straight into the output.
 //
 // dtypes: bf16 -> AMX tiles (tdpbf16ps) where the CPU has AMX-BF16 and the OS grants the tile
@@ -524,7 +524,7 @@ inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws
   const int64_t npan = ceil_div(n, NR);
   const int64_t ldc = npan * NR;
   const int64_t kp_max = round_up(KC_BF16 / 2, 16);
-  const bool a_direct = A.s1 == 1 && A.s0 % 2 == 0 && K % 32 == 0;  // whole 16-pair steps in place
+  const bool a_direct = A.s1 == 1 && A.s0 % 2 == 0 && K % 32 == 0;  // x rows: whole 16-pair steps
   const int64_t full = m / 32 * 32;
   const int64_t tail = m - full;
   for (int64_t k0 = 0; k0 < K; k0 += KC_BF16) {
@@ -541,8 +541,13 @@ inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws
     const uint32_t* aw;
     int64_t a_ld;
     if (a_direct) {
-      aw = reinterpret_cast<const uint32_t*>(a + k0);
-      a_ld = A.s0 / 2;
+      // copy the block's x rows into ws.a, rows of kp16 pairs back to back: tile loads straight
+      // from x rows whose stride is a multiple of 4 KiB (K = 2048: 32 rows on the same L1 sets)
+      // evict each other, and the copy also pulls the prefetched rows from L2 once per block
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(ws.a + r * kp16, a + r * A.s0 + k0, sizeof(uint32_t) * static_cast<size_t>(kp16));
+      aw = ws.a;
+      a_ld = kp16;
     } else {
       // A(r, k) at a[r * s0 + k * s1] with s0 == 1 (dW: A = a^T): interleave k-row pairs into
       // [pair][row] (ws.t), zero the pad pairs, transpose 16 x 16 blocks into [row][pair] (ws.a)
