@@ -70,6 +70,7 @@ constexpr int64_t NR = 64;
 constexpr int64_t MR = 6;
 constexpr int64_t MC = 264;      // max rows of an item (multiple of MR): one B pack serves them all
 constexpr int64_t NC = 256;      // max cols of an item (multiple of NR)
+constexpr int64_t NC_MAX = 512;  // the AMX forward's items: up to 512 cols (fewer re-reads of x rows)
 constexpr int64_t KC_BF16 = 256; // k per block, bf16 (kp = 128 VNNI pairs: a 32 KiB B panel)
 constexpr int64_t KC_F32 = 128;  // k per block, fp32/fp16 (a 32 KiB B panel)
 
@@ -86,6 +87,9 @@ inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, 
 // software prefetch: 1 = into L2 (default), 2 = into L1, 0 = off (AMO_GG_PF, for tuning only)
 inline int64_t pf_mode() { static const int64_t v = env_or("AMO_GG_PF", 1, 0, 2, 1); return v; }
 
+// columns per item of the AMX forward / dX (AMO_GG_NC, read per call, for tuning only)
+inline int64_t nc_amx() { return env_or("AMO_GG_NC", NC_MAX, NR, NC_MAX, NR); }
+
 inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -94,14 +98,14 @@ inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // ------------------------------------------------------------------------------------------
 // Per-thread workspace (64-byte aligned)
 struct Workspace {
-  static constexpr size_t kB = (NC / NR) * (KC_BF16 / 2 > KC_F32 ? KC_BF16 / 2 : KC_F32) * NR * 4;
+  static constexpr size_t kB = (NC_MAX / NR) * (KC_BF16 / 2 > KC_F32 ? KC_BF16 / 2 : KC_F32) * NR * 4;
   static constexpr size_t kA = MC * (KC_BF16 > KC_F32 ? KC_BF16 : KC_F32) * 4 + 64 * 4 * 16;
-  static constexpr size_t kC = MC * NC * 4;
+  static constexpr size_t kC = MC * NC_MAX * 4;
   static constexpr size_t kT = (KC_BF16 / 2) * (MC + 16) * 4;
   char* base;
   uint32_t* b;  // packed B panels (bf16 words or fp32)
   uint32_t* a;  // packed A (bf16 words or fp32)
-  float* c;     // fp32 accumulator tile [MC][NC]
+  float* c;     // fp32 accumulator tile [MC][NC_MAX]
   uint32_t* t;  // scratch (interleaved A before it is cut into MR-row panels)
   Workspace() {
     base = static_cast<char*>(std::aligned_alloc(64, kB + kA + kC + kT));
@@ -912,18 +916,20 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
               "grouped_gemm: unsupported dtype ", x.scalar_type());
 
-  // items ordered (group, N-tile, M-tile): threads that work at the same time share the B tile
+  const bool amx = amx_wanted(x.scalar_type()) && K % 32 == 0;  // x rows in whole 16-pair steps
+  // items ordered (group, N-tile, M-tile): threads that work at the same time share the B tile.
+  // AMX: wider N-tiles, so that each x row block is fetched fewer times per group
+  const int64_t nc = amx ? nc_amx() : NC;
   std::vector<Item> items;
   std::vector<std::pair<int64_t, int64_t>> rows;
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     split_rows(gs[e], rows);
-    for (int64_t c0 = 0; c0 < N; c0 += NC)
-      for (auto& rm : rows) items.push_back({e, off + rm.first, rm.second, c0, std::min(NC, N - c0)});
+    for (int64_t c0 = 0; c0 < N; c0 += nc)
+      for (auto& rm : rows) items.push_back({e, off + rm.first, rm.second, c0, std::min(nc, N - c0)});
     off += gs[e];
   }
   const int64_t wsE = trans_b ? N * K : K * N;
-  const bool amx = amx_wanted(x.scalar_type()) && K % 32 == 0;  // x rows read in place by tiles
   const void* xv = x.data_ptr();
   const void* wv = w.data_ptr();
   void* ov = out.data_ptr();
