@@ -4,6 +4,7 @@ per-expert ``torch.mm`` loop, all timed in the same process; plus one MoELayer f
 row against a pure-PyTorch MoE layer (Megatron-style sequential experts).
 
     python -m ascend_moe_ops.bench --ops grouped_gemm [--full]
+    python -m ascend_moe_ops.bench --ops grouped_gemm --gemm-shape E=32,M=8192,K=2048,N=1408,sizes=zipf
     python -m pytest bench/ --amo-ops grouped_gemm        # the same cases under pytest-benchmark
 
 FLOPs = 2 * sum(group_sizes) * K * N per GEMM (the same for fwd, dX and dW). Peers give the time
@@ -34,18 +35,30 @@ def zipf_sizes(E: int, total: int, alpha: float = 1.2, seed: int = 0) -> torch.T
     return sizes
 
 
-def cases(quick: bool):
-    """(name, E, M, K, N, sizes)."""
-    if quick:
-        spec = [("balanced E8 M2048 K1024 N704", 8, 2048, 1024, 704, "balanced"),
-                ("zipf E8 M2048 K1024 N704", 8, 2048, 1024, 704, "zipf"),
-                ("fine E64 M4096 K512 N256", 64, 4096, 512, 256, "balanced")]
+def balanced_sizes(E: int, total: int) -> torch.Tensor:
+    """``total`` rows over ``E`` groups, sizes differing by at most one (M // E each when E | M)."""
+    sizes = torch.full((E,), total // E, dtype=torch.int64)
+    sizes[: total % E] += 1
+    return sizes
+
+
+PRESET_CASES = {
+    True: [(8, 2048, 1024, 704, "balanced"), (8, 2048, 1024, 704, "zipf"), (64, 4096, 512, 256, "fine")],
+    False: [(32, 8192, 2048, 1408, "balanced"), (32, 8192, 2048, 1408, "zipf"),
+            (256, 16384, 512, 256, "fine")],
+}
+
+
+def cases(quick: bool, shapes=None):
+    """(name, E, M, K, N, sizes): the preset's three (balanced, Zipf, fine-grained), or ``shapes``
+    (``--gemm-shape`` dicts {E, M, K, N, sizes})."""
+    if shapes:
+        spec = [(d["E"], d["M"], d["K"], d["N"], d.get("sizes", "balanced")) for d in shapes]
     else:
-        spec = [("balanced E32 M8192 K2048 N1408", 32, 8192, 2048, 1408, "balanced"),
-                ("zipf E32 M8192 K2048 N1408", 32, 8192, 2048, 1408, "zipf"),
-                ("fine E256 M16384 K512 N256", 256, 16384, 512, 256, "balanced")]
-    for name, E, M, K, N, kind in spec:
-        sizes = torch.full((E,), M // E, dtype=torch.int64) if kind == "balanced" else zipf_sizes(E, M)
+        spec = PRESET_CASES[bool(quick)]
+    for E, M, K, N, kind in spec:
+        name = f"{kind} E{E} M{M} K{K} N{N}"
+        sizes = zipf_sizes(E, M) if kind == "zipf" else balanced_sizes(E, M)
         yield name, E, M, K, N, sizes
 
 
@@ -111,7 +124,7 @@ def run(ctx):
     dname = str(dtype).replace("torch.", "")
     rows = []
     min_time = None if ctx.quick else 0.5
-    for name, E, M, K, N, sizes in cases(ctx.quick):
+    for name, E, M, K, N, sizes in cases(ctx.quick, getattr(ctx, "gemm_shapes", None)):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(M, K, generator=g).to(dtype).to(dev)
         w = (torch.randn(E, K, N, generator=g) / K ** 0.5).to(dtype).to(dev)

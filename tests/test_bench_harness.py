@@ -104,6 +104,51 @@ def test_bad_shape_flags(capsys):
     assert "--topk" in capsys.readouterr().err
 
 
+def test_shape_flag_is_the_per_dim_flags_in_one():
+    a = cli.parse_args(["--shape", "T=4096,H=7680,E=256,K=8"])
+    assert a.shape == {"T": 4096, "H": 7680, "E": 256, "K": 8}
+    assert cli.parse_args(["--shape", "T=64,H=32", "--tokens", "128"]).shape == {"T": 128, "H": 32}
+
+
+def test_gemm_shape_flag_parses_and_defaults_to_balanced():
+    a = cli.parse_args(["--gemm-shape", "E=32,M=8192,K=2048,N=1408",
+                        "--gemm-shape", "E=4, M=100, K=64, N=48, sizes=zipf"])
+    assert a.gemm_shapes == [dict(E=32, M=8192, K=2048, N=1408, sizes="balanced"),
+                             dict(E=4, M=100, K=64, N=48, sizes="zipf")]
+    assert cli.parse_args([]).gemm_shapes == []
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--gemm-shape", "E=32,M=8192,K=2048", "missing N"),
+    ("--gemm-shape", "E=32,M=8192,K=2048,N=0", "N must be >= 1"),
+    ("--gemm-shape", "E=32,M=8192,K=2048,N=x", "N must be an integer"),
+    ("--gemm-shape", "E=32,M=8192,K=2048,N=8,sizes=uniform", "sizes must be one of balanced, zipf"),
+    ("--gemm-shape", "E=32,M=8192,K=2048,N=8,Q=1", "bad item 'Q=1'"),
+    ("--gemm-shape", "E=3,E=4,M=8,K=8,N=8", "E given twice"),
+    ("--shape", "T=64,N=3", "bad item 'N=3'"),
+    ("--shape", "", "--shape: empty"),
+    ("--shape", "E=4,K=8", "--topk (8) must be <= --experts (4)"),
+])
+def test_bad_shape_values_name_the_flag(flag, value, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args([flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and flag in err
+
+
+def test_gemm_cases_from_shapes():
+    from ascend_moe_ops.benchmark.suite import bench_grouped_gemm as bg
+    got = list(bg.cases(False, [dict(E=5, M=23, K=16, N=8, sizes="balanced"),
+                                dict(E=6, M=40, K=16, N=8, sizes="zipf")]))
+    assert [c[0] for c in got] == ["balanced E5 M23 K16 N8", "zipf E6 M40 K16 N8"]
+    bal, zipf = got[0][5], got[1][5]
+    assert bal.tolist() == [5, 5, 5, 4, 4] and int(zipf.sum()) == 40 and len(zipf) == 6
+    assert zipf.max() > zipf.min()  # skewed
+    names = [c[0] for c in bg.cases(False)]  # the preset's rows keep their names (--compare keys)
+    assert names == ["balanced E32 M8192 K2048 N1408", "zipf E32 M8192 K2048 N1408", "fine E256 M16384 K512 N256"]
+
+
 # ------------------------------------------------------------------------------- a whole run
 def _fake_module():
     def run(ctx):
@@ -173,6 +218,16 @@ def test_cli_run_writes_json_png_and_compares(fake_suite, tmp_path, capsys):
                      "--threshold", "100"]) == 0
     assert cli.main(["--min-run-time", "0.01", "--out", str(out), "--compare", str(fast)]) == 3
     assert "SLOWER" in capsys.readouterr().out
+
+
+def test_gemm_shapes_reach_the_bench_module(fake_suite, tmp_path):
+    seen = []
+    fake_suite.run = lambda ctx: seen.append(ctx.gemm_shapes) or []
+    out = tmp_path / "res"
+    assert cli.main(["--no-parity", "--out", str(out), "--gemm-shape", "E=2,M=8,K=4,N=4,sizes=zipf"]) == 0
+    assert seen == [[dict(E=2, M=8, K=4, N=4, sizes="zipf")]]
+    d = json.loads(next(out.glob("bench-*.json")).read_text())
+    assert d["gemm_shapes"] == seen[0]
 
 
 def test_default_out_is_cwd_amo_bench(fake_suite, tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ CASES = [  # (sizes, K, N)
     ([33, 16, 0, 48], 96, 64),
     ([7, 29], 80, 48),       # K % 32 != 0: fwd/dX take the AVX-512 kernel
     ([300, 3], 512, 272),    # more rows than one item (MC) and a column tail
+    ([45, 0, 70], 64, 600),  # AMX items are 512 columns wide: a second N-tile with an 88-column tail
 ]
 
 

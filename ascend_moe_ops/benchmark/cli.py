@@ -20,6 +20,9 @@ examples:
   python -m ascend_moe_ops.bench                          # quick preset, every op, CPU
   python -m ascend_moe_ops.bench --preset pangu --ops moe_permute grouped_gemm
   python -m ascend_moe_ops.bench --tokens 2048 --hidden 4096 --threads 2 --backend native
+  python -m ascend_moe_ops.bench --ops moe_permute --shape T=4096,H=7680,E=256,K=8
+  python -m ascend_moe_ops.bench --ops grouped_gemm --gemm-shape E=256,M=16384,K=512,N=256
+  python -m ascend_moe_ops.bench --ops grouped_gemm --gemm-shape E=32,M=8192,K=2048,N=1408,sizes=zipf
   python -m ascend_moe_ops.bench --compare amo-bench/bench-20261201-220000.json --threshold 0.1
 
 exit status: 0 ok; 1 a module failed or a parity check failed; 2 bad arguments or device absent;
@@ -51,6 +54,52 @@ def device_problem(name: str) -> Optional[str]:
     return f"--device {name}: unknown device (cpu, cuda, npu)"
 
 
+#: keys of ``--shape`` (the permute / unpermute / MoE layer cases; same as the per-dim flags)
+SHAPE_KEYS = {"T": "tokens", "H": "hidden", "E": "experts", "K": "topk", "F": "ffn"}
+#: keys of ``--gemm-shape`` (one grouped GEMM case: E groups, M total rows, K x N per group)
+GEMM_KEYS = ("E", "M", "K", "N")
+GEMM_SIZES = ("balanced", "zipf")
+
+
+def parse_kv(text: str, flag: str, int_keys, str_keys=None) -> dict:
+    """``"A=1,B=2"`` -> ``{"A": 1, "B": 2}``; ValueError naming ``flag`` and the valid keys on a
+    bad item. ``str_keys``: {key: allowed values} for non-integer keys."""
+    str_keys = str_keys or {}
+    valid = list(int_keys) + list(str_keys)
+    out = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, val = item.partition("=")
+        key, val = key.strip(), val.strip()
+        if not eq or key not in valid:
+            raise ValueError(f"{flag}: bad item {item!r}; expected KEY=VALUE with KEY in {', '.join(valid)}")
+        if key in out:
+            raise ValueError(f"{flag}: {key} given twice")
+        if key in str_keys:
+            if val not in str_keys[key]:
+                raise ValueError(f"{flag}: {key} must be one of {', '.join(str_keys[key])}, got {val!r}")
+            out[key] = val
+            continue
+        try:
+            out[key] = int(val)
+        except ValueError:
+            raise ValueError(f"{flag}: {key} must be an integer, got {val!r}") from None
+        if out[key] < 1:
+            raise ValueError(f"{flag}: {key} must be >= 1, got {out[key]}")
+    if not out:
+        raise ValueError(f"{flag}: empty; expected KEY=VALUE[,KEY=VALUE...] with KEY in {', '.join(valid)}")
+    return out
+
+
+def parse_gemm_shape(text: str) -> dict:
+    """One ``--gemm-shape`` value -> {"E", "M", "K", "N", "sizes"} (sizes defaults to balanced)."""
+    d = parse_kv(text, "--gemm-shape", GEMM_KEYS, {"sizes": GEMM_SIZES})
+    missing = [k for k in GEMM_KEYS if k not in d]
+    if missing:
+        raise ValueError(f"--gemm-shape {text!r}: missing {', '.join(missing)} (need E, M, K and N)")
+    d.setdefault("sizes", "balanced")
+    return d
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ascend_moe_ops.bench",
                                  description="Benchmark + parity report of ascend_moe_ops on this machine: "
@@ -68,6 +117,13 @@ def parse_args(argv=None):
                             ("--ffn", "F", "expert FFN hidden F")):
         ap.add_argument(flag, type=int, dest=key, metavar="N",
                         help=f"override the preset's {what} (permute/unpermute cases)")
+    ap.add_argument("--shape", metavar="T=..,H=..,E=..,K=..,F=..",
+                    help="the same overrides in one flag, e.g. T=4096,H=7680,E=256,K=8 (a per-dim flag, "
+                    "if also given, wins)")
+    ap.add_argument("--gemm-shape", action="append", metavar="E=..,M=..,K=..,N=..[,sizes=balanced|zipf]",
+                    help="grouped GEMM case instead of the preset's three: E groups, M rows in all, "
+                    "x [M,K] times E weights [K,N]; sizes=balanced (M/E rows each, the default) or zipf "
+                    "(Zipf-skewed, alpha 1.2). Repeat the flag for several cases.")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
                     help="dtype of the permute / grouped GEMM cases (default bf16)")
     ap.add_argument("--threads", type=int, default=None,
@@ -84,6 +140,18 @@ def parse_args(argv=None):
     ap.add_argument("--threshold", type=float, default=0.1,
                     help="with --compare: fail (exit 3) when a row is slower by more than this (0.1 = 10%%)")
     args = ap.parse_args(argv)
+    if args.shape is not None:
+        try:
+            kv = parse_kv(args.shape, "--shape", SHAPE_KEYS)
+        except ValueError as exc:
+            ap.error(str(exc))
+        for key, v in kv.items():
+            if getattr(args, key) is None:
+                setattr(args, key, v)
+    try:
+        args.gemm_shapes = [parse_gemm_shape(g) for g in args.gemm_shape or []]
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.full:
         args.preset = "pangu"
     for key in ("T", "H", "E", "K", "F"):
@@ -135,7 +203,8 @@ def main(argv=None) -> int:
     threads = torch.get_num_threads()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     ctx = Context(args.device, preset=args.preset, shape=args.shape, dtype=dtype,
-                  backends=args.backend, threads=threads, min_run_time=args.min_run_time)
+                  backends=args.backend, threads=threads, min_run_time=args.min_run_time,
+                  gemm_shapes=args.gemm_shapes or None)
     env = report.environment(ctx.device, threads)
     started = _dt.datetime.now(_dt.timezone.utc)
     print(f"ascend_moe_ops {env['version']} benchmark + parity report, preset {args.preset} "
@@ -171,7 +240,7 @@ def main(argv=None) -> int:
     stamp = started.strftime("%Y%m%d-%H%M%S")
     payload = {
         "schema": 2, "started_utc": started.isoformat(timespec="seconds"), "environment": env,
-        "preset": args.preset, "shape": ctx.shape, "dtype": args.dtype, "backends": args.backend,
+        "preset": args.preset, "shape": ctx.shape, "gemm_shapes": args.gemm_shapes, "dtype": args.dtype, "backends": args.backend,
         "min_run_time_s": args.min_run_time,
         "timer": "torch.utils.benchmark.Timer (blocked_autorange), threads pinned",
         "limits": ctx.machine.describe(), "rows": records,

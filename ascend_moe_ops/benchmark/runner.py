@@ -3,7 +3,7 @@
 
 A bench module defines ``run(ctx) -> list[Row]`` (and optionally ``parity(ctx)``); it times every
 callable with ``ctx.time(fn)`` (the harness in :mod:`.timing`) and reads its shapes from the
-context: ``ctx.preset`` / ``ctx.quick``, ``ctx.shape`` (T, H, E, K, F), ``ctx.dtype``,
+context: ``ctx.preset`` / ``ctx.quick``, ``ctx.shape`` (T, H, E, K, F), ``ctx.gemm_shapes``, ``ctx.dtype``,
 ``ctx.backends`` (None = every backend present), ``ctx.device``.
 """
 
@@ -83,11 +83,13 @@ class Context:
 
     def __init__(self, device="cpu", preset: str = "quick", shape: Optional[dict] = None,
                  dtype=torch.bfloat16, backends: Optional[List[str]] = None,
-                 threads: Optional[int] = None, min_run_time: float = 0.2, recording: bool = False):
+                 threads: Optional[int] = None, min_run_time: float = 0.2, recording: bool = False,
+                 gemm_shapes: Optional[List[dict]] = None):
         self.device = torch.device(device)
         self.preset = preset
         self.quick = preset == "quick"
         self.shape = dict(PRESETS[preset], **(shape or {}))
+        self.gemm_shapes = gemm_shapes  # grouped GEMM cases {E, M, K, N, sizes} (None: the preset's)
         self.dtype = dtype
         self.backends = backends
         self.threads = threads or torch.get_num_threads()

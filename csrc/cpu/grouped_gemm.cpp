@@ -14,8 +14,8 @@
 // per-thread C tile that is rounded once into the output dtype at the end.
 //
 // Each thread claims its next item one step ahead and prefetches (into L2) the operands of the
-// next K block while it computes; large outputs get transparent huge pages before the first
-// touch (amo::empty_large, common/alloc.h). The bf16 micro-kernel rounds the last K block
+// next K block while it computes; large outputs come from amo::empty_large (common/alloc.h):
+// reused, already faulted-in, huge-page blocks instead of fresh pages on every call. The bf16 micro-kernel rounds the last K block
 // straight into the output.
 //
 // dtypes: bf16 -> AMX tiles (tdpbf16ps) where the CPU has AMX-BF16 and the OS grants the tile
@@ -70,6 +70,7 @@ constexpr int64_t NR = 64;
 constexpr int64_t MR = 6;
 constexpr int64_t MC = 264;      // max rows of an item (multiple of MR): one B pack serves them all
 constexpr int64_t NC = 256;      // max cols of an item (multiple of NR)
+constexpr int64_t NC_MAX = 512;  // the AMX forward's items: up to 512 cols (fewer re-reads of x rows)
 constexpr int64_t KC_BF16 = 256; // k per block, bf16 (kp = 128 VNNI pairs: a 32 KiB B panel)
 constexpr int64_t KC_F32 = 128;  // k per block, fp32/fp16 (a 32 KiB B panel)
 
@@ -86,6 +87,9 @@ inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, 
 // software prefetch: 1 = into L2 (default), 2 = into L1, 0 = off (AMO_GG_PF, for tuning only)
 inline int64_t pf_mode() { static const int64_t v = env_or("AMO_GG_PF", 1, 0, 2, 1); return v; }
 
+// columns per item of the AMX forward / dX (AMO_GG_NC, read per call, for tuning only)
+inline int64_t nc_amx() { return env_or("AMO_GG_NC", NC_MAX, NR, NC_MAX, NR); }
+
 inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -94,14 +98,14 @@ inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // ------------------------------------------------------------------------------------------
 // Per-thread workspace (64-byte aligned)
 struct Workspace {
-  static constexpr size_t kB = (NC / NR) * (KC_BF16 / 2 > KC_F32 ? KC_BF16 / 2 : KC_F32) * NR * 4;
+  static constexpr size_t kB = (NC_MAX / NR) * (KC_BF16 / 2 > KC_F32 ? KC_BF16 / 2 : KC_F32) * NR * 4;
   static constexpr size_t kA = MC * (KC_BF16 > KC_F32 ? KC_BF16 : KC_F32) * 4 + 64 * 4 * 16;
-  static constexpr size_t kC = MC * NC * 4;
+  static constexpr size_t kC = MC * NC_MAX * 4;
   static constexpr size_t kT = (KC_BF16 / 2) * (MC + 16) * 4;
   char* base;
   uint32_t* b;  // packed B panels (bf16 words or fp32)
   uint32_t* a;  // packed A (bf16 words or fp32)
-  float* c;     // fp32 accumulator tile [MC][NC]
+  float* c;     // fp32 accumulator tile [MC][NC_MAX]
   uint32_t* t;  // scratch (interleaved A before it is cut into MR-row panels)
   Workspace() {
     base = static_cast<char*>(std::aligned_alloc(64, kB + kA + kC + kT));
@@ -524,7 +528,7 @@ inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws
   const int64_t npan = ceil_div(n, NR);
   const int64_t ldc = npan * NR;
   const int64_t kp_max = round_up(KC_BF16 / 2, 16);
-  const bool a_direct = A.s1 == 1 && A.s0 % 2 == 0 && K % 32 == 0;  // whole 16-pair steps in place
+  const bool a_direct = A.s1 == 1 && A.s0 % 2 == 0 && K % 32 == 0;  // x rows: whole 16-pair steps
   const int64_t full = m / 32 * 32;
   const int64_t tail = m - full;
   for (int64_t k0 = 0; k0 < K; k0 += KC_BF16) {
@@ -541,8 +545,13 @@ inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws
     const uint32_t* aw;
     int64_t a_ld;
     if (a_direct) {
-      aw = reinterpret_cast<const uint32_t*>(a + k0);
-      a_ld = A.s0 / 2;
+      // copy the block's x rows into ws.a, rows of kp16 pairs back to back: tile loads straight
+      // from x rows whose stride is a multiple of 4 KiB (K = 2048: 32 rows on the same L1 sets)
+      // evict each other, and the copy also pulls the prefetched rows from L2 once per block
+      for (int64_t r = 0; r < m; ++r)
+        std::memcpy(ws.a + r * kp16, a + r * A.s0 + k0, sizeof(uint32_t) * static_cast<size_t>(kp16));
+      aw = ws.a;
+      a_ld = kp16;
     } else {
       // A(r, k) at a[r * s0 + k * s1] with s0 == 1 (dW: A = a^T): interleave k-row pairs into
       // [pair][row] (ws.t), zero the pad pairs, transpose 16 x 16 blocks into [row][pair] (ws.a)
@@ -907,18 +916,20 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
               "grouped_gemm: unsupported dtype ", x.scalar_type());
 
-  // items ordered (group, N-tile, M-tile): threads that work at the same time share the B tile
+  const bool amx = amx_wanted(x.scalar_type()) && K % 32 == 0;  // x rows in whole 16-pair steps
+  // items ordered (group, N-tile, M-tile): threads that work at the same time share the B tile.
+  // AMX: wider N-tiles, so that each x row block is fetched fewer times per group
+  const int64_t nc = amx ? nc_amx() : NC;
   std::vector<Item> items;
   std::vector<std::pair<int64_t, int64_t>> rows;
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     split_rows(gs[e], rows);
-    for (int64_t c0 = 0; c0 < N; c0 += NC)
-      for (auto& rm : rows) items.push_back({e, off + rm.first, rm.second, c0, std::min(NC, N - c0)});
+    for (int64_t c0 = 0; c0 < N; c0 += nc)
+      for (auto& rm : rows) items.push_back({e, off + rm.first, rm.second, c0, std::min(nc, N - c0)});
     off += gs[e];
   }
   const int64_t wsE = trans_b ? N * K : K * N;
-  const bool amx = amx_wanted(x.scalar_type()) && K % 32 == 0;  // x rows read in place by tiles
   const void* xv = x.data_ptr();
   const void* wv = w.data_ptr();
   void* ov = out.data_ptr();
