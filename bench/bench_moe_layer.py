@@ -288,7 +288,8 @@ def main(argv=None):
             with h.megatron_world():
                 print(profile(shape, args.dispatcher or "alltoall", args.profile))
             return 0
-        ctx = Context(torch.device("cpu"), args.quick)
+        ctx = Context(torch.device("cpu"), "quick")
+        ctx.quick = args.quick  # the layer shapes are this module's own (SHAPE / QUICK_SHAPE)
         if args.memory:
             mem = memory_rows(shape)
             for k, v in mem.items():
