@@ -4,7 +4,9 @@ The layer is megatron-core's own ``MoELayer`` (router, token dispatcher, Sequent
 GroupedMLP) on CPU with world size 1 over gloo; Megatron's own CUDA-only calls are neutralized by
 ``tests/_megatron_cpu.py`` (documented in docs/integrations.md). Every path checked here is a pure
 data movement or a fixed-order fp32 sum that Megatron's CPU path also produces, so outputs and
-every gradient must be bitwise equal (measured: they are, in fp32 and bf16, top-2 and top-4).
+every gradient must be bitwise equal (measured: they are, in fp32 and bf16, top-2 and top-4) --
+except with the "activation" target, whose fused SwiGLU x probs rounds once where Megatron rounds
+after each step: that one is held to the 2x-PyTorch rule against an fp64 layer.
 """
 
 import importlib
