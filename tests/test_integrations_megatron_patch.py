@@ -328,10 +328,10 @@ def test_grouped_gemm_standin(dtype, trans_b):
 # ---------------------------------------------------------------- the CPU fast path of permute
 @pytest.mark.parametrize("uniform", [True, False], ids=["topk", "ragged"])
 def test_permute_row_blocks_match_megatron(uniform):
-    """The [T, E] mask goes to the native kernel as is (top-k rows, and ragged ones: tokens with
-    no expert, a token with every expert); the record kept on sorted_indices lets unpermute skip
-    the rebuild, also with probs; a different routing_map object falls back."""
-    T, H, E, K = 1100, 8, 32, 4
+    """The [T, E] mask is compacted in row blocks of 32768 / E tokens: T spans several blocks
+    (and a ragged mask pads blocks to different widths); the record kept on sorted_indices lets
+    unpermute skip the rebuild, also with probs; a different routing_map object falls back."""
+    T, H, E, K = 1100, 8, 32, 4  # blocks of 1024 rows: two blocks
     g = torch.Generator().manual_seed(7)
     ids = torch.rand(T, E, generator=g).topk(K, 1).indices
     mask = torch.zeros(T, E, dtype=torch.bool).scatter_(1, ids, True)

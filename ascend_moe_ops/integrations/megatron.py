@@ -211,22 +211,32 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
             dest = torch.where(rows >= 0, rows, torch.full_like(rows, N))
             permuted_probs = probs.new_zeros(N + 1).index_copy(0, dest, probs.reshape(-1))[:N]
         si = sorted_indices_from_row_id_map(row_id_map, N)
-        _remember(si, row_id_map, routing_map, True, N)
+        _remember(si, row_id_map, None, routing_map, True, N)
         return out, permuted_probs, si
 
     if device.type == "cpu" and not _checks.is_fake(mask):
-        # On the CPU a host read costs nothing: count the routed slots now (Megatron's
-        # masked_select makes the same sync), check num_out_tokens against them, and give the
-        # [T, E] mask to the native kernel as is (its row map is [T, E]; no compaction to ids).
-        used = int(mask.sum())
+        # On the CPU a host read costs nothing: compact the [T, E] mask to [T, S] expert ids
+        # (S = most experts of a token, = top-k), so the kernels touch T*S slots, not T*E (each
+        # slot pass over a random mask costs a branch miss: measured at T=256, E=64, the native
+        # kernel's fixed cost is ~50 us with [T, 8] ids vs ~350 us with the [T, 64] mask).
+        ids, counts = _compact_routing(mask)
+        used = int(counts.sum())
         if num_out_tokens is not None:
             n = _as_int("num_out_tokens", num_out_tokens)
             if used != n:
                 raise ValueError(f"num_out_tokens={n} must equal the {used} routed slots "
                                  "of routing_map (Megatron's unfused path returns exactly them)")
-        res = moe_permute(tokens, mask, probs, num_out_tokens=used)
+        S = ids.shape[1]
+        full = used == T * S  # no -1 slot (top-k routing): fewer small ops
+        if full:
+            slot_probs = probs.gather(1, ids) if probs is not None else None
+        else:
+            slot_probs = _slot_probs(probs, ids)
+        res = moe_permute(tokens, ids, slot_probs, num_experts=E, num_out_tokens=used)
+        # sorted_indices from the kernel's row map by one scatter (a stable argsort of the ids,
+        # as before 2026-12-02, cost ~350 us at T=256)
         si = _sorted_indices_of_map(res.row_id_map, used)
-        _remember(si, res.row_id_map, routing_map, False, used)
+        _remember(si, res.row_id_map, ids, routing_map, False, used)
         return res.tokens, res.probs, si
 
     if num_out_tokens is None:
@@ -237,25 +247,75 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
             torch._assert_async(mask.sum() == n, "num_out_tokens must equal the routed slots of routing_map")
     res = moe_permute(tokens, mask, probs, num_out_tokens=n)
     si = sorted_indices_from_row_id_map(res.row_id_map, n)
-    _remember(si, res.row_id_map, routing_map, False, n)
+    _remember(si, res.row_id_map, None, routing_map, False, n)
     return res.tokens, res.probs, si
 
 
 class _PermuteRecord:
     """What :func:`permute` knew, kept on the ``sorted_indices`` it returned so that
     :func:`unpermute` of the same rows skips rebuilding the row map from ``sorted_indices``."""
-    __slots__ = ("row_id_map", "mask", "drop_and_pad", "num_rows")
+    __slots__ = ("row_id_map", "ids", "mask", "drop_and_pad", "num_rows")
 
-    def __init__(self, row_id_map, mask, drop_and_pad, num_rows):
-        self.row_id_map, self.mask = row_id_map, mask
+    def __init__(self, row_id_map, ids, mask, drop_and_pad, num_rows):
+        self.row_id_map, self.ids, self.mask = row_id_map, ids, mask
         self.drop_and_pad, self.num_rows = drop_and_pad, num_rows
 
 
-def _remember(si: Tensor, row_id_map: Tensor, mask: Tensor, drop_and_pad: bool, num_rows: int) -> None:
+def _remember(si: Tensor, row_id_map: Tensor, ids: Optional[Tensor], mask: Tensor, drop_and_pad: bool,
+              num_rows: int) -> None:
     try:
-        si._amo_permute = _PermuteRecord(row_id_map, mask, drop_and_pad, num_rows)
+        si._amo_permute = _PermuteRecord(row_id_map, ids, mask, drop_and_pad, num_rows)
     except (AttributeError, RuntimeError):  # a tensor subclass without __dict__
         pass
+
+
+# ATen runs an op on the calling thread when it has at most this many elements (GRAIN_SIZE).
+# _compact_routing works on row blocks of that size: waking a second thread costs far more than
+# the whole compaction when the cores are shared (measured here, T=2048, E=64, load average ~20:
+# mask.nonzero() 48 ms on two threads vs 0.3 ms on one).
+_INLINE_ELEMENTS = 32768
+
+
+def _compact_routing(mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """``[T, E]`` mask -> ``(ids [T, S] int64, counts [T])``: the routed experts of each token in
+    ascending order (the mask's slot order), ``-1``-padded to ``S = counts.max()``."""
+    T, E = mask.shape
+    block = max(1, _INLINE_ELEMENTS // max(E, 1))
+    if T <= block:
+        return _compact_block(mask)
+    parts = [_compact_block(mask[i:i + block]) for i in range(0, T, block)]
+    S = max(p[0].shape[1] for p in parts)
+    ids = [p[0] if p[0].shape[1] == S else torch.nn.functional.pad(p[0], (0, S - p[0].shape[1]), value=-1)
+           for p in parts]
+    return torch.cat(ids), torch.cat([p[1] for p in parts])
+
+
+def _compact_block(mask: Tensor) -> Tuple[Tensor, Tensor]:
+    T, E = mask.shape
+    nz = mask.nonzero()  # row-major: token order, ascending expert inside a token
+    n = nz.shape[0]
+    counts = torch.bincount(nz[:, 0], minlength=T) if n else torch.zeros(T, dtype=torch.int64, device=mask.device)
+    S = int(counts.max()) if n else 0
+    if S == 0:
+        return torch.empty((T, 0), dtype=torch.int64, device=mask.device), counts
+    if n == S * T:  # every token has S experts (top-k routing): a plain reshape
+        return nz[:, 1].reshape(T, S), counts
+    t, e = nz[:, 0], nz[:, 1]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(n, device=mask.device) - starts.index_select(0, t)
+    ids = torch.full((T, S), -1, dtype=torch.int64, device=mask.device)
+    ids[t, slot] = e
+    return ids, counts
+
+
+def _slot_probs(probs: Optional[Tensor], ids: Tensor) -> Optional[Tensor]:
+    """Dense ``[T, E]`` probs -> ``[T, S]`` probs of the slots of ``ids`` (0 for ``-1`` slots)."""
+    if probs is None:
+        return None
+    if ids.shape[1] == 0:
+        return probs[:, :0]
+    g = probs.gather(1, ids.clamp_min(0))
+    return torch.where(ids >= 0, g, torch.zeros((), dtype=g.dtype))
 
 
 def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape: Sequence[int],
@@ -296,6 +356,7 @@ def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape: Se
         if probs is not None:
             _checks.check_tensor("probs", probs, dtypes=_checks.FLOAT_DTYPES, device=device)
             _checks.check_shape("probs", probs, rec.mask.shape, "the shape of routing_map")
+            probs = probs if rec.ids is None else _slot_probs(probs, rec.ids)
         return moe_unpermute(permuted_tokens, rec.row_id_map, probs)
 
     _checks.check_index_range("sorted_indices", sorted_indices, 0, T)
