@@ -106,6 +106,21 @@ for _lib_ in LIBS.values():
         _lib_.define(_schema)
 _lib = LIBS[NAMESPACE]  # the public namespace's library (PrivateUse1 registrations in _npu.py)
 
+# Internal fused kernels used by the framework adapters (ascend_moe_ops/integrations), not public
+# ops: defined only for the native (C++) and reference namespaces. Their op modules call the native
+# kernel where it is loaded (cpu) and the reference composition everywhere else.
+INTERNAL_NAMESPACES = (BACKEND_NAMESPACES["native"], BACKEND_NAMESPACES["reference"])
+INTERNAL_SCHEMAS = {
+    # swiglu_probs(x [N,2F], probs [N]) -> [N,F] in x's dtype: silu(x[:, :F]) * x[:, F:] * probs[:, None]
+    # in fp32, rounded once (Megatron-Core GroupedMLP's activation with the router probs)
+    "swiglu_probs": "swiglu_probs(Tensor x, Tensor probs) -> Tensor",
+    # -> (grad_x [N,2F] in x's dtype, grad_probs [N] in probs' dtype)
+    "swiglu_probs_backward": "swiglu_probs_backward(Tensor grad_out, Tensor x, Tensor probs) -> (Tensor, Tensor)",
+}
+for _ns in INTERNAL_NAMESPACES:
+    for _schema in INTERNAL_SCHEMAS.values():
+        LIBS[_ns].define(_schema)
+
 
 def op(name: str, ns: str = NAMESPACE):
     """``torch.ops.<ns>.<name>`` (default overload); ``ns`` defaults to the public namespace."""

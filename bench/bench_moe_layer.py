@@ -197,28 +197,122 @@ def _path_ops(fn, T, H=1024, E=64, K=8):
     }
 
 
-def op_rows(ctx, repeats=5):
-    """Each op on Megatron's call path: this package vs megatron-core's own, round-robin."""
+def _activation_ops(T, K=8, F=256):
+    """GroupedMLP's SwiGLU x probs (fwd+bwd) at N = T*K rows: megatron-core 0.16.1's closure (the
+    two functions GroupedMLP.__init__ builds, under megatron.core.jit.jit_fuser = torch.compile on
+    this torch) vs the fused kernel that patch() gives it."""
+    import torch.nn.functional as Fn
+    from megatron.core.jit import jit_fuser
+    from ascend_moe_ops.integrations import megatron as mg
+
+    @jit_fuser
+    def glu(x):
+        x = torch.chunk(x, 2, dim=-1)
+        return Fn.silu(x[0]) * x[1]
+
+    @jit_fuser
+    def megatron_closure(x, probs):
+        dtype = x.dtype
+        return (glu(x) * probs).to(dtype)
+
+    gen = torch.Generator().manual_seed(T)
+    N = T * K
+    x = torch.randn(N, 2 * F, generator=gen).to(DTYPE).requires_grad_()
+    p = torch.rand(N, 1, generator=gen).requires_grad_()
+    g = torch.randn(N, F, generator=gen).to(DTYPE)
+
+    def step(fn):
+        def run():
+            x.grad = p.grad = None
+            fn(x, p).backward(g)
+        return run
+    return step(mg._activation_with_probs), step(megatron_closure)
+
+
+def _spread(ts):
+    """(q3 - q1) / median of a list of times."""
+    v = sorted(float(t) for t in ts)
+    q = lambda f: v[min(len(v) - 1, int(round(f * (len(v) - 1))))]
+    return (q(0.75) - q(0.25)) / q(0.5) if q(0.5) > 0 else float("nan")
+
+
+def op_rows(ctx, repeats=5, tokens=OP_TOKENS):
+    """Each op on Megatron's call path: this package vs megatron-core's own, round-robin (the two
+    sides of a row alternate, so the machine's load hits them alike); median of the repeats and the
+    spread (IQR / median) of each side."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.transformer.moe import moe_utils as mcore
     from ascend_moe_ops.integrations import megatron as mg
     rows = []
-    for T in OP_TOKENS:
+    for T in tokens:
         ours, theirs = _path_ops(mg, T), _path_ops(mcore, T)
+        key = "activation_func_with_probs fwd+bwd (GroupedMLP, SwiGLU, N=T*K, F=256)"
+        ours[key], theirs[key] = _activation_ops(T)
         t_ours = {k: [] for k in ours}
         t_theirs = {k: [] for k in ours}
         for k in ours:
-            ours[k](), theirs[k]()
+            ours[k](), theirs[k](), ours[k](), theirs[k]()  # warm-up (and torch.compile of Megatron's closure)
         for _ in range(repeats):
             for k in ours:
-                t_theirs[k].append(ctx.time(theirs[k], min_time=0.1, min_iters=1, warmup=0))
-                t_ours[k].append(ctx.time(ours[k], min_time=0.1, min_iters=1, warmup=0))
+                t_theirs[k].append(ctx.time(theirs[k], min_time=0.1, warmup=0))
+                t_ours[k].append(ctx.time(ours[k], min_time=0.1, warmup=0))
         for k in ours:
             a, b = sorted(t_ours[k])[repeats // 2], sorted(t_theirs[k])[repeats // 2]
             rows.append(Row(op="megatron call path", case=f"{k} T{T} H1024 E64 K8", backend="integrations.megatron",
                             dtype="bfloat16", seconds=a, peers={"megatron-core 0.16.1": b},
-                            extra={"repeats": repeats, "speedup_vs_megatron": round(b / a, 3)}))
+                            extra={"repeats": repeats, "speedup_vs_megatron": round(b / a, 3),
+                                   "spread_ours": round(_spread(t_ours[k]), 3),
+                                   "spread_megatron": round(_spread(t_theirs[k]), 3),
+                                   "threads": torch.get_num_threads()}))
+    return rows
+
+
+PANGU = dict(T=4096, H=7680, E=256, K=8)  # Pangu Ultra MoE's MoE layer (bench_moe_permute's preset)
+
+
+def pangu_rows(ctx, repeats=5, routings=("balanced", "skewed")):
+    """The Megatron drop-in at the Pangu shape: ``permute`` with probs (alltoall dispatcher) and
+    ``unpermute`` with ``routing_map``, no probs (both dispatchers), this package vs megatron-core,
+    the two sides alternating; the inputs of bench_moe_permute (balanced and Zipf-skewed routing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.moe import moe_utils as mcore
+    from ascend_moe_ops.integrations import megatron as mg
+    bench_dir = pathlib.Path(__file__).resolve().parent
+    if str(bench_dir) not in sys.path:
+        sys.path.insert(0, str(bench_dir))
+    from bench_moe_permute import make_inputs
+    T, H, E, K = (PANGU[k] for k in "THEK")
+    rows = []
+    for routing in routings:
+        tokens, _, _, mask, dense = make_inputs(T, H, E, K, routing, torch.device("cpu"), dtype=DTYPE)
+        N = T * K
+        ops = {}
+        for name, fn in (("ours", mg), ("megatron", mcore)):
+            r, _, si = fn.permute(tokens, mask, probs=dense, num_out_tokens=N)
+            ops[name] = {
+                "permute with probs (alltoall dispatcher)":
+                    lambda fn=fn: fn.permute(tokens, mask, probs=dense, num_out_tokens=N),
+                "unpermute with routing_map, no probs (both dispatchers)":
+                    lambda fn=fn, r=r, si=si: fn.unpermute(r, si, tokens.shape, routing_map=mask),
+            }
+        times = {(k, side): [] for k in ops["ours"] for side in ops}
+        for _ in range(repeats):
+            for k in ops["ours"]:
+                for side in ("megatron", "ours"):
+                    times[(k, side)].append(ctx.time(ops[side][k], runs=1, warmup=0))
+        for k in ops["ours"]:
+            a = sorted(times[(k, "ours")])[repeats // 2]
+            b = sorted(times[(k, "megatron")])[repeats // 2]
+            rows.append(Row(op="megatron call path", case=f"{k} {routing} T{T} H{H} E{E} K{K}",
+                            backend="integrations.megatron", dtype="bfloat16", seconds=a,
+                            peers={"megatron-core 0.16.1": b},
+                            extra={"repeats": repeats, "speedup_vs_megatron": round(b / a, 3),
+                                   "spread_ours": round(_spread(times[(k, "ours")]), 3),
+                                   "spread_megatron": round(_spread(times[(k, "megatron")]), 3),
+                                   "threads": torch.get_num_threads()}))
+        del ops, tokens, mask, dense
     return rows
 
 
@@ -277,6 +371,8 @@ def main(argv=None):
     ap.add_argument("--ops-only", action="store_true", help="only the ops on Megatron's call paths")
     ap.add_argument("--memory", action="store_true", help="saved bytes of nn.MoELayer per memory option")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads before timing")
+    ap.add_argument("--pangu", action="store_true", help="the drop-in permute/unpermute at the Pangu shape")
+    ap.add_argument("--tokens", type=int, nargs="*", default=None, help="T of the --ops-only rows (default 256 2048)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -288,15 +384,25 @@ def main(argv=None):
             with h.megatron_world():
                 print(profile(shape, args.dispatcher or "alltoall", args.profile))
             return 0
-        ctx = Context(torch.device("cpu"), args.quick)
+        ctx = Context(torch.device("cpu"), "quick")
+        ctx.quick = args.quick  # the layer shapes are this module's own (SHAPE / QUICK_SHAPE)
         if args.memory:
             mem = memory_rows(shape)
             for k, v in mem.items():
                 print(f"{k:45s} {v / 2**20:9.1f} MiB saved  x{v / mem['none']:.2f} of none")
             return 0
+        if args.pangu:
+            for r in pangu_rows(ctx, args.repeats or 5):
+                print(f"{r.case:90s} {r.seconds * 1e3:8.1f} ms  x{r.extra['speedup_vs_megatron']:.2f} vs megatron-core "
+                      f"(spread {100 * r.extra['spread_ours']:.0f}% / {100 * r.extra['spread_megatron']:.0f}%, "
+                      f"{r.extra['threads']} threads)", flush=True)
+            return 0
         if args.ops_only:
-            for r in op_rows(ctx, args.repeats or 5):
-                print(f"{r.case:82s} {r.seconds * 1e3:8.2f} ms  x{r.extra['speedup_vs_megatron']:.2f} vs megatron-core")
+            tokens = tuple(args.tokens) if args.tokens else OP_TOKENS
+            for r in op_rows(ctx, args.repeats or 5, tokens):
+                print(f"{r.case:90s} {r.seconds * 1e3:8.2f} ms  x{r.extra['speedup_vs_megatron']:.2f} vs megatron-core "
+                      f"(spread {100 * r.extra['spread_ours']:.0f}% / {100 * r.extra['spread_megatron']:.0f}%, "
+                      f"{r.extra['threads']} threads)", flush=True)
             return 0
         disp = (args.dispatcher,) if args.dispatcher else DISPATCHERS
         for r in run(ctx, args.repeats, disp):

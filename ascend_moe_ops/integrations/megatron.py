@@ -86,6 +86,25 @@ def sorted_indices_from_row_id_map(row_id_map: Tensor, num_rows: int) -> Tensor:
     return out[:num_rows]
 
 
+_TOKEN_OF_SLOT = {}  # (T, S) -> int64 [T*S] token of each slot of a [T, S] map (cpu, last shape only)
+
+
+def _sorted_indices_of_map(row_id_map: Tensor, num_rows: int) -> Tensor:
+    """:func:`sorted_indices_from_row_id_map` for a cpu map whose every row is filled (permute's
+    dropless output): one scatter, with the slot -> token index cached per shape."""
+    T, S = row_id_map.shape
+    key = (T, S)
+    tok = _TOKEN_OF_SLOT.get(key)
+    if tok is None:
+        _TOKEN_OF_SLOT.clear()
+        tok = _TOKEN_OF_SLOT[key] = torch.arange(T, dtype=torch.int64).repeat_interleave(S)
+    rows = row_id_map.reshape(-1).to(torch.int64)
+    rows.masked_fill_(rows < 0, num_rows)  # not-routed slots go to a scratch entry
+    out = torch.empty(num_rows + 1, dtype=torch.int64)
+    out.index_copy_(0, rows, tok)
+    return out[:num_rows]
+
+
 def row_id_map_from_sorted_indices(sorted_indices: Tensor, expert_of_row: Tensor, num_tokens: int,
                                    num_experts: int) -> Tensor:
     """Our ``row_id_map [T, E]`` (int32) from Megatron's ``sorted_indices [N]`` and the expert of
@@ -197,7 +216,9 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
 
     if device.type == "cpu" and not _checks.is_fake(mask):
         # On the CPU a host read costs nothing: compact the [T, E] mask to [T, S] expert ids
-        # (S = most experts of a token, = top-k), so the kernels touch T*S slots, not T*E.
+        # (S = most experts of a token, = top-k), so the kernels touch T*S slots, not T*E (each
+        # slot pass over a random mask costs a branch miss: measured at T=256, E=64, the native
+        # kernel's fixed cost is ~50 us with [T, 8] ids vs ~350 us with the [T, 64] mask).
         ids, counts = _compact_routing(mask)
         used = int(counts.sum())
         if num_out_tokens is not None:
@@ -212,12 +233,9 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
         else:
             slot_probs = _slot_probs(probs, ids)
         res = moe_permute(tokens, ids, slot_probs, num_experts=E, num_out_tokens=used)
-        if full and S:
-            # rows are expert-major and in (token, slot) order inside an expert: a stable sort of
-            # the slots by expert; the token of slot i is i // S
-            si = torch.div(torch.argsort(ids.reshape(-1), stable=True), S, rounding_mode="floor")
-        else:
-            si = sorted_indices_from_row_id_map(res.row_id_map, used)
+        # sorted_indices from the kernel's row map by one scatter (a stable argsort of the ids,
+        # as before 2026-12-02, cost ~350 us at T=256)
+        si = _sorted_indices_of_map(res.row_id_map, used)
         _remember(si, res.row_id_map, ids, routing_map, False, used)
         return res.tokens, res.probs, si
 
@@ -369,20 +387,45 @@ def unpermute(permuted_tokens: Tensor, sorted_indices: Tensor, restore_shape: Se
 
 
 class _SortChunks(torch.autograd.Function):
-    """``out = input[index]`` for a row permutation ``index``; backward gathers with the inverse."""
+    """``out = input[index]`` for a row permutation ``index``; backward scatters the gradient back
+    (``grad_in[index] = grad``: every row is written once, as ``index`` is a permutation)."""
 
     @staticmethod
-    def forward(ctx, inp, index, inverse):
-        ctx.save_for_backward(inverse)
+    def forward(ctx, inp, index):
+        ctx.save_for_backward(index)
         return inp.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
+        (index,) = ctx.saved_tensors
+        return torch.empty_like(grad).index_copy_(0, index, grad), None
 
 
-def _chunk_permutation(split_sizes: Tensor, sorted_idxs: Tensor, num_rows: int, device) -> Tuple[Tensor, Tensor]:
+def _gather_rows(t: Tensor, index: Tensor) -> Tensor:
+    if t.requires_grad and torch.is_grad_enabled():
+        return _SortChunks.apply(t, index)
+    return t.index_select(0, index)  # no graph to record: skip the autograd.Function
+
+
+def _chunk_index_host(sizes, order, num_rows: int) -> Tensor:
+    """The gather index of the chunk permutation from host lists (cpu: reading the sizes is free)."""
+    src_start, run = [], 0
+    for n in sizes:
+        src_start.append(run)
+        run += n
+    out_sizes = [sizes[j] for j in order]
+    shift, run = [], 0
+    for j, n in zip(order, out_sizes):
+        shift.append(src_start[j] - run)
+        run += n
+    index = torch.arange(num_rows, dtype=torch.int64)
+    if any(shift):
+        index += torch.repeat_interleave(torch.tensor(shift, dtype=torch.int64),
+                                         torch.tensor(out_sizes, dtype=torch.int64), output_size=num_rows)
+    return index
+
+
+def _chunk_index(split_sizes: Tensor, sorted_idxs: Tensor, num_rows: int, device) -> Tensor:
     sizes = split_sizes.to(device=device, dtype=torch.int64)
     order = sorted_idxs.to(device=device, dtype=torch.int64)
     src_start = torch.cumsum(sizes, 0) - sizes
@@ -391,9 +434,7 @@ def _chunk_permutation(split_sizes: Tensor, sorted_idxs: Tensor, num_rows: int, 
     shift = (src_start.index_select(0, order) - out_start)
     index = torch.arange(num_rows, device=device, dtype=torch.int64) + torch.repeat_interleave(
         shift, out_sizes, output_size=num_rows)
-    inverse = torch.empty_like(index)
-    inverse[index] = torch.arange(num_rows, device=device, dtype=torch.int64)
-    return index, inverse
+    return index
 
 
 def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
@@ -401,8 +442,9 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
     """Megatron-Core's ``moe_utils.sort_chunks_by_idxs``: split ``input`` (and ``probs``) into
     chunks of ``split_sizes`` rows and concatenate them in the order ``sorted_idxs``.
 
-    One gather (no per-chunk split/cat, no host sync of the sizes); its backward is the gather with
-    the inverse permutation. ``fused`` is accepted and ignored. ``split_sizes`` must add up to the
+    One gather (no per-chunk split/cat); its backward is one scatter. On the CPU the gather index is
+    built from the sizes read on the host (free there; Megatron's own path reads them too), on other
+    devices with tensor ops (no host sync). ``fused`` is accepted and ignored. ``split_sizes`` must add up to the
     rows of ``input`` and ``sorted_idxs`` must be a permutation of the chunks (as in every
     Megatron dispatcher).
 
@@ -419,17 +461,27 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
         raise ValueError(f"sorted_idxs must have one entry per chunk ({split_sizes.numel()}), "
                          f"got {sorted_idxs.numel()}")
     N = input.shape[0]
-    if split_sizes.device.type == "cpu" and not _checks.is_fake(split_sizes):
-        total = int(split_sizes.sum())
-        if total != N:
-            raise ValueError(f"split_sizes must add up to the {N} rows of input, got {total}")
     if probs is not None:
         _checks.check_tensor("probs", probs, device=input.device)
         if probs.shape[0] != N:
             raise ValueError(f"probs must have one entry per row of input ({N}), got shape {tuple(probs.shape)}")
-    index, inverse = _chunk_permutation(split_sizes, sorted_idxs, N, input.device)
-    out = _SortChunks.apply(input, index, inverse)
-    permuted_probs = _SortChunks.apply(probs, index, inverse) if probs is not None else None
+    host = (input.device.type == "cpu" and split_sizes.device.type == "cpu" and sorted_idxs.device.type == "cpu"
+            and not (_checks.is_fake(split_sizes) or _checks.is_fake(sorted_idxs) or _checks.is_fake(input)))
+    if host:
+        sizes, order = split_sizes.tolist(), sorted_idxs.tolist()
+        if sum(sizes) != N or min(sizes, default=0) < 0:
+            raise ValueError(f"split_sizes must add up to the {N} rows of input (none negative), got {sizes}")
+        if sorted(order) != list(range(len(sizes))):
+            raise ValueError(f"sorted_idxs must be a permutation of the {len(sizes)} chunks, got {order}")
+        index = _chunk_index_host(sizes, order, N)
+    else:
+        if split_sizes.device.type == "cpu" and not _checks.is_fake(split_sizes):
+            total = int(split_sizes.sum())
+            if total != N:
+                raise ValueError(f"split_sizes must add up to the {N} rows of input, got {total}")
+        index = _chunk_index(split_sizes, sorted_idxs, N, input.device)
+    out = _gather_rows(input, index)
+    permuted_probs = _gather_rows(probs, index) if probs is not None else None
     return out, permuted_probs
 
 
@@ -452,7 +504,10 @@ _KNOWN_SIGNATURES = {
     "sort_chunks_by_idxs": ("input", "split_sizes", "sorted_idxs", "probs", "fused"),
 }
 TESTED_MEGATRON_CORE = ("0.16.1",)
-PATCHABLE = ("permute", "unpermute", "sort_chunks_by_idxs", "grouped_gemm")
+PATCHABLE = ("permute", "unpermute", "sort_chunks_by_idxs", "grouped_gemm", "activation")
+_EXPERTS = "megatron.core.transformer.moe.experts"
+# GroupedMLP.forward parameters as of the checked megatron-core versions
+_GROUPED_MLP_FORWARD = ("self", "permuted_local_hidden_states", "tokens_per_expert", "permuted_probs")
 
 #: calls into this package made through the patched names, by target (reset by :func:`patch`)
 call_counts = {name: 0 for name in PATCHABLE}
@@ -502,6 +557,8 @@ class _State:
     hook = None
     targets = ()
     by_replacement = {}      # id(replacement) -> (target, original, replacement)
+    grouped_mlp = None       # (GroupedMLP class, its original forward) while "activation" is patched
+    act_instances = None     # GroupedMLP instance -> its own activation_func_with_probs closure
     recorded = set()         # (id(module), attribute) already in undo
 
 
@@ -619,7 +676,12 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
       ``moe_utils.sort_chunks_by_idxs`` -> :func:`sort_chunks_by_idxs`;
     * ``grouped_gemm_util.grouped_gemm`` / ``.ops`` (what ``GroupedMLP`` calls as
       ``gg.ops.gmm``) -> :mod:`ascend_moe_ops.integrations.grouped_gemm`, so
-      ``moe_grouped_gemm=True`` works without the CUDA ``grouped_gemm`` package.
+      ``moe_grouped_gemm=True`` works without the CUDA ``grouped_gemm`` package;
+    * ``GroupedMLP.forward`` (target ``"activation"``) -> a wrapper that gives each SwiGLU
+      ``GroupedMLP`` the fused native ``silu(x1) * x2 * probs`` (fwd + bwd in one pass each) in place
+      of its ``activation_func_with_probs`` closure. Its results equal Megatron's within the
+      tolerance of the low-precision dtype, not bitwise (Megatron rounds after each step; the
+      fused kernel rounds once). Leave it out (``targets=PATCHABLE[:4]``) for bitwise results.
 
     Args:
         targets: a subset of :data:`PATCHABLE` (e.g. ``("grouped_gemm",)`` to feed only the
@@ -672,6 +734,8 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
             if real is not None and getattr(real, "ops", None) is not None:
                 # the real package is installed: its ``ops`` object may be held elsewhere too
                 _State.replacements[id(real.ops)] = ("grouped_gemm", real.ops, _State.gg_replacement.ops)
+        if "activation" in targets:
+            _patch_activation()
         _State.active = True
         for module in list(_sys.modules.values()):
             if module is not None:
@@ -698,6 +762,7 @@ def unpatch() -> PatchReport:
         gg_util = _sys.modules.get(_GG_UTIL)
         if _State.gg_original is not None and gg_util is not None:
             gg_util.grouped_gemm, gg_util.ops = _State.gg_original
+        _unpatch_activation()
         if _State.hook in _sys.meta_path:
             _sys.meta_path.remove(_State.hook)
         report = _State.report
@@ -710,6 +775,78 @@ def unpatch() -> PatchReport:
         _State.recorded = set()
         _State.report = PatchReport()
         return report
+
+
+# ---------------------------------------------------------------- probs applied in the activation
+# Megatron-Core's GroupedMLP computes ``activation_func(fc1_output) * probs`` between its grouped
+# GEMMs through a closure it stores on each instance in __init__ (``activation_func_with_probs``).
+# patch() wraps GroupedMLP.forward (the class attribute): on each call it swaps that instance's
+# closure for the fused native kernel :func:`ascend_moe_ops.ops.swiglu_probs.swiglu_probs` when the
+# instance computes SwiGLU (gated_linear_unit with silu, no fp8/fp4), then runs Megatron's own
+# forward; unpatch() restores the class attribute and every swapped closure. Any other activation
+# keeps Megatron's closure.
+
+
+def _activation_with_probs(x: Tensor, probs: Tensor) -> Tensor:
+    """What GroupedMLP's closure computes for SwiGLU (``silu(x1) * x2 * probs``, ``probs [N, 1]``),
+    fused; its inputs are those of Megatron's call."""
+    from ..ops.swiglu_probs import swiglu_probs
+    call_counts["activation"] += 1
+    lead, width = x.shape[:-1], x.shape[-1]
+    out = swiglu_probs(x.reshape(-1, width), probs.reshape(-1))
+    return out.view(*lead, width // 2)
+
+
+def _fusable(module) -> bool:
+    import torch.nn.functional as F
+    cfg = getattr(module, "config", None)
+    return (cfg is not None and getattr(cfg, "gated_linear_unit", False) and cfg.activation_func is F.silu
+            and not getattr(cfg, "fp8", None) and not getattr(cfg, "fp4", None)
+            and callable(vars(module).get("activation_func_with_probs")))
+
+
+def _patch_activation() -> None:
+    experts = _importlib.import_module(_EXPERTS)
+    cls = experts.GroupedMLP
+    original = cls.forward
+    try:
+        params = tuple(_inspect.signature(original).parameters)
+    except (TypeError, ValueError) as exc:
+        raise RuntimeError(f"cannot read the signature of megatron-core's GroupedMLP.forward ({exc})") from exc
+    if params != _GROUPED_MLP_FORWARD:
+        raise RuntimeError(
+            f"megatron-core {megatron_core_version()}: GroupedMLP.forward has parameters {params}, but "
+            f"ascend_moe_ops.integrations.megatron knows {_GROUPED_MLP_FORWARD} (checked against "
+            f"megatron-core {', '.join(TESTED_MEGATRON_CORE)}); refusing to patch the activation. "
+            "Patch the other targets only (patch(targets=...)).")
+    import weakref
+    instances = weakref.WeakKeyDictionary()
+
+    def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
+        if self not in instances and _fusable(self):
+            instances[self] = self.activation_func_with_probs
+            self.activation_func_with_probs = _activation_with_probs
+        return original(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs)
+
+    forward.__wrapped__ = original
+    forward.__doc__ = original.__doc__
+    forward._amo_patch_of = "activation"
+    cls.forward = forward
+    _State.grouped_mlp = (cls, original)
+    _State.act_instances = instances
+    _State.report.setdefault("activation", []).append(f"{_EXPERTS}.GroupedMLP.forward")
+
+
+def _unpatch_activation() -> None:
+    if _State.grouped_mlp is None:
+        return
+    cls, original = _State.grouped_mlp
+    cls.forward = original
+    for module, closure in list(_State.act_instances.items()):
+        if vars(module).get("activation_func_with_probs") is _activation_with_probs:
+            module.activation_func_with_probs = closure
+    _State.grouped_mlp = None
+    _State.act_instances = None
 
 
 def is_patched() -> bool:

@@ -52,6 +52,13 @@ Tensor check_probs(const char* op, const c10::optional<Tensor>& probs, const Ten
   return probs->to(at::kFloat).contiguous();
 }
 
+// Problems whose permuted rows total fewer bytes than this run on the calling thread: a few hundred
+// microseconds of work, while waking a second thread took milliseconds under this machine's
+// shared load (the same threshold as moe_permute's row copy).
+inline bool small_problem(int64_t rows, int64_t H, size_t elem) {
+  return rows * H * static_cast<int64_t>(elem) < (int64_t(8) << 20);
+}
+
 template <typename T, bool NT>
 inline void put(T* p, V::VecF v) {
   if constexpr (NT) {
@@ -155,7 +162,8 @@ Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in,
     const T_* src = permuted.data_ptr<T_>();
     T_* dst = out.data_ptr<T_>();
     const bool stream = T * H * static_cast<int64_t>(sizeof(T_)) >= V::kStreamBytes && rows_stream_aligned(dst, H);
-    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
+    const int64_t grain = small_problem(N, H, sizeof(T_)) ? std::max<int64_t>(T, 1)
+                                                          : std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
     at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
       std::vector<const T_*> rp(static_cast<size_t>(S));
       std::vector<float> w(static_cast<size_t>(S));
@@ -290,7 +298,8 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
         amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), false);
         return;
       }
-      const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
+      const int64_t grain = small_problem(N, H, sizeof(P)) ? std::max<int64_t>(T, 1)
+                                                          : std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
       at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
         for (int64_t t = tb; t < te; ++t) {
           for (int64_t s = 0; s < S; ++s) {

@@ -1,0 +1,130 @@
+"""swiglu_probs (the adapters' fused SwiGLU x router-prob kernel): native and reference vs fp64
+with the 2x-PyTorch error rule, gradients, edge cases, opcheck and bad input."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ascend_moe_ops  # noqa: F401  (registers the ops)
+from ascend_moe_ops import _backends, _library
+from ascend_moe_ops.ops import swiglu_probs as sp
+from ascend_moe_ops.testing import assert_close_to_ref
+
+NAMESPACES = [pytest.param(sp.REFERENCE, id="reference")]
+if _backends.load("native") is None and torch._C._dispatch_has_kernel_for_dispatch_key(f"{sp.NATIVE}::{sp.OP}", "CPU"):
+    NAMESPACES.insert(0, pytest.param(sp.NATIVE, id="native"))
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _op(ns, name=sp.OP):
+    return getattr(getattr(torch.ops, ns), name).default
+
+
+def _torch(x, p):
+    """What Megatron-Core's GroupedMLP computes (eager): silu(x1) * x2 in x's dtype, times probs."""
+    a, b = torch.chunk(x, 2, dim=-1)
+    return (F.silu(a) * b * p.unsqueeze(1)).to(x.dtype)
+
+
+def _inputs(N, F2, dtype, pdtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(N, F2, generator=g) * 3).to(dtype)
+    p = torch.rand(N, generator=g).to(pdtype)
+    go = torch.randn(N, F2 // 2, generator=g).to(dtype)
+    return x, p, go
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(1, 2), (37, 2 * 19), (130, 512)], ids=lambda s: f"N{s[0]}xF{s[1] // 2}")
+def test_forward_and_backward_match_fp64(ns, dtype, shape):
+    x, p, go = _inputs(*shape, dtype)
+    out = _op(ns)(x, p)
+    x64, p64 = x.double().requires_grad_(), p.double().requires_grad_()
+    ref = _torch(x64, p64)
+    ref.backward(go.double())
+    xl, pl = x.clone().requires_grad_(), p.clone().requires_grad_()
+    low = _torch(xl, pl)
+    low.backward(go)
+    assert out.dtype == dtype and out.shape == (shape[0], shape[1] // 2)
+    assert_close_to_ref(out, ref.detach(), torch_lowp=low.detach(), name="out")
+    gx, gp = _op(ns, sp.BWD)(go, x, p)
+    assert gx.dtype == dtype and gp.dtype == p.dtype
+    assert_close_to_ref(gx, x64.grad, torch_lowp=xl.grad, name="grad x")
+    assert_close_to_ref(gp, p64.grad, dtype=dtype, torch_lowp=pl.grad, name="grad probs")
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_autograd_and_fp64_gradcheck(ns):
+    x = torch.randn(6, 10, dtype=torch.float64, requires_grad=True)
+    p = torch.rand(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_op(ns), (x, p))
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_opcheck(ns):
+    x, p, _ = _inputs(9, 16, torch.float32)
+    torch.library.opcheck(_op(ns), (x, p))
+    torch.library.opcheck(_op(ns, sp.BWD), (torch.randn(9, 8), x, p))
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_bf16_probs_noncontiguous_and_empty(ns):
+    x, p, _ = _inputs(20, 64, torch.bfloat16, pdtype=torch.bfloat16)
+    wide = torch.zeros(20, 96, dtype=torch.bfloat16)
+    wide[:, 16:80] = x
+    xs = wide[:, 16:80]  # non-contiguous view
+    assert not xs.is_contiguous()
+    out = sp.swiglu_probs(xs, p) if ns == sp.namespace_for(xs) else _op(ns)(xs.contiguous(), p)
+    assert torch.equal(out, _op(ns)(x, p))
+    assert_close_to_ref(out, _torch(x.double(), p.double()), torch_lowp=_torch(x, p.float()))
+    for shape in [(0, 8), (5, 0)]:
+        e = torch.zeros(shape, dtype=torch.bfloat16)
+        out = _op(ns)(e, torch.ones(shape[0]))
+        assert out.shape == (shape[0], shape[1] // 2)
+        gx, gp = _op(ns, sp.BWD)(torch.zeros(shape[0], shape[1] // 2, dtype=torch.bfloat16), e, torch.ones(shape[0]))
+        assert gx.shape == shape and gp.shape == (shape[0],) and not gp.any()
+
+
+def test_deterministic_and_native_close_to_reference():
+    x, p, go = _inputs(300, 2 * 300, torch.bfloat16)
+    ns = sp.namespace_for(x)
+    a, b = _op(ns)(x, p), _op(ns)(x, p)
+    assert torch.equal(a, b)
+    assert torch.equal(_op(ns, sp.BWD)(go, x, p)[1], _op(ns, sp.BWD)(go, x, p)[1])
+    ref = _op(sp.REFERENCE)(x, p)
+    # both round one fp32 result once; they may differ by one bf16 ulp where exp differs in the last bit
+    assert ((a.float() - ref.float()).abs() <= 2 ** -7 * ref.float().abs() + 1e-30).all()
+
+
+def test_wrapper_differentiable_and_saves_only_inputs():
+    x, p, go = _inputs(16, 32, torch.bfloat16)
+    xg, pg = x.clone().requires_grad_(), p.clone().requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = sp.swiglu_probs(xg, pg)
+    assert {t.data_ptr() for t in saved} <= {xg.data_ptr(), pg.data_ptr()}
+    out.backward(go)
+    gx, gp = _op(sp.namespace_for(x), sp.BWD)(go, x, p)
+    assert torch.equal(xg.grad, gx) and torch.equal(pg.grad, gp)
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
+def test_bad_input_names_the_argument(ns):
+    x, p, _ = _inputs(4, 8, torch.float32)
+    with pytest.raises(ValueError, match="even number of columns"):
+        sp.swiglu_probs(x[:, :7], p)
+    with pytest.raises(ValueError, match="probs"):
+        sp.swiglu_probs(x, p[:3])
+    with pytest.raises(TypeError, match="x"):
+        sp.swiglu_probs(x.to(torch.int32), p)
+    with pytest.raises((ValueError, RuntimeError), match="probs"):
+        _op(ns)(x, p[:3])
+    with pytest.raises((ValueError, RuntimeError), match="grad_out"):
+        _op(ns, sp.BWD)(torch.zeros(4, 3), x, p)
+
+
+def test_internal_ops_are_not_public():
+    assert sp.OP in _library.INTERNAL_SCHEMAS and sp.OP not in _library.SCHEMAS
+    assert not hasattr(torch.ops.ascend_moe_ops, sp.OP) or not torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"ascend_moe_ops::{sp.OP}", "CPU")
