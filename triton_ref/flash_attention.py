@@ -263,6 +263,13 @@ def _config(q, max_seqlen_q: int, max_seqlen_k: int):
     return _block(q, max_seqlen_q), _block(q, max_seqlen_k), prec, acc
 
 
+def _warps(q, BD1: int, BD2: int, BDV: int) -> int:
+    """Warps per program on a GPU: 8 when the head-dim tiles add up to >= 256 columns (MLA's
+    128 + 64 + 128: the fp32 accumulators of the dK/dV kernel alone are 64 x 320), else 4. Not
+    tuned on a GPU (none was available when this was written); the interpreter ignores it."""
+    return 8 if q.device.type == "cuda" and BD1 + BD2 + BDV >= 256 else 4
+
+
 def _dims(q, k, v, k_rope):
     D1, D2, k2, k2h = _split(q.shape[-1], k, k_rope)
     return D1, D2, k2, k2h, _pow2(D1), _pow2(D2), _pow2(v.shape[-1])
@@ -294,7 +301,8 @@ def _forward(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), k2.stride(0), k2h,
                       v.stride(0), v.stride(1), out.stride(0), out.stride(1), lse.stride(0), Hq // Hkv,
                       D1, D2, Dv, CAUSAL=bool(causal), HAS_D2=D2 > 0, PREC=prec, ACC=acc,
-                      BLOCK_M=BM, BLOCK_N=BN, BD1=BD1, BD2=BD2, BDV=BDV)
+                      BLOCK_M=BM, BLOCK_N=BN, BD1=BD1, BD2=BD2, BDV=BDV,
+                      num_warps=_warps(q, BD1, BD2, BDV))
     return out, lse
 
 
@@ -321,7 +329,7 @@ def _backward(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, m
         delta = (grad_out.to(acc_t) * out.to(acc_t)).sum(-1).t().contiguous()  # [Hq, Tq]
         lse = lse.to(acc_t).contiguous()
         common = dict(CAUSAL=bool(causal), HAS_D2=D2 > 0, PREC=prec, ACC=acc, BLOCK_M=BM, BLOCK_N=BN,
-                      BD1=BD1, BD2=BD2, BDV=BDV)
+                      BD1=BD1, BD2=BD2, BDV=BDV, num_warps=_warps(q, BD1, BD2, BDV))
         _bwd_dkdv_kernel[(triton.cdiv(max_seqlen_k, BN), B, Hkv)](
             q, k, k2, v, grad_out, lse, delta, dk, dk2, dv, cu_seqlens_q, cu_seqlens_k, float(softmax_scale),
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), k2.stride(0), k2h,
