@@ -283,8 +283,8 @@ def _unit(t):
     return t.contiguous()
 
 
-def _forward(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-             softmax_scale):
+def flash_attention_fwd(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        causal, softmax_scale):
     q, k, v, k_rope = (_unit(t) for t in (q, k, v, k_rope))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     Tq, Hq, _ = q.shape
@@ -306,8 +306,8 @@ def _forward(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return out, lse
 
 
-def _backward(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-              max_seqlen_k, causal, softmax_scale):
+def flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k,
+                        max_seqlen_q, max_seqlen_k, causal, softmax_scale):
     grad_out, q, k, v, k_rope, out = (_unit(t) for t in (grad_out, q, k, v, k_rope, out))
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     Tq, Hq, _ = q.shape
@@ -348,12 +348,3 @@ def _backward(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, m
         dkr += dk2[h]
     return dq, dk, dv, dkr.to(q.dtype)
 
-
-def flash_attention_fwd(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale):
-    return _forward(q, k, v, k_rope, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal, softmax_scale)
-
-
-def flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal,
-                        softmax_scale):
-    return _backward(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, cu_seqlens, max_seqlen,
-                     max_seqlen, causal, softmax_scale)

@@ -489,24 +489,33 @@ Tensor grouped_gemm_dw_op(const Tensor& a, const Tensor& b, const Tensor& groupS
   return grouped_gemm_dw(a, b, groupSizes);
 }
 
+// The schema's cu_seqlens_q / cu_seqlens_k pair: these kernels take one cu_seqlens for q and k alike and
+// H heads for both, so seqlen_q != seqlen_k and GQA/MQA raise NotImplementedError (checks.h).
 std::tuple<Tensor, Tensor> flash_attention_fwd_op(const Tensor& q, const Tensor& k, const Tensor& v,
-                                                  const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
-                                                  int64_t maxSeqlen, bool causal, double softmaxScale) {
-  amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlens, maxSeqlen, causal, softmaxScale);
-  if (amo::checks::attention_is_empty(q)) return amo::checks::empty_attention_fwd(q, v);
-  return flash_attention_fwd(q, k, v, kRope, cuSeqlens, maxSeqlen, causal, softmaxScale);
+                                                  const c10::optional<Tensor>& kRope, const Tensor& cuSeqlensQ,
+                                                  const Tensor& cuSeqlensK, int64_t maxSeqlenQ, int64_t maxSeqlenK,
+                                                  bool causal, double softmaxScale) {
+  amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK, causal,
+                                   softmaxScale);
+  if (amo::checks::attention_is_empty(q, k)) return amo::checks::empty_attention_fwd(q, v);
+  amo::checks::attention_features("flash_attention_fwd", "AscendC (emulated)", q, k, cuSeqlensQ, cuSeqlensK);
+  return flash_attention_fwd(q, k, v, kRope, cuSeqlensQ, std::max(maxSeqlenQ, maxSeqlenK), causal, softmaxScale);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd_op(const Tensor& gradOut, const Tensor& q, const Tensor& k,
                                                                   const Tensor& v, const c10::optional<Tensor>& kRope,
                                                                   const Tensor& out, const Tensor& lse,
-                                                                  const Tensor& cuSeqlens, int64_t maxSeqlen,
-                                                                  bool causal, double softmaxScale) {
-  amo::checks::flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlens, maxSeqlen, causal, softmaxScale);
-  if (amo::checks::attention_is_empty(q))
+                                                                  const Tensor& cuSeqlensQ, const Tensor& cuSeqlensK,
+                                                                  int64_t maxSeqlenQ, int64_t maxSeqlenK, bool causal,
+                                                                  double softmaxScale) {
+  amo::checks::flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK,
+                                   causal, softmaxScale);
+  if (amo::checks::attention_is_empty(q, k))
     return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
             kRope.has_value() ? at::zeros_like(*kRope) : at::empty({0}, q.options())};
-  return flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlens, maxSeqlen, causal, softmaxScale);
+  amo::checks::attention_features("flash_attention_bwd", "AscendC (emulated)", q, k, cuSeqlensQ, cuSeqlensK);
+  return flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlensQ, std::max(maxSeqlenQ, maxSeqlenK), causal,
+                             softmaxScale);
 }
 
 void register_kernels(torch::Library& m) {

@@ -25,6 +25,7 @@
 // with the CANN toolkit nor run on an NPU (docs/ascend.md).
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -96,6 +97,20 @@ FaShape check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return s;
 }
 
+// The schema's seqlen_q != seqlen_k and GQA/MQA (Hkv != Hq) are not done by these kernels yet (one
+// cu_seqlens and H heads for q and k): NotImplementedError naming the feature. cu_seqlens_q and
+// cu_seqlens_k passed as the same tensor (the public function and MLA do for equal lengths) are not
+// read; two different tensors are compared on the device (one synchronization).
+void check_features(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cuQ, const at::Tensor& cuK,
+                    const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(k.dim() != 3 || q.dim() != 3 || k.size(1) == q.size(1), op,
+                              ": AscendC backend: GQA/MQA (Hkv != Hq) not supported yet");
+  const bool same = cuQ.is_same(cuK) ||
+                    (q.dim() == 3 && k.dim() == 3 && q.size(0) == k.size(0) && cuQ.numel() == cuK.numel() &&
+                     at::equal(cuQ, cuK.to(cuQ.device(), cuQ.scalar_type())));
+  TORCH_CHECK_NOT_IMPLEMENTED(same, op, ": AscendC backend: seqlen_q != seqlen_k not supported yet");
+}
+
 // cu_seqlens as int64 on q's device: a device copy/cast, no host read (its values are asserted on the
 // device by the Python wrapper; max_seqlen >= every sequence length is the caller's promise).
 at::Tensor device_cu(const at::Tensor& cuSeqlens, const at::Tensor& like) {
@@ -125,8 +140,11 @@ at::Tensor step_tiling(const FlashAttentionTiling& t, FlashAttentionPass pass, i
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                            const c10::optional<at::Tensor>& kRope,
-                                                           const at::Tensor& cuSeqlens, int64_t maxSeqlen, bool causal,
+                                                           const at::Tensor& cuSeqlens, const at::Tensor& cuSeqlensK,
+                                                           int64_t maxSeqlenQ, int64_t maxSeqlenK, bool causal,
                                                            double softmaxScale) {
+  check_features(q, k, cuSeqlens, cuSeqlensK, "flash_attention_fwd");
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
   const FaShape s = check_inputs(q, k, v, kRope, cuSeqlens, maxSeqlen, "flash_attention_fwd");
   auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor krc = s.rope ? kRope->contiguous() : at::Tensor();
@@ -180,8 +198,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_npu(const at::Tensor& q, 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_npu(
     const at::Tensor& gradOut, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& kRope, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cuSeqlens,
-    int64_t maxSeqlen, bool causal, double softmaxScale) {
+    const at::Tensor& cuSeqlensK, int64_t maxSeqlenQ, int64_t maxSeqlenK, bool causal, double softmaxScale) {
   const char* op = "flash_attention_bwd";
+  check_features(q, k, cuSeqlens, cuSeqlensK, op);
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
   const FaShape s = check_inputs(q, k, v, kRope, cuSeqlens, maxSeqlen, op);
   check_npu(gradOut, "grad_out");
   check_npu(out, "out");
