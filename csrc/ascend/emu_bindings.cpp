@@ -23,35 +23,18 @@
 #include "../common/checks.h"
 
 #include "emu/kernel_operator_emu.h"
+#include "host/emu_launcher.h"
 #include "host/fa_kernels.h"
-#include "host/row_map.h"
-#include "tiling/moe_permute_tiling.h"
-#include "tiling/moe_unpermute_tiling.h"
+#include "host/moe_permute_host.h"
+#include "host/moe_unpermute_host.h"
 #include "tiling/grouped_gemm_tiling.h"
 #include "tiling/flash_attention_tiling.h"
 
-extern "C" void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOfRow, GM_ADDR probs,
-                                       GM_ADDR gradPermuted, GM_ADDR dots, GM_ADDR tiling);
-extern "C" void amo_grouped_gemm(GM_ADDR x, GM_ADDR weight, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_grouped_gemm_dw(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_fused(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_delta(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_qk(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_grad(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_acc(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_dkrope(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_fused(GM_ADDR gmArgs, GM_ADDR tiling);
 
 namespace {
 
 using namespace amo_ascend;
+using amo_ascend::host::EmuLauncher;
 using at::Tensor;
 
 ChipInfo emu_chip() {
@@ -108,88 +91,6 @@ void check_cube(const ascend_emu::CubeMem& used, const FlashAttentionTiling& t, 
 
 void check_cpu(const Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), "ascendc-emu: ", name, " must be a cpu tensor, got ", t.device());
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute(const Tensor& tokens, const Tensor& routing,
-                                                               const c10::optional<Tensor>& probs, int64_t numExperts,
-                                                               int64_t capacity, int64_t align, int64_t numOutTokens) {
-  check_cpu(tokens, "tokens");
-  check_cpu(routing, "routing");
-  TORCH_CHECK(tokens.dim() == 2 && routing.dim() == 2 && routing.size(0) == tokens.size(0),
-              "ascendc-emu moe_permute: tokens [T, H] and routing [T, S] expected");
-  const ChipInfo chip = emu_chip();
-  auto x = tokens.contiguous();
-  auto m = host::compute_row_id_map(routing.contiguous(), probs, numExperts, capacity, align, numOutTokens);
-  const int64_t N = m.numRows, T = x.size(0), H = x.size(1), S = routing.size(1);
-  host::check_rows_fit_int32(N, "the permuted output");
-  host::check_rows_fit_int32(T, "tokens");
-  auto slot = host::slot_of_row(m.rowIdMap, N);
-  auto index = host::token_of_row(slot, S);
-  auto out = poisoned({N, H}, x.options());
-  MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, host::dtype_of(x), chip, max_tile_cols());
-  if (t.key != MoePermuteTilingKey::kEmpty) {
-    ascend_emu::set_kernel("amo_moe_permute");
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_permute, gm(x), gm(index),
-                                  gm(out), reinterpret_cast<GM_ADDR>(&t)),
-               t.ubBytes, "amo_moe_permute");
-  }
-  Tensor outProbs = probs.has_value() ? host::gather_by_slot(probs->contiguous(), slot)
-                                      : at::empty({0}, x.options().dtype(at::kFloat));
-  return {out, outProbs, m.rowIdMap, m.tokensPerExpert, m.groupSizes};
-}
-
-Tensor moe_unpermute(const Tensor& permuted, const Tensor& rowIdMap, const c10::optional<Tensor>& probs) {
-  check_cpu(permuted, "permuted");
-  check_cpu(rowIdMap, "row_id_map");
-  const ChipInfo chip = emu_chip();
-  auto x = permuted.contiguous();
-  const int64_t N = x.size(0), H = x.size(1), T = rowIdMap.size(0), S = rowIdMap.size(1);
-  host::check_rows_fit_int32(N, "permuted");
-  auto map = rowIdMap.to(at::kInt).contiguous();
-  Tensor w = probs.has_value() ? probs->to(at::kFloat).contiguous() : at::empty({0}, x.options().dtype(at::kFloat));
-  auto out = poisoned({T, H}, x.options());
-  MoeUnpermuteTiling t = compute_moe_unpermute_tiling(T, S, N, H, host::dtype_of(x), probs.has_value(), chip, max_tile_cols());
-  if (t.key != MoeUnpermuteTilingKey::kEmpty) {
-    ascend_emu::set_kernel("amo_moe_unpermute");
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute, gm(x), gm(map),
-                                  gm(w), gm(out), reinterpret_cast<GM_ADDR>(&t)),
-               t.ubBytes, "amo_moe_unpermute");
-  }
-  return out;
-}
-
-std::tuple<Tensor, Tensor> moe_unpermute_backward(const Tensor& gradOut, const Tensor& permuted, const Tensor& rowIdMap,
-                                                  const c10::optional<Tensor>& probs) {
-  check_cpu(gradOut, "grad_out");
-  check_cpu(permuted, "permuted");
-  const ChipInfo chip = emu_chip();
-  const int64_t N = permuted.size(0), H = gradOut.size(1), T = rowIdMap.size(0), S = rowIdMap.size(1);
-  host::check_rows_fit_int32(N, "permuted");
-  const bool withProbs = probs.has_value();
-  if (withProbs) TORCH_CHECK(permuted.size(1) == H, "ascendc-emu moe_unpermute_backward: permuted must be [N, H] with probs");
-  // grad_out in the permuted dtype or fp32 (an exact upcast covers every other mix)
-  auto g = gradOut.scalar_type() == permuted.scalar_type() ? gradOut.contiguous() : gradOut.to(at::kFloat).contiguous();
-  auto x = permuted.contiguous();
-  auto map = rowIdMap.to(at::kInt).contiguous();
-  auto slot = host::slot_of_row(map, N);
-  Tensor w = withProbs ? probs->to(at::kFloat).contiguous() : at::empty({0}, g.options().dtype(at::kFloat));
-  auto gradPermuted = poisoned({N, H}, g.options().dtype(permuted.scalar_type()));
-  MoeUnpermuteGradTiling t = compute_moe_unpermute_grad_tiling(T, S, N, H, host::dtype_of(x), host::dtype_of(g), withProbs,
-                                                               chip, max_tile_cols());
-  Tensor dots;
-  if (t.key != MoeUnpermuteTilingKey::kEmpty) {
-    dots = withProbs ? poisoned({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
-    ascend_emu::set_kernel("amo_moe_unpermute_grad");
-    check_plan(ascend_emu::launch(checked_blocks(t.rows.blockDim, chip), ub_limit(chip), amo_moe_unpermute_grad, gm(g), gm(x),
-                                  gm(slot), gm(w), gm(gradPermuted), gm(dots),
-                                  reinterpret_cast<GM_ADDR>(&t)),
-               t.ubBytes, "amo_moe_unpermute_grad");
-  } else {
-    dots = at::zeros({N}, g.options().dtype(at::kFloat));  // H == 0: empty dot products
-  }
-  Tensor gradProbs = withProbs ? host::gather_by_row(dots, map).to(probs->scalar_type())
-                               : at::empty({0}, g.options().dtype(at::kFloat));
-  return {gradPermuted, gradProbs};
 }
 
 // ---- grouped GEMM (Cube, AIC-only kernels) ------------------------------------------------------------
@@ -460,25 +361,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
 // The op-boundary checks (common/checks.h, shared with the native CPU kernels), the valid empty attention
 // cases, then the emulated glue above. MLA on the Ascend path is a composition of these kernels in Python
 // (ascend_moe_ops/ops/mla_attention.py), registered there.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_op(const Tensor& tokens, const Tensor& routing,
-                                                                  const c10::optional<Tensor>& probs, int64_t numExperts,
-                                                                  std::optional<int64_t> capacity, int64_t align,
-                                                                  std::optional<int64_t> numOutTokens) {
-  amo::checks::moe_permute(tokens, routing, probs, numExperts, capacity, align, numOutTokens);
-  return moe_permute(tokens, routing, probs, numExperts, capacity.value_or(-1), align, numOutTokens.value_or(-1));
-}
-
-Tensor moe_unpermute_op(const Tensor& permuted, const Tensor& rowIdMap, const c10::optional<Tensor>& probs) {
-  amo::checks::moe_unpermute(permuted, rowIdMap, probs);
-  return moe_unpermute(permuted, rowIdMap, probs);
-}
-
-std::tuple<Tensor, Tensor> moe_unpermute_backward_op(const Tensor& gradOut, const Tensor& permuted, const Tensor& rowIdMap,
-                                                     const c10::optional<Tensor>& probs) {
-  amo::checks::moe_unpermute_backward(gradOut, permuted, rowIdMap, probs);
-  return moe_unpermute_backward(gradOut, permuted, rowIdMap, probs);
-}
-
 Tensor grouped_gemm_op(const Tensor& x, const Tensor& weight, const Tensor& groupSizes, bool transB) {
   amo::checks::grouped_gemm(x, weight, groupSizes, transB);
   return grouped_gemm(x, weight, groupSizes, transB);
@@ -510,9 +392,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd_op(const Tensor& 
 }
 
 void register_kernels(torch::Library& m) {
-  m.impl("moe_permute", TORCH_FN(moe_permute_op));
-  m.impl("moe_unpermute", TORCH_FN(moe_unpermute_op));
-  m.impl("moe_unpermute_backward", TORCH_FN(moe_unpermute_backward_op));
+  m.impl("moe_permute", TORCH_FN(host::moe_permute<EmuLauncher>));
+  m.impl("moe_unpermute", TORCH_FN(host::moe_unpermute<EmuLauncher>));
+  m.impl("moe_unpermute_backward", TORCH_FN(host::moe_unpermute_backward<EmuLauncher>));
   m.impl("grouped_gemm", TORCH_FN(grouped_gemm_op));
   m.impl("grouped_gemm_dw", TORCH_FN(grouped_gemm_dw_op));
   m.impl("flash_attention_fwd", TORCH_FN(flash_attention_fwd_op));

@@ -113,7 +113,7 @@ inline void like_tensor(const char* op, const char* name, const Tensor& t, const
 // All values of an index tensor in [low, high): the first one outside is reported with its position.
 inline void index_range(const char* op, const char* name, const Tensor& idx, int64_t low, int64_t high) {
   if (idx.numel() == 0) return;
-  const Tensor v = idx.to(at::kLong).contiguous();
+  const Tensor v = idx.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
   const int64_t* p = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
   for (int64_t i = 0; i < n; ++i) {
