@@ -25,9 +25,9 @@
 #include "emu/kernel_operator_emu.h"
 #include "host/emu_launcher.h"
 #include "host/fa_kernels.h"
+#include "host/grouped_gemm_host.h"
 #include "host/moe_permute_host.h"
 #include "host/moe_unpermute_host.h"
-#include "tiling/grouped_gemm_tiling.h"
 #include "tiling/flash_attention_tiling.h"
 
 
@@ -110,79 +110,6 @@ uint32_t cube_max_base() {
   return v ? static_cast<uint32_t>(std::max(0, std::atoi(v))) : 0u;
 }
 
-DType cube_dtype(const Tensor& t, const char* op) {
-  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, "ascendc-emu ", op,
-              ": the Ascend Cube kernel takes float16/bfloat16 inputs only (fp32 accumulation in L0C); got ",
-              t.scalar_type(), ". fp32 inputs are not implemented on the Cube path: use the native or reference backend");
-  return t.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
-}
-
-Tensor checked_sizes(const Tensor& groupSizes, int64_t E, int64_t M, const char* op) {
-  check_cpu(groupSizes, "group_sizes");
-  TORCH_CHECK(groupSizes.dim() == 1 && groupSizes.size(0) == E, "ascendc-emu ", op, ": group_sizes must be [", E, "]");
-  auto gs = groupSizes.to(at::kLong).contiguous();
-  const int64_t* p = gs.data_ptr<int64_t>();
-  int64_t sum = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    TORCH_CHECK(p[e] >= 0, "ascendc-emu ", op, ": group_sizes must be non-negative, got ", p[e], " for group ", e);
-    sum += p[e];
-  }
-  TORCH_CHECK(sum <= M, "ascendc-emu ", op, ": sum(group_sizes) = ", sum, " exceeds the ", M, " rows of the input");
-  return gs;
-}
-
-void launch_gemm(const GroupedGemmTiling& t, const ChipInfo& chip, void (*kernel)(GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR, GM_ADDR),
-                 const Tensor& a, const Tensor& b, const Tensor& gs, const Tensor& out, const char* name) {
-  TORCH_CHECK(t.blockDim >= 1 && t.blockDim <= chip.aicNum, "ascendc-emu: blockDim ", t.blockDim, " outside [1, ",
-              chip.aicNum, "] Cube cores");
-  ascend_emu::CubeMem caps{chip.l1Bytes, chip.l0aBytes, chip.l0bBytes, chip.l0cBytes};
-  GroupedGemmTiling tt = t;
-  ascend_emu::set_kernel(name);
-  auto used = ascend_emu::launch_cube(t.blockDim, caps, kernel, gm(a), gm(b), gm(gs), gm(out),
-                                      reinterpret_cast<GM_ADDR>(&tt));
-  TORCH_CHECK(used.l1 == t.l1Bytes && used.l0a == t.l0aBytes && used.l0b == t.l0bBytes && used.l0c == t.l0cBytes,
-              "ascendc-emu: kernel ", name, " allocated L1/L0A/L0B/L0C ", used.l1, "/", used.l0a, "/", used.l0b, "/",
-              used.l0c, " B but its tiling planned ", t.l1Bytes, "/", t.l0aBytes, "/", t.l0bBytes, "/", t.l0cBytes, " B");
-}
-
-Tensor grouped_gemm(const Tensor& x, const Tensor& weight, const Tensor& groupSizes, bool transB) {
-  check_cpu(x, "x");
-  check_cpu(weight, "weight");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 3, "ascendc-emu grouped_gemm: x [M, K] and weight [E, K, N] expected");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "ascendc-emu grouped_gemm: weight dtype differs from x");
-  const DType dt = cube_dtype(x, "grouped_gemm");
-  const int64_t M = x.size(0), K = x.size(1), E = weight.size(0), N = transB ? weight.size(1) : weight.size(2);
-  TORCH_CHECK((transB ? weight.size(2) : weight.size(1)) == K, "ascendc-emu grouped_gemm: weight K differs from x");
-  TORCH_CHECK(K < 65536 && N < 65536, "ascendc-emu grouped_gemm: K and N must be < 65536 (16-bit copy strides)");
-  auto gs = checked_sizes(groupSizes, E, M, "grouped_gemm");
-  auto xc = x.contiguous(), wc = weight.contiguous();
-  const ChipInfo chip = emu_cube_chip();
-  GroupedGemmTiling t = compute_grouped_gemm_tiling(transB ? GroupedGemmLayout::kNT : GroupedGemmLayout::kNN, M, K, N, E,
-                                                    dt, chip, cube_max_base());
-  auto out = poisoned({M, N}, x.options());
-  if (t.key == GroupedGemmTilingKey::kEmpty) return out.zero_();
-  launch_gemm(t, chip, amo_grouped_gemm, xc, wc, gs, out, "amo_grouped_gemm");
-  return out;
-}
-
-Tensor grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& groupSizes) {
-  check_cpu(a, "a");
-  check_cpu(b, "b");
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(0) == b.size(0), "ascendc-emu grouped_gemm_dw: a [M, P], b [M, Q]");
-  TORCH_CHECK(b.scalar_type() == a.scalar_type(), "ascendc-emu grouped_gemm_dw: b dtype differs from a");
-  const DType dt = cube_dtype(a, "grouped_gemm_dw");
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1), E = groupSizes.numel();
-  TORCH_CHECK(K < 65536 && N < 65536, "ascendc-emu grouped_gemm_dw: P and Q must be < 65536 (16-bit copy strides)");
-  auto gs = checked_sizes(groupSizes, E, M, "grouped_gemm_dw");
-  auto ac = a.contiguous(), bc = b.contiguous();
-  const ChipInfo chip = emu_cube_chip();
-  GroupedGemmTiling t = compute_grouped_gemm_tiling(GroupedGemmLayout::kDW, M, K, N, E, dt, chip, cube_max_base());
-  auto out = poisoned({E, K, N}, a.options());
-  if (t.key == GroupedGemmTilingKey::kEmpty) return out.zero_();
-  launch_gemm(t, chip, amo_grouped_gemm_dw, ac, bc, gs, out, "amo_grouped_gemm_dw");
-  return out;
-}
-
 // ---- flash attention forward (see kernels/flash_attention_*.cpp) ---------------------------------------
 // Knobs: ASCEND_MOE_OPS_EMU_AIC, ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE (caps baseM/baseN) as for grouped GEMM;
 // ASCEND_MOE_OPS_FA_KERNELS=phases runs the phase kernels (four launches per key block, per pass in the
@@ -213,7 +140,7 @@ FaInputs fa_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const c10:
   TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "ascendc-emu ", op,
               ": k and v must have q's dtype");
   FaInputs f{};
-  f.dt = cube_dtype(q, op);
+  f.dt = host::cube_dtype(q, op);
   f.T = q.size(0), f.H = q.size(1), f.Dq = q.size(2), f.Dk = k.size(2), f.Dv = v.size(2);
   f.rope = kRope.has_value() && kRope->defined();
   f.Dr = f.rope ? kRope->size(1) : 0;
@@ -361,16 +288,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> flash_attention_bwd(const Tensor& gra
 // The op-boundary checks (common/checks.h, shared with the native CPU kernels), the valid empty attention
 // cases, then the emulated glue above. MLA on the Ascend path is a composition of these kernels in Python
 // (ascend_moe_ops/ops/mla_attention.py), registered there.
-Tensor grouped_gemm_op(const Tensor& x, const Tensor& weight, const Tensor& groupSizes, bool transB) {
-  amo::checks::grouped_gemm(x, weight, groupSizes, transB);
-  return grouped_gemm(x, weight, groupSizes, transB);
-}
-
-Tensor grouped_gemm_dw_op(const Tensor& a, const Tensor& b, const Tensor& groupSizes) {
-  amo::checks::grouped_gemm_dw(a, b, groupSizes);
-  return grouped_gemm_dw(a, b, groupSizes);
-}
-
 std::tuple<Tensor, Tensor> flash_attention_fwd_op(const Tensor& q, const Tensor& k, const Tensor& v,
                                                   const c10::optional<Tensor>& kRope, const Tensor& cuSeqlens,
                                                   int64_t maxSeqlen, bool causal, double softmaxScale) {
@@ -395,8 +312,8 @@ void register_kernels(torch::Library& m) {
   m.impl("moe_permute", TORCH_FN(host::moe_permute<EmuLauncher>));
   m.impl("moe_unpermute", TORCH_FN(host::moe_unpermute<EmuLauncher>));
   m.impl("moe_unpermute_backward", TORCH_FN(host::moe_unpermute_backward<EmuLauncher>));
-  m.impl("grouped_gemm", TORCH_FN(grouped_gemm_op));
-  m.impl("grouped_gemm_dw", TORCH_FN(grouped_gemm_dw_op));
+  m.impl("grouped_gemm", TORCH_FN(host::grouped_gemm<EmuLauncher>));
+  m.impl("grouped_gemm_dw", TORCH_FN(host::grouped_gemm_dw<EmuLauncher>));
   m.impl("flash_attention_fwd", TORCH_FN(flash_attention_fwd_op));
   m.impl("flash_attention_bwd", TORCH_FN(flash_attention_bwd_op));
 }
