@@ -123,10 +123,5 @@ struct NpuLauncher {
   }
 };
 
-// Used by the glue not yet written on host/<op>_host.h (grouped GEMM, flash attention).
-template <typename Tiling>
-at::Tensor upload_tiling(const Tiling& t, const at::Tensor& like) { return NpuLauncher::pod(t, like); }
-inline void* ptr(const at::Tensor& t) { return host::gm_ptr(t); }
-
 }  // namespace npu
 }  // namespace amo_ascend
