@@ -293,7 +293,7 @@ inline void cu_seqlens(const char* op, const Tensor& cu, const Tensor& q, int64_
                     ": cu_seqlens must have B+1 >= 2 entries (one entry only for B = 0 and no tokens), got shape ",
                     shape_str(cu.sizes()), " for T=", T, " tokens");
   TORCH_CHECK_VALUE(max_seqlen >= 0, op, ": max_seqlen must be >= 0, got ", max_seqlen);
-  const Tensor v = cu.to(at::kLong).contiguous();
+  const Tensor v = cu.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
   const int64_t* c = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
   TORCH_CHECK_VALUE(c[0] == 0, op, ": cu_seqlens must start at 0, got ", c[0]);
