@@ -55,21 +55,25 @@ SCHEMAS = {
     # backward of moe_unpermute: (grad_permuted [N,H], grad_probs [T,K] (shape [0] without probs))
     "moe_unpermute_backward": "moe_unpermute_backward(Tensor grad_out, Tensor permuted, "
                               "Tensor row_id_map, Tensor? probs) -> (Tensor, Tensor)",
-    # flash_attention_fwd(q [T,H,Dq], k [T,H,Dk], v [T,H,Dv], k_rope [T,Dr] or None (a key part
-    # shared by every head: then Dq = Dk + Dr and score = q[:, :Dk]·k + q[:, Dk:]·k_rope),
-    # cu_seqlens [B+1] int32/int64 (packed sequences; causal within each), max_seqlen (>= the
-    # longest sequence), causal, softmax_scale) -> (out [T,H,Dv] in q's dtype,
-    # lse [H,T] natural-log logsumexp of the scaled scores, fp32 (fp64 for fp64 inputs))
+    # flash_attention_fwd(q [Tq,Hq,Dq], k [Tk,Hkv,Dk], v [Tk,Hkv,Dv] (Hkv divides Hq: GQA/MQA, q head
+    # h uses kv head h // (Hq // Hkv)), k_rope [Tk,Dr] or None (a key part shared by every head: then
+    # Dq = Dk + Dr and score = q[:, :Dk]·k + q[:, Dk:]·k_rope), cu_seqlens_q / cu_seqlens_k [B+1]
+    # int32/int64 (packed sequences; sequence b has Lq_b queries and Lk_b keys), max_seqlen_q /
+    # max_seqlen_k (>= the longest), causal (bottom-right aligned: query i sees keys
+    # j <= i + Lk_b - Lq_b), softmax_scale) -> (out [Tq,Hq,Dv] in q's dtype, lse [Hq,Tq]
+    # natural-log logsumexp of the scaled scores, fp32 (fp64 for fp64 inputs); a row that sees no
+    # key has out = 0 and lse = -inf)
     "flash_attention_fwd": "flash_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? k_rope, "
-                           "Tensor cu_seqlens, int max_seqlen, bool causal, float softmax_scale) "
-                           "-> (Tensor, Tensor)",
-    # flash_attention_bwd(grad_out [T,H,Dv], q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen,
-    # causal, softmax_scale) -> (dq [T,H,Dq], dk [T,H,Dk], dv [T,H,Dv], dk_rope [T,Dr] summed
-    # over heads (shape [0] without k_rope)), all in q's dtype
+                           "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+                           "int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)",
+    # flash_attention_bwd(grad_out [Tq,Hq,Dv], q, k, v, k_rope, out, lse, cu_seqlens_q,
+    # cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, softmax_scale) -> (dq [Tq,Hq,Dq],
+    # dk [Tk,Hkv,Dk], dv [Tk,Hkv,Dv] (summed over the q heads of each group), dk_rope [Tk,Dr]
+    # summed over heads (shape [0] without k_rope)), all in q's dtype
     "flash_attention_bwd": "flash_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, "
-                           "Tensor? k_rope, Tensor out, Tensor lse, Tensor cu_seqlens, "
-                           "int max_seqlen, bool causal, float softmax_scale) "
-                           "-> (Tensor, Tensor, Tensor, Tensor)",
+                           "Tensor? k_rope, Tensor out, Tensor lse, Tensor cu_seqlens_q, "
+                           "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
+                           "float softmax_scale) -> (Tensor, Tensor, Tensor, Tensor)",
     # mla_attention_fwd(q [T,H,Dn+Dr], c_kv [T,Dc], k_pe [T,Dr], w_kv_up [H*(Dn+Dv),Dc],
     # cu_seqlens [B+1], max_seqlen, num_heads H, qk_nope_dim Dn, v_dim Dv, softmax_scale, causal,
     # save_kv) -> (out [T,H,Dv], lse [H,T] fp32, kv [T,H*(Dn+Dv)] the up-projected latent when

@@ -578,10 +578,11 @@ class Run:
 
         def run(dev, dt, backend):
             c = lambda t: t.to(dt).to(dev)
+            cu_d = cu.to(dev)
             with backend():
-                out, lse = ops.flash_attention_fwd(c(q), c(k), c(v), c(kr), cu.to(dev), S, True, scale)
-                grads = ops.flash_attention_bwd(c(gout), c(q), c(k), c(v), c(kr), out, lse, cu.to(dev),
-                                                S, True, scale)
+                out, lse = ops.flash_attention_fwd(c(q), c(k), c(v), c(kr), cu_d, cu_d, S, S, True, scale)
+                grads = ops.flash_attention_bwd(c(gout), c(q), c(k), c(v), c(kr), out, lse, cu_d,
+                                                cu_d, S, S, True, scale)
             return [t.cpu() for t in (out, lse, *grads)]
 
         if not self.args.skip_parity:
@@ -594,12 +595,12 @@ class Run:
 
         def ours_fwd():
             with self.ours():
-                return ops.flash_attention_fwd(qd, kd, vd, krd, cud, S, True, scale)
+                return ops.flash_attention_fwd(qd, kd, vd, krd, cud, cud, S, S, True, scale)
 
         def ours_fwdbwd():
             with self.ours():
-                out, lse = ops.flash_attention_fwd(qd, kd, vd, krd, cud, S, True, scale)
-                return ops.flash_attention_bwd(gd, qd, kd, vd, krd, out, lse, cud, S, True, scale)
+                out, lse = ops.flash_attention_fwd(qd, kd, vd, krd, cud, cud, S, S, True, scale)
+                return ops.flash_attention_bwd(gd, qd, kd, vd, krd, out, lse, cud, cud, S, S, True, scale)
 
         base_f = base_fb = (None, None, self.baseline_note)
         if self.npu is not None:

@@ -206,7 +206,7 @@ def _fa_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None):
     q, k, v, kr, cu = _fa_inputs(lens, H, Dk, Dr, Dv)
     scale = scale if scale is not None else (Dk + Dr) ** -0.5
     ms = max(lens) if lens else 0
-    args = lambda dt: (q.to(dt), k.to(dt), v.to(dt), None if kr is None else kr.to(dt), cu, ms, causal, scale)
+    args = lambda dt: (q.to(dt), k.to(dt), v.to(dt), None if kr is None else kr.to(dt), cu, cu, ms, ms, causal, scale)
     with amo.use_backend(EMU):
         out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype))
     assert out.dtype == dtype and lse.dtype == torch.float32
@@ -251,12 +251,12 @@ def _fab_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None, seed=0):
     scale = scale if scale is not None else (Dk + Dr) ** -0.5
     ms = max(lens) if lens else 0
     args = lambda dt: (q.to(dt), k.to(dt), v.to(dt), None if kr is None else kr.to(dt))
-    o64, l64 = ref.flash_attention_fwd(*args(torch.float64), cu, ms, causal, scale)
-    want = ref.flash_attention_bwd(do, *args(torch.float64), o64, l64, cu, ms, causal, scale)
+    o64, l64 = ref.flash_attention_fwd(*args(torch.float64), cu, cu, ms, ms, causal, scale)
+    want = ref.flash_attention_bwd(do, *args(torch.float64), o64, l64, cu, cu, ms, ms, causal, scale)
     lowp = _torch_lowp(q, k, v, kr, cu, causal, scale, dtype, do)[2:]
     with amo.use_backend(EMU):
-        oemu, lemu = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype), cu, ms, causal, scale)
-        got = torch.ops.ascend_moe_ops.flash_attention_bwd(do.to(dtype), *args(dtype), oemu, lemu, cu, ms,
+        oemu, lemu = torch.ops.ascend_moe_ops.flash_attention_fwd(*args(dtype), cu, cu, ms, ms, causal, scale)
+        got = torch.ops.ascend_moe_ops.flash_attention_bwd(do.to(dtype), *args(dtype), oemu, lemu, cu, cu, ms, ms,
                                                            causal, scale)
     for name, g, w, lo in zip(("dq", "dk", "dv", "dk_rope"), got, want, lowp):
         if kr is None and name == "dk_rope":
@@ -325,18 +325,18 @@ def test_emu_backward_rejects_fp32_and_bad_lse():
     o = torch.zeros(4, 1, 16)
     with amo.use_backend(EMU), pytest.raises(RuntimeError, match="float16/bfloat16"):
         torch.ops.ascend_moe_ops.flash_attention_bwd(o, q.float(), k.float(), v.float(), None, o,
-                                                     torch.zeros(1, 4), cu, 4, True, 0.25)
+                                                     torch.zeros(1, 4), cu, cu, 4, 4, True, 0.25)
     qh, kh, vh, oh = (t.half() for t in (q, k, v, o))
     with amo.use_backend(EMU), pytest.raises(RuntimeError, match="lse must be float32"):
         torch.ops.ascend_moe_ops.flash_attention_bwd(oh, qh, kh, vh, None, oh, torch.zeros(1, 4, dtype=torch.float16),
-                                                     cu, 4, True, 0.25)
+                                                     cu, cu, 4, 4, True, 0.25)
 
 
 @needs_emu
 def test_emu_rejects_fp32():
     q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
     with amo.use_backend(EMU), pytest.raises(RuntimeError, match="float16/bfloat16"):
-        torch.ops.ascend_moe_ops.flash_attention_fwd(q.float(), k.float(), v.float(), None, cu, 4, True, 0.25)
+        torch.ops.ascend_moe_ops.flash_attention_fwd(q.float(), k.float(), v.float(), None, cu, cu, 4, 4, True, 0.25)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -407,8 +407,8 @@ def test_emu_fused_kernels_equal_phase_kernels(monkeypatch, rope, causal, schedu
     for mode in ("fused", "phases"):
         monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", mode)
         with amo.use_backend(EMU):
-            out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*qkv, cu, 40, causal, 0.17)
-            grads = torch.ops.ascend_moe_ops.flash_attention_bwd(do, *qkv, out, lse, cu, 40, causal, 0.17)
+            out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*qkv, cu, cu, 40, 40, causal, 0.17)
+            grads = torch.ops.ascend_moe_ops.flash_attention_bwd(do, *qkv, out, lse, cu, cu, 40, 40, causal, 0.17)
         res[mode] = (out, lse) + tuple(grads)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dk_rope"), res["fused"], res["phases"]):
         assert torch.equal(a, b), f"{name}: fused and phase kernels differ"
@@ -419,4 +419,4 @@ def test_emu_kernels_variable_is_checked(monkeypatch):
     monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", "fast")
     q, k, v, kr, cu = _fa_inputs([4], 1, 16, 0, 16)
     with amo.use_backend(EMU), pytest.raises(RuntimeError, match="ASCEND_MOE_OPS_FA_KERNELS must be 'fused' or 'phases'"):
-        torch.ops.ascend_moe_ops.flash_attention_fwd(q.half(), k.half(), v.half(), None, cu, 4, True, 0.25)
+        torch.ops.ascend_moe_ops.flash_attention_fwd(q.half(), k.half(), v.half(), None, cu, cu, 4, 4, True, 0.25)

@@ -301,8 +301,8 @@ def _fa_on(device, dtype, q, k, v, kr, gout, cu, max_seqlen, causal, scale):
     qd, kd, vd, krd, gd = to(q), to(k), to(v), to(kr), to(gout)
     cud = cu.to(device)
     ops = torch.ops.ascend_moe_ops
-    out, lse = ops.flash_attention_fwd(qd, kd, vd, krd, cud, max_seqlen, causal, scale)
-    grads = ops.flash_attention_bwd(gd, qd, kd, vd, krd, out, lse, cud, max_seqlen, causal, scale)
+    out, lse = ops.flash_attention_fwd(qd, kd, vd, krd, cud, cud, max_seqlen, max_seqlen, causal, scale)
+    grads = ops.flash_attention_bwd(gd, qd, kd, vd, krd, out, lse, cud, cud, max_seqlen, max_seqlen, causal, scale)
     return [t.cpu() for t in (out, lse, *grads)]
 
 
@@ -361,14 +361,15 @@ def test_npu_flash_attention_refusals_and_empty():
     q = torch.randn(8, 2, 64, device=dev)
     cu = torch.tensor([0, 8], device=dev)
     with pytest.raises(RuntimeError, match="float16/bfloat16"):
-        ops.flash_attention_fwd(q, q, q, None, cu, 8, True, 0.125)
+        ops.flash_attention_fwd(q, q, q, None, cu, cu, 8, 8, True, 0.125)
     qh = q.half()
     with pytest.raises(ValueError, match="k head dim must equal"):
-        ops.flash_attention_fwd(qh, qh[..., :32], qh, None, cu, 8, True, 0.125)
+        ops.flash_attention_fwd(qh, qh[..., :32], qh, None, cu, cu, 8, 8, True, 0.125)
     e = torch.empty(0, 2, 64, dtype=torch.float16, device=dev)
-    out, lse = ops.flash_attention_fwd(e, e, e, None, torch.tensor([0], device=dev), 0, True, 0.125)
+    c0 = torch.tensor([0], device=dev)
+    out, lse = ops.flash_attention_fwd(e, e, e, None, c0, c0, 0, 0, True, 0.125)
     assert out.shape == (0, 2, 64) and lse.shape == (2, 0)
-    dq, dk, dv, dkr = ops.flash_attention_bwd(e, e, e, e, None, out, lse, torch.tensor([0], device=dev), 0, True, 0.125)
+    dq, dk, dv, dkr = ops.flash_attention_bwd(e, e, e, e, None, out, lse, c0, c0, 0, 0, True, 0.125)
     assert dq.shape == e.shape and dk.shape == e.shape and dv.shape == e.shape and dkr.shape == (0,)
 
 
@@ -379,7 +380,8 @@ def test_npu_flash_attention_opcheck(rope):
     Dk, Dr, Dv = (128, 64, 128) if rope else (64, 0, 64)
     q, k, v, kr, gout, cu = _fa_inputs_npu([9, 40], 2, Dk, Dr, Dv, seed=2)
     to = lambda t: None if t is None else t.to(torch.bfloat16).to(dev)
-    args = (to(q), to(k), to(v), to(kr), cu.to(dev), 40, True, (Dk + Dr) ** -0.5)
+    cud = cu.to(dev)
+    args = (to(q), to(k), to(v), to(kr), cud, cud, 40, 40, True, (Dk + Dr) ** -0.5)
     torch.library.opcheck(torch.ops.ascend_moe_ops.flash_attention_fwd.default, args)
     out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*args)
     torch.library.opcheck(torch.ops.ascend_moe_ops.flash_attention_bwd.default,
@@ -401,7 +403,7 @@ def test_npu_flash_attention_vs_npu_fusion_attention(causal, dims):
     q, k, v, _, _, cu = _fa_inputs_npu(lens, H, Dqk, 0, Dv, seed=3)
     scale = Dqk ** -0.5
     bf = lambda t: t.to(torch.bfloat16).to(dev)
-    ours, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(bf(q), bf(k), bf(v), None, cu.to(dev), max(lens), causal, scale)
+    ours, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(bf(q), bf(k), bf(v), None, cu.to(dev), cu.to(dev), max(lens), max(lens), causal, scale)
     mask = torch.ones(2048, 2048, dtype=torch.bool).triu(1).to(dev) if causal else None
     ends = cu[1:].tolist()
     try:
@@ -411,7 +413,7 @@ def test_npu_flash_attention_vs_npu_fusion_attention(causal, dims):
     except (RuntimeError, TypeError) as exc:
         pytest.skip(f"npu_fusion_attention refuses this case: {str(exc)[:200]}")
     with amo.use_backend("reference"):
-        ref64, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(q, k, v, None, cu, max(lens), causal, scale)
+        ref64, _ = torch.ops.ascend_moe_ops.flash_attention_fwd(q, k, v, None, cu, cu, max(lens), max(lens), causal, scale)
     lowp, _ = torch_attention(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), cu,
                               causal=causal, softmax_scale=scale)  # PyTorch's own bf16 attention
     assert_close_to_ref(ours.cpu(), ref64, dtype=torch.bfloat16, torch_lowp=lowp, name="ascend_moe_ops")

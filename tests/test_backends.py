@@ -147,7 +147,7 @@ def _cases(backend):
     T, H, D = 6, 2, 16
     q, k, v = _f(T, H, D), _f(T, H, D), _f(T, H, D)
     cu = torch.tensor([0, 4, 6], dtype=torch.int32)
-    out, lse = ops("flash_attention_fwd")(q, k, v, None, cu, 4, True, D ** -0.5)
+    out, lse = ops("flash_attention_fwd")(q, k, v, None, cu, cu, 4, 4, True, D ** -0.5)
     Hm, Dn, Dr, Dv, Dc = 2, 16, 16, 16, 32
     mq, c, kpe, w = _f(T, Hm, Dn + Dr), _f(T, Dc), _f(T, Dr), _f(Hm * (Dn + Dv), Dc) / Dc ** 0.5
     mo, ml, kv = ops("mla_attention_fwd")(mq, c, kpe, w, cu, 4, Hm, Dn, Dv, 0.2, True, False)
@@ -159,8 +159,8 @@ def _cases(backend):
         "moe_unpermute_backward": (_f(3, 16), _f(5, 16), rmap, torch.rand(3, 2)),
         "grouped_gemm": (_f(7, 16), _f(3, 16, 16), torch.tensor([2, 0, 4]), False),
         "grouped_gemm_dw": (_f(7, 16), _f(7, 16), torch.tensor([2, 0, 4])),
-        "flash_attention_fwd": (q, k, v, None, cu, 4, True, D ** -0.5),
-        "flash_attention_bwd": (_f(T, H, D), q, k, v, None, out, lse, cu, 4, True, D ** -0.5),
+        "flash_attention_fwd": (q, k, v, None, cu, cu, 4, 4, True, D ** -0.5),
+        "flash_attention_bwd": (_f(T, H, D), q, k, v, None, out, lse, cu, cu, 4, 4, True, D ** -0.5),
         "mla_attention_fwd": (mq, c, kpe, w, cu, 4, Hm, Dn, Dv, 0.2, True, False),
         "mla_attention_bwd": (_f(T, Hm, Dv), mq, c, kpe, w, mo, ml, kv, cu, 4, Hm, Dn, Dv, 0.2, True),
     }

@@ -153,8 +153,12 @@ GROUPED = [
 
 # ------------------------------------------------------------------------------- flash attention
 def _fa(**kw):
-    a = dict(q=_f(6, 2, 8), k=_f(6, 2, 8), v=_f(6, 2, 8), k_rope=None, cu_seqlens=torch.tensor([0, 4, 6]),
-             max_seqlen=4, causal=True, softmax_scale=0.35)
+    """Arguments of flash_attention_fwd; ``cu_seqlens`` / ``max_seqlen`` set the q and k ones alike
+    (the same tensor twice, as the public one-argument form passes them)."""
+    cu = kw.pop("cu_seqlens", torch.tensor([0, 4, 6]))
+    ms = kw.pop("max_seqlen", 4)
+    a = dict(q=_f(6, 2, 8), k=_f(6, 2, 8), v=_f(6, 2, 8), k_rope=None, cu_seqlens_q=cu, cu_seqlens_k=cu,
+             max_seqlen_q=ms, max_seqlen_k=ms, causal=True, softmax_scale=0.35)
     a.update(kw)
     return a
 
@@ -162,27 +166,29 @@ def _fa(**kw):
 def _fa_case(id, exc, names, exc_direct=None, **kw):
     def public():
         a = _fa(**kw)
+        if a["cu_seqlens_q"] is a["cu_seqlens_k"] and a["max_seqlen_q"] == a["max_seqlen_k"]:
+            packed = dict(cu_seqlens=a["cu_seqlens_q"], max_seqlen=a["max_seqlen_q"])
+        else:
+            packed = {n: a[n] for n in ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
         return amo.flash_attention(a["q"], a["k"], a["v"], causal=a["causal"], softmax_scale=a["softmax_scale"],
-                                   cu_seqlens=a["cu_seqlens"], max_seqlen=a["max_seqlen"])
+                                   **packed)
     return Case(id, "flash_attention_fwd", lambda: tuple(_fa(**kw).values()), public, exc, names, exc_direct)
 
 
 def _fa_bwd(**kw):
     a = _fa()
-    q, k, v, cu = a["q"], a["k"], a["v"], a["cu_seqlens"]
+    q, k, v, cu = a["q"], a["k"], a["v"], a["cu_seqlens_q"]
     b = dict(grad_out=_f(6, 2, 8), q=q, k=k, v=v, k_rope=None, out=_f(6, 2, 8),
-             lse=torch.zeros(2, 6), cu_seqlens=cu, max_seqlen=4, causal=True, softmax_scale=0.35)
+             lse=torch.zeros(2, 6), cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=4, max_seqlen_k=4, causal=True,
+             softmax_scale=0.35)
     b.update(kw)
     return tuple(b.values())
 
 
 ATTENTION = [
-    _fa_case("k_shorter_than_q", ValueError, "k", k=_f(4, 2, 8)),
+    _fa_case("k_shorter_than_q", ValueError, "cu_seqlens_k must end", k=_f(4, 2, 8), v=_f(4, 2, 8)),
     _fa_case("k_heads", ValueError, "k", k=_f(6, 3, 8)),
     _fa_case("k_head_dim", ValueError, "k head dim", k=_f(6, 2, 6)),
-    Case("v_head_dim_gt_q", "flash_attention_fwd", None,  # valid at the op (see test_dv_larger_than_dqk)
-         lambda: amo.flash_attention(_f(6, 2, 8), _f(6, 2, 8), _f(6, 2, 12), cu_seqlens=torch.tensor([0, 6])),
-         ValueError, "v head dim|d_v"),
     _fa_case("v_shorter_than_q", ValueError, "v", v=_f(5, 2, 8)),
     _fa_case("k_dtype", TypeError, "k", k=_f(6, 2, 8, dtype=torch.float32)),
     _fa_case("q_dtype", TypeError, "q", q=torch.ones(6, 2, 8, dtype=torch.int32)),
@@ -195,6 +201,25 @@ ATTENTION = [
     _fa_case("max_seqlen_small", ValueError, "max_seqlen", max_seqlen=3),
     _fa_case("causal_not_bool", TypeError, "causal", exc_direct=RuntimeError, causal="no"),
     _fa_case("scale_inf", ValueError, "softmax_scale", softmax_scale=float("inf")),
+    # the two-length form (cu_seqlens_q / cu_seqlens_k) and GQA/MQA
+    _fa_case("hq_not_multiple_of_hkv", ValueError, "k must have a number of heads", q=_f(6, 4, 8), k=_f(6, 3, 8),
+             v=_f(6, 3, 8)),
+    _fa_case("v_heads_differ_from_k", ValueError, "v must have shape", k=_f(6, 1, 8)),
+    _fa_case("v_tokens_differ_from_k", ValueError, "v must have shape", k=_f(9, 2, 8),
+             cu_seqlens_k=torch.tensor([0, 4, 9]), max_seqlen_k=5),
+    _fa_case("cu_k_wrong_length", ValueError, "cu_seqlens_k must have the B\\+1 = 3 entries",
+             cu_seqlens_k=torch.tensor([0, 6])),
+    _fa_case("cu_k_wrong_last_value", ValueError, "cu_seqlens_k must end", cu_seqlens_k=torch.tensor([0, 4, 5])),
+    _fa_case("cu_k_decreasing", ValueError, "cu_seqlens_k must be non-decreasing",
+             cu_seqlens_k=torch.tensor([0, 5, 3]), k=_f(3, 2, 8), v=_f(3, 2, 8)),
+    _fa_case("cu_k_dtype", TypeError, "cu_seqlens_k", cu_seqlens_k=torch.tensor([0.0, 4.0, 6.0])),
+    _fa_case("cu_k_meta", ValueError, "cu_seqlens_k", cu_seqlens_k=torch.tensor([0, 4, 6], device="meta")),
+    _fa_case("max_seqlen_k_small", ValueError, "max_seqlen_k", k=_f(9, 2, 8), v=_f(9, 2, 8),
+             cu_seqlens_k=torch.tensor([0, 7, 9]), max_seqlen_k=6),
+    Case("k_rope_tokens_of_q", "flash_attention_fwd",  # k_rope has k's tokens (no public argument)
+         lambda: tuple(_fa(q=_f(6, 2, 12), k=_f(9, 2, 8), v=_f(9, 2, 8), k_rope=_f(6, 4),
+                           cu_seqlens_k=torch.tensor([0, 4, 9]), max_seqlen_k=5).values()),
+         None, ValueError, "k_rope must have shape \\(9, D_r\\)"),
     Case("bwd_lse_shape", "flash_attention_bwd", lambda: _fa_bwd(lse=torch.zeros(6, 2)), None, ValueError, "lse"),
     Case("bwd_lse_dtype", "flash_attention_bwd", lambda: _fa_bwd(lse=torch.zeros(2, 6, dtype=F16)), None,
          RuntimeError, "lse"),
@@ -282,31 +307,31 @@ def test_attention_empty_batch_heads_or_tokens(backend, shape):
 def test_attention_packed_no_tokens_and_empty_sequences(backend):
     ops = ops_of(backend)
     q = _f(0, 2, 8)
-    out, lse = ops("flash_attention_fwd")(q, q, q, None, torch.tensor([0, 0, 0]), 0, True, 0.3)
+    c3, c1 = torch.tensor([0, 0, 0]), torch.tensor([0])
+    out, lse = ops("flash_attention_fwd")(q, q, q, None, c3, c3, 0, 0, True, 0.3)
     assert out.shape == (0, 2, 8) and lse.shape == (2, 0)
-    out, lse = ops("flash_attention_fwd")(q, q, q, None, torch.tensor([0]), 0, True, 0.3)  # B = 0
+    out, lse = ops("flash_attention_fwd")(q, q, q, None, c1, c1, 0, 0, True, 0.3)  # B = 0
     assert out.shape == (0, 2, 8)
     # empty sequences between real ones
     q, k, v = _f(5, 2, 8), _f(5, 2, 8), _f(5, 2, 8)
     cu = torch.tensor([0, 0, 3, 3, 5])
-    got = ops("flash_attention_fwd")(q, k, v, None, cu, 3, True, 0.3)[0]
-    want = ops_of("reference")("flash_attention_fwd")(q.double(), k.double(), v.double(), None, cu, 3, True, 0.3)[0]
+    got = ops("flash_attention_fwd")(q, k, v, None, cu, cu, 3, 3, True, 0.3)[0]
+    want = ops_of("reference")("flash_attention_fwd")(q.double(), k.double(), v.double(), None, cu, cu, 3, 3, True, 0.3)[0]
     _close(got, want)
 
 
 @pytest.mark.parametrize("backend", backends("flash_attention_fwd"))
 def test_dv_larger_than_dqk_is_valid_at_the_op(backend):
-    """d_v > d_qk reaches every backend's kernels directly and is computed right (the public
-    function still refuses it: its API rule, not a kernel limit)."""
+    """d_v > d_qk reaches every backend's kernels directly and is computed right."""
     q, k, v, do = _f(9, 2, 16), _f(9, 2, 16), _f(9, 2, 24), _f(9, 2, 24)
     cu = torch.tensor([0, 6, 9])
     ops, ref = ops_of(backend), ops_of("reference")
-    out, lse = ops("flash_attention_fwd")(q, k, v, None, cu, 6, True, 0.25)
+    out, lse = ops("flash_attention_fwd")(q, k, v, None, cu, cu, 6, 6, True, 0.25)
     d = [t.double() for t in (q, k, v)]
-    o64, l64 = ref("flash_attention_fwd")(*d[:3], None, cu, 6, True, 0.25)
+    o64, l64 = ref("flash_attention_fwd")(*d[:3], None, cu, cu, 6, 6, True, 0.25)
     _close(out, o64)
-    grads = ops("flash_attention_bwd")(do, q, k, v, None, out, lse, cu, 6, True, 0.25)
-    want = ref("flash_attention_bwd")(do.double(), *d, None, o64, l64, cu, 6, True, 0.25)
+    grads = ops("flash_attention_bwd")(do, q, k, v, None, out, lse, cu, cu, 6, 6, True, 0.25)
+    want = ref("flash_attention_bwd")(do.double(), *d, None, o64, l64, cu, cu, 6, 6, True, 0.25)
     for g, w in zip(grads[:3], want[:3]):
         _close(g, w)
 

@@ -99,8 +99,8 @@ def test_torch_attention_baseline_matches_reference_in_fp64():
     v = torch.randn(13, 2, 6, generator=g, dtype=torch.float64)
     do = torch.randn(13, 2, 6, generator=g, dtype=torch.float64)
     for causal in (True, False):
-        out, lse = ref.flash_attention_fwd(q, k, v, kr, cu, 7, causal, 0.3)
-        grads = ref.flash_attention_bwd(do, q, k, v, kr, out, lse, cu, 7, causal, 0.3)
+        out, lse = ref.flash_attention_fwd(q, k, v, kr, cu, cu, 7, 7, causal, 0.3)
+        grads = ref.flash_attention_bwd(do, q, k, v, kr, out, lse, cu, cu, 7, 7, causal, 0.3)
         got = torch_attention_grads(q, k, v, kr, cu, do, causal=causal, softmax_scale=0.3)
         for a, b in zip(got, (out, lse) + tuple(grads)):
             torch.testing.assert_close(a.double(), b, atol=1e-6, rtol=1e-6)

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ascend_moe_ops.ops._contracts import attention_features
 from ascend_moe_ops.reference.flash_attention import lse_dtype
 
 
@@ -238,7 +239,12 @@ def _dims(q, k, v, k_rope):
     return D1, D2, k2, k2h, _pow2(D1), _pow2(D2), _pow2(v.shape[-1])
 
 
-def flash_attention_fwd(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale):
+# The schema's cu_seqlens_q / cu_seqlens_k pair: these kernels take one cu_seqlens for q and k alike and
+# the same heads for both, so seqlen_q != seqlen_k and GQA/MQA raise NotImplementedError.
+def flash_attention_fwd(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                        softmax_scale):
+    attention_features("flash_attention_fwd", "Triton", q, k, cu_seqlens_q, cu_seqlens_k)
+    cu_seqlens, max_seqlen = cu_seqlens_q, max(max_seqlen_q, max_seqlen_k)
     T, H, _ = q.shape
     Dv = v.shape[-1]
     B = cu_seqlens.shape[0] - 1
@@ -257,8 +263,10 @@ def flash_attention_fwd(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax
     return out, lse
 
 
-def flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal,
-                        softmax_scale):
+def flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                        max_seqlen_k, causal, softmax_scale):
+    attention_features("flash_attention_bwd", "Triton", q, k, cu_seqlens_q, cu_seqlens_k)
+    cu_seqlens, max_seqlen = cu_seqlens_q, max(max_seqlen_q, max_seqlen_k)
     T, H, Dq = q.shape
     Dv = v.shape[-1]
     B = cu_seqlens.shape[0] - 1

@@ -16,7 +16,8 @@ def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads,
                       v_dim, softmax_scale, causal, save_kv):
     kv = _kv(c_kv, w_kv_up)
     k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
-    out, lse = _fa.flash_attention_fwd(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal, softmax_scale)
+    out, lse = _fa.flash_attention_fwd(q, k_nope, v, k_pe, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                       causal, softmax_scale)
     return out, lse, (kv if save_kv else kv.new_empty((0,)))
 
 
@@ -26,6 +27,6 @@ def mla_attention_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens
         kv = _kv(c_kv, w_kv_up)
     k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
     dq, dk, dv, dk_pe = _fa.flash_attention_bwd(grad_out, q, k_nope, v, k_pe, out, lse, cu_seqlens,
-                                                max_seqlen, causal, softmax_scale)
+                                                cu_seqlens, max_seqlen, max_seqlen, causal, softmax_scale)
     dkv = torch.cat([dk, dv], dim=-1).reshape(kv.shape)
     return dq, dkv @ w_kv_up, dk_pe, dkv.t() @ c_kv

@@ -275,43 +275,52 @@ def grouped_gemm_dw(a, b, gs) -> None:
 
 
 # -------------------------------------------------------------------------------- flash attention
-# d_v > d_qk is valid at the op: every backend's kernels compute it (fwd and bwd checked against the
-# fp64 reference); the public wrappers still refuse it until their API allows it.
+# Shapes: q [Tq, Hq, Dq], k [Tk, Hkv, Dk], v [Tk, Hkv, Dv], k_rope [Tk, Dr] (optional), cu_seqlens_q and
+# cu_seqlens_k [B+1] (the same B), lse [Hq, Tq]. Hkv divides Hq (GQA/MQA). d_v > d_qk is valid.
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def cu_seqlens(op, cu, q, max_seqlen, values: bool) -> None:
-    T = q.shape[0]
-    ndim(op, "cu_seqlens", cu, 1, "[B+1]")
-    dtype_in(op, "cu_seqlens", cu, INDEX_DTYPES)
-    same_device(op, "cu_seqlens", cu, q)
+def cu_seqlens(op, cu, q, max_seqlen, values: bool, name: str = "cu_seqlens", max_name: str = "max_seqlen",
+               T: Optional[int] = None, of: str = "q", like: Optional[Tensor] = None,
+               entries: Optional[int] = None) -> None:
+    """``cu`` [B+1] int32/int64 on ``like``'s (default q's) device: starts at 0, non-decreasing, ends at
+    ``T`` (default the tokens of q), no sequence longer than ``max_seqlen``; ``entries``: the required
+    B+1 (cu_seqlens_k: that of cu_seqlens_q)."""
+    T = q.shape[0] if T is None else T
+    like = q if like is None else like
+    ndim(op, name, cu, 1, "[B+1]")
+    dtype_in(op, name, cu, INDEX_DTYPES)
+    same_device(op, name, cu, like)
+    if entries is not None and cu.numel() != entries:
+        raise ValueError(f"{op}: {name} must have the B+1 = {entries} entries of cu_seqlens_q (one per sequence "
+                         f"boundary), got shape {_shape(cu.shape)}")
     if not (cu.numel() >= 2 or (cu.numel() == 1 and T == 0)):
-        raise ValueError(f"{op}: cu_seqlens must have B+1 >= 2 entries (one entry only for B = 0 and no "
+        raise ValueError(f"{op}: {name} must have B+1 >= 2 entries (one entry only for B = 0 and no "
                          f"tokens), got shape {_shape(cu.shape)} for T={T} tokens")
     if max_seqlen < 0:
-        raise ValueError(f"{op}: max_seqlen must be >= 0, got {max_seqlen}")
+        raise ValueError(f"{op}: {max_name} must be >= 0, got {max_seqlen}")
     if not values or is_fake(cu):
         return
     if cu.device.type != "cpu":
         d = cu[1:] - cu[:-1]
         torch._assert_async((cu[0] == 0) & (cu[-1] == T) & (d >= 0).all()
                             & ((d.max() if d.numel() else cu[0]) <= max_seqlen),
-                            f"{op}: cu_seqlens must start at 0, be non-decreasing, end at T and have no "
-                            "sequence longer than max_seqlen")
+                            f"{op}: {name} must start at 0, be non-decreasing, end at the tokens of {of} and "
+                            f"have no sequence longer than {max_name}")
         return
     c = cu.tolist()
     if c[0] != 0:
-        raise ValueError(f"{op}: cu_seqlens must start at 0, got {c[0]}")
+        raise ValueError(f"{op}: {name} must start at 0, got {c[0]}")
     for i in range(len(c) - 1):
         if c[i + 1] < c[i]:
-            raise ValueError(f"{op}: cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={c[i]} > "
-                             f"cu_seqlens[{i + 1}]={c[i + 1]}")
+            raise ValueError(f"{op}: {name} must be non-decreasing, got {name}[{i}]={c[i]} > "
+                             f"{name}[{i + 1}]={c[i + 1]}")
     if c[-1] != T:
-        raise ValueError(f"{op}: cu_seqlens must end at the number of tokens T={T}, got {c[-1]}")
+        raise ValueError(f"{op}: {name} must end at the number of tokens of {of} T={T}, got {c[-1]}")
     longest = max((c[i + 1] - c[i] for i in range(len(c) - 1)), default=0)
     if longest > max_seqlen:
-        raise ValueError(f"{op}: max_seqlen={max_seqlen} is smaller than the longest sequence ({longest})")
+        raise ValueError(f"{op}: {max_name}={max_seqlen} is smaller than the longest sequence ({longest})")
 
 
 def lse(op, t, q) -> None:
@@ -327,20 +336,23 @@ def _scale(op, softmax_scale) -> None:
         raise ValueError(f"{op}: softmax_scale must be finite, got {softmax_scale}")
 
 
-def _attention(op, q, k, v, k_rope, cu, max_seqlen, softmax_scale, values) -> None:
-    float_tensor(op, "q", q, 3, "[T, H, D_qk]")
-    like_tensor(op, "k", k, q, 3, "[T, H, D_k]")
-    like_tensor(op, "v", v, q, 3, "[T, H, D_v]")
-    T, H, Dq = q.shape
-    for name, t in (("k", k), ("v", v)):
-        if t.shape[0] != T or t.shape[1] != H:
-            raise ValueError(f"{op}: {name} must have shape ({T}, {H}, D) (the tokens and heads of q), got "
-                             f"{_shape(t.shape)}")
+def _attention(op, q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale, values) -> None:
+    float_tensor(op, "q", q, 3, "[Tq, Hq, D_qk]")
+    like_tensor(op, "k", k, q, 3, "[Tk, Hkv, D_k]")
+    like_tensor(op, "v", v, q, 3, "[Tk, Hkv, D_v]")
+    _, Hq, Dq = q.shape
+    Tk, Hkv = k.shape[0], k.shape[1]
+    if not ((Hkv == 0 and Hq == 0) or (Hkv >= 1 and Hq % Hkv == 0)):
+        raise ValueError(f"{op}: k must have a number of heads Hkv that divides the Hq={Hq} heads of q (GQA/MQA), "
+                         f"got shape {_shape(k.shape)}")
+    if v.shape[0] != Tk or v.shape[1] != Hkv:
+        raise ValueError(f"{op}: v must have shape ({Tk}, {Hkv}, D) (the tokens and heads of k), got "
+                         f"{_shape(v.shape)}")
     dr = 0
     if k_rope is not None:
-        like_tensor(op, "k_rope", k_rope, q, 2, "[T, D_r]")
-        if k_rope.shape[0] != T:
-            raise ValueError(f"{op}: k_rope must have shape ({T}, D_r) (the tokens of q), got "
+        like_tensor(op, "k_rope", k_rope, q, 2, "[Tk, D_r]")
+        if k_rope.shape[0] != Tk:
+            raise ValueError(f"{op}: k_rope must have shape ({Tk}, D_r) (the tokens of k), got "
                              f"{_shape(k_rope.shape)}")
         dr = k_rope.shape[1]
     if Dq < 1 or v.shape[2] < 1:
@@ -349,30 +361,53 @@ def _attention(op, q, k, v, k_rope, cu, max_seqlen, softmax_scale, values) -> No
         raise ValueError(f"{op}: k head dim must equal q head dim {Dq} minus the k_rope dim {dr}, got "
                          f"{k.shape[2]}")
     _scale(op, softmax_scale)
-    cu_seqlens(op, cu, q, max_seqlen, values)
+    cu_seqlens(op, cu_q, q, max_q, values, "cu_seqlens_q", "max_seqlen_q")
+    cu_seqlens(op, cu_k, q, max_k, values, "cu_seqlens_k", "max_seqlen_k", T=Tk, of="k",
+               entries=cu_q.numel())
 
 
-def flash_attention_fwd_meta(q, k, v, k_rope, cu, max_seqlen, causal, softmax_scale, values=False) -> None:
-    _attention("flash_attention_fwd", q, k, v, k_rope, cu, max_seqlen, softmax_scale, values)
+def flash_attention_fwd_meta(q, k, v, k_rope, cu_q, cu_k, max_q, max_k, causal, softmax_scale,
+                             values=False) -> None:
+    _attention("flash_attention_fwd", q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale, values)
 
 
 def flash_attention_fwd(*args) -> None:
     flash_attention_fwd_meta(*args, values=True)
 
 
-def flash_attention_bwd_meta(grad_out, q, k, v, k_rope, out, l, cu, max_seqlen, causal, softmax_scale,
-                             values=False) -> None:
+def flash_attention_bwd_meta(grad_out, q, k, v, k_rope, out, l, cu_q, cu_k, max_q, max_k, causal,
+                             softmax_scale, values=False) -> None:
     op = "flash_attention_bwd"
-    _attention(op, q, k, v, k_rope, cu, max_seqlen, softmax_scale, values)
+    _attention(op, q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale, values)
     o_shape = (q.shape[0], q.shape[1], v.shape[2])
     for name, t in (("grad_out", grad_out), ("out", out)):
-        like_tensor(op, name, t, q, 3, "[T, H, D_v]")
-        shape_is(op, name, t, o_shape, "[T, H, D_v]")
+        like_tensor(op, name, t, q, 3, "[Tq, Hq, D_v]")
+        shape_is(op, name, t, o_shape, "[Tq, Hq, D_v]")
     lse(op, l, q)
 
 
 def flash_attention_bwd(*args) -> None:
     flash_attention_bwd_meta(*args, values=True)
+
+
+def same_seqlens(q, k, cu_q, cu_k) -> bool:
+    """Whether cu_seqlens_q and cu_seqlens_k describe the same lengths (the same tensor, as the public
+    function and MLA pass for equal lengths, is not read; two tensors are compared, one host sync on
+    accelerators)."""
+    if q.shape[0] != k.shape[0]:
+        return False
+    if cu_q is cu_k:
+        return True
+    return cu_q.numel() == cu_k.numel() and bool(torch.equal(cu_q.to(torch.int64), cu_k.to(torch.int64)))
+
+
+def attention_features(op, backend, q, k, cu_q, cu_k) -> None:
+    """NotImplementedError naming the feature, for a backend whose kernels do not do
+    seqlen_q != seqlen_k or GQA/MQA yet (called by its registered kernel, after the checks)."""
+    if not same_seqlens(q, k, cu_q, cu_k):
+        raise NotImplementedError(f"{op}: {backend} backend: seqlen_q != seqlen_k not supported yet")
+    if k.shape[1] != q.shape[1]:
+        raise NotImplementedError(f"{op}: {backend} backend: GQA/MQA (Hkv != Hq) not supported yet")
 
 
 # -------------------------------------------------------------------------------------------- MLA

@@ -1,5 +1,6 @@
-"""``flash_attention``: training attention with ``d_qk >= d_v`` (e.g. 192 / 128 for MLA), batch or
-packed varlen layout, forward and backward without materializing the ``S x S`` score matrix."""
+"""``flash_attention``: training attention with the peers' API: seqlen_q != seqlen_k (bottom-right
+causal), GQA/MQA, any ``d_qk`` / ``d_v`` (e.g. 192 / 128 for MLA), batch or packed varlen layout, two
+LSE layouts; forward and backward without materializing the ``S_q x S_k`` score matrix."""
 
 from __future__ import annotations
 
@@ -47,19 +48,20 @@ def pack_layout(name: str, x: Tensor, cu_seqlens: Optional[Tensor], max_seqlen: 
 
 
 # ----------------------------------------------------------------------------- op registration
-def _fake(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale):
+def _fake(q, k, v, k_rope, cu_q, cu_k, max_q, max_k, causal, softmax_scale):
     T, H, _ = q.shape
     return q.new_empty((T, H, v.shape[-1])), q.new_empty((H, T), dtype=_contracts.lse_dtype(q.dtype))
 
 
-def _fake_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal, softmax_scale):
+def _fake_bwd(grad_out, q, k, v, k_rope, out, lse, cu_q, cu_k, max_q, max_k, causal, softmax_scale):
     dkr = k_rope.new_empty(k_rope.shape) if k_rope is not None else q.new_empty((0,))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dkr
 
 
-def _empty(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale):
-    """T = 0 (B = 0 too) or H = 0: valid, empty results (as the C++ kernels)."""
-    if q.shape[0] and q.shape[1]:
+def _empty(q, k, v, k_rope, cu_q, cu_k, max_q, max_k, causal, softmax_scale):
+    """Tq = 0 (B = 0 too) or Hq = 0: valid, empty results; Tk = 0: no row sees a key (out = 0,
+    lse = -inf). As the C++ kernels."""
+    if q.shape[0] and q.shape[1] and k.shape[0]:
         return None
     T, H, _ = q.shape
     return (q.new_zeros((T, H, v.shape[-1])),
@@ -67,27 +69,30 @@ def _empty(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale):
 
 
 def _empty_bwd(grad_out, q, k, v, k_rope, *rest):
-    if q.shape[0] and q.shape[1]:
+    if q.shape[0] and q.shape[1] and k.shape[0]:
         return None
     return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v),
             torch.zeros_like(k_rope) if k_rope is not None else q.new_empty((0,)))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, k_rope, cu_seqlens, max_seqlen, causal, scale = inputs
+    q, k, v, k_rope, cu_q, cu_k, max_q, max_k, causal, scale = inputs
     out, lse = output
     ctx.has_rope = k_rope is not None
-    ctx.args = (max_seqlen, causal, scale)
-    ctx.save_for_backward(q, k, v, k_rope, out, lse, cu_seqlens)
+    ctx.same_cu = cu_q is cu_k  # passed on as one tensor (what backends without varlen q/k accept)
+    ctx.args = (max_q, max_k, causal, scale)
+    ctx.save_for_backward(q, k, v, k_rope, out, lse, cu_q, cu_k)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ops, ctx, grad_out, _grad_lse):
-    q, k, v, k_rope, out, lse, cu_seqlens = ctx.saved_tensors
-    max_seqlen, causal, scale = ctx.args
-    dq, dk, dv, dkr = ops(BWD)(grad_out.contiguous(), q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen,
+    q, k, v, k_rope, out, lse, cu_q, cu_k = ctx.saved_tensors
+    if ctx.same_cu:
+        cu_k = cu_q
+    max_q, max_k, causal, scale = ctx.args
+    dq, dk, dv, dkr = ops(BWD)(grad_out.contiguous(), q, k, v, k_rope, out, lse, cu_q, cu_k, max_q, max_k,
                                causal, scale)
-    return dq, dk, dv, (dkr if ctx.has_rope else None), None, None, None, None
+    return dq, dk, dv, (dkr if ctx.has_rope else None), None, None, None, None, None, None
 
 
 _library.register_op(OP, fake=_fake, check_meta=_contracts.flash_attention_fwd_meta,
@@ -97,60 +102,138 @@ _library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.flash_attention_
                      check=_contracts.flash_attention_bwd, empty=_empty_bwd)
 
 
+LSE_LAYOUTS = ("hs", "sh")
+
+
 def _check_layout(q, k, v):
-    """Layout checks the packing needs (the op boundary checks dtypes, devices and head dims)."""
+    """Layout checks the packing needs (the op boundary checks dtypes, devices, heads and head dims)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _checks.check_tensor(name, t)
     if q.dim() not in (3, 4):
-        raise ValueError(f"q must be [B, S, H, D] or packed [T, H, D], got shape {tuple(q.shape)}")
+        raise ValueError(f"q must be [B, S_q, H_q, D] or packed [T_q, H_q, D], got shape {tuple(q.shape)}")
     for name, t in (("k", k), ("v", v)):
         if t.dim() != q.dim():
             raise ValueError(f"{name} must be {q.dim()}-D like q, got shape {tuple(t.shape)}")
-        if tuple(t.shape[:-1]) != tuple(q.shape[:-1]):
-            raise ValueError(f"{name} must have shape {tuple(q.shape[:-1])} + (D,) (tokens and heads "
-                             f"of q; no GQA), got {tuple(t.shape)}")
-    if v.shape[-1] > q.shape[-1]:  # the API's rule (the kernels of every backend compute it)
-        raise ValueError(f"v head dim d_v={v.shape[-1]} > d_qk={q.shape[-1]} is not supported "
-                         "(d_qk >= d_v is required)")
+    if q.dim() == 4 and k.shape[0] != q.shape[0]:
+        raise ValueError(f"k must have the batch size {q.shape[0]} of q, got shape {tuple(k.shape)}")
+    if tuple(v.shape[:-1]) != tuple(k.shape[:-1]):
+        raise ValueError(f"v must have shape {tuple(k.shape[:-1])} + (D_v,) (the tokens and heads of k), "
+                         f"got {tuple(v.shape)}")
+
+
+def _varlen(cu_seqlens, max_seqlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The packed form's (cu_q, cu_k, max_q, max_k); ``cu_seqlens`` means q and k alike (then the same
+    tensor is passed twice)."""
+    if cu_seqlens is not None:
+        if cu_seqlens_q is not None or cu_seqlens_k is not None:
+            raise ValueError("pass either cu_seqlens (q and k alike) or cu_seqlens_q and cu_seqlens_k, not both")
+        if max_seqlen_q is not None or max_seqlen_k is not None:
+            raise ValueError("max_seqlen_q / max_seqlen_k go with cu_seqlens_q / cu_seqlens_k; with cu_seqlens "
+                             "pass max_seqlen")
+        return cu_seqlens, cu_seqlens, max_seqlen, max_seqlen
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        missing = "cu_seqlens_k" if cu_seqlens_k is None else "cu_seqlens_q"
+        raise ValueError(f"{missing} is missing: cu_seqlens_q and cu_seqlens_k go together")
+    if max_seqlen is not None:
+        raise ValueError("max_seqlen goes with cu_seqlens; with cu_seqlens_q / cu_seqlens_k pass max_seqlen_q "
+                         "and max_seqlen_k")
+    return cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                     softmax_scale: Optional[float] = None, cu_seqlens: Optional[Tensor] = None,
-                    max_seqlen: Optional[int] = None, return_lse: bool = False):
+                    max_seqlen: Optional[int] = None, cu_seqlens_q: Optional[Tensor] = None,
+                    cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                    max_seqlen_k: Optional[int] = None, return_lse: bool = False,
+                    lse_layout: str = "hs"):
     """Softmax attention ``softmax(q k^T * scale) v`` with online-softmax tiling.
 
     Args:
-        q: ``[B, S, H, D_qk]``, or packed ``[T, H, D_qk]`` together with ``cu_seqlens``;
-            fp32/fp16/bf16 (fp64 runs on the reference and native backends).
-        k: same shape as ``q`` (same heads: no GQA).
-        v: ``[B, S, H, D_v]`` / ``[T, H, D_v]`` with ``D_v <= D_qk`` (192/128 for MLA; no padding).
-        causal: query ``i`` sees keys ``<= i`` of its own sequence. Default ``False`` (as
-            flash-attention and SDPA; changed from ``True``: docs/design.md, Changes).
+        q: ``[B, S_q, H_q, D_qk]``, or packed ``[T_q, H_q, D_qk]`` together with ``cu_seqlens``
+            (or ``cu_seqlens_q``); fp32/fp16/bf16 (fp64 runs on the reference and native backends).
+        k: ``[B, S_k, H_kv, D_qk]`` / packed ``[T_k, H_kv, D_qk]``. ``H_kv`` must divide ``H_q``
+            (GQA; ``H_kv = 1`` is MQA): q head ``h`` uses kv head ``h // (H_q // H_kv)``.
+        v: ``[B, S_k, H_kv, D_v]`` / ``[T_k, H_kv, D_v]``; ``D_v`` may differ from ``D_qk`` (both
+            ways: 192/128 for MLA, 64/128 too; no padding).
+        causal: bottom-right aligned, as flash-attention >= 2.1: in a sequence with ``L_q``
+            queries and ``L_k`` keys, query ``i`` sees keys ``j <= i + L_k - L_q``; a query that
+            sees no key gets ``out = 0``, ``lse = -inf`` and zero gradients. With ``L_q = L_k``
+            that is the usual "keys ``<= i``". Default ``False`` (as flash-attention and SDPA;
+            changed from ``True``: docs/design.md, Changes).
         softmax_scale: defaults to ``D_qk ** -0.5``; pass it explicitly for YaRN.
-        cu_seqlens: ``[B+1]`` int32/int64 cumulative sequence starts of packed sequences
-            (``0 = c[0] <= c[1] <= ... <= c[B] = T``); empty sequences are allowed.
+        cu_seqlens: ``[B+1]`` int32/int64 cumulative sequence starts of packed sequences, for q
+            and k alike (``0 = c[0] <= c[1] <= ... <= c[B] = T``); empty sequences are allowed.
         max_seqlen: longest sequence; computed from ``cu_seqlens`` (one host sync) when omitted.
-        return_lse: also return the logsumexp of the scaled scores (natural log, fp32; not
-            differentiable): ``[B, H, S]`` for batch input, ``[H, T]`` for packed input.
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the two-argument packed form
+            (flash_attn_varlen_func's names): sequence ``b`` has queries
+            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and keys ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``
+            of k / v; both ``[B+1]`` with the same B. Not combinable with ``cu_seqlens``.
+        return_lse: also return the logsumexp of the scaled scores (natural log, fp32, fp64 for
+            fp64 inputs; not differentiable).
+        lse_layout: ``"hs"`` (default): ``[B, H_q, S_q]`` for batch input, ``[H_q, T_q]`` packed
+            (flash-attention 2's layout); ``"sh"``: ``[B, S_q, H_q]`` / ``[T_q, H_q]`` (the peers'
+            other layout). The op computes ``[H_q, T_q]``; ``"sh"`` is a transposed view of it.
 
     Returns:
-        ``out`` with ``v``'s head dim in ``q``'s dtype (and ``lse`` if asked). Differentiable
-        w.r.t. ``q``, ``k`` and ``v``; accumulation is fp32.
+        ``out`` ``[.., H_q, D_v]`` in ``q``'s dtype (and ``lse`` if asked). Differentiable w.r.t.
+        ``q``, ``k`` and ``v`` (``dk``/``dv`` summed over the q heads of each kv head group);
+        accumulation is fp32.
     """
     _check_layout(q, k, v)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    token_dims = q.dim() - 2
-    cu, max_len, batch = pack_layout("q", q, cu_seqlens, max_seqlen, token_dims)
+    if lse_layout not in LSE_LAYOUTS:
+        raise ValueError(f"lse_layout must be one of {LSE_LAYOUTS}, got {lse_layout!r}")
+    packed = (cu_seqlens, cu_seqlens_q, cu_seqlens_k)
+    if any(c is not None for c in packed):
+        if q.dim() != 3:
+            raise ValueError(f"with cu_seqlens, q must be packed [T_q, H_q, D], got shape {tuple(q.shape)}")
+        cu_q, cu_k, max_q, max_k = _varlen(cu_seqlens, max_seqlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                           max_seqlen_k)
+        names = ("cu_seqlens", "max_seqlen") if cu_seqlens is not None else None
+        cu_q, max_q = _packed(cu_q, max_q, names or ("cu_seqlens_q", "max_seqlen_q"))
+        if cu_seqlens is not None:
+            cu_k, max_k = cu_q, max_q
+        else:
+            cu_k, max_k = _packed(cu_k, max_k, ("cu_seqlens_k", "max_seqlen_k"))
+        batch = None
+    else:
+        if q.dim() != 4:
+            raise ValueError(f"q must be [B, S_q, H_q, D] without cu_seqlens (packed [T, H, D] needs cu_seqlens), "
+                             f"got shape {tuple(q.shape)}")
+        for name, val in (("max_seqlen", max_seqlen), ("max_seqlen_q", max_seqlen_q),
+                          ("max_seqlen_k", max_seqlen_k)):
+            if val is not None:
+                raise ValueError(f"{name} goes with the packed form (cu_seqlens); the batch form has none")
+        B, Sq, Sk = q.shape[0], q.shape[1], k.shape[1]
+        cu_q = torch.arange(0, B + 1, dtype=torch.int32, device=q.device) * Sq
+        cu_k = cu_q if Sk == Sq else torch.arange(0, B + 1, dtype=torch.int32, device=q.device) * Sk
+        max_q, max_k = Sq, Sk
+        batch = (B, Sq)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0  # D = 0 is refused at the op
     softmax_scale = _checks.check_float("softmax_scale", softmax_scale)
-    H = q.shape[-2]
-    T = q.shape[0] * q.shape[1] if batch is not None else q.shape[0]
-    qp, kp, vp = (t.reshape(T, H, t.shape[-1]) for t in (q, k, v))  # explicit T: H = 0 is valid
-    out, lse = _library.op(OP)(qp.contiguous(), kp.contiguous(), vp.contiguous(), None, cu,
-                               max_len, causal, softmax_scale)
+    Hq, Hkv = q.shape[-2], k.shape[-2]
+    Tq = q.shape[0] * q.shape[1] if batch is not None else q.shape[0]
+    Tk = k.shape[0] * k.shape[1] if batch is not None else k.shape[0]
+    qp = q.reshape(Tq, Hq, q.shape[-1])  # explicit T: H = 0 is valid
+    kp, vp = (t.reshape(Tk, Hkv, t.shape[-1]) for t in (k, v))
+    out, lse = _library.op(OP)(qp.contiguous(), kp.contiguous(), vp.contiguous(), None, cu_q, cu_k,
+                               max_q, max_k, causal, softmax_scale)
     if batch is not None:
-        out = out.view(*batch, H, v.shape[-1])
-        lse = lse.view(H, *batch).transpose(0, 1)
+        out = out.view(*batch, Hq, v.shape[-1])
+        lse = lse.view(Hq, *batch).permute(1, 0, 2) if lse_layout == "hs" else lse.view(Hq, *batch).permute(1, 2, 0)
+    elif lse_layout == "sh":
+        lse = lse.t()
     return (out, lse) if return_lse else out
+
+
+def _packed(cu, max_len, names):
+    """Check one ``cu_seqlens``-like argument (a tensor; its values are checked at the op) and get its
+    max length (one host synchronization when not given)."""
+    name, max_name = names
+    _checks.check_tensor(name, cu)
+    if max_len is None:
+        max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    _checks.check_int(max_name, max_len)
+    return cu.contiguous(), max_len

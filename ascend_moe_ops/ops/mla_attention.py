@@ -55,8 +55,9 @@ def ascend_kernels(ns: str):
         _ascend_dtype(q, OP)
         kv = up_project(c_kv, w_kv_up)
         k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
-        out, lse = ops("flash_attention_fwd")(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal,
-                                              softmax_scale)
+        # Sq = Sk and Hkv = Hq: the one cu_seqlens passed for q and k alike
+        out, lse = ops("flash_attention_fwd")(q, k_nope, v, k_pe, cu_seqlens, cu_seqlens, max_seqlen,
+                                              max_seqlen, causal, softmax_scale)
         return out, lse, (kv if save_kv else kv.new_empty((0,)))
 
     def bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, num_heads,
@@ -68,7 +69,8 @@ def ascend_kernels(ns: str):
             kv = up_project(c_kv, w_kv_up)
         k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
         dq, dk_nope, dv, dk_pe = ops("flash_attention_bwd")(grad_out, q, k_nope, v, k_pe, out, lse,
-                                                            cu_seqlens, max_seqlen, causal, softmax_scale)
+                                                            cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                            causal, softmax_scale)
         T = c_kv.shape[0]
         dkv = torch.cat((dk_nope, dv), dim=-1).reshape(T, -1)
         sizes = torch.full((1,), T, dtype=torch.int64, device=c_kv.device)

@@ -33,8 +33,8 @@ def _attention_bwd_acc(grad_out, q, k_nope, v, k_pe, causal, softmax_scale, cu_s
     """The attention backward with the gradients left in the accumulation dtype (fp32 inputs)."""
     acc = _fa.acc_dtype(q.dtype)
     return _fa.flash_attention_bwd(grad_out.to(acc), q.to(acc), k_nope.to(acc), v.to(acc),
-                                   k_pe.to(acc), None, None, cu_seqlens, max_seqlen, causal,
-                                   softmax_scale)
+                                   k_pe.to(acc), None, None, cu_seqlens, cu_seqlens, max_seqlen,
+                                   max_seqlen, causal, softmax_scale)
 
 
 def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim,
@@ -42,7 +42,8 @@ def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads,
     kv = up_project(c_kv, w_kv_up)
     k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
     k = _fa.full_keys(k_nope, k_pe, num_heads)
-    out, lse = _fa.flash_attention_fwd(q, k, v, None, cu_seqlens, max_seqlen, causal, softmax_scale)
+    out, lse = _fa.flash_attention_fwd(q, k, v, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal,
+                                      softmax_scale)
     return out, lse, (kv if save_kv else kv.new_empty((0,)))
 
 

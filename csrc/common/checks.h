@@ -282,30 +282,41 @@ inline void grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& gs) 
 }
 
 // ------------------------------------------------------------------------------------ flash attention
-// d_v > d_qk is valid here: every backend's kernels compute it (fwd and bwd checked against the fp64
-// reference); the public wrappers still refuse it until their API allows it.
-inline void cu_seqlens(const char* op, const Tensor& cu, const Tensor& q, int64_t max_seqlen) {
-  const int64_t T = q.size(0);
-  ndim(op, "cu_seqlens", cu, 1, "[B+1]");
-  dtype_in(op, "cu_seqlens", cu, kIndexTypes);
-  same_device(op, "cu_seqlens", cu, q);
-  TORCH_CHECK_VALUE(cu.numel() >= 2 || (cu.numel() == 1 && T == 0), op,
-                    ": cu_seqlens must have B+1 >= 2 entries (one entry only for B = 0 and no tokens), got shape ",
+// Shapes: q [Tq, Hq, Dq], k [Tk, Hkv, Dk], v [Tk, Hkv, Dv], k_rope [Tk, Dr] (optional), cu_seqlens_q and
+// cu_seqlens_k [B+1] (the same B), lse [Hq, Tq]. Hkv divides Hq (GQA/MQA). d_v > d_qk is valid.
+// cu_seqlens of `name`: [B+1] int32/int64 on like's device, starts at 0, non-decreasing, ends at T (the
+// tokens of `of`), no sequence longer than max_seqlen. `entries` >= 0: the required B+1.
+inline void cu_seqlens(const char* op, const char* name, const char* max_name, const Tensor& cu, int64_t T,
+                       const char* of, int64_t max_seqlen, const Tensor& like, int64_t entries = -1) {
+  ndim(op, name, cu, 1, "[B+1]");
+  dtype_in(op, name, cu, kIndexTypes);
+  same_device(op, name, cu, like);
+  if (entries >= 0)
+    TORCH_CHECK_VALUE(cu.numel() == entries, op, ": ", name, " must have the B+1 = ", entries,
+                      " entries of cu_seqlens_q (one per sequence boundary), got shape ", shape_str(cu.sizes()));
+  TORCH_CHECK_VALUE(cu.numel() >= 2 || (cu.numel() == 1 && T == 0), op, ": ", name,
+                    " must have B+1 >= 2 entries (one entry only for B = 0 and no tokens), got shape ",
                     shape_str(cu.sizes()), " for T=", T, " tokens");
-  TORCH_CHECK_VALUE(max_seqlen >= 0, op, ": max_seqlen must be >= 0, got ", max_seqlen);
+  TORCH_CHECK_VALUE(max_seqlen >= 0, op, ": ", max_name, " must be >= 0, got ", max_seqlen);
   const Tensor v = cu.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
   const int64_t* c = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
-  TORCH_CHECK_VALUE(c[0] == 0, op, ": cu_seqlens must start at 0, got ", c[0]);
+  TORCH_CHECK_VALUE(c[0] == 0, op, ": ", name, " must start at 0, got ", c[0]);
   int64_t longest = 0;
   for (int64_t i = 0; i + 1 < n; ++i) {
-    TORCH_CHECK_VALUE(c[i + 1] >= c[i], op, ": cu_seqlens must be non-decreasing, got cu_seqlens[", i, "]=", c[i],
-                      " > cu_seqlens[", i + 1, "]=", c[i + 1]);
+    TORCH_CHECK_VALUE(c[i + 1] >= c[i], op, ": ", name, " must be non-decreasing, got ", name, "[", i, "]=", c[i],
+                      " > ", name, "[", i + 1, "]=", c[i + 1]);
     longest = std::max(longest, c[i + 1] - c[i]);
   }
-  TORCH_CHECK_VALUE(c[n - 1] == T, op, ": cu_seqlens must end at the number of tokens T=", T, ", got ", c[n - 1]);
-  TORCH_CHECK_VALUE(longest <= max_seqlen, op, ": max_seqlen=", max_seqlen, " is smaller than the longest sequence (",
-                    longest, ")");
+  TORCH_CHECK_VALUE(c[n - 1] == T, op, ": ", name, " must end at the number of tokens of ", of, " T=", T, ", got ",
+                    c[n - 1]);
+  TORCH_CHECK_VALUE(longest <= max_seqlen, op, ": ", max_name, "=", max_seqlen,
+                    " is smaller than the longest sequence (", longest, ")");
+}
+
+// MLA (q and k alike): the one-argument form.
+inline void cu_seqlens(const char* op, const Tensor& cu, const Tensor& q, int64_t max_seqlen) {
+  cu_seqlens(op, "cu_seqlens", "max_seqlen", cu, q.size(0), "q", max_seqlen, q);
 }
 
 inline at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
@@ -320,18 +331,20 @@ inline void lse(const char* op, const Tensor& l, const Tensor& q) {
 }
 
 inline void attention_common(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& k_rope,
-                             const Tensor& cu, int64_t max_seqlen, double softmax_scale) {
-  float_tensor(op, "q", q, 3, "[T, H, D_qk]");
-  like_tensor(op, "k", k, q, 3, "[T, H, D_k]");
-  like_tensor(op, "v", v, q, 3, "[T, H, D_v]");
-  const int64_t T = q.size(0), H = q.size(1), Dq = q.size(2);
-  for (auto [name, t] : {std::make_pair("k", &k), std::make_pair("v", &v)})
-    TORCH_CHECK_VALUE(t->size(0) == T && t->size(1) == H, op, ": ", name, " must have shape (", T, ", ", H,
-                      ", D) (the tokens and heads of q), got ", shape_str(t->sizes()));
+                             const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k,
+                             double softmax_scale) {
+  float_tensor(op, "q", q, 3, "[Tq, Hq, D_qk]");
+  like_tensor(op, "k", k, q, 3, "[Tk, Hkv, D_k]");
+  like_tensor(op, "v", v, q, 3, "[Tk, Hkv, D_v]");
+  const int64_t Hq = q.size(1), Dq = q.size(2), Tk = k.size(0), Hkv = k.size(1);
+  TORCH_CHECK_VALUE((Hkv == 0 && Hq == 0) || (Hkv >= 1 && Hq % Hkv == 0), op, ": k must have a number of heads Hkv ",
+                    "that divides the Hq=", Hq, " heads of q (GQA/MQA), got shape ", shape_str(k.sizes()));
+  TORCH_CHECK_VALUE(v.size(0) == Tk && v.size(1) == Hkv, op, ": v must have shape (", Tk, ", ", Hkv,
+                    ", D) (the tokens and heads of k), got ", shape_str(v.sizes()));
   int64_t dr = 0;
   if (k_rope.has_value()) {
-    like_tensor(op, "k_rope", *k_rope, q, 2, "[T, D_r]");
-    TORCH_CHECK_VALUE(k_rope->size(0) == T, op, ": k_rope must have shape (", T, ", D_r) (the tokens of q), got ",
+    like_tensor(op, "k_rope", *k_rope, q, 2, "[Tk, D_r]");
+    TORCH_CHECK_VALUE(k_rope->size(0) == Tk, op, ": k_rope must have shape (", Tk, ", D_r) (the tokens of k), got ",
                       shape_str(k_rope->sizes()));
     dr = k_rope->size(1);
   }
@@ -339,25 +352,46 @@ inline void attention_common(const char* op, const Tensor& q, const Tensor& k, c
   TORCH_CHECK_VALUE(k.size(2) + dr == Dq, op, ": k head dim must equal q head dim ", Dq, " minus the k_rope dim ", dr,
                     ", got ", k.size(2));
   TORCH_CHECK_VALUE(std::isfinite(softmax_scale), op, ": softmax_scale must be finite, got ", softmax_scale);
-  cu_seqlens(op, cu, q, max_seqlen);
+  cu_seqlens(op, "cu_seqlens_q", "max_seqlen_q", cu_q, q.size(0), "q", max_q, q);
+  cu_seqlens(op, "cu_seqlens_k", "max_seqlen_k", cu_k, Tk, "k", max_k, q, cu_q.numel());
 }
 
 inline void flash_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& k_rope,
-                                const Tensor& cu, int64_t max_seqlen, bool /*causal*/, double softmax_scale) {
-  attention_common("flash_attention_fwd", q, k, v, k_rope, cu, max_seqlen, softmax_scale);
+                                const Tensor& cu_q, const Tensor& cu_k, int64_t max_q, int64_t max_k,
+                                bool /*causal*/, double softmax_scale) {
+  attention_common("flash_attention_fwd", q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale);
 }
 
 inline void flash_attention_bwd(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                const OptTensor& k_rope, const Tensor& out, const Tensor& l, const Tensor& cu,
-                                int64_t max_seqlen, bool /*causal*/, double softmax_scale) {
+                                const OptTensor& k_rope, const Tensor& out, const Tensor& l, const Tensor& cu_q,
+                                const Tensor& cu_k, int64_t max_q, int64_t max_k, bool /*causal*/,
+                                double softmax_scale) {
   constexpr const char* op = "flash_attention_bwd";
-  attention_common(op, q, k, v, k_rope, cu, max_seqlen, softmax_scale);
+  attention_common(op, q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale);
   const std::vector<int64_t> o_shape = {q.size(0), q.size(1), v.size(2)};
-  like_tensor(op, "grad_out", grad_out, q, 3, "[T, H, D_v]");
-  shape_is(op, "grad_out", grad_out, o_shape, "[T, H, D_v]");
-  like_tensor(op, "out", out, q, 3, "[T, H, D_v]");
-  shape_is(op, "out", out, o_shape, "[T, H, D_v]");
+  like_tensor(op, "grad_out", grad_out, q, 3, "[Tq, Hq, D_v]");
+  shape_is(op, "grad_out", grad_out, o_shape, "[Tq, Hq, D_v]");
+  like_tensor(op, "out", out, q, 3, "[Tq, Hq, D_v]");
+  shape_is(op, "out", out, o_shape, "[Tq, Hq, D_v]");
   lse(op, l, q);
+}
+
+// The new features of the attention schema, for a backend whose kernels do not do them yet: it raises
+// NotImplementedError naming the feature from its registered kernel (after the checks above).
+// seqlen_q != seqlen_k means cu_seqlens_q and cu_seqlens_k differ (the same tensor, as the public
+// function and MLA pass for equal lengths, is not read).
+inline bool attention_same_seqlens(const Tensor& q, const Tensor& k, const Tensor& cu_q, const Tensor& cu_k) {
+  if (q.size(0) != k.size(0)) return false;
+  if (cu_q.is_same(cu_k)) return true;
+  return cu_q.numel() == cu_k.numel() && at::equal(cu_q.to(at::kLong), cu_k.to(at::kLong));
+}
+
+inline void attention_features(const char* op, const char* backend, const Tensor& q, const Tensor& k,
+                               const Tensor& cu_q, const Tensor& cu_k) {
+  TORCH_CHECK_NOT_IMPLEMENTED(attention_same_seqlens(q, k, cu_q, cu_k), op, ": ", backend,
+                              " backend: seqlen_q != seqlen_k not supported yet");
+  TORCH_CHECK_NOT_IMPLEMENTED(k.size(1) == q.size(1), op, ": ", backend,
+                              " backend: GQA/MQA (Hkv != Hq) not supported yet");
 }
 
 // ---------------------------------------------------------------------------------------------- MLA
@@ -406,8 +440,10 @@ inline void mla_attention_bwd(const Tensor& grad_out, const Tensor& q, const Ten
 }
 
 // ---------------------------------------------------------------- valid empty cases (no kernel launch)
-// T = 0 (also B = 0: cu_seqlens = [0]) or H = 0: empty outputs of the right shapes and dtypes.
+// Tq = 0 (also B = 0: cu_seqlens = [0]) or Hq = 0: empty outputs of the right shapes and dtypes; Tk = 0 (no
+// keys at all): every query row sees no key, so out = 0, lse = -inf and every gradient is zero.
 inline bool attention_is_empty(const Tensor& q) { return q.size(0) == 0 || q.size(1) == 0; }
+inline bool attention_is_empty(const Tensor& q, const Tensor& k) { return attention_is_empty(q) || k.size(0) == 0; }
 
 inline std::tuple<Tensor, Tensor> empty_attention_fwd(const Tensor& q, const Tensor& v) {
   return {at::zeros({q.size(0), q.size(1), v.size(2)}, q.options()),

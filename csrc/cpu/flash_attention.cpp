@@ -320,8 +320,10 @@ at::ScalarType acc_type(at::ScalarType t) { return t == at::kDouble ? at::kDoubl
 
 std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_seqlens, int64_t max_seqlen,
-    bool causal, double softmax_scale) {
+    const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
+    double softmax_scale) {
+  const at::Tensor& cu_seqlens = cu_seqlens_q;
   check_inputs(q, k, v, k_rope, cu_seqlens);
   const int64_t T = q.size(0), H = q.size(1), Dv = v.size(2);
   const auto acc = acc_type(q.scalar_type());
@@ -345,8 +347,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
 at::Tensor flash_attention_bwd_into(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
-    const at::Tensor& cu_seqlens, bool causal, double softmax_scale, at::Tensor dq, at::Tensor dk,
-    at::Tensor dv) {
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, bool causal,
+    double softmax_scale, at::Tensor dq, at::Tensor dk, at::Tensor dv) {
+  const at::Tensor& cu_seqlens = cu_seqlens_q;
   check_inputs(q, k, v, k_rope, cu_seqlens);
   TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(2) == v.size(2),
               "flash_attention: grad_out and out must be [T, H, Dv]");
@@ -383,11 +386,12 @@ at::Tensor flash_attention_bwd_into(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
-    const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale) {
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+    int64_t max_seqlen_k, bool causal, double softmax_scale) {
   auto fopts = q.options().dtype(acc_type(q.scalar_type()));
   auto dq = at::empty(q.sizes(), fopts), dk = at::empty(k.sizes(), fopts), dv = at::empty(v.sizes(), fopts);
-  auto dkr = flash_attention_bwd_into(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, causal,
-                                      softmax_scale, dq, dk, dv);
+  auto dkr = flash_attention_bwd_into(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q,
+                                      cu_seqlens_k, causal, softmax_scale, dq, dk, dv);
   const auto dt = q.scalar_type();
   return {dq.to(dt), dk.to(dt), dv.to(dt), dkr};
 }
@@ -396,34 +400,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_c
 
 AMO_REGISTER(flash_attention) {
   m.def("flash_attention_fwd", &amo::flash_attention_fwd_cpu,
-        "flash attention forward (q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale)");
+        "flash attention forward (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
+        "max_seqlen_k, causal, softmax_scale)");
   m.def("flash_attention_bwd", &amo::flash_attention_bwd_cpu,
-        "flash attention backward (grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, "
-        "causal, softmax_scale)");
+        "flash attention backward (grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, "
+        "max_seqlen_q, max_seqlen_k, causal, softmax_scale)");
 }
 
 // ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty cases
-// (T = 0, B = 0, H = 0: no kernel launch), then the kernels ----
+// (Tq = 0, B = 0, Hq = 0: no kernel launch; Tk = 0: zeros), then the kernels ----
 namespace {
 std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                           const std::optional<at::Tensor>& k_rope,
-                                                          const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal,
+                                                          const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                                          int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
                                                           double softmax_scale) {
-  amo::checks::flash_attention_fwd(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale);
-  if (amo::checks::attention_is_empty(q)) return amo::checks::empty_attention_fwd(q, v);
-  return amo::flash_attention_fwd_cpu(q, k, v, k_rope, cu_seqlens, max_seqlen, causal, softmax_scale);
+  amo::checks::flash_attention_fwd(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                   softmax_scale);
+  if (amo::checks::attention_is_empty(q, k)) return amo::checks::empty_attention_fwd(q, v);
+  amo::checks::attention_features("flash_attention_fwd", "native", q, k, cu_seqlens_q, cu_seqlens_k);
+  return amo::flash_attention_fwd_cpu(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                      softmax_scale);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_op(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
-    const at::Tensor& cu_seqlens, int64_t max_seqlen, bool causal, double softmax_scale) {
-  amo::checks::flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal, softmax_scale);
-  if (amo::checks::attention_is_empty(q))
+    const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+    bool causal, double softmax_scale) {
+  amo::checks::flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, causal, softmax_scale);
+  if (amo::checks::attention_is_empty(q, k))
     return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
             k_rope ? at::zeros_like(*k_rope) : at::empty({0}, q.options())};
-  return amo::flash_attention_bwd_cpu(grad_out, q, k, v, k_rope, out, lse, cu_seqlens, max_seqlen, causal,
-                                      softmax_scale);
+  amo::checks::attention_features("flash_attention_bwd", "native", q, k, cu_seqlens_q, cu_seqlens_k);
+  return amo::flash_attention_bwd_cpu(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                      max_seqlen_k, causal, softmax_scale);
 }
 }  // namespace
 

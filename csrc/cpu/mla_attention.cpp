@@ -22,7 +22,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_attention_fwd_cpu(
   TORCH_CHECK(w.size(0) == H * (Dn + Dv), "mla_attention: w_kv_up must have H*(Dn+Dv) rows");
   auto kv = at::linear(c_kv, w);
   auto [k_nope, v] = split_kv(kv, H, Dn, Dv);
-  auto [out, lse] = flash_attention_fwd_cpu(q, k_nope, v, k_pe, cu_seqlens, max_seqlen, causal, softmax_scale);
+  auto [out, lse] = flash_attention_fwd_cpu(q, k_nope, v, k_pe, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                             causal, softmax_scale);
   return {out, lse, save_kv ? kv : at::empty({0}, kv.options())};
 }
 
@@ -39,7 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_cpu
   auto fopts = q.options().dtype(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   auto dq_f = at::empty(q.sizes(), fopts);
   auto dkv_f = at::empty({T, H, Dn + Dv}, fopts);
-  auto dkpe = flash_attention_bwd_into(grad_out, q, k_nope, v, k_pe, out, lse, cu_seqlens, causal,
+  auto dkpe = flash_attention_bwd_into(grad_out, q, k_nope, v, k_pe, out, lse, cu_seqlens, cu_seqlens, causal,
                                        softmax_scale, dq_f, dkv_f.narrow(2, 0, Dn),
                                        dkv_f.narrow(2, Dn, Dv));
   auto dkv = dkv_f.view({T, H * (Dn + Dv)}).to(kv.scalar_type());

@@ -1,7 +1,8 @@
 // flash_attention_fwd and flash_attention_bwd on Ascend, written once for every launcher
 // (host/launch.h: NpuLauncher, EmuLauncher).
 //
-// op-boundary checks (common/checks.h) -> the Cube path's limits (fp16/bf16, 16-bit copy strides)
+// op-boundary checks (common/checks.h; seqlen_q != seqlen_k and GQA/MQA raise NotImplementedError:
+// not done by these kernels yet) -> the Cube path's limits (fp16/bf16, 16-bit copy strides)
 // -> cu_seqlens as int64 on q's device (a device cast; the host code below never reads it: the
 // caller's max_seqlen, checked against the longest sequence at the op boundary, bounds the work
 // items) -> tiling (tiling/flash_attention_tiling.h) -> GM workspaces sized by
@@ -27,6 +28,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -87,11 +89,17 @@ inline LaunchPlan fa_mix(const FlashAttentionTiling& t, const ChipInfo& chip) {
 template <class L>
 std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                        const c10::optional<at::Tensor>& kRope,
-                                                       const at::Tensor& cuSeqlens, int64_t maxSeqlen, bool causal,
+                                                       const at::Tensor& cuSeqlensQ, const at::Tensor& cuSeqlensK,
+                                                       int64_t maxSeqlenQ, int64_t maxSeqlenK, bool causal,
                                                        double softmaxScale) {
-  amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlens, maxSeqlen, causal, softmaxScale);
-  if (amo::checks::attention_is_empty(q)) return amo::checks::empty_attention_fwd(q, v);
-  const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, "flash_attention_fwd");
+  constexpr const char* op = "flash_attention_fwd";
+  amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK, causal,
+                                   softmaxScale);
+  if (amo::checks::attention_is_empty(q, k)) return amo::checks::empty_attention_fwd(q, v);
+  amo::checks::attention_features(op, "AscendC", q, k, cuSeqlensQ, cuSeqlensK);
+  const at::Tensor& cuSeqlens = cuSeqlensQ;  // = cu_seqlens_k (checked just above)
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
+  const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, op);
   auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor krc = s.rope ? kRope->contiguous() : at::Tensor();
   const ChipInfo chip = L::cube_chip(qc);
@@ -142,13 +150,17 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
 template <class L>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
     const at::Tensor& gradOut, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const c10::optional<at::Tensor>& kRope, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cuSeqlens,
-    int64_t maxSeqlen, bool causal, double softmaxScale) {
+    const c10::optional<at::Tensor>& kRope, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cuSeqlensQ,
+    const at::Tensor& cuSeqlensK, int64_t maxSeqlenQ, int64_t maxSeqlenK, bool causal, double softmaxScale) {
   constexpr const char* op = "flash_attention_bwd";
-  amo::checks::flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlens, maxSeqlen, causal, softmaxScale);
-  if (amo::checks::attention_is_empty(q))
+  amo::checks::flash_attention_bwd(gradOut, q, k, v, kRope, out, lse, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK,
+                                   causal, softmaxScale);
+  if (amo::checks::attention_is_empty(q, k))
     return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
             kRope.has_value() ? at::zeros_like(*kRope) : at::empty({0}, q.options())};
+  amo::checks::attention_features(op, "AscendC", q, k, cuSeqlensQ, cuSeqlensK);
+  const at::Tensor& cuSeqlens = cuSeqlensQ;  // = cu_seqlens_k (checked just above)
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
   const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, op);
   L::check_device(gradOut, "grad_out");
   L::check_device(out, "out");
