@@ -1,4 +1,6 @@
-// CPU flash attention, forward and backward (see flash_attention.h for the layout).
+// CPU flash attention, forward and backward (see flash_attention.h for the layout): seqlen_q !=
+// seqlen_k with the causal mask aligned bottom-right (query i of a sequence with Lq queries and Lk
+// keys sees keys j <= i + Lk - Lq), GQA/MQA (q head h reads kv head h / (Hq / Hkv)), any d_qk / d_v.
 //
 // Inputs are converted once to the accumulation type (fp32; fp64 for fp64 inputs), then every
 // tile product is a BLAS call on strided tiles of those buffers (no per-tile copies): scores are
@@ -7,8 +9,9 @@
 // (running max / running sum) form, so no S x S matrix exists; causal runs skip fully masked
 // key blocks.
 //
-// Threads: the forward runs over (sequence, head, query block) items (largest first), the
-// backward over (sequence, head) items, each owning its rows of out / dq / dk / dv. Workers pull
+// Threads: the forward runs over (sequence, q head, query block) items (largest first), the
+// backward over (sequence, q head) items, each owning its rows of dq and of dk / dv (with GQA a
+// per-q-head part of dk / dv, summed over each group afterwards in fixed order). Workers pull
 // items from a shared counter (dynamic scheduling: a descheduled thread on a busy machine does
 // not stall the others); the values never depend on which worker ran an item, so results are
 // bitwise reproducible for any thread count. The rope-key gradient is summed over heads
@@ -135,51 +138,67 @@ std::vector<int64_t> bounds_of(const at::Tensor& cu_seqlens) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+// Internal invariants (the arguments were checked at the op boundary, common/checks.h).
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const std::optional<at::Tensor>& k_rope, const at::Tensor& cu) {
+                  const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_q, const at::Tensor& cu_k) {
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "flash_attention: q, k, v must be [T, H, D]");
-  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) &&
-              v.size(1) == q.size(1), "flash_attention: q, k, v must share [T, H]");
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1), "flash_attention: k and v must share [Tk, Hkv]");
+  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "flash_attention: Hkv must divide Hq");
   const int64_t dr = k_rope ? k_rope->size(-1) : 0;
   TORCH_CHECK(k.size(2) + dr == q.size(2), "flash_attention: q head dim ", q.size(2),
               " must equal k head dim ", k.size(2), " + k_rope dim ", dr);
-  if (k_rope) TORCH_CHECK(k_rope->dim() == 2 && k_rope->size(0) == q.size(0), "flash_attention: k_rope must be [T, Dr]");
-  TORCH_CHECK(cu.dim() == 1 && cu.numel() >= 2, "flash_attention: cu_seqlens must be [B+1]");
+  if (k_rope) TORCH_CHECK(k_rope->dim() == 2 && k_rope->size(0) == k.size(0), "flash_attention: k_rope must be [Tk, Dr]");
+  TORCH_CHECK(cu_q.dim() == 1 && cu_q.numel() >= 2 && cu_k.sizes() == cu_q.sizes(),
+              "flash_attention: cu_seqlens_q and cu_seqlens_k must be [B+1]");
+}
+
+// Keys visible to the query at local position i of a sequence with Lq queries and Lk keys: all Lk,
+// or with causal (bottom-right aligned) the first clamp(i + Lk - Lq + 1, 0, Lk).
+inline int64_t visible_keys(bool causal, int64_t i, int64_t Lq, int64_t Lk) {
+  return causal ? std::min(Lk, std::max<int64_t>(0, i + Lk - Lq + 1)) : Lk;
 }
 
 template <typename acc_t, typename scalar_t>
 void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<acc_t>& V,
-                const Operand<acc_t>* KR, const std::vector<int64_t>& cu, int64_t H, bool causal,
-                acc_t scale, scalar_t* out, acc_t* lse, int64_t T) {
-  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim;
-  struct Item { int64_t b, h, q0; };
+                const Operand<acc_t>* KR, const std::vector<int64_t>& cuq, const std::vector<int64_t>& cuk,
+                int64_t H, int64_t Hkv, bool causal, acc_t scale, scalar_t* out, acc_t* lse, int64_t T) {
+  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim, group = H / Hkv;
+  struct Item { int64_t b, h, q0, work; };
   std::vector<Item> items;
-  for (size_t b = 0; b + 1 < cu.size(); ++b)
+  for (size_t b = 0; b + 1 < cuq.size(); ++b) {
+    const int64_t Lq = cuq[b + 1] - cuq[b], Lk = cuk[b + 1] - cuk[b];
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t q0 = cu[b]; q0 < cu[b + 1]; q0 += kBlockM) items.push_back({(int64_t)b, h, q0});
-  // largest blocks (latest query blocks in causal runs) first, so static chunks balance better
-  if (causal) std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
-    return (x.q0 - cu[x.b]) > (y.q0 - cu[y.b]); });
+      for (int64_t q0 = cuq[b]; q0 < cuq[b + 1]; q0 += kBlockM) {
+        const int64_t last = std::min(kBlockM, cuq[b + 1] - q0) - 1 + q0 - cuq[b];
+        items.push_back({(int64_t)b, h, q0, visible_keys(causal, last, Lq, Lk)});
+      }
+  }
+  // largest blocks (most visible keys: the latest query blocks in causal runs) first, so the
+  // dynamic schedule ends balanced
+  if (causal) std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) {
+    return x.work > y.work; });
   const acc_t neg_inf = -std::numeric_limits<acc_t>::infinity();
   const int64_t n_items = (int64_t)items.size();
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(n_items, at::get_num_threads()), 1, [&](int64_t, int64_t) {
     std::vector<acc_t> S(kBlockM * kBlockN), O(kBlockM * Dv), m(kBlockM), l(kBlockM);
     for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
-      const auto [b, h, q0] = items[it];
-      const int64_t s = cu[b], e = cu[b + 1], mq = std::min(kBlockM, e - q0);
+      const auto [b, h, q0, work] = items[it];
+      const int64_t kh = h / group;
+      const int64_t sq = cuq[b], eq = cuq[b + 1], sk = cuk[b];
+      const int64_t Lq = eq - sq, Lk = cuk[b + 1] - sk, mq = std::min(kBlockM, eq - q0);
       std::fill(O.begin(), O.begin() + mq * Dv, acc_t(0));
       std::fill(m.begin(), m.end(), neg_inf);
       std::fill(l.begin(), l.end(), acc_t(0));
-      const int64_t kv_end = causal ? q0 + mq : e;
+      const int64_t kv_end = sk + work;  // keys past the last row's visible ones are masked for all rows
       const acc_t* Qp = Q.at(q0, h);
-      for (int64_t k0 = s; k0 < kv_end; k0 += kBlockN) {
+      for (int64_t k0 = sk; k0 < kv_end; k0 += kBlockN) {
         const int64_t nk = std::min(kBlockN, kv_end - k0);
-        gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, h), K.st, 0, S.data(), kBlockN);
+        gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, kh), K.st, 0, S.data(), kBlockN);
         if (Dr) gemm<acc_t>(false, true, mq, nk, Dr, Qp + Dk, Q.st, KR->at(k0, 0), KR->st, 1, S.data(), kBlockN);
         for (int64_t r = 0; r < mq; ++r) {
           acc_t* srow = S.data() + r * kBlockN;
-          const int64_t valid = causal ? std::min(nk, q0 + r - k0 + 1) : nk;
+          const int64_t valid = std::min(nk, sk + visible_keys(causal, q0 - sq + r, Lq, Lk) - k0);
           if (valid <= 0) { std::fill(srow, srow + nk, acc_t(0)); continue; }
           acc_t mx = neg_inf;
 #pragma omp simd reduction(max : mx)
@@ -201,8 +220,9 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
             for (int64_t d = 0; d < Dv; ++d) orow[d] *= alpha;
           }
         }
-        gemm<acc_t>(false, false, mq, Dv, nk, S.data(), kBlockN, V.at(k0, h), V.st, 1, O.data(), Dv);
+        gemm<acc_t>(false, false, mq, Dv, nk, S.data(), kBlockN, V.at(k0, kh), V.st, 1, O.data(), Dv);
       }
+      // a row that sees no key has l = 0: out = 0, lse = -inf
       for (int64_t r = 0; r < mq; ++r) {
         const acc_t inv = l[r] > 0 ? acc_t(1) / l[r] : acc_t(0);
         scalar_t* orow = out + ((q0 + r) * H + h) * Dv;
@@ -228,24 +248,25 @@ Grad<acc_t> grad_of(at::Tensor& t) {
   return {t.data_ptr<acc_t>(), t.stride(0), t.stride(1)};
 }
 
-// No buffer is zero-filled: the first key block of a sequence writes every dq row of it
-// (beta = 0), and the first query block of a key block writes its dk / dv / dk_rope rows.
+// The gradient buffers are zero-filled by the caller (rows no query sees, and dq rows that see no
+// key, stay 0); every product accumulates (beta = 1). dk / dv are those of q head h: the kv head's
+// own rows when each kv head serves one q head, else a per-q-head part summed afterwards.
 template <typename acc_t, typename scalar_t>
 void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<acc_t>& V,
                 const Operand<acc_t>* KR, const Operand<acc_t>& dO, const at::Tensor& out,
-                const acc_t* lse, const std::vector<int64_t>& cu, int64_t H, bool causal,
-                acc_t scale, int64_t T, Grad<acc_t> dq, Grad<acc_t> dk, Grad<acc_t> dv,
-                acc_t* dkr_part) {
-  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim;
+                const acc_t* lse, const std::vector<int64_t>& cuq, const std::vector<int64_t>& cuk,
+                int64_t H, int64_t Hkv, bool causal, acc_t scale, int64_t T, int64_t Tk, Grad<acc_t> dq,
+                Grad<acc_t> dk, Grad<acc_t> dv, acc_t* dkr_part) {
+  const int64_t Dk = K.dim, Dr = KR ? KR->dim : 0, Dv = V.dim, group = H / Hkv;
   const scalar_t* O = out.data_ptr<scalar_t>();
   const int64_t o_st = out.stride(0), o_sh = out.stride(1);
   struct Item { int64_t b, h; };
   std::vector<Item> items;
   int64_t longest = 0;
-  for (size_t b = 0; b + 1 < cu.size(); ++b) {
-    longest = std::max(longest, cu[b + 1] - cu[b]);
+  for (size_t b = 0; b + 1 < cuq.size(); ++b) {
+    longest = std::max(longest, cuq[b + 1] - cuq[b]);
     for (int64_t h = 0; h < H; ++h)
-      if (cu[b + 1] > cu[b]) items.push_back({(int64_t)b, h});
+      if (cuq[b + 1] > cuq[b] && cuk[b + 1] > cuk[b]) items.push_back({(int64_t)b, h});
   }
   const int64_t n_items = (int64_t)items.size();
   std::atomic<int64_t> next{0};
@@ -253,61 +274,62 @@ void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
     std::vector<acc_t> P(kBlockM * kBlockN), dP(kBlockM * kBlockN), delta(longest);
     for (int64_t it; (it = next.fetch_add(1, std::memory_order_relaxed)) < n_items;) {
       const auto [b, h] = items[it];
-      const int64_t s = cu[b], e = cu[b + 1];
+      const int64_t kh = h / group;
+      const int64_t sq = cuq[b], eq = cuq[b + 1], sk = cuk[b], ek = cuk[b + 1];
+      const int64_t Lq = eq - sq, Lk = ek - sk;
       // delta[t] = sum_d dO * O, the softmax-backward row term
-      for (int64_t t = s; t < e; ++t) {
+      for (int64_t t = sq; t < eq; ++t) {
         const acc_t* g = dO.at(t, h);
         const scalar_t* o = O + t * o_st + h * o_sh;
         acc_t acc = 0;
 #pragma omp simd reduction(+ : acc)
         for (int64_t d = 0; d < Dv; ++d) acc += g[d] * static_cast<acc_t>(o[d]);
-        delta[t - s] = acc;
+        delta[t - sq] = acc;
       }
-      for (int64_t k0 = s; k0 < e; k0 += kBlockN) {
-        const int64_t nk = std::min(kBlockN, e - k0);
+      for (int64_t k0 = sk; k0 < ek; k0 += kBlockN) {
+        const int64_t nk = std::min(kBlockN, ek - k0);
         acc_t* dKp = dk.at(k0, h);
         acc_t* dVp = dv.at(k0, h);
-        acc_t* dKRp = Dr ? dkr_part + (h * T + k0) * Dr : nullptr;
-        const acc_t beta_q = k0 == s ? 0 : 1;
-        const int64_t q_first = causal ? k0 : s;
-        for (int64_t q0 = q_first; q0 < e; q0 += kBlockM) {
-          const int64_t mq = std::min(kBlockM, e - q0);
-          const acc_t beta_k = q0 == q_first ? 0 : 1;
+        acc_t* dKRp = Dr ? dkr_part + (h * Tk + k0) * Dr : nullptr;
+        // the first query that sees key k0: local i with i + Lk - Lq >= k0 - sk
+        const int64_t q_first = causal ? sq + std::max<int64_t>(0, (k0 - sk) - (Lk - Lq)) : sq;
+        for (int64_t q0 = q_first; q0 < eq; q0 += kBlockM) {
+          const int64_t mq = std::min(kBlockM, eq - q0);
           const acc_t* Qp = Q.at(q0, h);
           const acc_t* dOp = dO.at(q0, h);
-          gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, h), K.st, 0, P.data(), kBlockN);
+          gemm<acc_t>(false, true, mq, nk, Dk, Qp, Q.st, K.at(k0, kh), K.st, 0, P.data(), kBlockN);
           if (Dr) gemm<acc_t>(false, true, mq, nk, Dr, Qp + Dk, Q.st, KR->at(k0, 0), KR->st, 1, P.data(), kBlockN);
           for (int64_t r = 0; r < mq; ++r) {
             acc_t* prow = P.data() + r * kBlockN;
             const acc_t L = lse[h * T + q0 + r];
-            const int64_t valid = causal ? std::max<int64_t>(0, std::min(nk, q0 + r - k0 + 1)) : nk;
+            const int64_t valid =
+                std::max<int64_t>(0, std::min(nk, sk + visible_keys(causal, q0 - sq + r, Lq, Lk) - k0));
 #pragma omp simd
             for (int64_t j = 0; j < valid; ++j) prow[j] = exp_neg(prow[j] * scale - L);
             for (int64_t j = valid; j < nk; ++j) prow[j] = 0;
           }
           // dV += P^T dO
-          gemm<acc_t>(true, false, nk, Dv, mq, P.data(), kBlockN, dOp, dO.st, beta_k, dVp, dv.st);
+          gemm<acc_t>(true, false, nk, Dv, mq, P.data(), kBlockN, dOp, dO.st, 1, dVp, dv.st);
           // dP = dO V^T
-          gemm<acc_t>(false, true, mq, nk, Dv, dOp, dO.st, V.at(k0, h), V.st, 0, dP.data(), kBlockN);
+          gemm<acc_t>(false, true, mq, nk, Dv, dOp, dO.st, V.at(k0, kh), V.st, 0, dP.data(), kBlockN);
           // dS = P * (dP - delta) * scale   (stored in dP). A query row that sees one key only
-          // (a one-token sequence, or the first query of a causal sequence) has P = 1 and
+          // (a one-key sequence, or the first visible query of a causal sequence) has P = 1 and
           // dP = delta mathematically, so dS = 0; computed, dP (a BLAS product) and delta (the
           // dO . O sum above, of the rounded O) differ in the last bits, so those rows are set
-          // to exactly zero instead.
+          // to exactly zero instead (as the rows that see no key).
           for (int64_t r = 0; r < mq; ++r) {
-            const acc_t D = delta[q0 + r - s];
+            const acc_t D = delta[q0 + r - sq];
             acc_t* drow = dP.data() + r * kBlockN;
             const acc_t* prow = P.data() + r * kBlockN;
-            const int64_t visible = causal ? q0 + r - s + 1 : e - s;
-            if (visible == 1) { std::fill(drow, drow + nk, acc_t(0)); continue; }
+            if (visible_keys(causal, q0 - sq + r, Lq, Lk) <= 1) { std::fill(drow, drow + nk, acc_t(0)); continue; }
 #pragma omp simd
             for (int64_t j = 0; j < nk; ++j) drow[j] = prow[j] * (drow[j] - D) * scale;
           }
           acc_t* dQp = dq.at(q0, h);
-          gemm<acc_t>(false, false, mq, Dk, nk, dP.data(), kBlockN, K.at(k0, h), K.st, beta_q, dQp, dq.st);
-          if (Dr) gemm<acc_t>(false, false, mq, Dr, nk, dP.data(), kBlockN, KR->at(k0, 0), KR->st, beta_q, dQp + Dk, dq.st);
-          gemm<acc_t>(true, false, nk, Dk, mq, dP.data(), kBlockN, Qp, Q.st, beta_k, dKp, dk.st);
-          if (Dr) gemm<acc_t>(true, false, nk, Dr, mq, dP.data(), kBlockN, Qp + Dk, Q.st, beta_k, dKRp, Dr);
+          gemm<acc_t>(false, false, mq, Dk, nk, dP.data(), kBlockN, K.at(k0, kh), K.st, 1, dQp, dq.st);
+          if (Dr) gemm<acc_t>(false, false, mq, Dr, nk, dP.data(), kBlockN, KR->at(k0, 0), KR->st, 1, dQp + Dk, dq.st);
+          gemm<acc_t>(true, false, nk, Dk, mq, dP.data(), kBlockN, Qp, Q.st, 1, dKp, dk.st);
+          if (Dr) gemm<acc_t>(true, false, nk, Dr, mq, dP.data(), kBlockN, Qp + Dk, Q.st, 1, dKRp, Dr);
         }
       }
     }
@@ -323,20 +345,19 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
     const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
     double softmax_scale) {
-  const at::Tensor& cu_seqlens = cu_seqlens_q;
-  check_inputs(q, k, v, k_rope, cu_seqlens);
-  const int64_t T = q.size(0), H = q.size(1), Dv = v.size(2);
+  check_inputs(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k);
+  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), Dv = v.size(2);
   const auto acc = acc_type(q.scalar_type());
   auto out = at::zeros({T, H, Dv}, q.options());
   auto lse = at::full({H, T}, -std::numeric_limits<double>::infinity(), q.options().dtype(acc));
-  const auto cu = bounds_of(cu_seqlens);
+  const auto cuq = bounds_of(cu_seqlens_q), cuk = bounds_of(cu_seqlens_k);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flash_attention_fwd", [&] {
     auto run = [&](auto zero) {
       using acc_t = decltype(zero);
       auto Q = operand<acc_t>(q), K = operand<acc_t>(k), V = operand<acc_t>(v);
       std::optional<Operand<acc_t>> KR;
       if (k_rope) KR = operand<acc_t>(*k_rope);
-      fwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, cu, H, causal, (acc_t)softmax_scale,
+      fwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, cuq, cuk, H, Hkv, causal, (acc_t)softmax_scale,
                                   out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(), T);
     };
     if (acc == at::kDouble) run(double(0)); else run(float(0));
@@ -349,19 +370,31 @@ at::Tensor flash_attention_bwd_into(
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, bool causal,
     double softmax_scale, at::Tensor dq, at::Tensor dk, at::Tensor dv) {
-  const at::Tensor& cu_seqlens = cu_seqlens_q;
-  check_inputs(q, k, v, k_rope, cu_seqlens);
-  TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(2) == v.size(2),
-              "flash_attention: grad_out and out must be [T, H, Dv]");
-  const int64_t T = q.size(0), H = q.size(1);
+  check_inputs(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k);
+  TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+              out.size(2) == v.size(2), "flash_attention: grad_out and out must be [Tq, Hq, Dv]");
+  const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), Tk = k.size(0);
   const int64_t Dr = k_rope ? k_rope->size(1) : 0;
   const auto acc = acc_type(q.scalar_type());
   TORCH_CHECK(dq.scalar_type() == acc && dk.scalar_type() == acc && dv.scalar_type() == acc,
               "flash_attention: gradient buffers must have the accumulation dtype");
-  auto dkr_part = at::empty({Dr ? H : 0, T, Dr}, q.options().dtype(acc));
+  auto dkr_part = at::zeros({Dr ? H : 0, Tk, Dr}, q.options().dtype(acc));
+  dq.zero_();
+  // GQA/MQA: each q head writes its own [Tk, D] part of dk / dv (item (sequence, q head) owns it),
+  // summed over the heads of each group afterwards in fixed head order (no atomics, the same bits for
+  // any thread count); with Hkv = Hq the kernel writes dk / dv directly
+  const int64_t group = H / Hkv;
+  at::Tensor dk_to = dk, dv_to = dv;
+  if (group > 1) {
+    dk_to = at::zeros({Tk, H, dk.size(2)}, q.options().dtype(acc));
+    dv_to = at::zeros({Tk, H, dv.size(2)}, q.options().dtype(acc));
+  } else {
+    dk.zero_();
+    dv.zero_();
+  }
   auto lse_acc = lse.to(acc).contiguous();
   auto out_c = out.stride(-1) == 1 ? out : out.contiguous();
-  const auto cu = bounds_of(cu_seqlens);
+  const auto cuq = bounds_of(cu_seqlens_q), cuk = bounds_of(cu_seqlens_k);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flash_attention_bwd", [&] {
     auto run = [&](auto zero) {
       using acc_t = decltype(zero);
@@ -369,15 +402,25 @@ at::Tensor flash_attention_bwd_into(
       std::optional<Operand<acc_t>> KR;
       if (k_rope) KR = operand<acc_t>(*k_rope);
       bwd_kernel<acc_t, scalar_t>(Q, K, V, KR ? &*KR : nullptr, dO, out_c, lse_acc.data_ptr<acc_t>(),
-                                  cu, H, causal, (acc_t)softmax_scale, T, grad_of<acc_t>(dq),
-                                  grad_of<acc_t>(dk), grad_of<acc_t>(dv),
+                                  cuq, cuk, H, Hkv, causal, (acc_t)softmax_scale, T, Tk, grad_of<acc_t>(dq),
+                                  grad_of<acc_t>(dk_to), grad_of<acc_t>(dv_to),
                                   Dr ? dkr_part.data_ptr<acc_t>() : nullptr);
     };
     if (acc == at::kDouble) run(double(0)); else run(float(0));
   });
+  if (group > 1) {
+    for (int64_t kh = 0; kh < Hkv; ++kh) {
+      auto dk_h = dk.select(1, kh), dv_h = dv.select(1, kh);
+      dk_h.copy_(dk_to.select(1, kh * group));
+      dv_h.copy_(dv_to.select(1, kh * group));
+      for (int64_t g = 1; g < group; ++g) {
+        dk_h.add_(dk_to.select(1, kh * group + g));
+        dv_h.add_(dv_to.select(1, kh * group + g));
+      }
+    }
+  }
   if (!Dr) return at::empty({0}, q.options());
-  // cu_seqlens covers every row (checked by the op), so every row was written; sum the per-head
-  // parts in fixed head order: the same bits for any thread count
+  // sum the per-head parts in fixed head order: the same bits for any thread count
   auto dkr = dkr_part[0].clone();
   for (int64_t h = 1; h < H; ++h) dkr.add_(dkr_part[h]);
   return dkr.to(q.scalar_type());
@@ -418,7 +461,6 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_op(const at::Tensor& q, c
   amo::checks::flash_attention_fwd(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                    softmax_scale);
   if (amo::checks::attention_is_empty(q, k)) return amo::checks::empty_attention_fwd(q, v);
-  amo::checks::attention_features("flash_attention_fwd", "native", q, k, cu_seqlens_q, cu_seqlens_k);
   return amo::flash_attention_fwd_cpu(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                       softmax_scale);
 }
@@ -433,7 +475,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_o
   if (amo::checks::attention_is_empty(q, k))
     return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
             k_rope ? at::zeros_like(*k_rope) : at::empty({0}, q.options())};
-  amo::checks::attention_features("flash_attention_bwd", "native", q, k, cu_seqlens_q, cu_seqlens_k);
   return amo::flash_attention_bwd_cpu(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                       max_seqlen_k, causal, softmax_scale);
 }
