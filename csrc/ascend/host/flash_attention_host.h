@@ -86,6 +86,27 @@ inline LaunchPlan fa_mix(const FlashAttentionTiling& t, const ChipInfo& chip) {
   return mix_plan(t.blockDim, chip, t.ubFusedBytes, t.l1Bytes, t.l0aBytes, t.l0bBytes, t.l0cBytes);
 }
 
+// GQA/MQA (Hkv < Hq) on these kernels, which take Hq key/value heads: the host expands k and v to
+// the q heads (q head h reads kv head h / (Hq / Hkv), repeat_interleave on the device) and the
+// backward sums the per-q-head dk / dv over each group in fp32, in fixed order (no atomics). Costs
+// Hq / Hkv times the K/V memory; kernel-native GQA (the KV pass looping over the group's q heads) is
+// left open (docs/ascend.md).
+inline at::Tensor expand_kv_heads(const at::Tensor& t, int64_t group) {
+  return group > 1 ? t.repeat_interleave(group, 1) : t;
+}
+inline at::Tensor sum_kv_group(const at::Tensor& g, int64_t group) {
+  if (group == 1) return g;
+  const int64_t T = g.size(0), Hq = g.size(1), D = g.size(2);
+  return g.view({T, Hq / group, group, D}).to(at::kFloat).sum(2).to(g.scalar_type());
+}
+
+// seqlen_q != seqlen_k is not done by these kernels yet (one cu_seqlens for q and k).
+inline void check_same_seqlens(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cuQ,
+                               const at::Tensor& cuK) {
+  TORCH_CHECK_NOT_IMPLEMENTED(amo::checks::attention_same_seqlens(q, k, cuQ, cuK), op,
+                              ": AscendC backend: seqlen_q != seqlen_k not supported yet");
+}
+
 template <class L>
 std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                        const c10::optional<at::Tensor>& kRope,
@@ -96,11 +117,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
   amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK, causal,
                                    softmaxScale);
   if (amo::checks::attention_is_empty(q, k)) return amo::checks::empty_attention_fwd(q, v);
-  amo::checks::attention_features(op, "AscendC", q, k, cuSeqlensQ, cuSeqlensK);
+  check_same_seqlens(op, q, k, cuSeqlensQ, cuSeqlensK);
   const at::Tensor& cuSeqlens = cuSeqlensQ;  // = cu_seqlens_k (checked just above)
-  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK), group = q.size(1) / k.size(1);
   const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, op);
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  auto qc = q.contiguous(), kc = expand_kv_heads(k, group).contiguous(), vc = expand_kv_heads(v, group).contiguous();
   at::Tensor krc = s.rope ? kRope->contiguous() : at::Tensor();
   const ChipInfo chip = L::cube_chip(qc);
   FlashAttentionTiling t = compute_flash_attention_tiling(s.T, s.H, s.Dk, s.Dr, s.Dv, s.B, maxSeqlen, causal, s.dt, chip,
@@ -158,14 +179,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   if (amo::checks::attention_is_empty(q, k))
     return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
             kRope.has_value() ? at::zeros_like(*kRope) : at::empty({0}, q.options())};
-  amo::checks::attention_features(op, "AscendC", q, k, cuSeqlensQ, cuSeqlensK);
+  check_same_seqlens(op, q, k, cuSeqlensQ, cuSeqlensK);
   const at::Tensor& cuSeqlens = cuSeqlensQ;  // = cu_seqlens_k (checked just above)
-  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK), group = q.size(1) / k.size(1);
   const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, op);
   L::check_device(gradOut, "grad_out");
   L::check_device(out, "out");
   L::check_device(lse, "lse");
-  auto qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  auto qc = q.contiguous(), kc = expand_kv_heads(k, group).contiguous(), vc = expand_kv_heads(v, group).contiguous();
   auto doc = gradOut.contiguous(), oc = out.contiguous(), lc = lse.contiguous();
   at::Tensor krc = s.rope ? kRope->contiguous() : at::Tensor();
   const ChipInfo chip = L::cube_chip(qc);
@@ -173,8 +194,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
                                                               chip, L::cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   if (t.key == FlashAttentionTilingKey::kEmpty)
-    return {at::zeros({s.T, s.H, s.Dq}, qc.options()), at::zeros({s.T, s.H, s.Dk}, qc.options()),
-            at::zeros({s.T, s.H, s.Dv}, qc.options()),
+    return {at::zeros({s.T, s.H, s.Dq}, qc.options()), at::zeros(k.sizes(), qc.options()),
+            at::zeros(v.sizes(), qc.options()),
             s.rope ? at::zeros({s.T, s.Dr}, qc.options()) : at::empty({0}, qc.options())};
   auto cu = cuSeqlens.to(qc.device(), at::kLong, /*non_blocking=*/true).contiguous();
   const FlashAttentionWorkspace w = flash_attention_workspace(t);  // t.pass == kBackwardKV: backward sizes
@@ -223,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   }
   if (s.rope)  // dK_rope = sum over heads of the per-head parts
     L::launch("amo_fab_dkrope", L::amo_fab_dkrope, fa_vec(t, chip), keep, args, base);
-  return {dq, dk, dv, dkRope};
+  return {dq, sum_kv_group(dk, group), sum_kv_group(dv, group), dkRope};
 }
 
 }  // namespace host
