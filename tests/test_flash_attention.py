@@ -242,14 +242,7 @@ def test_reference_meets_2x_rule(dtype):
     assert max_abs_err(ours[1], exact[1]) <= 1e-5 * exact[1].abs().max().item()
 
 
-# The AscendC kernels (csrc/ascend/kernels/flash_attention.cpp, run on the emulator) compute dS of
-# a one-key row from dP and delta as they come (~6e-8 in fp16 here): not exactly zero yet.
-_EMU_ONE_KEY = pytest.mark.xfail(strict=True, reason="AscendC flash attention backward: one-key rows "
-                                 "give dq/dk of ~1 ulp instead of exactly 0 (kernel not changed yet)")
-
-
-@pytest.mark.parametrize("backend", [pytest.param(b, marks=_EMU_ONE_KEY) if b == "ascendc-emu" else b
-                                     for b in _fa_backends()])
+@pytest.mark.parametrize("backend", _fa_backends())
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("rope", [False, True], ids=["plain", "rope"])
@@ -288,7 +281,7 @@ def test_one_key_rows_give_exactly_zero_dq_dk(backend, dtype, causal, rope):
 # Features a backend's kernels do not do yet: its cases are xfail(strict=True,
 # raises=NotImplementedError). THE one place: delete an entry when the kernels learn the feature.
 NOT_YET = {
-    "ascendc-emu": {"seqlen_qk", "gqa"},
+    "ascendc-emu": {"seqlen_qk"},
 }
 
 

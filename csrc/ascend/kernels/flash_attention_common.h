@@ -517,6 +517,7 @@ struct FabItem {
   int64_t t, head, seqStart;
   int64_t qPos0, rows;  // query rows [qPos0, qPos0 + rows) of the sequence
   int64_t k0, cols;     // key rows [k0, k0 + cols)
+  int64_t len;          // keys of the sequence
   bool first;           // first (unmasked) step of the item (fused kernel: start the running sums)
   bool last;            // last step of the item: write its gradient rows
 };
@@ -527,6 +528,7 @@ struct FabItem {
 __aicore__ inline bool FabBlock(const FlashAttentionTiling& t, int64_t len, int64_t i, int64_t step, FabItem& it) {
   const int64_t b = t.baseM;
   const bool causal = t.mask == FlashAttentionMask::kCausal;
+  it.len = len;
   if (t.pass == FlashAttentionPass::kBackwardKV) {
     it.k0 = i * b;
     it.cols = Min64(b, len - it.k0);
@@ -785,10 +787,17 @@ class FabRows {
       Muls(s, s, t_.softmaxScale, n);
       Adds(s, s, -lse, n);
       Exp(s, s, n);             // P in fp32
-      Adds(dp, dp, -delta, n);
-      Mul(dp, dp, s, n);        // dS = P * (dP - delta) in fp32
       Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
-      Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+      // A row that sees one key only (a one-key sequence; with causal, the first query) has P = 1 and
+      // dP = delta mathematically, so dS = 0. Computed, dP (a Cube product over Dv) and delta (the
+      // vector rowsum of dO * the rounded O) differ in the last bits (~1e-7), so such a row keeps the
+      // zeros of ds instead: its dq, and the dk / dk_rope of a one-key sequence, are exactly 0.
+      const int64_t visible = t_.mask == FlashAttentionMask::kCausal ? Min64(it.len, qPos + 1) : it.len;
+      if (visible > 1) {
+        Adds(dp, dp, -delta, n);
+        Mul(dp, dp, s, n);        // dS = P * (dP - delta) in fp32
+        Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
+      }
     } else {
       PipeBarrier<PIPE_V>();
     }
