@@ -12,6 +12,7 @@ ASCEND_MOE_OPS_TORCH_NPU_INCLUDE=<dir> uses an already unpacked ``torch_npu/incl
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,3 +110,81 @@ def test_stub_launchers_match_kernel_entries():
             m = re.search(r"aclrtlaunch_%s\(([^)]*)\)" % name, stubs)
             assert m, f"no stub launcher for kernel {name}"
             assert m.group(1).count("void*") == n_gm, f"{name}: stub and kernel disagree on the arguments"
+
+
+# ---- one host function per op: the NPU glue and the emulator glue cannot drift apart again --------------
+# Every op's host code (checks, tiling, allocation, row maps, launch sequence) lives once in
+# csrc/ascend/host/<op>_host.h as a template on its Launcher; the NPU glue TUs and the emulator TU only
+# instantiate it. These scans fail when either side grows logic of its own again.
+
+_HOST_OPS = {  # host header -> the ops it implements (registered by both sides)
+    "moe_permute_host.h": ["moe_permute"],
+    "moe_unpermute_host.h": ["moe_unpermute", "moe_unpermute_backward"],
+    "grouped_gemm_host.h": ["grouped_gemm", "grouped_gemm_dw"],
+    "flash_attention_host.h": ["flash_attention_fwd", "flash_attention_bwd"],
+}
+_EMU_TU = "emu_bindings.cpp"
+# what only per-op host code does: checks, tilings, allocations, kernel launches, device copies
+_LOGIC = [r"TORCH_CHECK", r"\bchecks::", r"compute_\w+_tiling", r"\bat::(empty|zeros|full|where|arange)\b",
+          r"aclrtlaunch_", r"ascend_emu::launch", r"\.contiguous\(\)", r"\.to\(", r"row_id_map|compute_row"]
+
+
+def _code(text):
+    import re
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    return "\n".join(line.split("//")[0] for line in text.splitlines())
+
+
+def _glue_problems(name, text, launcher):
+    """What is wrong with a glue TU: per-op logic of its own, or an op not taken from its host header."""
+    import re
+    code = _code(text)
+    problems = [f"{name}: per-op logic ({pat})" for pat in _LOGIC if re.search(pat, code)]
+    for op, fn in re.findall(r'm\.impl\("(\w+)",\s*([^;]*)\);', code):
+        if not re.fullmatch(r"TORCH_FN\((amo_ascend::)?host::%s<%s>\)" % (op, launcher), fn.strip()):
+            problems.append(f"{name}: op {op} is registered with {fn.strip()}, not host::{op}<{launcher}>")
+    return problems
+
+
+def _registered(text):
+    import re
+    return set(re.findall(r'm\.impl\("(\w+)"', _code(text)))
+
+
+def test_npu_and_emu_glue_instantiate_the_same_host_code():
+    npu_ops, emu_text = set(), open(os.path.join(ASCEND, _EMU_TU)).read()
+    problems = _glue_problems(_EMU_TU, emu_text, "EmuLauncher")
+    for header, ops in _HOST_OPS.items():
+        hpath = os.path.join(ASCEND, "host", header)
+        htext = _code(open(hpath).read())
+        for op in ops:
+            assert f"template <class L>" in htext and re.search(r"\b%s\(" % op, htext), f"{header} lacks {op}"
+        assert f'#include "host/{header}"' in emu_text, f"{_EMU_TU} does not include host/{header}"
+    for g in GLUE:
+        text = open(os.path.join(ASCEND, g)).read()
+        problems += _glue_problems(g, text, "NpuLauncher")
+        npu_ops |= _registered(text)
+    assert not problems, "\n".join(problems)
+    every = {op for ops in _HOST_OPS.values() for op in ops}
+    assert npu_ops == every, f"NPU glue registers {sorted(npu_ops)}, host headers implement {sorted(every)}"
+    assert _registered(emu_text) == every, f"{_EMU_TU} registers {sorted(_registered(emu_text))}"
+
+
+def test_launchers_hold_no_per_op_code():
+    """The launchers know kernels only through the one kernel list; no tiling, no op names."""
+    for path in [os.path.join(ASCEND, "host", "emu_launcher.h"), os.path.join(ASCEND, "host", "npu_common.h")]:
+        code = _code(open(path).read())
+        for pat in [r"compute_\w+_tiling", r"\bchecks::", r"Tiling\b", r"row_map"]:
+            assert not re.search(pat, code), f"{os.path.basename(path)}: {pat}"
+
+
+def test_the_glue_scan_catches_a_twin():
+    """The scan itself: a glue TU with its own check, or registering its own function, is caught."""
+    ok = 'TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m) {\n  m.impl("moe_permute", TORCH_FN(amo_ascend::host::moe_permute<NpuLauncher>));\n}\n'
+    assert _glue_problems("ok.cpp", ok, "NpuLauncher") == []
+    twin = ok.replace("amo_ascend::host::moe_permute<NpuLauncher>", "moe_permute_npu")
+    twin = "at::Tensor moe_permute_npu(const at::Tensor& t) {\n  TORCH_CHECK(t.dim() == 2);\n  return at::empty({1});\n}\n" + twin
+    found = _glue_problems("twin.cpp", twin, "NpuLauncher")
+    assert any("TORCH_CHECK" in p for p in found) and any("at::" in p for p in found)
+    assert any("not host::moe_permute<NpuLauncher>" in p for p in found)
+    assert _glue_problems("c.cpp", ok + "// TORCH_CHECK in a comment is fine\n", "NpuLauncher") == []

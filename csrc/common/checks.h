@@ -113,7 +113,7 @@ inline void like_tensor(const char* op, const char* name, const Tensor& t, const
 // All values of an index tensor in [low, high): the first one outside is reported with its position.
 inline void index_range(const char* op, const char* name, const Tensor& idx, int64_t low, int64_t high) {
   if (idx.numel() == 0) return;
-  const Tensor v = idx.to(at::kLong).contiguous();
+  const Tensor v = idx.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
   const int64_t* p = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
   for (int64_t i = 0; i < n; ++i) {
@@ -298,7 +298,7 @@ inline void cu_seqlens(const char* op, const Tensor& cu, const Tensor& q, int64_
                     ": cu_seqlens must have B+1 >= 2 entries (one entry only for B = 0 and no tokens), got shape ",
                     shape_str(cu.sizes()), " for T=", T, " tokens");
   TORCH_CHECK_VALUE(max_seqlen >= 0, op, ": max_seqlen must be >= 0, got ", max_seqlen);
-  const Tensor v = cu.to(at::kLong).contiguous();
+  const Tensor v = cu.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
   const int64_t* c = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
   TORCH_CHECK_VALUE(c[0] == 0, op, ": cu_seqlens must start at 0, got ", c[0]);

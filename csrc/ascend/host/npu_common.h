@@ -1,6 +1,7 @@
-// Shared pieces of the NPU host glue (csrc/ascend/moe_*.cpp, grouped_gemm.cpp, flash_attention.cpp): chip
-// facts from the ACL runtime, tiling (and argument block) upload, and the launch inside torch_npu's task
-// queue on the current stream.
+// The NPU side of the host glue: chip facts from the ACL runtime, the launch inside torch_npu's task
+// queue on the current stream, and NpuLauncher, the Launcher (host/launch.h) that the glue TUs
+// csrc/ascend/{moe_permute,moe_unpermute,grouped_gemm,flash_attention}.cpp instantiate the per-op host
+// code of host/<op>_host.h with.
 // Built only on a CANN machine (see docs/ascend.md); type-checked in CI against the headers of the
 // torch_npu wheel (tests/test_ascend_glue.py).
 #pragma once
@@ -11,12 +12,15 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <vector>
 #include <unordered_map>
 
 #include "acl/acl.h"
 #include "torch_npu/csrc/core/npu/NPUStream.h"
 #include "torch_npu/csrc/framework/OpCommand.h"
 
+#include "host/launch.h"
 #include "tiling/tiling_common.h"
 
 #ifdef AMO_ASCEND_GLUE_TYPECHECK
@@ -63,17 +67,6 @@ inline ChipInfo chip_info(const at::Tensor& like) {
   return chip;
 }
 
-// The POD tiling struct as a device tensor: pinned host staging + asynchronous copy on the current
-// stream (the caching host allocator keeps the staging buffer alive until the copy has run).
-template <typename Tiling>
-at::Tensor upload_tiling(const Tiling& t, const at::Tensor& like) {
-  auto host = at::empty({static_cast<int64_t>(sizeof(Tiling))}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), &t, sizeof(Tiling));
-  return host.to(like.device(), /*non_blocking=*/true);
-}
-
-inline void* ptr(const at::Tensor& t) { return t.defined() && t.numel() ? const_cast<void*>(t.data_ptr()) : nullptr; }
-
 // Run `launch(stream)` as one task of torch_npu's queue on the current NPU stream. `keep` holds the
 // tensors the kernel reads or writes, so they outlive the queued task.
 template <typename F>
@@ -92,6 +85,43 @@ inline void check_npu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "ascend_moe_ops (AscendC): ", name,
               " must be on the NPU, got ", t.device());
 }
+
+// The Launcher (host/launch.h) of the NPU: the host code of host/<op>_host.h instantiated with it is
+// what the glue TUs register for PrivateUse1.
+struct NpuLauncher {
+#define AMO_NPU_KERNEL(k) static constexpr auto k = &aclrtlaunch_##k;
+  AMO_ASCEND_KERNELS(AMO_NPU_KERNEL)
+#undef AMO_NPU_KERNEL
+
+  static void check_device(const at::Tensor& t, const char* name) { check_npu(t, name); }
+  static ChipInfo vector_chip(const at::Tensor& like) { return chip_info(like); }
+  static ChipInfo cube_chip(const at::Tensor& like) { return chip_info(like); }
+  static uint32_t max_tile_cols() { return 0; }  // no cap: the tiling's own choice
+  static uint32_t cube_max_base() { return 0; }
+
+  // Uninitialized: the kernels write every element (the emulator proves it with NaN-filled outputs).
+  static at::Tensor output(at::IntArrayRef shape, const at::TensorOptions& opts) { return at::empty(shape, opts); }
+
+  // Pinned host staging + asynchronous copy on the current stream (the caching host allocator keeps
+  // the staging buffer alive until the copy has run).
+  template <class T>
+  static at::Tensor pod(const T& value, const at::Tensor& like) {
+    return host::pod_bytes(value, /*pinned=*/true).to(like.device(), /*non_blocking=*/true);
+  }
+
+  // aclrtlaunch_<kernel>(blockDim, stream, GM pointers...) as one task on the current stream.
+  template <class K, class... Gm>
+  static void launch(const char* name, K kernel, const host::LaunchPlan& p, std::vector<at::Tensor> keep,
+                     const Gm&... gm) {
+    host::check_blocks(p, name);
+    const uint32_t blockDim = p.blockDim;
+    const auto args = std::make_tuple(host::gm_ptr(gm)...);
+    keep.insert(keep.end(), {gm...});
+    run_on_stream(name, [=](aclrtStream stream) {
+      return std::apply([&](auto... a) { return kernel(blockDim, stream, a...); }, args);
+    }, std::move(keep));
+  }
+};
 
 }  // namespace npu
 }  // namespace amo_ascend

@@ -1,0 +1,49 @@
+// moe_permute on Ascend, written once for every launcher (host/launch.h: NpuLauncher, EmuLauncher).
+//
+// op-boundary checks (common/checks.h) -> row map (ATen ops on the tensors' device, host/row_map.h)
+// -> inverse map -> tiling (tiling/moe_permute_tiling.h) -> one launch of amo_moe_permute
+// (kernels/moe_permute.cpp) -> probs gathered to the rows (ATen). The schema is defined in
+// ascend_moe_ops/_library.py.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include "../../common/checks.h"
+#include "host/launch.h"
+#include "host/row_map.h"
+#include "tiling/moe_permute_tiling.h"
+
+namespace amo_ascend {
+namespace host {
+
+template <class L>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute(
+    const at::Tensor& tokens, const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t numExperts,
+    std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> numOutTokens) {
+  amo::checks::moe_permute(tokens, routing, probs, numExperts, capacity, align, numOutTokens);
+  L::check_device(tokens, "tokens");
+  L::check_device(routing, "routing");
+  auto x = tokens.contiguous();
+  const ChipInfo chip = L::vector_chip(x);
+  auto m = compute_row_id_map(routing.contiguous(), probs, numExperts, capacity.value_or(-1), align,
+                              numOutTokens.value_or(-1));
+  const int64_t N = m.numRows, T = x.size(0), H = x.size(1), S = routing.size(1);
+  check_rows_fit_int32(N, "the permuted output");
+  check_rows_fit_int32(T, "tokens");
+  auto slot = slot_of_row(m.rowIdMap, N);
+  auto index = token_of_row(slot, S);
+  auto out = L::output({N, H}, x.options());  // every row is written by the kernel (zeros for padding)
+  const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x), chip, L::max_tile_cols());
+  if (t.key != MoePermuteTilingKey::kEmpty)
+    L::launch("amo_moe_permute", L::amo_moe_permute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, index,
+              out, L::pod(t, x));
+  at::Tensor outProbs = probs.has_value() ? gather_by_slot(probs->contiguous(), slot)
+                                          : at::empty({0}, x.options().dtype(at::kFloat));
+  return {out, outProbs, m.rowIdMap, m.tokensPerExpert, m.groupSizes};
+}
+
+}  // namespace host
+}  // namespace amo_ascend
