@@ -14,7 +14,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(48, 768, 256, 8), (33, 97, 7, 3), (1, 97, 7, 1), (20, 64, 4, 4)]
 # num_out_tokens as a string: relative to the routed slot count of the inputs (see resolve_mode)
 MODES = [dict(), dict(capacity=3), dict(align=4), dict(capacity=4, align=2), dict(num_out_tokens="routed"),
-         dict(num_out_tokens="half"), dict(num_out_tokens="routed-1", align=4)]
+         dict(num_out_tokens="routed-1", align=4)]
 MODE_ID = lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "dropless"  # noqa: E731
 
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <tuple>
 
 #include "../../common/checks.h"  // amo::checks::moe_permute_rows: the one C++ row count
@@ -37,12 +38,11 @@ struct RowMap {
   int64_t numRows;             // N
 };
 
+// capacity / numOutTokens as the op takes them (nullopt = not given), already checked (checks.h).
 inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t E,
-                                 int64_t capacity, int64_t align, int64_t numOutTokens) {
+                                 std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> numOutTokens) {
   const int64_t T = routing.size(0), S = routing.size(1);
-  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity >= 0 ? std::optional<int64_t>(capacity) : std::nullopt,
-                                                  align, numOutTokens >= 0 ? std::optional<int64_t>(numOutTokens)
-                                                                           : std::nullopt);
+  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity, align, numOutTokens);
   auto lopts = routing.options().dtype(at::kLong);
   at::Tensor ids;
   if (routing.scalar_type() == at::kBool) {
@@ -55,7 +55,7 @@ inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<
   ids = ids.reshape({-1});
   auto valid = ids >= 0;
   auto bucket = at::where(valid, ids, at::full_like(ids, E));
-  if (capacity >= 0) {
+  if (capacity.has_value()) {
     at::Tensor order;
     if (probs.has_value()) {
       auto byProb = at::argsort(-probs->reshape({-1}).to(at::kFloat), /*stable=*/true, 0);
@@ -64,15 +64,17 @@ inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<
       order = at::argsort(bucket, /*stable=*/true, 0);
     }
     auto keepRank = rank_within_bucket(bucket, E + 1, order);
-    valid = valid & (keepRank < capacity);
+    valid = valid & (keepRank < *capacity);
     bucket = at::where(valid, ids, at::full_like(ids, E));
   }
   auto counts = at::zeros({E + 1}, lopts).scatter_add_(0, bucket, at::ones_like(bucket));
   auto routed = counts.narrow(0, 0, E);
   // num_out_tokens: the first numOutTokens routed slots in (expert, position) order are kept
-  auto tpe = numOutTokens >= 0 ? at::minimum(routed, (numOutTokens - exclusive_cumsum(routed)).clamp_min(0))
-                               : routed.clone();
-  at::Tensor groupSizes = capacity >= 0 ? at::full_like(tpe, capacity) : at::floor_divide(tpe + (align - 1), align) * align;
+  auto tpe = numOutTokens.has_value()
+                 ? at::minimum(routed, (*numOutTokens - exclusive_cumsum(routed)).clamp_min(0))
+                 : routed.clone();
+  at::Tensor groupSizes =
+      capacity.has_value() ? at::full_like(tpe, *capacity) : at::floor_divide(tpe + (align - 1), align) * align;
   auto groupStart = exclusive_cumsum(groupSizes);
   auto order = at::argsort(bucket, /*stable=*/true, 0);
   auto rank = rank_within_bucket(bucket, E + 1, order);
