@@ -45,8 +45,12 @@ NAMESPACES = (NAMESPACE,) + tuple(BACKEND_NAMESPACES.values())
 SCHEMAS = {
     # moe_permute(tokens [T,H], routing [T,K] int ids (-1 = empty) | [T,E] bool, probs same shape
     # as routing or None, num_experts, capacity (None = dropless), align (>=1), num_out_tokens
-    # (None = static bound)) -> (permuted_tokens [N,H], permuted_probs [N] (shape [0] without probs),
-    # row_id_map [T,K] int32 (-1 = not kept), tokens_per_expert [E] int64, group_sizes [E] int64)
+    # (None = static bound T*K; n >= 0, dropless only: N = n + E*(align-1) rows, and only the first n
+    # routed slots in (expert, token, slot) order are kept, TransformerEngine's rule: below the
+    # routed count the tail of the highest experts is dropped)) -> (permuted_tokens [N,H],
+    # permuted_probs [N] (shape [0] without probs), row_id_map [T,K] int32 (-1 = not kept: empty,
+    # over capacity or past num_out_tokens), tokens_per_expert [E] int64 (kept slots),
+    # group_sizes [E] int64). The row map spec: reference/moe_permute.py's docstring.
     "moe_permute": "moe_permute(Tensor tokens, Tensor routing, Tensor? probs, int num_experts, "
                    "int? capacity, int align, int? num_out_tokens) "
                    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",

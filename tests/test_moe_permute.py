@@ -12,7 +12,25 @@ from conftest import backends, ops_of
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (T, H, E, K): Pangu Ultra MoE scaled down (H 7680 -> 768, E=256, K=8), DeepSeek-V3-like, odd sizes
 SHAPES = [(48, 768, 256, 8), (33, 97, 7, 3), (1, 97, 7, 1), (20, 64, 4, 4)]
-MODES = [dict(), dict(capacity=3), dict(align=4), dict(capacity=4, align=2), dict(num_out_tokens=None)]
+# num_out_tokens as a string: relative to the routed slot count of the inputs (see resolve_mode)
+MODES = [dict(), dict(capacity=3), dict(align=4), dict(capacity=4, align=2), dict(num_out_tokens="routed"),
+         dict(num_out_tokens="routed-1", align=4)]
+MODE_ID = lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "dropless"  # noqa: E731
+
+
+def routed_slots(routing) -> int:
+    return int((routing != 0).sum() if routing.dtype == torch.bool else (routing >= 0).sum())
+
+
+def resolve_mode(mode, routing):
+    """``num_out_tokens`` given as "routed", "routed-1", "routed+3", "half" or "zero" -> an int."""
+    mode = dict(mode)
+    n = mode.get("num_out_tokens")
+    if isinstance(n, str):
+        r = routed_slots(routing)
+        mode["num_out_tokens"] = {"routed": r, "routed-1": max(r - 1, 0), "routed+3": r + 3, "half": r // 2,
+                                  "zero": 0}[n]
+    return mode
 
 
 def make_routing(T, E, K, kind, *, dtype=torch.int64, empty_frac=0.15, dup=True, gen=None):
@@ -50,6 +68,11 @@ def naive_permute(tokens, routing, probs, E, capacity=None, align=1, num_out_tok
             order = sorted(range(len(mine)), key=lambda i: (-mine[i][3] if probs is not None else 0, i))
             mine = [mine[i] for i in sorted(order[:capacity])]
         kept[e] = mine
+    if num_out_tokens is not None:  # the first num_out_tokens slots in (expert, position) order
+        budget = num_out_tokens
+        for e in range(E):
+            kept[e] = kept[e][:budget]
+            budget -= len(kept[e])
     counts = [len(kept[e]) for e in range(E)]
     sizes = [capacity if capacity is not None else -(-c // align) * align for c in counts]
     if capacity is not None:
@@ -96,15 +119,13 @@ def _assert_same(res, ref):
 
 
 @pytest.mark.parametrize("kind", ["index", "mask"])
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "dropless")
+@pytest.mark.parametrize("mode", MODES, ids=MODE_ID)
 @pytest.mark.parametrize("with_probs", [True, False])
 def test_reference_matches_contract(kind, mode, with_probs):
     T, H, E, K = 23, 5, 6, 3
     tokens, routing, probs = _inputs(T, H, E, K, kind, torch.float32)
     probs = probs if with_probs else None
-    mode = dict(mode)
-    if "num_out_tokens" in mode:
-        mode["num_out_tokens"] = int((routing != 0).sum() if kind == "mask" else (routing >= 0).sum())
+    mode = resolve_mode(mode, routing)
     res = _run("reference", tokens, routing, probs, num_experts=E, **mode)
     _assert_same(res, naive_permute(tokens, routing, probs, E, **mode))
 
@@ -113,15 +134,13 @@ def test_reference_matches_contract(kind, mode, with_probs):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "T{}xH{}xE{}xK{}".format(*s))
 @pytest.mark.parametrize("kind", ["index", "mask"])
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: "-".join(f"{k}{v}" for k, v in m.items()) or "dropless")
+@pytest.mark.parametrize("mode", MODES, ids=MODE_ID)
 def test_permute_matches_reference(backend, dtype, shape, kind, mode):
     T, H, E, K = shape
     if kind == "mask" and E > 64:
         pytest.skip("mask routing is tested on the smaller expert counts (same code path)")
     tokens, routing, probs = _inputs(T, H, E, K, kind, dtype)
-    mode = dict(mode)
-    if "num_out_tokens" in mode:
-        mode["num_out_tokens"] = int((routing != 0).sum() if kind == "mask" else (routing >= 0).sum())
+    mode = resolve_mode(mode, routing)
     ref = _run("reference", tokens, routing, probs, num_experts=E, **mode)
     res = _run(backend, tokens, routing, probs, num_experts=E, **mode)
     _assert_same(res, ref)
@@ -258,7 +277,7 @@ def test_compile_fullgraph_round_trip():
     (dict(capacity=0), "capacity must be >= 1"),
     (dict(align=0), "align must be >= 1"),
     (dict(capacity=3, align=2), "align=2 must divide capacity=3"),
-    (dict(num_out_tokens=3), "num_out_tokens=3 is smaller than the 8 routed slots"),
+    (dict(num_out_tokens=-1), "num_out_tokens must be >= 0, got -1"),
     (dict(capacity=2, num_out_tokens=3), "num_out_tokens cannot be combined with capacity"),
     (dict(routing=torch.ones(4, 5, dtype=torch.bool)), "num_experts=4 does not match"),
     (dict(probs=torch.rand(4, 2, device="meta")), "probs is on meta"),
@@ -272,11 +291,126 @@ def test_bad_inputs(bad, match):
 
 
 def test_output_size_is_static():
-    """Shapes depend only on argument shapes (no host sync needed to allocate)."""
-    assert ref_mod.output_rows(4096, 8, 256, -1, 1, -1) == 4096 * 8
-    assert ref_mod.output_rows(4096, 8, 256, -1, 16, -1) == 4096 * 8 + 256 * 15
-    assert ref_mod.output_rows(4096, 8, 256, 40, 1, -1) == 256 * 40
-    assert ref_mod.output_rows(4096, 8, 256, -1, 1, 100) == 100
+    """Shapes depend only on argument shapes (no host sync needed to allocate); one definition."""
+    from ascend_moe_ops.ops._contracts import output_rows
+    assert ref_mod.output_rows is output_rows  # the reference uses the contract's function
+    assert output_rows(4096, 8, 256, None, 1, None) == 4096 * 8
+    assert output_rows(4096, 8, 256, None, 16, None) == 4096 * 8 + 256 * 15
+    assert output_rows(4096, 8, 256, 40, 1, None) == 256 * 40
+    assert output_rows(4096, 8, 256, None, 1, 100) == 100
+    assert output_rows(4096, 8, 256, None, 4, 100) == 100 + 256 * 3
+
+
+# ---- num_out_tokens: the first rows in expert order are kept (TransformerEngine's rule) ----
+
+def te_kept_rows(routing, num_out_tokens):
+    """TransformerEngine's rule, written from its PyTorch reference of the index-map permute: a
+    stable argsort of the flat expert ids; the first ``num_out_tokens`` entries of that order become
+    rows ``0..n-1``, the others are dropped. Empty slots are left out first (TE itself would sort
+    ``-1`` ids ahead of expert 0). A mask is read as one slot per (token, expert), which gives TE's
+    mask-map row order (expert-major, token order). Returns the ``[T, S]`` row map (align = 1)."""
+    T, S = routing.shape
+    if routing.dtype == torch.bool:
+        flat = torch.where(routing, torch.arange(S).expand(T, S), -1).reshape(-1)
+    else:
+        flat = routing.reshape(-1).long()
+    pos = torch.nonzero(flat >= 0).flatten()
+    order = pos[torch.argsort(flat[pos], stable=True)]
+    kept = order[:num_out_tokens]
+    rows = torch.full((T * S,), -1, dtype=torch.int32)
+    rows[kept] = torch.arange(kept.numel(), dtype=torch.int32)
+    return rows.reshape(T, S)
+
+
+NUM_OUT = ["zero", "half", "routed-1", "routed", "routed+3"]
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("n", NUM_OUT)
+def test_num_out_tokens_keeps_te_rows(backend, kind, n):
+    """Below the routed count the first rows in expert order are kept, exactly TE's rows; at or above
+    it every slot is kept and the extra rows are zero. tokens_per_expert counts the kept slots."""
+    T, H, E, K = 19, 24, 5, 3
+    tokens, routing, probs = _inputs(T, H, E, K, kind, torch.float32, seed=2)
+    mode = resolve_mode(dict(num_out_tokens=n), routing)
+    res = _run(backend, tokens, routing, probs, num_experts=E, **mode)
+    _assert_same(res, _run("reference", tokens, routing, probs, num_experts=E, **mode))
+    _assert_same(res, naive_permute(tokens, routing, probs, E, **mode))
+    n_out = mode["num_out_tokens"]
+    want = te_kept_rows(routing, n_out)
+    assert torch.equal(res.row_id_map, want)
+    kept = min(n_out, routed_slots(routing))
+    assert res.tokens.shape == (n_out, H) and int(res.tokens_per_expert.sum()) == kept
+    assert torch.equal(res.group_sizes, res.tokens_per_expert)
+    src = torch.nonzero(want >= 0)
+    assert torch.equal(res.tokens[want[want >= 0].long()], tokens[src[:, 0]])
+    assert (res.tokens[kept:] == 0).all() and (res.probs[kept:] == 0).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("case", ["top1", "expert_without_tokens", "bf16_int32_align", "all_slots_empty",
+                                  "empty_input", "mask_align"])
+def test_num_out_tokens_edge_cases(backend, case):
+    E, K, kind, dtype, idx, align = 5, 2, "index", torch.float32, torch.int64, 1
+    if case == "bf16_int32_align":
+        dtype, idx, align = torch.bfloat16, torch.int32, 4
+    if case == "mask_align":
+        kind, align = "mask", 3
+    tokens, routing, probs = _inputs(14, 16, E, K, kind, dtype, idx_dtype=idx, seed=5)
+    n = "routed-1"
+    if case == "top1":
+        routing, probs = routing[:, :1].clone(), probs[:, :1].clone()
+        routing[routing < 0] = 1
+    elif case == "expert_without_tokens":
+        routing[routing == 1] = 0  # expert 1 (inside the budget) and expert 4 have no tokens
+        routing[routing == 4] = 3
+    elif case == "all_slots_empty":
+        routing[:] = -1
+        n = "routed+3"
+    elif case == "empty_input":
+        tokens, routing, probs = tokens[:0], routing[:0], probs[:0]
+        n = "routed+3"
+    mode = dict(resolve_mode(dict(num_out_tokens=n), routing), align=align)
+    res = _run(backend, tokens, routing, probs, num_experts=E, **mode)
+    _assert_same(res, _run("reference", tokens, routing, probs, num_experts=E, **mode))
+    _assert_same(res, naive_permute(tokens, routing, probs, E, **mode))
+    assert int(res.tokens_per_expert.sum()) == min(mode["num_out_tokens"], routed_slots(routing))
+    if align == 1:
+        assert torch.equal(res.row_id_map, te_kept_rows(routing, mode["num_out_tokens"]))
+    if case == "expert_without_tokens":
+        assert res.tokens_per_expert[1] == 0 and res.tokens_per_expert[4] == 0
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_num_out_tokens_backward(backend, kind, dtype):
+    """Gradients through permute with the tail dropped: dropped slots give exactly zero, to tokens
+    (a token whose slots are all dropped gets a zero gradient) and to probs."""
+    T, H, E, K = 21, 40, 6, 3
+    tokens, routing, probs = _inputs(T, H, E, K, kind, dtype, seed=3)
+    mode = resolve_mode(dict(num_out_tokens="half", align=2), routing)
+    g_tok = torch.randn(_run("reference", tokens, routing, probs, num_experts=E, **mode).tokens.shape)
+
+    def grads(bk, tok, pr):
+        tok = tok.clone().requires_grad_()
+        pr = pr.clone().requires_grad_()
+        r = _run(bk, tok, routing, pr, num_experts=E, **mode)
+        with amo.use_backend(bk):
+            ((r.tokens.double() * g_tok.double()).sum() + (r.probs.double() * torch.arange(
+                1, r.probs.numel() + 1, dtype=torch.float64)).sum()).backward()
+        return tok.grad, pr.grad, r.row_id_map
+
+    gt, gp, row_map = grads(backend, tokens, probs)
+    rt, rp, _ = grads("reference", tokens.double(), probs.double())
+    lt, _, _ = grads("reference", tokens, probs)
+    assert_close_to_ref(gt, rt, dtype=dtype, torch_lowp=lt, name="grad tokens")
+    assert torch.equal(gp.double(), rp), "grad of probs is a pure gather: exact"
+    dropped = (row_map < 0) & (routing != 0 if kind == "mask" else routing >= 0)
+    assert dropped.any() and (gp[dropped] == 0).all()
+    none_kept = (row_map < 0).all(1)
+    assert none_kept.any() and (gt[none_kept] == 0).all()
 
 
 # ---- native (C++) backend specifics: the parallel map path, streaming copies, thread counts ----

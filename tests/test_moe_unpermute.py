@@ -7,7 +7,7 @@ import torch
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import assert_close_to_ref
 from conftest import backends, ops_of
-from test_moe_permute import SHAPES, _inputs
+from test_moe_permute import SHAPES, _inputs, resolve_mode
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 MODES = [dict(), dict(capacity=3), dict(align=4)]
@@ -17,7 +17,7 @@ MODE_IDS = ["dropless", "capacity", "align"]
 def _permuted(T, H, E, K, kind, dtype, mode, seed=0):
     tokens, routing, probs = _inputs(T, H, E, K, kind, dtype, seed=seed)
     with amo.use_backend("reference"):
-        res = amo.moe_permute(tokens, routing, probs, num_experts=E, **mode)
+        res = amo.moe_permute(tokens, routing, probs, num_experts=E, **resolve_mode(mode, routing))
     # expert outputs: something other than the permuted tokens, with NaN in every unused row
     rows = res.tokens.float() * 1.5 + 0.25
     used = torch.zeros(rows.shape[0], dtype=torch.bool)
@@ -104,6 +104,34 @@ def test_backward_matches_fp64_reference(backend, dtype, mode, with_probs):
     if with_probs:
         assert_close_to_ref(gp, rp, dtype=probs.dtype, torch_lowp=lp, name="grad probs")
         assert (gp[res.row_id_map < 0] == 0).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+@pytest.mark.parametrize("kind", ["index", "mask"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_num_out_tokens_dropped_slots_contribute_zero(backend, kind, dtype):
+    """After a permute that keeps only the first num_out_tokens rows, the dropped slots (row map -1)
+    are zero contributions, forward and backward, on every backend: the combine of a token equals
+    the plain fp64 sum over its kept slots, a token with no kept slot is exactly zero, and dropped
+    slots get exactly zero prob gradient."""
+    T, H, E, K = 25, 40, 6, 3
+    _, probs, res, rows = _permuted(T, H, E, K, kind, dtype, dict(num_out_tokens="half", align=2), seed=1)
+    rmap = res.row_id_map
+    assert (rmap < 0).all(1).any() and (rmap >= 0).any()  # some tokens lost every slot, some kept some
+    want = torch.zeros(T, H, dtype=torch.float64)
+    for t, s_ in torch.nonzero(rmap >= 0).tolist():
+        want[t] += probs[t, s_].double() * rows[rmap[t, s_]].double()
+    out = _unpermute(backend, rows, rmap, probs)
+    assert torch.isfinite(out).all() and (out[(rmap < 0).all(1)] == 0).all()
+    assert_close_to_ref(out, want, dtype=dtype, torch_lowp=_unpermute("reference", rows, rmap, probs))
+    x = torch.nan_to_num(rows, nan=0.0).requires_grad_()
+    p = probs.clone().requires_grad_()
+    with amo.use_backend(backend):
+        amo.moe_unpermute(x, rmap, p).sum().backward()
+    assert (p.grad[rmap < 0] == 0).all() and (p.grad[rmap >= 0] != 0).any()
+    used = torch.zeros(x.shape[0], dtype=torch.bool)
+    used[rmap[rmap >= 0].long()] = True
+    assert (x.grad[~used] == 0).all() and (x.grad[used] != 0).any()
 
 
 @pytest.mark.parametrize("backend", backends("moe_unpermute_backward"))

@@ -75,7 +75,6 @@ PERMUTE = [
     _perm_case("align_huge", ValueError, "align", align=BIG),
     _perm_case("num_out_huge", ValueError, "num_out_tokens", num_out_tokens=BIG),
     _perm_case("num_out_negative", ValueError, "num_out_tokens", num_out_tokens=-1),
-    _perm_case("num_out_below_routed", ValueError, "num_out_tokens", num_out_tokens=3),
     _perm_case("num_experts_huge", ValueError, "num_experts", num_experts=BIG),
     _perm_case("num_experts_zero", ValueError, "num_experts", num_experts=0, routing=torch.full((4, 2), -1)),
     _perm_case("mask_num_experts", ValueError, "num_experts", routing=torch.ones(4, 5, dtype=torch.bool),
@@ -354,6 +353,18 @@ def test_permute_no_tokens_and_empty_experts(backend):
         assert r.tokens_per_expert.tolist() == [0, 0, 3, 0]
         back = amo.moe_unpermute(r.tokens, r.row_id_map)
     assert back.shape == (3, 8) and (back[2] == 0).all()
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("n", [0, 3])
+def test_permute_num_out_tokens_below_routed_is_valid(backend, n):
+    """num_out_tokens below the 7 routed slots is not an error, also called directly at the op: the
+    first n rows in expert order are kept (TransformerEngine's rule)."""
+    tokens, routing = _f(4, 8), torch.tensor([[0, 1], [2, -1], [0, 0], [1, 1]])
+    out, _, rmap, tpe, gs = ops_of(backend)("moe_permute")(tokens, routing, None, 3, None, 1, n)
+    assert out.shape == (n, 8) and int(tpe.sum()) == n and torch.equal(tpe, gs)
+    expect = {0: [[-1, -1], [-1, -1], [-1, -1], [-1, -1]], 3: [[0, -1], [-1, -1], [1, 2], [-1, -1]]}[n]
+    assert rmap.tolist() == expect
 
 
 @pytest.mark.parametrize("backend", backends("grouped_gemm"))

@@ -13,13 +13,14 @@ argument shapes (``output_rows``).
      (token, slot) order, or ``[T, E]`` for a mask) counts the slots of each expert
      (``tl.histogram``) into ``counts [blocks, E]``;
   2. ``_scan_kernel``: one program scans ``counts`` over blocks (exclusive prefix per expert =
-     where each block's slots of expert ``e`` start inside the expert's group), takes the totals
-     as ``tokens_per_expert``, rounds them up to ``align`` (``group_sizes``) and prefix-sums those
-     into the group starts;
-  3. ``_dest_kernel``: one program per block again gives each slot
-     ``group_start[e] + block_offset[block, e] + rank``, where ``rank`` counts the earlier slots
-     of the same expert in the block (a pairwise compare); ``-1`` for empty slots and for rows at
-     or past ``N`` (explicit ``num_out_tokens``).
+     where each block's slots of expert ``e`` start inside the expert's group), takes the totals,
+     cuts them to the ``num_out_tokens`` budget in expert order (``tokens_per_expert``: what is
+     left after the experts before ``e``), rounds those up to ``align`` (``group_sizes``) and
+     prefix-sums them into the group starts;
+  3. ``_dest_kernel``: one program per block again gives each slot its rank inside its expert,
+     ``block_offset[block, e] + rank`` (``rank`` counts the earlier slots of the same expert in the
+     block: a pairwise compare), and row ``group_start[e] + that rank`` when the rank is below the
+     expert's kept count; ``-1`` for empty slots and for slots past ``num_out_tokens``.
 
   The result is stable (token order inside an expert) by construction, integer-exact and so
   bitwise equal to the reference (checked by the parity tests; no code is shared with it). Why not simply call the reference's torch code (which would
@@ -57,11 +58,13 @@ Row offsets are computed in 64 bits (``row * H`` passes 2**31 at DeepSeek-V3 sha
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 
-from ascend_moe_ops.reference.moe_permute import output_rows  # the one row-count function
+from ascend_moe_ops.ops._contracts import output_rows  # the one row-count function
 
 from ._utils import block_h, interpreted, launch, token_tile
 
@@ -121,7 +124,11 @@ def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
 
 @triton.jit
 def _scan_kernel(counts_ptr, offsets_ptr, tpe_ptr, gs_ptr, gstart_ptr, num_blocks, E, align,
-                 capacity, E_PAD: tl.constexpr, CH: tl.constexpr):
+                 group_rows, limit, FIXED_GROUPS: tl.constexpr, E_PAD: tl.constexpr,
+                 CH: tl.constexpr):
+    """Per expert: where each block's slots start inside the expert (``offsets``), the kept count
+    (``tpe``: the first ``limit`` slots in expert order are kept), the group size (kept rounded up
+    to ``align``, or ``group_rows`` for every group when ``FIXED_GROUPS``) and the group start."""
     cols = tl.arange(0, E_PAD)
     cmask = cols < E
     run = tl.zeros([E_PAD], dtype=tl.int32)
@@ -132,16 +139,18 @@ def _scan_kernel(counts_ptr, offsets_ptr, tpe_ptr, gs_ptr, gstart_ptr, num_block
         c = tl.load(counts_ptr + ptrs, mask=m, other=0)
         tl.store(offsets_ptr + ptrs, tl.cumsum(c, axis=0) - c + run[None, :], mask=m)
         run += tl.sum(c, axis=0)
-    gs = (run + (align - 1)) // align * align
-    if capacity >= 0:  # drop-and-pad: every group is exactly `capacity` rows
-        gs = tl.zeros([E_PAD], dtype=tl.int32) + capacity
-    tl.store(tpe_ptr + cols, run.to(tl.int64), mask=cmask)
+    # num_out_tokens: expert e keeps what is left of the budget after the experts before it
+    kept = tl.minimum(run, tl.maximum(limit - (tl.cumsum(run, axis=0) - run), 0))
+    gs = (kept + (align - 1)) // align * align
+    if FIXED_GROUPS:  # drop-and-pad: every group is exactly `capacity` rows
+        gs = tl.zeros([E_PAD], dtype=tl.int32) + group_rows
+    tl.store(tpe_ptr + cols, kept.to(tl.int64), mask=cmask)
     tl.store(gs_ptr + cols, gs.to(tl.int64), mask=cmask)
     tl.store(gstart_ptr + cols, tl.cumsum(gs, axis=0) - gs, mask=cmask)
 
 
 @triton.jit
-def _dest_kernel(routing_ptr, offsets_ptr, gstart_ptr, map_ptr, P, S, E, N,
+def _dest_kernel(routing_ptr, offsets_ptr, tpe_ptr, gstart_ptr, map_ptr, P, S, E,
                  IS_MASK: tl.constexpr, BLOCK_P: tl.constexpr, CH: tl.constexpr):
     pid = tl.program_id(0)
     base = pid.to(tl.int64) * BLOCK_P
@@ -157,9 +166,9 @@ def _dest_kernel(routing_ptr, offsets_ptr, gstart_ptr, map_ptr, P, S, E, N,
     valid = e >= 0
     start = tl.load(gstart_ptr + e, mask=valid, other=0)
     off = tl.load(offsets_ptr + pid.to(tl.int64) * E + e, mask=valid, other=0)
-    dest = start + off + rank
-    keep = valid & (dest < N)
-    tl.store(map_ptr + base + idx, tl.where(keep, dest, -1), mask=base + idx < P)
+    kept = tl.load(tpe_ptr + e, mask=valid, other=0)
+    keep = valid & (off + rank < kept)  # its rank inside the expert is within the kept count
+    tl.store(map_ptr + base + idx, tl.where(keep, start + off + rank, -1), mask=base + idx < P)
 
 
 @triton.jit
@@ -233,7 +242,10 @@ def zero_unused_rows(used: torch.Tensor, out: torch.Tensor, out_probs) -> None:
            out_probs if has_probs else out, N, H, HAS_PROBS=has_probs, BLOCK_R=br, BLOCK_H=bh)
 
 
-def _row_map_dropless(routing: torch.Tensor, E: int, align: int, N: int, capacity: int = -1):
+def _row_map_dropless(routing: torch.Tensor, E: int, align: int, limit: int,
+                      capacity: Optional[int] = None):
+    """Row map of the slots of ``routing`` (ids or mask): the first ``limit`` slots in expert order
+    are kept, groups rounded up to ``align`` (or exactly ``capacity`` rows each)."""
     T, S = routing.shape
     P = T * S
     dev = routing.device
@@ -251,14 +263,15 @@ def _row_map_dropless(routing: torch.Tensor, E: int, align: int, N: int, capacit
     gstart = torch.empty(E, dtype=torch.int32, device=dev)
     e_pad = triton.next_power_of_2(E)
     ch = 64 if interpreted(routing) else max(2, min(64, 4096 // e_pad))
-    _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, capacity, E_PAD=e_pad, CH=ch)
+    _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, capacity or 0, limit,
+                       FIXED_GROUPS=capacity is not None, E_PAD=e_pad, CH=ch)
     row_id_map = torch.empty(T, S, dtype=torch.int32, device=dev)
-    launch(_dest_kernel, (nb,), r, offsets, gstart, row_id_map, P, S, E, N, IS_MASK=is_mask,
+    launch(_dest_kernel, (nb,), r, offsets, tpe, gstart, row_id_map, P, S, E, IS_MASK=is_mask,
            BLOCK_P=bp, CH=min(bp, 256 if interpreted(routing) else 32))
     return row_id_map, tpe, gs
 
 
-def _row_map_capacity(routing: torch.Tensor, probs, E: int, capacity: int, N: int):
+def _row_map_capacity(routing: torch.Tensor, probs, E: int, capacity: int):
     """Capacity mode: drop the slots that lose their expert's top-``capacity`` (Triton), then the
     dropless row map of the kept slots with ``capacity`` rows per group."""
     T, S = routing.shape
@@ -271,11 +284,11 @@ def _row_map_capacity(routing: torch.Tensor, probs, E: int, capacity: int, N: in
     launch(_capacity_keep_kernel, (triton.cdiv(P, bp),), r, probs if has_probs else r, kept, P, S,
            E, capacity, IS_MASK=is_mask, HAS_PROBS=has_probs, BLOCK_P=bp,
            CH=min(bp, 256 if interpreted(routing) else 32))
-    return _row_map_dropless(kept, E, 1, N, capacity=capacity)
+    return _row_map_dropless(kept, E, 1, P, capacity=capacity)
 
 
 def moe_permute(tokens: torch.Tensor, routing: torch.Tensor, probs, num_experts: int,
-                capacity: int, align: int, num_out_tokens: int):
+                capacity: Optional[int], align: int, num_out_tokens: Optional[int]):
     """Positional signature of ``torch.ops.ascend_moe_ops.moe_permute``; returns
     ``(tokens [N,H], probs [N] or [0], row_id_map [T,S] int32, tokens_per_expert [E] int64,
     group_sizes [E] int64)``, bitwise equal to the reference."""
@@ -286,10 +299,11 @@ def moe_permute(tokens: torch.Tensor, routing: torch.Tensor, probs, num_experts:
     S = routing.shape[1]
     E = num_experts
     N = output_rows(T, S, E, capacity, align, num_out_tokens)
-    if capacity >= 0:
-        row_id_map, tpe, gs = _row_map_capacity(routing, probs, E, capacity, N)
+    if capacity is not None:
+        row_id_map, tpe, gs = _row_map_capacity(routing, probs, E, capacity)
     else:
-        row_id_map, tpe, gs = _row_map_dropless(routing, E, align, N)
+        limit = T * S if num_out_tokens is None else min(num_out_tokens, T * S)
+        row_id_map, tpe, gs = _row_map_dropless(routing, E, align, limit)
 
     out = torch.empty(N, H, dtype=tokens.dtype, device=tokens.device)
     if probs is not None:

@@ -92,7 +92,10 @@ def index_range(op: Optional[str], name, idx: Tensor, low: int, high: int) -> No
 # ------------------------------------------------------------------------------------ moe_permute
 def output_rows(num_tokens: int, slots: int, num_experts: int, capacity: Optional[int], align: int,
                 num_out_tokens: Optional[int]) -> int:
-    """The output row count N of moe_permute (a static bound from shapes; the one definition)."""
+    """The output row count N of moe_permute, from shapes alone: the one Python definition (used by
+    the checks, the fake kernel, the reference and the Triton backend; the C++ one is
+    ``amo::checks::moe_permute_rows`` in csrc/common/checks.h). Arguments as the op takes them
+    (``None`` = not given), already checked."""
     if capacity is not None:
         return num_experts * capacity
     base = num_out_tokens if num_out_tokens is not None else num_tokens * slots
@@ -157,15 +160,8 @@ def moe_permute(tokens, routing, probs, num_experts, capacity, align, num_out_to
     moe_permute_meta(tokens, routing, probs, num_experts, capacity, align, num_out_tokens)
     if routing.dtype != torch.bool:
         index_range(op, "routing (expert ids)", routing, -1, num_experts)
-    if num_out_tokens is not None and capacity is None and not is_fake(routing):
-        used = (routing != 0).sum() if routing.dtype == torch.bool else (routing >= 0).sum()
-        if routing.device.type == "cpu":
-            if int(used) > num_out_tokens:
-                raise ValueError(f"{op}: num_out_tokens={num_out_tokens} is smaller than the {int(used)} "
-                                 "routed slots in routing")
-        else:
-            torch._assert_async(used <= num_out_tokens,
-                                f"{op}: num_out_tokens is smaller than the number of routed slots")
+    # num_out_tokens below the routed count is valid (the first rows are kept): nothing to compare
+    # with the data, so no host synchronization for it
 
 
 # ---------------------------------------------------------------------------------- moe_unpermute

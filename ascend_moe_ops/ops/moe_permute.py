@@ -12,21 +12,8 @@ from . import _checks, _contracts
 OP = "moe_permute"
 Tensor = torch.Tensor
 
-
-def _with_sentinels(module: str):
-    """The reference and Triton implementations still take ``-1`` for "not given" internally."""
-    def impl(tokens, routing, probs, num_experts, capacity, align, num_out_tokens):
-        import importlib
-        fn = importlib.import_module(module).moe_permute
-        return fn(tokens, routing, probs, num_experts, -1 if capacity is None else capacity, align,
-                  -1 if num_out_tokens is None else num_out_tokens)
-    return impl
-
-
-reference_impl = _with_sentinels("ascend_moe_ops.reference.moe_permute")
-triton_impl = _with_sentinels("ascend_moe_ops.triton_ref.moe_permute")
-_library.PYTHON_IMPLS["reference"][OP] = (__name__, "reference_impl")
-_library.PYTHON_IMPLS["triton"][OP] = (__name__, "triton_impl")
+_library.PYTHON_IMPLS["reference"][OP] = ("ascend_moe_ops.reference.moe_permute", OP)
+_library.PYTHON_IMPLS["triton"][OP] = ("ascend_moe_ops.triton_ref.moe_permute", OP)
 
 
 class PermuteResult(NamedTuple):
@@ -35,7 +22,8 @@ class PermuteResult(NamedTuple):
     tokens:            ``[N, H]`` rows grouped by expert; padding and unused rows are zero.
     probs:             ``[N]`` the prob of each row (zero on padding), or ``None`` without probs.
     row_id_map:        ``[T, K]`` (``[T, E]`` for mask routing) int32: destination row of each
-                       routing slot, ``-1`` if the slot is empty or dropped.
+                       routing slot, ``-1`` if the slot is not kept (empty, dropped by
+                       ``capacity`` or past ``num_out_tokens``).
     tokens_per_expert: ``[E]`` int64: real (kept) tokens per expert.
     group_sizes:       ``[E]`` int64: rows per expert including padding (feed to ``grouped_gemm``).
     """
@@ -96,9 +84,12 @@ def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None,
             short groups padded with zero rows). ``None`` = dropless.
         align: pad every expert group to a multiple of ``align`` rows (dropless mode; with
             ``capacity`` it must divide ``capacity``).
-        num_out_tokens: exact number of routed slots, to size the output tightly (dropless only).
-            Without it the row count is the static bound ``T*K + E*(align-1)`` (``E*C`` with
-            capacity), so no host synchronization is needed.
+        num_out_tokens: ``n >= 0`` output token rows (dropless only): the output has
+            ``n + E*(align-1)`` rows and keeps the first ``n`` routed slots in (expert, token,
+            slot) order, TransformerEngine's rule: below the routed count the tail of the highest
+            experts is dropped (``row_id_map = -1``, not counted in ``tokens_per_expert``); above
+            it the extra rows are zero. Without it the row count is the static bound
+            ``T*K + E*(align-1)`` (``E*C`` with capacity). No host synchronization either way.
 
     Returns:
         :class:`PermuteResult`. Rows are expert-major; inside an expert they follow

@@ -1,18 +1,29 @@
 """Reference (specification) of ``moe_permute``: readable PyTorch, no host synchronization.
 
-Layout of the output (``N`` rows, see :func:`output_rows`)::
+This docstring is the one written spec of the row map; the other backends, the op docs and the
+schema comment point here.
+
+Layout of the output (``N`` rows, see ``ops._contracts.output_rows``)::
 
     [ expert 0: kept slots in (token, slot) order | zero padding ] [ expert 1: ... ] ... [ zeros ]
 
-* dropless (``capacity=-1``): every slot with an id in ``[0, E)`` is kept;
+Which slots are kept:
+
+* dropless (``capacity=None``): every slot with an id in ``[0, E)``;
+* ``num_out_tokens=n`` (dropless only): the first ``n`` routed slots in (expert, token, slot)
+  order, i.e. the order of the output rows; with fewer than ``n`` routed slots all are kept and the
+  rows past them are zero, with more the tail of the highest experts is dropped
+  (TransformerEngine's rule: its index-map permute keeps the first ``num_out_tokens`` entries of
+  the stable expert sort). Empty (``-1``) slots never count. ``tokens_per_expert`` counts the
+  kept slots, ``group_sizes`` pads those to ``align``;
 * ``capacity=C``: each expert keeps at most ``C`` slots, dropping the lowest ``probs`` first (ties:
   the later ``(token, slot)`` position is dropped first; without ``probs`` the first ``C`` in
   position order are kept); every expert group has exactly ``C`` rows;
 * ``align=A``: each expert group is padded with zero rows to a multiple of ``A``.
 
-``row_id_map[t, s]`` is the destination row of slot ``(t, s)``, or ``-1`` (empty, dropped, or beyond
-an explicit ``num_out_tokens``). The map computation here is shared by the Triton backend, which
-only replaces the data movement.
+``row_id_map[t, s]`` is the destination row of slot ``(t, s)``, or ``-1`` when the slot is not kept
+(empty, dropped by ``capacity``, or past ``num_out_tokens``). Every backend computes its own row
+map and must match this one exactly.
 """
 
 from __future__ import annotations
@@ -20,6 +31,8 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+
+from ..ops._contracts import output_rows  # the one row-count function
 
 Tensor = torch.Tensor
 
@@ -33,15 +46,6 @@ def slot_expert_ids(routing: Tensor, num_experts: int) -> Tensor:
     # ids outside [-1, E) are rejected by the op's checks; treat them as empty here so that even
     # an unchecked call never writes out of bounds.
     return torch.where((ids >= 0) & (ids < num_experts), ids, torch.full_like(ids, -1))
-
-
-def output_rows(num_tokens: int, slots: int, num_experts: int, capacity: int, align: int,
-                num_out_tokens: int) -> int:
-    """Static row count of the permuted output (computable from shapes alone)."""
-    if capacity >= 0:
-        return num_experts * capacity
-    base = num_out_tokens if num_out_tokens >= 0 else num_tokens * slots
-    return base + num_experts * (align - 1)
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
@@ -60,8 +64,9 @@ def _rank_within_bucket(key: Tensor, num_buckets: int, order: Tensor) -> Tensor:
     return rank
 
 
-def compute_row_id_map(routing: Tensor, probs: Optional[Tensor], num_experts: int, capacity: int,
-                       align: int, num_out_tokens: int) -> Tuple[Tensor, Tensor, Tensor, int]:
+def compute_row_id_map(routing: Tensor, probs: Optional[Tensor], num_experts: int,
+                       capacity: Optional[int], align: int, num_out_tokens: Optional[int]
+                       ) -> Tuple[Tensor, Tensor, Tensor, int]:
     """Returns ``(row_id_map [T,S] int32, tokens_per_expert [E] int64, group_sizes [E] int64, N)``."""
     T, S = routing.shape
     E = num_experts
@@ -70,7 +75,7 @@ def compute_row_id_map(routing: Tensor, probs: Optional[Tensor], num_experts: in
     valid = ids >= 0
     bucket = torch.where(valid, ids, torch.full_like(ids, E))  # empty slots go to bucket E
 
-    if capacity >= 0:
+    if capacity is not None:
         if probs is not None:
             # Within an expert: highest prob first, ties by position (stable sorts).
             by_prob = torch.argsort(-probs.reshape(-1).float(), stable=True)
@@ -83,8 +88,15 @@ def compute_row_id_map(routing: Tensor, probs: Optional[Tensor], num_experts: in
 
     counts = torch.zeros(E + 1, dtype=torch.int64, device=ids.device)
     counts.scatter_add_(0, bucket, torch.ones_like(bucket))
-    tokens_per_expert = counts[:E].clone()
-    if capacity >= 0:
+    routed = counts[:E]
+    if num_out_tokens is not None:
+        # the first num_out_tokens routed slots in (expert, position) order: expert e keeps what is
+        # left of the budget after the experts before it
+        left = (num_out_tokens - _exclusive_cumsum(routed)).clamp(min=0)
+        tokens_per_expert = torch.minimum(routed, left)
+    else:
+        tokens_per_expert = routed.clone()
+    if capacity is not None:
         group_sizes = torch.full_like(tokens_per_expert, capacity)
     else:
         group_sizes = (tokens_per_expert + (align - 1)) // align * align
@@ -92,14 +104,16 @@ def compute_row_id_map(routing: Tensor, probs: Optional[Tensor], num_experts: in
 
     order = torch.argsort(bucket, stable=True)  # (expert, position) order
     rank = _rank_within_bucket(bucket, E + 1, order)
-    dest = group_start[bucket.clamp(max=E - 1)] + rank if E > 0 else rank
-    keep = valid & (dest < N)
+    expert = bucket.clamp(max=E - 1)  # E >= 1 (op contract); empty slots are masked by `valid`
+    keep = valid & (rank < tokens_per_expert[expert])
+    dest = group_start[expert] + rank  # < N: the groups of kept slots fit the static bound
     row_id_map = torch.where(keep, dest, torch.full_like(dest, -1)).to(torch.int32).reshape(T, S)
     return row_id_map, tokens_per_expert, group_sizes, N
 
 
 def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor], num_experts: int,
-                capacity: int, align: int, num_out_tokens: int):
+                capacity: Optional[int], align: int, num_out_tokens: Optional[int]):
+    """The op's positional signature (``torch.ops.<ns>.moe_permute``; ``None`` = not given)."""
     T, H = tokens.shape
     row_id_map, tokens_per_expert, group_sizes, N = compute_row_id_map(
         routing, probs, num_experts, capacity, align, num_out_tokens)

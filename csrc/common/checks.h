@@ -136,7 +136,18 @@ inline void index_range(const char* op, const char* name, const Tensor& idx, int
 }
 
 // ---------------------------------------------------------------------------------------- moe_permute
-// Returns the output row count N (the same static bound as reference.moe_permute.output_rows).
+// The output row count N of moe_permute, from shapes alone: the one C++ definition, used by the check
+// below, the native kernel and the AscendC glue (the Python one: ops/_contracts.py::output_rows). T*S
+// slots, E experts, capacity / num_out_tokens as the op takes them (nullopt = not given); the
+// arguments must have passed moe_permute's checks (which bound every product below).
+inline int64_t moe_permute_rows(int64_t T, int64_t S, int64_t E, std::optional<int64_t> capacity, int64_t align,
+                                std::optional<int64_t> num_out_tokens) {
+  if (capacity.has_value()) return E * *capacity;
+  return num_out_tokens.value_or(T * S) + E * (align - 1);
+}
+
+// Returns the output row count N (moe_permute_rows). num_out_tokens below the routed slot count is
+// valid (the first rows in expert order are kept), so nothing here reads the routing data for it.
 inline int64_t moe_permute(const Tensor& tokens, const Tensor& routing, const OptTensor& probs, int64_t num_experts,
                            std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> num_out_tokens) {
   constexpr const char* op = "moe_permute";
@@ -164,7 +175,6 @@ inline int64_t moe_permute(const Tensor& tokens, const Tensor& routing, const Op
   const int64_t T = routing.size(0), S = routing.size(1), slots = T * S;
   TORCH_CHECK_VALUE(slots <= kMaxRows, op, ": routing has T*K = ", slots,
                     " slots; row_id_map is int32, so at most 2^31-1 are supported");
-  int64_t N = 0;
   if (capacity.has_value()) {
     const int64_t C = *capacity;
     TORCH_CHECK_VALUE(C >= 1, op, ": capacity must be >= 1, got ", C);
@@ -172,8 +182,9 @@ inline int64_t moe_permute(const Tensor& tokens, const Tensor& routing, const Op
     TORCH_CHECK_VALUE(!num_out_tokens.has_value(), op,
                       ": num_out_tokens cannot be combined with capacity (the output has exactly num_experts * "
                       "capacity rows)");
-    const bool overflow = c10::mul_overflows(num_experts, C, &N);
-    TORCH_CHECK_VALUE(!overflow && N <= kMaxRows, op, ": capacity=", C, " is too large: num_experts * capacity = ",
+    int64_t rows = 0;
+    const bool overflow = c10::mul_overflows(num_experts, C, &rows);
+    TORCH_CHECK_VALUE(!overflow && rows <= kMaxRows, op, ": capacity=", C, " is too large: num_experts * capacity = ",
                       num_experts, " * ", C, " rows exceeds 2^31-1 (row_id_map is int32)");
   } else {
     int64_t base = slots;
@@ -188,15 +199,9 @@ inline int64_t moe_permute(const Tensor& tokens, const Tensor& routing, const Op
     TORCH_CHECK_VALUE(!overflow && pad <= kMaxRows - base, op, ": align=", align,
                       " is too large: the output would have ", base, " + num_experts * (align - 1) rows, more than "
                       "2^31-1 (row_id_map is int32)");
-    N = base + pad;
   }
   if (!mask) index_range(op, "routing (expert ids)", routing, -1, num_experts);
-  if (num_out_tokens.has_value() && !capacity.has_value()) {
-    const int64_t used = mask ? routing.count_nonzero().item<int64_t>() : routing.ge(0).sum().item<int64_t>();
-    TORCH_CHECK_VALUE(used <= *num_out_tokens, op, ": num_out_tokens=", *num_out_tokens, " is smaller than the ", used,
-                      " routed slots in routing");
-  }
-  return N;
+  return moe_permute_rows(T, S, num_experts, capacity, align, num_out_tokens);
 }
 
 // -------------------------------------------------------------------------------------- moe_unpermute

@@ -124,12 +124,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   const int64_t S = routing.size(1);
   const int64_t E = num_experts;
   const int64_t n_slots = T * S;
-  int64_t N;
-  if (capacity >= 0) {
-    N = E * capacity;
-  } else {
-    N = (num_out_tokens >= 0 ? num_out_tokens : n_slots) + E * (align - 1);
-  }
+  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity >= 0 ? std::optional<int64_t>(capacity) : std::nullopt,
+                                                  align, num_out_tokens >= 0 ? std::optional<int64_t>(num_out_tokens)
+                                                                             : std::nullopt);
   TORCH_CHECK(N <= kI32Max && n_slots <= kI32Max,
               "moe_permute: the output has ", N, " rows and routing ", n_slots,
               " slots; row_id_map is int32, so both must be < 2^31");
@@ -183,10 +180,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   std::vector<uint8_t> filled(static_cast<size_t>(N), 0);
 
   if (capacity < 0) {
-    // Dropless: group e holds count[e] rows, padded to a multiple of align.
+    // Dropless: group e holds its kept slots, padded to a multiple of align. With num_out_tokens = n
+    // only the first n routed slots in (expert, position) order are kept (the reference's rule):
+    // expert e keeps what is left of n after the experts before it.
+    int64_t before = 0;
     for (int64_t e = 0; e < E; ++e) {
-      tpe[e] = count[e];
-      gsz[e] = (count[e] + align - 1) / align * align;
+      tpe[e] = num_out_tokens >= 0 ? std::clamp<int64_t>(num_out_tokens - before, 0, count[e]) : count[e];
+      before += count[e];
+      gsz[e] = (tpe[e] + align - 1) / align * align;
       start[e + 1] = start[e] + gsz[e];
     }
     chunk_starts(start);  // hist[c][e] := first destination row of chunk c's slots of expert e
@@ -198,11 +199,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
           continue;
         }
         const int64_t d = next[e]++;
-        if (d < N) {
+        if (d - start[e] < tpe[e]) {
           map[i] = static_cast<int32_t>(d);
           filled[d] = 1;
         } else {
-          map[i] = -1;  // beyond an explicit num_out_tokens
+          map[i] = -1;  // past num_out_tokens
         }
       }
     });

@@ -28,8 +28,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
   L::check_device(routing, "routing");
   auto x = tokens.contiguous();
   const ChipInfo chip = L::vector_chip(x);
-  auto m = compute_row_id_map(routing.contiguous(), probs, numExperts, capacity.value_or(-1), align,
-                              numOutTokens.value_or(-1));
+  auto m = compute_row_id_map(routing.contiguous(), probs, numExperts, capacity, align, numOutTokens);
   const int64_t N = m.numRows, T = x.size(0), H = x.size(1), S = routing.size(1);
   check_rows_fit_int32(N, "the permuted output");
   check_rows_fit_int32(T, "tokens");

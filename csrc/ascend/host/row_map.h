@@ -1,7 +1,7 @@
 // Host-side index math shared by the AscendC glue (csrc/ascend/*.cpp, tensors on the NPU) and the
 // emulated backend (csrc/ascend/emu_bindings.cpp, CPU tensors). ATen ops only, so on an NPU every
 // step runs on the device through torch_npu's kernels, with no host synchronization: all shapes are
-// static (the output row count comes from argument shapes, as in reference/moe_permute.py).
+// static (the output row count comes from argument shapes: amo::checks::moe_permute_rows).
 //
 // This is the C++ twin of reference/moe_permute.py::compute_row_id_map (same algorithm, step by
 // step); the parity tests compare its results with the reference bit for bit.
@@ -11,17 +11,14 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <tuple>
 
+#include "../../common/checks.h"  // amo::checks::moe_permute_rows: the one C++ row count
 #include "tiling/tiling_common.h"
 
 namespace amo_ascend {
 namespace host {
-
-inline int64_t output_rows(int64_t T, int64_t S, int64_t E, int64_t capacity, int64_t align, int64_t numOutTokens) {
-  if (capacity >= 0) return E * capacity;
-  return (numOutTokens >= 0 ? numOutTokens : T * S) + E * (align - 1);
-}
 
 inline at::Tensor exclusive_cumsum(const at::Tensor& x) { return x.cumsum(0) - x; }
 
@@ -41,10 +38,11 @@ struct RowMap {
   int64_t numRows;             // N
 };
 
+// capacity / numOutTokens as the op takes them (nullopt = not given), already checked (checks.h).
 inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t E,
-                                 int64_t capacity, int64_t align, int64_t numOutTokens) {
+                                 std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> numOutTokens) {
   const int64_t T = routing.size(0), S = routing.size(1);
-  const int64_t N = output_rows(T, S, E, capacity, align, numOutTokens);
+  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity, align, numOutTokens);
   auto lopts = routing.options().dtype(at::kLong);
   at::Tensor ids;
   if (routing.scalar_type() == at::kBool) {
@@ -57,7 +55,7 @@ inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<
   ids = ids.reshape({-1});
   auto valid = ids >= 0;
   auto bucket = at::where(valid, ids, at::full_like(ids, E));
-  if (capacity >= 0) {
+  if (capacity.has_value()) {
     at::Tensor order;
     if (probs.has_value()) {
       auto byProb = at::argsort(-probs->reshape({-1}).to(at::kFloat), /*stable=*/true, 0);
@@ -66,17 +64,23 @@ inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<
       order = at::argsort(bucket, /*stable=*/true, 0);
     }
     auto keepRank = rank_within_bucket(bucket, E + 1, order);
-    valid = valid & (keepRank < capacity);
+    valid = valid & (keepRank < *capacity);
     bucket = at::where(valid, ids, at::full_like(ids, E));
   }
   auto counts = at::zeros({E + 1}, lopts).scatter_add_(0, bucket, at::ones_like(bucket));
-  auto tpe = counts.narrow(0, 0, E).clone();
-  at::Tensor groupSizes = capacity >= 0 ? at::full_like(tpe, capacity) : at::floor_divide(tpe + (align - 1), align) * align;
+  auto routed = counts.narrow(0, 0, E);
+  // num_out_tokens: the first numOutTokens routed slots in (expert, position) order are kept
+  auto tpe = numOutTokens.has_value()
+                 ? at::minimum(routed, (*numOutTokens - exclusive_cumsum(routed)).clamp_min(0))
+                 : routed.clone();
+  at::Tensor groupSizes =
+      capacity.has_value() ? at::full_like(tpe, *capacity) : at::floor_divide(tpe + (align - 1), align) * align;
   auto groupStart = exclusive_cumsum(groupSizes);
   auto order = at::argsort(bucket, /*stable=*/true, 0);
   auto rank = rank_within_bucket(bucket, E + 1, order);
-  auto dest = groupStart.index_select(0, bucket.clamp_max(E - 1)) + rank;
-  auto keep = valid & (dest < N);
+  auto expert = bucket.clamp_max(E - 1);  // E >= 1 (op contract); empty slots are masked by `valid`
+  auto dest = groupStart.index_select(0, expert) + rank;
+  auto keep = valid & (rank < tpe.index_select(0, expert));
   auto map = at::where(keep, dest, at::full_like(dest, -1)).to(at::kInt).reshape({T, S});
   return RowMap{map, tpe, groupSizes, N};
 }

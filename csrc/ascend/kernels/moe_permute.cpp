@@ -2,10 +2,11 @@
 // a zero row), r in [0, N).
 //
 // Division of labour (documented in docs/ascend.md): the row map of moe_permute (expert-major,
-// stable, capacity and align rules) needs a global prefix sum over experts, so it is computed by the
+// stable, capacity, align and num_out_tokens rules; the spec: reference/moe_permute.py) needs global
+// prefix sums over experts, so it is computed by the
 // host glue with ATen ops that run on the device (argsort/cumsum/scatter, no host synchronization,
 // csrc/ascend/host/row_map.h); the glue also inverts it into `index` (the source token of each output
-// row, -1 for padding and unused rows). This kernel then moves the T*K*H payload in one pass:
+// row, -1 for padding, unused rows and the slots dropped past num_out_tokens). This kernel then moves the T*K*H payload in one pass:
 //   * output rows are split evenly over the AIV cores; each core writes a contiguous slab of the
 //     output, every row exactly once (padding rows get zeros here, so the output needs no memset);
 //   * each row is cut into H-tiles sized to UB; tiles flow GM -> UB -> GM through one double-buffered
