@@ -39,6 +39,15 @@ if moe_utils is not None:
 BITWISE = tuple(t for t in mg.PATCHABLE if t != "activation")
 
 
+def _run_fp64_twin(layer, x, go, **make_kw):
+    """Run an fp64 SequentialMLP layer holding ``layer``'s weights on ``x``/``go`` (the oracle)."""
+    twin = make_layer(dtype=torch.float64, **make_kw)
+    with torch.no_grad():
+        for p64, p in zip(twin.parameters(), layer.parameters()):
+            p64.copy_(p)
+    return run_layer(twin, x.double(), go.double())
+
+
 @pytest.fixture(scope="module")
 def world():
     with megatron_world():
@@ -130,11 +139,7 @@ def test_grouped_mlp_activation_patched_close_to_unpatched(world, dispatcher):
         assert mg.call_counts["activation"] >= 1, mg.call_counts
         assert report["activation"] == ["megatron.core.transformer.moe.experts.GroupedMLP.forward"]
     assert layer.experts.activation_func_with_probs is not mg._activation_with_probs  # restored
-    seq64 = make_layer(dispatcher=dispatcher, dtype=torch.float64, topk=4)  # the same math in fp64
-    with torch.no_grad():
-        for p64, p in zip(seq64.parameters(), seq.parameters()):
-            p64.copy_(p)
-    r64 = run_layer(seq64, x.double(), go.double())
+    r64 = _run_fp64_twin(seq, x, go, dispatcher=dispatcher, topk=4)  # the same math in fp64
     assert_close_to_ref(got[0], r64[0], dtype=torch.bfloat16, torch_lowp=ref[0], name="output")
     assert_close_to_ref(got[2], r64[2], dtype=torch.bfloat16, torch_lowp=ref[2], name="grad input")
     assert_close_to_ref(got[1]["router.weight"], r64[1]["router.weight"], dtype=torch.bfloat16,
@@ -173,11 +178,7 @@ def test_grouped_mlp_matches_sequential_mlp(world):
     ref = run_layer(seq, x, go)
     with mg.patched():
         got = run_layer(grp, x, go)
-    seq64 = make_layer(dispatcher="alltoall", dtype=torch.float64, topk=2)
-    with torch.no_grad():
-        for p64, p in zip(seq64.parameters(), seq.parameters()):
-            p64.copy_(p)
-    ref64 = run_layer(seq64, x.double(), go.double())
+    ref64 = _run_fp64_twin(seq, x, go, dispatcher="alltoall", topk=2)
     assert_close_to_ref(got[0], ref64[0], dtype=torch.bfloat16, torch_lowp=ref[0], name="output")
     assert_close_to_ref(got[2], ref64[2], dtype=torch.bfloat16, torch_lowp=ref[2], name="grad input")
 

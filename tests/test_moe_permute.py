@@ -107,6 +107,23 @@ def _run(backend, *args, **kwargs):
         return amo.moe_permute(*args, **kwargs)
 
 
+def _grads_fn(tokens, routing, probs, E, mode):
+    """``grads(backend, tokens, probs) -> (grad tokens, grad probs, row_id_map)`` of a fixed scalar
+    loss of permute's outputs: random weights on the permuted tokens, distinct weights 1..N on the
+    permuted probs (so a probs gradient that lands in the wrong slot shows)."""
+    g_tok = torch.randn(_run("reference", tokens, routing, probs, num_experts=E, **mode).tokens.shape)
+
+    def grads(bk, tok, pr):
+        tok = tok.clone().requires_grad_()
+        pr = pr.clone().requires_grad_()
+        r = _run(bk, tok, routing, pr, num_experts=E, **mode)
+        with amo.use_backend(bk):
+            ((r.tokens.double() * g_tok.double()).sum() + (r.probs.double() * torch.arange(
+                1, r.probs.numel() + 1, dtype=torch.float64)).sum()).backward()
+        return tok.grad, pr.grad, r.row_id_map
+    return grads
+
+
 def _assert_same(res, ref):
     names = ["tokens", "probs", "row_id_map", "tokens_per_expert", "group_sizes"]
     for name, a, b in zip(names, res, ref):
@@ -217,20 +234,10 @@ def test_unused_tokens_do_not_leak_nan(backend):
 def test_backward_matches_fp64_reference(backend, dtype, mode):
     T, H, E, K = 24, 40, 6, 3
     tokens, routing, probs = _inputs(T, H, E, K, "index", dtype)
-    g_tok = torch.randn(_run("reference", tokens, routing, probs, num_experts=E, **mode).tokens.shape)
-
-    def grads(bk, tok, pr):
-        tok = tok.clone().requires_grad_()
-        pr = pr.clone().requires_grad_()
-        r = _run(bk, tok, routing, pr, num_experts=E, **mode)
-        with amo.use_backend(bk):
-            ((r.tokens.double() * g_tok.double()).sum() + (r.probs.double() * torch.arange(
-                r.probs.numel(), dtype=torch.float64)).sum()).backward()
-        return tok.grad, pr.grad
-
-    gt, gp = grads(backend, tokens, probs)
-    rt, rp = grads("reference", tokens.double(), probs.double())
-    lt, _ = grads("reference", tokens, probs)  # the same math in PyTorch, same precision
+    grads = _grads_fn(tokens, routing, probs, E, mode)
+    gt, gp, _ = grads(backend, tokens, probs)
+    rt, rp, _ = grads("reference", tokens.double(), probs.double())
+    lt, _, _ = grads("reference", tokens, probs)  # the same math in PyTorch, same precision
     assert_close_to_ref(gt, rt, dtype=dtype, torch_lowp=lt, name="grad tokens")
     assert torch.equal(gp.double(), rp), "grad of probs is a pure gather: exact"
 
@@ -391,17 +398,7 @@ def test_num_out_tokens_backward(backend, kind, dtype):
     T, H, E, K = 21, 40, 6, 3
     tokens, routing, probs = _inputs(T, H, E, K, kind, dtype, seed=3)
     mode = resolve_mode(dict(num_out_tokens="half", align=2), routing)
-    g_tok = torch.randn(_run("reference", tokens, routing, probs, num_experts=E, **mode).tokens.shape)
-
-    def grads(bk, tok, pr):
-        tok = tok.clone().requires_grad_()
-        pr = pr.clone().requires_grad_()
-        r = _run(bk, tok, routing, pr, num_experts=E, **mode)
-        with amo.use_backend(bk):
-            ((r.tokens.double() * g_tok.double()).sum() + (r.probs.double() * torch.arange(
-                1, r.probs.numel() + 1, dtype=torch.float64)).sum()).backward()
-        return tok.grad, pr.grad, r.row_id_map
-
+    grads = _grads_fn(tokens, routing, probs, E, mode)
     gt, gp, row_map = grads(backend, tokens, probs)
     rt, rp, _ = grads("reference", tokens.double(), probs.double())
     lt, _, _ = grads("reference", tokens, probs)
