@@ -33,6 +33,27 @@ _META_NAMES = ["tokens dtype", "hidden size H (tokens.shape[1])", "top-k K (topk
                "algorithm", "autograd (grad enabled and tokens/probs require grad)"]
 
 
+
+def _pack_by_destination(rows: Tensor, mask: Tensor, counts, slot_dest: Tensor, slot_ids: Tensor):
+    """The send buffer of one leg: ``rows`` [M, H] permuted destination-major by ``mask`` [M, D]
+    (row m goes to destination d where ``mask[m, d]``; ``counts[d]`` rows each, host ints) straight
+    into the collective's input, plus per sent row its source row and its top-k ids, where a slot
+    whose destination (``slot_dest`` [M, K]) is not the row's destination is ``-1``
+    (``slot_ids`` [M, K]). Returns ``(permute result, src [S] int64, ids [S, K] int32)``."""
+    M, D = mask.shape
+    S = sum(counts)
+    dev = rows.device
+    perm = moe_permute(rows, mask, None, num_out_tokens=max(S, 1))
+    rmap = perm.row_id_map.long()
+    valid = rmap >= 0
+    src = torch.empty(S, dtype=torch.int64, device=dev)
+    src[rmap[valid]] = torch.arange(M, device=dev).view(M, 1).expand(M, D)[valid]
+    dst = torch.repeat_interleave(torch.arange(D, device=dev),
+                                  torch.tensor(counts, dtype=torch.int64, device=dev))
+    ids = torch.where(slot_dest[src] == dst.view(-1, 1), slot_ids[src],
+                      torch.full((S, slot_ids.shape[1]), -1, dtype=torch.int64, device=dev))
+    return perm, src, ids.to(torch.int32)
+
 class DispatchHandle:
     """What :meth:`MoEDispatcher.combine` needs to undo a dispatch, plus traffic statistics.
 
@@ -464,18 +485,10 @@ class MoEDispatcher:
         topo = self.topology
         G, W, me = topo.local_size, topo.world_size, topo.rank
         send, recv, mask, pk, owner = ns["send"], ns["recv"], ns["mask"], ns["pk"], ns["owner"]
-        M, K = pk.shape
         dev = rows.device
         S = sum(send)
-        perm = moe_permute(rows, mask, None, num_out_tokens=max(S, 1))
+        perm, src, ids_send = _pack_by_destination(rows, mask, send, owner, pk)
         rmap = perm.row_id_map.long()  # [M, G]
-        valid = rmap >= 0
-        src = torch.empty(S, dtype=torch.int64, device=dev)
-        src[rmap[valid]] = torch.arange(M, device=dev).view(M, 1).expand(M, G)[valid]
-        dst = torch.repeat_interleave(torch.arange(G, device=dev),
-                                      torch.tensor(send, dtype=torch.int64, device=dev))
-        ids_send = torch.where(owner[src] == dst.view(-1, 1), pk[src],
-                               torch.full((S, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
         g = topo.intra_group
         ids2, probs2 = C.all_to_all_slots(
             ids_send, None if probs_rows is None else probs_rows[src], send, recv, g,
@@ -521,16 +534,8 @@ class MoEDispatcher:
 
         # 1. node-major, deduplicated send buffer: one row per (token, node hosting >= 1 of its
         #    experts), written by moe_permute (mask routing) straight into the all-to-all input
-        perm1 = moe_permute(tokens, mask, None, num_out_tokens=max(R1, 1))
-        rmap1 = perm1.row_id_map.long()  # [T, N], destination row of (token, node) or -1
-        valid = rmap1 >= 0
-        src_tok = torch.empty(R1, dtype=torch.int64, device=dev)
-        src_tok[rmap1[valid]] = torch.arange(T, device=dev).view(T, 1).expand(T, N)[valid]
-        dst_node = torch.repeat_interleave(torch.arange(N, device=dev),
-                                           torch.tensor(send1, dtype=torch.int64, device=dev))
-        # only the slots of the destination node travel (the others are -1 there)
-        ids_send = torch.where(slot_node[src_tok] == dst_node.view(-1, 1), pos[src_tok],
-                               torch.full((R1, K), -1, dtype=torch.int64, device=dev)).to(torch.int32)
+        #    (only the slots of the destination node travel; the others are -1 there)
+        perm1, src_tok, ids_send = _pack_by_destination(tokens, mask, send1, slot_node, pos)
         g_inter = topo.inter_group
         # two collectives, both launched asynchronously (finish() waits; with async_op the
         # caller's work runs in between): the slots and probs in one, the token rows
