@@ -1,8 +1,9 @@
 // flash_attention_fwd and flash_attention_bwd on Ascend, written once for every launcher
 // (host/launch.h: NpuLauncher, EmuLauncher).
 //
-// op-boundary checks (common/checks.h; seqlen_q != seqlen_k and GQA/MQA raise NotImplementedError:
-// not done by these kernels yet) -> the Cube path's limits (fp16/bf16, 16-bit copy strides)
+// op-boundary checks (common/checks.h; seqlen_q != seqlen_k raises NotImplementedError: not done
+// by these kernels yet; GQA/MQA expand k/v to the q heads here and sum dk/dv per group) -> the
+// Cube path's limits (fp16/bf16, 16-bit copy strides)
 // -> cu_seqlens as int64 on q's device (a device cast; the host code below never reads it: the
 // caller's max_seqlen, checked against the longest sequence at the op boundary, bounds the work
 // items) -> tiling (tiling/flash_attention_tiling.h) -> GM workspaces sized by
