@@ -209,6 +209,45 @@ def test_predictor_robust_follows_a_burst():
     assert rob.shifts >= 1
 
 
+def test_predictor_robust_steady_trace_not_disturbed():
+    """On a stationary load (Poisson counts around fixed levels) ``robust`` estimates no drift,
+    stays within the sampling noise of the true levels and its jump members (almost) never jump."""
+    E, g = 32, torch.Generator().manual_seed(1)
+    lam = torch.linspace(50.0, 800.0, E, dtype=torch.float64)
+    rob = ExpertLoadPredictor(E, method="robust", horizon=10)
+    for _ in range(300):
+        rob.update(torch.poisson(lam, generator=g))
+    r = rob.predict()
+    assert abs(rob._q) < 1e-3, rob._q                      # relative drift variance per step ~ 0
+    assert float(rob._kalman_gain().max()) < 0.3           # so the drift-tracking member smooths
+    assert 0.7 < rob._d2 < 1.3, rob._d2                    # Poisson: dispersion 1
+    assert ((r - lam).abs() / lam.sqrt()).max() < 3.0      # within 3 sigma of ONE count, smoother
+    assert ((r - lam).abs() / lam.sqrt()).mean() < 1.0
+    assert rob.shifts < 0.005 * 300 * E                    # < 0.5 % of the observations jump
+
+
+def test_predictor_robust_estimates_drift():
+    """On a geometric random walk (relative drift variance q per step) the pooled lag-1 / lag-2
+    estimate finds q, and the drift-tracking (Kalman) member follows faster than any fixed-alpha
+    smoothing would need for hot experts: its gain grows with the expert's level."""
+    E, g = 64, torch.Generator().manual_seed(2)
+    q = 4e-3
+    base = torch.linspace(100.0, 2000.0, E, dtype=torch.float64)
+    logl = torch.zeros(E, dtype=torch.float64)
+    rob = ExpertLoadPredictor(E, method="robust", horizon=5)
+    for _ in range(400):
+        logl = logl + q ** 0.5 * torch.randn(E, generator=g, dtype=torch.float64)
+        rob.update(torch.poisson(base * logl.exp(), generator=g))
+    assert 0.5 * q < rob._q < 2.0 * q, rob._q
+    gain = rob._kalman_gain()
+    assert ((gain > 0) & (gain < 1)).all()
+    lvl = rob.predict()
+    assert gain[int(lvl.argmax())] > gain[int(lvl.argmin())]
+    # the forecast is within a few noise deviations of the true current level
+    true = base * logl.exp()
+    assert ((lvl - true).abs() / true.sqrt()).mean() < 2.0
+
+
 def test_predictor_methods():
     E = 3
     seq = [torch.tensor([1.0, 10.0, 5.0]) * (t + 1) for t in range(6)]   # a linear ramp
@@ -244,6 +283,17 @@ def test_predictor_methods():
                                              "counts: " + what):
             p.update(bad)
     assert p.steps == 0 and not p.history
+    # bad counts after good ones are not recorded either: the forecast and the drift estimate
+    # stay finite and unchanged
+    for t in range(5):
+        p.update(torch.tensor([10.0, 20.0, 30.0]) + t)
+    before, q = p.predict(), p._q
+    with pytest.raises(ValueError, match="entry 2 is nan"):
+        p.update(torch.tensor([1.0, 2.0, float("nan")]))
+    with pytest.raises(ValueError, match="entry 0 is -1.0"):
+        p.update(torch.tensor([-1.0, 2.0, 3.0]))
+    assert p.steps == 5 and torch.equal(p.predict(), before) and p._q == q
+    assert torch.isfinite(p.predict()).all()
 
 
 # ================================================================================================
@@ -380,10 +430,10 @@ def test_plan_drifting_trace():
 # per expert and step as in the bench, 500 steps, seed 0); a quality assertion, not a timing one.
 # The goal is NOT met on two cases, where the test asserts the measured shortfall bound and that
 # the forecast reaches the causal ceiling (the same planner fed the true load of the last
-# *observed* step): bursty at a 10-step interval (0.93 here; the next-step oracle sees the bursts
+# *observed* step): bursty at a 10-step interval (0.94 here; the next-step oracle sees the bursts
 # that begin on the very step the placement starts serving, which no forecast can, and the
-# ceiling reaches no more) and the fast drift at a 50-step interval (0.86 here, while the
-# forecast beats the ceiling: 1.04 of it; the next-step oracle's advantage is knowing where the
+# ceiling reaches no more) and the fast drift at a 50-step interval (0.90 here, while the
+# forecast beats the ceiling: 1.09 of it; the next-step oracle's advantage is knowing where the
 # drift stands at the first served step, which a forecast from counts cannot know).
 # Columns: trace, interval, share of the oracle's cut, share of the ceiling's cut, least cut (the
 # fast drift leaves less to cut at a 50-step interval: 0.39 for the oracle).

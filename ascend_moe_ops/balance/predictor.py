@@ -38,11 +38,15 @@ class ExpertLoadPredictor:
             ``alpha`` in ``ADAPTIVE_ALPHAS`` run side by side; the one whose ``horizon``-step-ahead
             forecasts had the smallest recent L1 error is used, so the smoothing follows how
             fast the loads drift relative to the sampling noise), or ``"robust"`` (the
-            default: ``adaptive_ema`` whose bank holds every EMA a second time with level-shift
-            jumps — an expert whose count lands more than ``JUMP_SIGMAS`` noise deviations from
-            the member's value restarts there — so bursts are followed at once while quiet
-            experts stay smoothed; the error score chooses between plain and jumping members,
-            see docs/ops/balance.md for the study behind the default).
+            default: ``adaptive_ema`` plus a drift-tracking member — a local-level (Kalman)
+            filter whose per-expert gain follows from the relative drift variance and the
+            sampling dispersion, both pooled over experts from lag-1 and lag-2 differences, so
+            hot experts (less relative noise) follow the drift faster than cold ones — and every
+            member a second time with level-shift jumps — an expert whose count lands more than
+            ``JUMP_SIGMAS`` noise deviations from the member's value restarts there — so bursts
+            are followed at once while quiet experts stay smoothed; the error score chooses
+            among plain, drift-tracking and jumping members, see docs/ops/balance.md for the
+            study behind the default).
         alpha: EMA weight of the newest observation (default ``2 / (window + 1)``, the EMA with
             the same mean age as the window).
         horizon: steps the prediction should cover (the re-planning interval); ``trend``,
@@ -71,11 +75,14 @@ class ExpertLoadPredictor:
         self.alpha, self.horizon, self.group = float(alpha), horizon, group
         self.history: deque = deque(maxlen=window)
         self._ema: Optional[Tensor] = None
-        self._bank: Optional[Tensor] = None          # [A, E] EMAs of adaptive_ema ([2A, E] robust)
+        self._bank: Optional[Tensor] = None          # [A, E] EMAs of adaptive_ema ([2(A+1), E] robust)
         self._bank_hist: deque = deque(maxlen=horizon)
         self._obs: deque = deque(maxlen=horizon)      # robust: the last `horizon` observations
-        self._bank_err = torch.zeros(len(ADAPTIVE_ALPHAS) * (2 if method == "robust" else 1),
+        n_members = len(ADAPTIVE_ALPHAS) + (1 if method == "robust" else 0)
+        self._bank_err = torch.zeros(n_members * (2 if method == "robust" else 1),
                                      dtype=torch.float64)
+        self._q: Optional[float] = None               # robust: relative drift variance per step
+        self._d2: Optional[float] = None              # robust: sampling dispersion (lag model)
         self._disp: Optional[float] = None
         self.shifts = 0
         self.steps = 0
@@ -96,6 +103,10 @@ class ExpertLoadPredictor:
         if self.method in ("adaptive_ema", "robust"):
             a = torch.tensor(ADAPTIVE_ALPHAS, dtype=torch.float64)[:, None]
             if self.method == "robust":
+                if self._bank is not None:
+                    self._update_drift()
+                a = a.expand(-1, self.num_experts)
+                a = torch.cat([a, self._kalman_gain()[None]])   # + the drift-tracking member
                 a = torch.cat([a, a])                  # plain members, then jump members
             if self._bank is None:
                 self._bank = x.expand(a.shape[0], -1).clone()
@@ -148,6 +159,37 @@ class ExpertLoadPredictor:
         self._bank[A:] = torch.where(jump, x.expand_as(prev), self._bank[A:])
         self.shifts += int(jump[int(torch.argmin(self._bank_err[A:]))].sum())
 
+    def _update_drift(self) -> None:
+        """``robust``: pooled drift model of the drift-tracking member. A count of level ``m``
+        drifts by ``q * m^2`` per step (relative drift variance ``q``) and is observed with
+        sampling noise ``d * m``; with ``E|x_t - x_{t-k}|^2 = k q m^2 + 2 d m`` summed over experts,
+        the lag-1 and lag-2 differences of the last three observations give ``q`` and ``d``
+        (smoothed over steps). Level shifts (bursts) inflate ``q``: on the ``bursty`` trace it is
+        ~10x the drift's, which makes this member fast there and the error score then prefers a
+        jumping EMA."""
+        if len(self.history) < 3:
+            return
+        m = self._bank[int(torch.argmin(self._bank_err))].clamp(min=1.0)
+        a1 = (self.history[-1] - self.history[-2]).pow(2).sum()
+        a2 = (self.history[-1] - self.history[-3]).pow(2).sum()
+        q = float((a2 - a1) / (m * m).sum())
+        d = float((2 * a1 - a2) / (2 * m.sum()))
+        self._q = q if self._q is None else 0.95 * self._q + 0.05 * q
+        self._d2 = d if self._d2 is None else 0.95 * self._d2 + 0.05 * d
+
+    def _kalman_gain(self) -> Tensor:
+        """``[E]`` steady-state gain of a local-level filter under the pooled drift model of
+        :meth:`_update_drift`: signal-to-noise ``r = q m / d`` per expert, prior variance
+        ``P = (r + sqrt(r^2 + 4 r)) / 2`` (in units of the noise), gain ``P / (P + 1)``; hot
+        experts (larger ``m``, less relative noise) get the larger gain. 0.2 before the model
+        has data."""
+        if self._q is None or self._bank is None:
+            return torch.full((self.num_experts,), 0.2, dtype=torch.float64)
+        m = self._bank[int(torch.argmin(self._bank_err))].clamp(min=1.0)
+        r = max(self._q, 1e-8) * m / max(self._d2, 1e-3)
+        p = (r + (r * r + 4 * r).sqrt()) / 2
+        return p / (p + 1)
+
     def reset(self) -> None:
         self.history.clear()
         self._ema = None
@@ -156,6 +198,7 @@ class ExpertLoadPredictor:
         self._obs.clear()
         self._bank_err.zero_()
         self._disp = None
+        self._q = self._d2 = None
         self.shifts = 0
         self.steps = 0
 
