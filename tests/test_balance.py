@@ -228,8 +228,8 @@ def test_predictor_robust_steady_trace_not_disturbed():
 
 def test_predictor_robust_estimates_drift():
     """On a geometric random walk (relative drift variance q per step) the pooled lag-1 / lag-2
-    estimate finds q, and the drift-tracking (Kalman) member follows faster than any fixed-alpha
-    smoothing would need for hot experts: its gain grows with the expert's level."""
+    estimate finds q, and the drift-tracking (Kalman) member's gain grows with the expert's level
+    (a hot expert's count carries less relative sampling noise, so it is smoothed less)."""
     E, g = 64, torch.Generator().manual_seed(2)
     q = 4e-3
     base = torch.linspace(100.0, 2000.0, E, dtype=torch.float64)
