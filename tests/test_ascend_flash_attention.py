@@ -33,8 +33,11 @@ def driver():
     exe = compile_cached("flash_attention_tiling_driver", srcs, flags=("-O2",))
 
     def run(cases, bwd=False):
-        lines = [" ".join(str(v) for v in (H, Dk, Dr, Dv, int(causal), dt, cap, aic, len(cu) - 1, *cu))
-                 for H, Dk, Dr, Dv, causal, dt, cap, aic, cu in cases]
+        """cases: (H, Dk, Dr, Dv, causal, dtype, cap, aic, cu_q[, cu_k]) (cu_k = cu_q when absent)."""
+        lines = []
+        for H, Dk, Dr, Dv, causal, dt, cap, aic, cu, *cuk in cases:
+            vals = (H, Dk, Dr, Dv, int(causal), dt, cap, aic, len(cu) - 1, *cu, *(cuk[0] if cuk else ()))
+            lines.append(" ".join(str(v) for v in vals))
         return run_json_lines(exe, lines, ["bwd"] if bwd else [])
 
     return run
@@ -117,6 +120,58 @@ def test_empty_and_refusals(driver):
     assert empty["ok"] and empty["key"] == 0 and empty["items"] == 0
     assert not f32["ok"] and "fp16 and bf16" in f32["error"]
     assert not huge["ok"] and "too large" in huge["error"]
+
+
+# seqlen_q != seqlen_k: (name, H, Dk, Dr, Dv, lens_q, lens_k). Per sequence more keys, no keys, no
+# queries, fewer keys (causal: the first Lq - Lk queries see no key), one query, one key, and with
+# 16-row blocks whole query blocks that see no key (Lq = 70 queries, Lk = 3 keys).
+QK_SHAPES = [
+    ("varlen", 2, 16, 8, 16, [3, 4, 0, 9, 1, 5, 70], [7, 0, 2, 4, 6, 1, 3]),
+    ("sq_lt_sk", 3, 24, 0, 24, [5, 17], [40, 33]),
+    ("sq_gt_sk", 1, 32, 16, 32, [40, 33], [5, 17]),
+    ("mla", 8, 128, 64, 128, [300, 1], [1000, 129]),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cap", [0, 16])
+def test_seqlen_q_ne_seqlen_k_items(driver, causal, cap):
+    """Forward walk with separate cu_seqlens_q / cu_seqlens_k: every (query row, head) once, each item's
+    key range from cu_seqlens_k (bottom-right causal, checked by brute force in the driver), items
+    without keys counted; blocks sized by the longer side, steps by the keys."""
+    cases = [(H, Dk, Dr, Dv, causal, F16, cap, 3, cu_of(lq), cu_of(lk)) for _, H, Dk, Dr, Dv, lq, lk in QK_SHAPES]
+    for (name, H, Dk, Dr, Dv, lq, lk), r in zip(QK_SHAPES, driver(cases)):
+        assert r["ok"] and r["coverage"] == "ok", (name, r)
+        assert r["items"] == H * sum(-(-n // r["baseM"]) for n in lq), name
+        assert r["steps"] == -(-max(lk) // r["baseN"]), name
+        check_budgets(r, Dk, Dr, Dv)
+    v = driver([cases[0]])[0]
+    b = v["baseM"]
+    # keyless items: the Lk = 0 sequence (4 queries), and causal the query blocks of the 70 / 3
+    # sequence whose last row i sees no key (i + 3 - 70 < 0)
+    want = 2 * (1 + (sum(1 for i in range(0, 70, b) if min(i + b, 70) - 1 + 3 - 70 < 0) if causal else 0))
+    assert v["keyless"] == want
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("cap", [0, 16])
+def test_bwd_seqlen_q_ne_seqlen_k_rows(driver, causal, cap):
+    """Backward walks with separate q / k sequences: every dk/dv row (KV pass) and dq row (Q pass)
+    written once -- items without blocks (a sequence without queries; query blocks that see no key)
+    through one zero-writing entry -- and each item visiting exactly the rows it must, first block flagged."""
+    cases = [(H, Dk, Dr, Dv, causal, BF16, cap, 3, cu_of(lq), cu_of(lk)) for _, H, Dk, Dr, Dv, lq, lk in QK_SHAPES]
+    for (name, H, Dk, Dr, Dv, lq, lk), r in zip(QK_SHAPES, driver(cases, bwd=True)):
+        assert r["ok"] and r["coverage"] == "ok", (name, r)
+        # one workspace bound for both passes: the longer of the two sides
+        assert r["items"] == H * len(lq) * -(-max(lq + lk) // r["baseM"]), name
+        check_bwd_budgets(r, Dk, Dr, Dv)
+
+
+def test_seqlen_k_without_keys_is_empty(driver):
+    """No key anywhere (Tk = 0): the empty tiling (the host returns out 0, lse -inf, zero grads)."""
+    fwd, = driver([(2, 16, 0, 16, True, F16, 0, 3, [0, 5, 9], [0, 0, 0])])
+    bwd, = driver([(2, 16, 0, 16, True, F16, 0, 3, [0, 5, 9], [0, 0, 0])], bwd=True)
+    assert fwd["ok"] and fwd["key"] == 0 and bwd["ok"] and bwd["key"] == 0
 
 
 def check_bwd_budgets(t, Dk, Dr, Dv):
@@ -288,6 +343,112 @@ def test_emu_backward_mla_shape(causal):
 def test_emu_backward_odd_dims_one_token():
     _fab_check([1], 1, 16, 0, 16, torch.float16, True)
     _fab_check([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
+
+
+# seqlen_q != seqlen_k on the emulated kernels: per sequence (Lq, Lk) more keys, no keys, no queries,
+# fewer keys, one query, one key, and 40 queries on 3 keys (causal: 37 rows and two whole 16-row query
+# blocks see no key), then 5 queries on 37 keys (causal: the queries see the last keys of 3 key blocks).
+QK_LENS = ([3, 4, 0, 9, 1, 5, 40, 5], [7, 0, 2, 4, 6, 1, 3, 37])
+
+
+def _dense_lowp(q, k, v, kr, cu_q, cu_k, causal, scale, do):
+    """Dense masked attention in the inputs' dtype with autograd (PyTorch's own error for the 2x
+    rule): query i of a sequence sees keys j <= i + Lk - Lq when causal; a row that sees no key gives
+    out 0 and lse -inf. Returns (out, lse, dq, dk, dv, dk_rope)."""
+    qq, kk, vv, rr = (None if t is None else t.detach().clone().requires_grad_() for t in (q, k, v, kr))
+    H = q.shape[1]
+    keys = kk if rr is None else torch.cat([kk, rr[:, None, :].expand(-1, H, -1)], -1)
+    outs, lses = [], []
+    bq, bk = cu_q.tolist(), cu_k.tolist()
+    for sq, eq, sk, ek in zip(bq[:-1], bq[1:], bk[:-1], bk[1:]):
+        Lq, Lk = eq - sq, ek - sk
+        s = torch.einsum("ihd,jhd->hij", qq[sq:eq], keys[sk:ek]) * scale
+        i, j = torch.arange(Lq)[:, None], torch.arange(Lk)[None, :]
+        allowed = (j <= i + Lk - Lq) if causal else torch.ones(Lq, Lk, dtype=torch.bool)
+        seen = allowed.any(-1)
+        s = s.masked_fill(~allowed, float("-inf")).masked_fill(~seen[:, None], 0.0)
+        p = torch.softmax(s, -1) * seen[:, None]
+        outs.append(torch.einsum("hij,jhd->ihd", p, vv[sk:ek]))
+        lses.append(torch.where(seen, torch.logsumexp(s, -1), torch.full((H, Lq), float("-inf"), dtype=s.dtype)))
+    out = torch.cat(outs)
+    out.backward(do)
+    return (out.detach(), torch.cat(lses, 1).float(), qq.grad, kk.grad, vv.grad,
+            q.new_zeros((0,)) if rr is None else rr.grad)
+
+
+def _qk_inputs(lens_q, lens_k, H, Dk, Dr, Dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Tq, Tk = sum(lens_q), sum(lens_k)
+    q = torch.randn(Tq, H, Dk + Dr, generator=g, dtype=torch.float64)
+    k = torch.randn(Tk, H, Dk, generator=g, dtype=torch.float64)
+    v = torch.randn(Tk, H, Dv, generator=g, dtype=torch.float64)
+    kr = torch.randn(Tk, Dr, generator=g, dtype=torch.float64) if Dr else None
+    do = torch.randn(Tq, H, Dv, generator=g, dtype=torch.float64)
+    return q, k, v, kr, do, torch.tensor(cu_of(lens_q), dtype=torch.int32), torch.tensor(cu_of(lens_k), dtype=torch.int32)
+
+
+def _emu_fwd_bwd(qkv, do, cu_q, cu_k, mq, mk, causal, scale):
+    with amo.use_backend(EMU):
+        out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*qkv, cu_q, cu_k, mq, mk, causal, scale)
+        grads = torch.ops.ascend_moe_ops.flash_attention_bwd(do, *qkv, out, lse, cu_q, cu_k, mq, mk, causal, scale)
+    return (out, lse) + tuple(grads)
+
+
+@needs_emu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
+def test_emu_seqlen_q_ne_seqlen_k(monkeypatch, causal, rope):
+    """Separate cu_seqlens_q / cu_seqlens_k on the fused kernels (16 x 16 blocks, 3 AI Cores), forward
+    and backward against the fp64 reference with the 2x rule, and the exact edge values: rows that
+    see no key give out 0, lse -inf and dq 0; keys of a sequence without queries get dk, dv (and
+    dk_rope) 0; a row that sees exactly one key gets dq 0."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
+    lens_q, lens_k = QK_LENS
+    q, k, v, kr, do, cu_q, cu_k = _qk_inputs(lens_q, lens_k, 2, Dk, Dr, Dv, seed=2)
+    mq, mk, scale, dt = max(lens_q), max(lens_k), 0.21, torch.bfloat16
+    lo = lambda t: None if t is None else t.to(dt)  # noqa: E731
+    got = _emu_fwd_bwd(tuple(lo(t) for t in (q, k, v, kr)), do.to(dt), cu_q, cu_k, mq, mk, causal, scale)
+    o64, l64 = ref.flash_attention_fwd(q, k, v, kr, cu_q, cu_k, mq, mk, causal, scale)
+    want = (o64, l64) + tuple(ref.flash_attention_bwd(do, q, k, v, kr, o64, l64, cu_q, cu_k, mq, mk, causal, scale))
+    lowp = _dense_lowp(*(lo(t) for t in (q, k, v, kr)), cu_q, cu_k, causal, scale, do.to(dt))
+    for name, a, w, b in zip(("out", "lse", "dq", "dk", "dv", "dk_rope"), got, want, lowp):
+        if kr is None and name == "dk_rope":
+            assert a.numel() == 0
+            continue
+        assert a.shape == w.shape, name
+        assert_close_to_ref(a, w, dtype=dt, torch_lowp=b, name=f"ascendc-emu Sq != Sk {name}")
+    out, lse, dq, dk, dv, dkr = got
+    # sequence 1: 4 queries (rows 3..6), no key
+    assert (out[3:7] == 0).all() and torch.isneginf(lse[:, 3:7]).all() and (dq[3:7] == 0).all()
+    # sequence 2: no query, keys 7..8
+    assert (dk[7:9] == 0).all() and (dv[7:9] == 0).all() and (kr is None or (dkr[7:9] == 0).all())
+    if causal:  # sequence 6: 40 queries (rows 22..61) on 3 keys: rows 22..58 see none, row 59 one
+        assert (out[22:59] == 0).all() and torch.isneginf(lse[:, 22:59]).all() and (dq[22:59] == 0).all()
+        assert torch.isfinite(lse[:, 59:62]).all() and (dq[59] == 0).all() and dq[60:62].abs().max() > 0
+    else:
+        assert torch.isfinite(lse[:, 7:]).all()
+
+
+@needs_emu
+@pytest.mark.parametrize("schedule", ["run-to-block", "switch"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_emu_seqlen_q_ne_seqlen_k_fused_equals_phases(monkeypatch, causal, schedule):
+    """With separate q / k sequences (and items without keys or queries) the fused and the phase
+    kernels still do the same arithmetic in the same order: bitwise equal results."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE", schedule)
+    lens_q, lens_k = QK_LENS
+    q, k, v, kr, do, cu_q, cu_k = _qk_inputs(lens_q, lens_k, 2, 32, 16, 32, seed=6)
+    qkv = tuple(t.to(torch.bfloat16) for t in (q, k, v, kr))
+    res = {}
+    for mode in ("fused", "phases"):
+        monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", mode)
+        res[mode] = _emu_fwd_bwd(qkv, do.to(torch.bfloat16), cu_q, cu_k, max(lens_q), max(lens_k), causal, 0.17)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dk_rope"), res["fused"], res["phases"]):
+        assert torch.equal(a, b), f"{name}: fused and phase kernels differ"
 
 
 @needs_emu

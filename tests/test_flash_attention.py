@@ -280,9 +280,7 @@ def test_one_key_rows_give_exactly_zero_dq_dk(backend, dtype, causal, rope):
 
 # Features a backend's kernels do not do yet: its cases are xfail(strict=True,
 # raises=NotImplementedError). THE one place: delete an entry when the kernels learn the feature.
-NOT_YET = {
-    "ascendc-emu": {"seqlen_qk"},
-}
+NOT_YET: dict = {}
 
 
 def _parity_backends(*features):

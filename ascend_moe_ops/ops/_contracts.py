@@ -386,26 +386,6 @@ def flash_attention_bwd(*args) -> None:
     flash_attention_bwd_meta(*args, values=True)
 
 
-def same_seqlens(q, k, cu_q, cu_k) -> bool:
-    """Whether cu_seqlens_q and cu_seqlens_k describe the same lengths (the same tensor, as the public
-    function and MLA pass for equal lengths, is not read; two tensors are compared, one host sync on
-    accelerators)."""
-    if q.shape[0] != k.shape[0]:
-        return False
-    if cu_q is cu_k:
-        return True
-    return cu_q.numel() == cu_k.numel() and bool(torch.equal(cu_q.to(torch.int64), cu_k.to(torch.int64)))
-
-
-def attention_features(op, backend, q, k, cu_q, cu_k) -> None:
-    """NotImplementedError naming the feature, for a backend whose kernels do not do
-    seqlen_q != seqlen_k or GQA/MQA yet (called by its registered kernel, after the checks)."""
-    if not same_seqlens(q, k, cu_q, cu_k):
-        raise NotImplementedError(f"{op}: {backend} backend: seqlen_q != seqlen_k not supported yet")
-    if k.shape[1] != q.shape[1]:
-        raise NotImplementedError(f"{op}: {backend} backend: GQA/MQA (Hkv != Hq) not supported yet")
-
-
 # -------------------------------------------------------------------------------------------- MLA
 def _mla(op, q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale, values) -> None:
     float_tensor(op, "q", q, 3, "[T, H, Dn + Dr]")

@@ -1,10 +1,12 @@
 // Test driver for the flash attention tiling (tests/test_ascend_flash_attention.py). One case per
-// stdin line:  H Dk Dr Dv causal dtype maxBase aicNum B cu_0 ... cu_B
-// Prints one JSON object per line: the tiling and the result of the exact-once coverage check of
-// every (query row, head) pair, plus the causal key-range check.
+// stdin line:  H Dk Dr Dv causal dtype maxBase aicNum B cu_0 ... cu_B [cuk_0 ... cuk_B]
+// (cu = cu_seqlens_q; cuk = cu_seqlens_k, = cu when absent). Prints one JSON object per line: the
+// tiling and the result of the exact-once coverage check of every (query row, head) pair, plus the
+// key-range check (bottom-right causal: query i of a sequence sees keys j <= i + Lk - Lq).
 // With the argument "bwd": the backward tiling, and for each pass of flash_attention_bwd_schedule:
 // every gradient row (key rows in the KV pass, query rows in the Q pass) written by exactly one
-// block, and each item's blocks tiling exactly the rows it must visit (no gap, no overlap).
+// block (an item without blocks writes its rows as zeros through one empty entry), each item's
+// blocks tiling exactly the rows it must visit (no gap, no overlap), and its first block flagged.
 #include <cstdint>
 #include <algorithm>
 #include <iostream>
@@ -19,30 +21,40 @@
 using namespace amo_ascend;
 
 // Backward pass check; returns "" or the first error.
-std::string check_bwd(FlashAttentionTiling t, FlashAttentionPass pass, const std::vector<int64_t>& cu, int64_t H,
-                      bool causal, size_t* blocks) {
+std::string check_bwd(FlashAttentionTiling t, FlashAttentionPass pass, const std::vector<int64_t>& cu,
+                      const std::vector<int64_t>& cuk, int64_t H, bool causal, size_t* blocks) {
   t.pass = pass;
   const bool kv = pass == FlashAttentionPass::kBackwardKV;
-  const int64_t T = cu.back(), b = t.baseM;
-  auto sched = flash_attention_bwd_schedule(t, cu);
-  std::vector<uint8_t> written(static_cast<size_t>(T * H), 0);
-  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> visits;  // item -> visited ranges
+  const int64_t T = cu.back(), Tk = cuk.back(), b = t.baseM;
+  auto sched = flash_attention_bwd_schedule(t, cu, cuk);
+  std::vector<uint8_t> written(static_cast<size_t>((kv ? Tk : T) * H), 0);
+  std::map<int64_t, std::vector<std::pair<int64_t, int64_t>>> visits;  // item -> visited ranges, in step order
+  std::map<int64_t, std::vector<bool>> firsts;                         // item -> first flags, in step order
   std::map<int64_t, std::pair<int64_t, int64_t>> own;                  // item -> its own rows
   std::map<int64_t, int64_t> seqOf;
   for (size_t core = 0; core < sched.size(); ++core)
     for (auto& k : sched[core]) {
       ++*blocks;
       if (static_cast<size_t>(k.item % t.blockDim) != core) return "block on the wrong core";
-      const int64_t s0 = cu[k.seq], s1 = cu[k.seq + 1];
-      if (k.rows < 1 || k.rows > b || k.cols < 1 || k.cols > b) return "block larger than baseM x baseN";
-      if (k.q0 < s0 || k.q0 + k.rows > s1 || k.k0 < s0 || k.k0 + k.cols > s1) return "block crosses its sequence";
-      if (causal && k.q0 + k.rows - 1 < k.k0) return "block entirely above the causal diagonal";
+      const int64_t s0 = cu[k.seq], s1 = cu[k.seq + 1], sk = cuk[k.seq], sk1 = cuk[k.seq + 1];
+      const int64_t off = (sk1 - sk) - (s1 - s0);
+      const int64_t minRows = k.empty && !kv ? 1 : (k.empty ? 0 : 1), minCols = k.empty && kv ? 1 : (k.empty ? 0 : 1);
+      if (k.rows < minRows || k.rows > b || k.cols < minCols || k.cols > b) return "block larger than baseM x baseN";
+      if (k.q0 < s0 || k.q0 + k.rows > s1 || k.k0 < sk || k.k0 + k.cols > sk1) return "block crosses its sequence";
+      if (!k.empty && causal && (k.q0 - s0) + k.rows - 1 + off < (k.k0 - sk))
+        return "block entirely above the causal diagonal";
       const auto mine = kv ? std::make_pair(k.k0, k.cols) : std::make_pair(k.q0, k.rows);
       auto it = own.find(k.item);
       if (it != own.end() && it->second != mine) return "item changes its own rows between steps";
       own[k.item] = mine;
       seqOf[k.item] = k.seq;
-      visits[k.item].push_back(kv ? std::make_pair(k.q0, k.rows) : std::make_pair(k.k0, k.cols));
+      if (k.empty) {
+        if (visits.count(k.item)) return "an empty item has blocks";
+        visits[k.item];
+      } else {
+        visits[k.item].push_back(kv ? std::make_pair(k.q0, k.rows) : std::make_pair(k.k0, k.cols));
+        firsts[k.item].push_back(k.first);
+      }
       if (k.last)
         for (int64_t r = mine.first; r < mine.first + mine.second; ++r)
           if (++written[static_cast<size_t>(r * H + k.head)] > 1) return "gradient row written twice";
@@ -50,13 +62,25 @@ std::string check_bwd(FlashAttentionTiling t, FlashAttentionPass pass, const std
   for (auto c : written)
     if (c != 1) return "gradient row never written";
   for (auto& [item, v] : visits) {
+    const auto& f = firsts[item];
+    for (size_t n = 0; n < f.size(); ++n)
+      if (f[n] != (n == 0)) return "first flag not on the item's first block";
     std::sort(v.begin(), v.end());
-    const int64_t s0 = cu[seqOf[item]], s1 = cu[seqOf[item] + 1];
+    const int64_t s = seqOf[item], s0 = cu[s], s1 = cu[s + 1], sk = cuk[s], sk1 = cuk[s + 1];
+    const int64_t lq = s1 - s0, lk = sk1 - sk, off = lk - lq;
     const auto mine = own[item];
-    // rows to visit: KV pass -> every query row that sees a key of the block; Q pass -> the keys seen
-    int64_t from = s0, to = s1;
-    if (causal && kv) from = s0 + (mine.first - s0) / b * b;
-    if (causal && !kv) to = mine.first + mine.second;
+    // rows to visit: KV pass -> every query row that sees a key of the block (all of them without
+    // causal; causal from the query block holding query k0 - off); Q pass -> the keys seen by the
+    // block's last row (causal: up to its position + off, clamped to [0, lk])
+    int64_t from, to;
+    if (kv) {
+      from = s0 + (causal ? std::max<int64_t>(0, mine.first - sk - off) / b * b : 0);
+      to = s1;
+      if (lq == 0) from = to;
+    } else {
+      from = sk;
+      to = sk + (causal ? std::min(lk, std::max<int64_t>(0, mine.first - s0 + mine.second + off)) : lk);
+    }
     int64_t at = from;
     for (auto& [r0, n] : v) {
       if (r0 != at) return "item's visits leave a gap or overlap";
@@ -76,23 +100,32 @@ int main(int argc, char** argv) {
     int causal, dtype;
     uint32_t maxBase, aic;
     in >> H >> Dk >> Dr >> Dv >> causal >> dtype >> maxBase >> aic >> B;
-    std::vector<int64_t> cu(static_cast<size_t>(B + 1));
+    std::vector<int64_t> cu(static_cast<size_t>(B + 1)), cuk;
     for (auto& c : cu) in >> c;
-    int64_t maxLen = 0;
+    int64_t x;
+    while (in >> x) cuk.push_back(x);
+    if (cuk.empty()) cuk = cu;
+    if (cuk.size() != cu.size()) {
+      std::cout << "{\"ok\":false,\"error\":\"driver: cu_k needs B + 1 entries\"}" << std::endl;
+      continue;
+    }
+    int64_t maxLen = 0, maxLenK = 0;
     for (int64_t b = 0; b < B; ++b) maxLen = std::max<int64_t>(maxLen, cu[b + 1] - cu[b]);
-    const int64_t T = cu[B];
+    for (int64_t b = 0; b < B; ++b) maxLenK = std::max<int64_t>(maxLenK, cuk[b + 1] - cuk[b]);
+    const int64_t T = cu[B], Tk = cuk[B];
     ChipInfo chip = Ascend910B2();
     chip.aicNum = aic;
     chip.aivNum = 2 * aic;
     try {
-      FlashAttentionTiling t = bwd ? compute_flash_attention_bwd_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal != 0,
-                                                                        static_cast<DType>(dtype), chip, maxBase)
-                                   : compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxLen, causal != 0,
-                                                                    static_cast<DType>(dtype), chip, maxBase);
+      FlashAttentionTiling t =
+          bwd ? compute_flash_attention_bwd_tiling(T, Tk, H, Dk, Dr, Dv, B, maxLen, maxLenK, causal != 0,
+                                                   static_cast<DType>(dtype), chip, maxBase)
+              : compute_flash_attention_tiling(T, Tk, H, Dk, Dr, Dv, B, maxLen, maxLenK, causal != 0,
+                                               static_cast<DType>(dtype), chip, maxBase);
       if (bwd) {
         size_t blocks = 0;
-        std::string err = check_bwd(t, FlashAttentionPass::kBackwardKV, cu, H, causal != 0, &blocks);
-        if (err.empty()) err = check_bwd(t, FlashAttentionPass::kBackwardQ, cu, H, causal != 0, &blocks);
+        std::string err = check_bwd(t, FlashAttentionPass::kBackwardKV, cu, cuk, H, causal != 0, &blocks);
+        if (err.empty()) err = check_bwd(t, FlashAttentionPass::kBackwardQ, cu, cuk, H, causal != 0, &blocks);
         const auto w = flash_attention_workspace(t);
         std::ostringstream o;
         o << "{\"ok\":true,\"key\":" << uint32_t(t.key) << ",\"blockDim\":" << t.blockDim
@@ -106,19 +139,25 @@ int main(int argc, char** argv) {
         std::cout << o.str() << std::endl;
         continue;
       }
-      auto sched = flash_attention_schedule(t, cu);
+      auto sched = flash_attention_schedule(t, cu, cuk);
       std::vector<uint8_t> cover(static_cast<size_t>(T * H), 0);
       std::string err;
-      size_t items = 0;
-      for (auto& core : sched)
-        for (auto& it : core) {
+      size_t items = 0, keyless = 0;
+      for (size_t c = 0; c < sched.size(); ++c)
+        for (auto& it : sched[c]) {
           ++items;
-          const int64_t s0 = cu[it.seq], len = cu[it.seq + 1] - s0;
+          const int64_t s0 = cu[it.seq], len = cu[it.seq + 1] - s0, lk = cuk[it.seq + 1] - cuk[it.seq];
           if (it.rows <= 0 || it.rows > t.baseM) err = "item outside the query block";
           if (it.q0 < s0 || it.q0 + it.rows > s0 + len) err = "item crosses its sequence";
-          const int64_t want = causal ? it.q0 - s0 + it.rows : len;
+          if (it.k0 != cuk[it.seq]) err = "wrong key start";
+          // the keys the block's last query row sees (bottom-right causal), brute force
+          int64_t want = 0;
+          for (int64_t j = 0; j < lk; ++j)
+            if (!causal || j <= (it.q0 - s0 + it.rows - 1) + lk - len) want = j + 1;
           if (it.kvLen != want) err = "wrong key range";
-          if (it.keyBlocks * t.baseN < it.kvLen || (it.keyBlocks - 1) * t.baseN >= it.kvLen) err = "wrong key block count";
+          if (it.keyBlocks * t.baseN < it.kvLen || (it.keyBlocks > 0 && (it.keyBlocks - 1) * t.baseN >= it.kvLen))
+            err = "wrong key block count";
+          if (it.keyBlocks == 0) ++keyless;
           for (int64_t r = it.q0; r < it.q0 + it.rows; ++r)
             if (++cover[static_cast<size_t>(r * H + it.head)] > 1) err = "query row covered twice";
         }
@@ -130,7 +169,8 @@ int main(int argc, char** argv) {
         << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"ubBuffers\":" << t.ubBuffers
         << ",\"l1Bytes\":" << t.l1Bytes << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes
         << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes
-        << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"items\":" << items
+        << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"items\":" << items << ",\"keyless\":" << keyless
+        << ",\"steps\":" << flash_attention_workspace(t).steps
         << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
       std::cout << o.str() << std::endl;
     } catch (const std::exception& e) {

@@ -1,12 +1,12 @@
 // flash_attention_fwd and flash_attention_bwd on Ascend, written once for every launcher
 // (host/launch.h: NpuLauncher, EmuLauncher).
 //
-// op-boundary checks (common/checks.h; seqlen_q != seqlen_k raises NotImplementedError: not done
-// by these kernels yet; GQA/MQA expand k/v to the q heads here and sum dk/dv per group) -> the
-// Cube path's limits (fp16/bf16, 16-bit copy strides)
-// -> cu_seqlens as int64 on q's device (a device cast; the host code below never reads it: the
-// caller's max_seqlen, checked against the longest sequence at the op boundary, bounds the work
-// items) -> tiling (tiling/flash_attention_tiling.h) -> GM workspaces sized by
+// op-boundary checks (common/checks.h; GQA/MQA expand k/v to the q heads here and sum dk/dv per
+// group) -> the Cube path's limits (fp16/bf16, 16-bit copy strides)
+// -> cu_seqlens_q and cu_seqlens_k as int64 on q's device (device casts; the host code below never
+// reads them: the caller's max_seqlen_q / max_seqlen_k, checked against the longest sequences at the
+// op boundary, bound the work items and steps; the kernels walk the sequences, Lq != Lk allowed with
+// bottom-right causal alignment, rows that see no key give out 0, lse -inf, zero gradients) -> tiling (tiling/flash_attention_tiling.h) -> GM workspaces sized by
 // flash_attention_workspace() -> one uint64 argument block (FlashAttentionFwdArgs / BwdArgs) ->
 // the kernels of kernels/flash_attention_*.cpp, with one copy of the tiling per launch (its `step`
 // and `pass` fields set). Default, the fused mixed kernels:
@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../../common/checks.h"
@@ -43,7 +44,7 @@ namespace amo_ascend {
 namespace host {
 
 struct FaShape {
-  int64_t T, H, Dq, Dk, Dr, Dv, B;
+  int64_t T, Tk, H, Dq, Dk, Dr, Dv, B;
   bool rope;
   DType dt;
 };
@@ -60,7 +61,7 @@ FaShape fa_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   s.rope = kRope.has_value() && kRope->defined();
   if (s.rope) L::check_device(*kRope, "k_rope");
   s.dt = cube_dtype(q, op);
-  s.T = q.size(0), s.H = q.size(1), s.Dq = q.size(2), s.Dk = k.size(2), s.Dv = v.size(2);
+  s.T = q.size(0), s.Tk = k.size(0), s.H = q.size(1), s.Dq = q.size(2), s.Dk = k.size(2), s.Dv = v.size(2);
   s.Dr = s.rope ? kRope->size(1) : 0;
   s.B = cuSeqlens.numel() - 1;
   TORCH_CHECK(s.H * s.Dq < 65536 && s.H * s.Dv < 65536, op, " (AscendC): H * Dq = ", s.H * s.Dq, " and H * Dv = ",
@@ -101,11 +102,11 @@ inline at::Tensor sum_kv_group(const at::Tensor& g, int64_t group) {
   return g.view({T, Hq / group, group, D}).to(at::kFloat).sum(2).to(g.scalar_type());
 }
 
-// seqlen_q != seqlen_k is not done by these kernels yet (one cu_seqlens for q and k).
-inline void check_same_seqlens(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cuQ,
-                               const at::Tensor& cuK) {
-  TORCH_CHECK_NOT_IMPLEMENTED(amo::checks::attention_same_seqlens(q, k, cuQ, cuK), op,
-                              ": AscendC backend: seqlen_q != seqlen_k not supported yet");
+// cu_seqlens as the kernels read it: int64 on the device (one tensor when q and k share it).
+inline std::pair<at::Tensor, at::Tensor> fa_cu(const at::Tensor& cuQ, const at::Tensor& cuK, const at::Device& dev) {
+  auto cu = cuQ.to(dev, at::kLong, /*non_blocking=*/true).contiguous();
+  auto cuk = cuK.is_same(cuQ) ? cu : cuK.to(dev, at::kLong, /*non_blocking=*/true).contiguous();
+  return {cu, cuk};
 }
 
 template <class L>
@@ -118,21 +119,19 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
   amo::checks::flash_attention_fwd(q, k, v, kRope, cuSeqlensQ, cuSeqlensK, maxSeqlenQ, maxSeqlenK, causal,
                                    softmaxScale);
   if (amo::checks::attention_is_empty(q, k)) return amo::checks::empty_attention_fwd(q, v);
-  check_same_seqlens(op, q, k, cuSeqlensQ, cuSeqlensK);
-  const at::Tensor& cuSeqlens = cuSeqlensQ;  // = cu_seqlens_k (checked just above)
-  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK), group = q.size(1) / k.size(1);
-  const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, op);
+  const int64_t group = q.size(1) / k.size(1);
+  const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlensQ, op);
   auto qc = q.contiguous(), kc = expand_kv_heads(k, group).contiguous(), vc = expand_kv_heads(v, group).contiguous();
   at::Tensor krc = s.rope ? kRope->contiguous() : at::Tensor();
   const ChipInfo chip = L::cube_chip(qc);
-  FlashAttentionTiling t = compute_flash_attention_tiling(s.T, s.H, s.Dk, s.Dr, s.Dv, s.B, maxSeqlen, causal, s.dt, chip,
-                                                          L::cube_max_base());
+  FlashAttentionTiling t = compute_flash_attention_tiling(s.T, s.Tk, s.H, s.Dk, s.Dr, s.Dv, s.B, maxSeqlenQ, maxSeqlenK,
+                                                          causal, s.dt, chip, L::cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   const auto f32 = qc.options().dtype(at::kFloat);
   if (t.key == FlashAttentionTilingKey::kEmpty)
     return {at::zeros({s.T, s.H, s.Dv}, qc.options()),
             at::full({s.H, s.T}, -std::numeric_limits<float>::infinity(), f32)};
-  auto cu = cuSeqlens.to(qc.device(), at::kLong, /*non_blocking=*/true).contiguous();
+  const auto [cu, cuk] = fa_cu(cuSeqlensQ, cuSeqlensK, qc.device());
   const FlashAttentionWorkspace ws = flash_attention_workspace(t);
   auto out = L::output({s.T, s.H, s.Dv}, qc.options());
   auto lse = L::output({s.H, s.T}, f32);
@@ -143,9 +142,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
     auto sWs = L::output({ws.fusedScore}, f32);
     auto pWs = L::output({ws.fusedScore}, qc.options());
     auto opWs = L::output({ws.fusedRows}, f32);
-    const FlashAttentionFwdArgs a{gm_addr(qc), gm_addr(kc),   gm_addr(vc), gm_addr(krc), gm_addr(cu), gm_addr(sWs),
-                                  gm_addr(pWs), gm_addr(opWs), 0,           0,            gm_addr(out), gm_addr(lse)};
-    L::launch("amo_fa_fused", L::amo_fa_fused, fa_mix(t, chip), {qc, kc, vc, krc, cu, sWs, pWs, opWs, out, lse},
+    const FlashAttentionFwdArgs a{gm_addr(qc),  gm_addr(kc),  gm_addr(vc),   gm_addr(krc), gm_addr(cu),
+                                  gm_addr(cuk), gm_addr(sWs), gm_addr(pWs),  gm_addr(opWs), 0,
+                                  0,            gm_addr(out), gm_addr(lse)};
+    L::launch("amo_fa_fused", L::amo_fa_fused, fa_mix(t, chip), {qc, kc, vc, krc, cu, cuk, sWs, pWs, opWs, out, lse},
               L::pod(a, qc), step_tiling<L>(t, FlashAttentionPass::kForward, 0, qc));
     return {out, lse};
   }
@@ -155,10 +155,11 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
   auto opWs = at::zeros({ws.rows}, f32);
   auto oWs = at::zeros({ws.rows}, f32);
   auto stWs = at::zeros({ws.state}, f32);
-  const FlashAttentionFwdArgs a{gm_addr(qc),  gm_addr(kc),   gm_addr(vc),  gm_addr(krc),  gm_addr(cu),  gm_addr(sWs),
-                                gm_addr(pWs), gm_addr(opWs), gm_addr(oWs), gm_addr(stWs), gm_addr(out), gm_addr(lse)};
+  const FlashAttentionFwdArgs a{gm_addr(qc),  gm_addr(kc),  gm_addr(vc),   gm_addr(krc), gm_addr(cu),
+                                gm_addr(cuk), gm_addr(sWs), gm_addr(pWs),  gm_addr(opWs), gm_addr(oWs),
+                                gm_addr(stWs), gm_addr(out), gm_addr(lse)};
   auto args = L::pod(a, qc);
-  const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, sWs, pWs, opWs, oWs, stWs, out, lse};
+  const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, cuk, sWs, pWs, opWs, oWs, stWs, out, lse};
   for (int64_t j = 0; j < ws.steps; ++j) {
     auto tiling = step_tiling<L>(t, FlashAttentionPass::kForward, j, qc);
     L::launch("amo_fa_qk", L::amo_fa_qk, fa_cube(t, chip), keep, args, tiling);
@@ -180,10 +181,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   if (amo::checks::attention_is_empty(q, k))
     return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
             kRope.has_value() ? at::zeros_like(*kRope) : at::empty({0}, q.options())};
-  check_same_seqlens(op, q, k, cuSeqlensQ, cuSeqlensK);
-  const at::Tensor& cuSeqlens = cuSeqlensQ;  // = cu_seqlens_k (checked just above)
-  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK), group = q.size(1) / k.size(1);
-  const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlens, op);
+  const int64_t group = q.size(1) / k.size(1);
+  const FaShape s = fa_shape<L>(q, k, v, kRope, cuSeqlensQ, op);
   L::check_device(gradOut, "grad_out");
   L::check_device(out, "out");
   L::check_device(lse, "lse");
@@ -191,14 +190,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   auto doc = gradOut.contiguous(), oc = out.contiguous(), lc = lse.contiguous();
   at::Tensor krc = s.rope ? kRope->contiguous() : at::Tensor();
   const ChipInfo chip = L::cube_chip(qc);
-  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(s.T, s.H, s.Dk, s.Dr, s.Dv, s.B, maxSeqlen, causal, s.dt,
-                                                              chip, L::cube_max_base());
+  FlashAttentionTiling t = compute_flash_attention_bwd_tiling(s.T, s.Tk, s.H, s.Dk, s.Dr, s.Dv, s.B, maxSeqlenQ,
+                                                              maxSeqlenK, causal, s.dt, chip, L::cube_max_base());
   t.softmaxScale = static_cast<float>(softmaxScale);
   if (t.key == FlashAttentionTilingKey::kEmpty)
     return {at::zeros({s.T, s.H, s.Dq}, qc.options()), at::zeros(k.sizes(), qc.options()),
             at::zeros(v.sizes(), qc.options()),
-            s.rope ? at::zeros({s.T, s.Dr}, qc.options()) : at::empty({0}, qc.options())};
-  auto cu = cuSeqlens.to(qc.device(), at::kLong, /*non_blocking=*/true).contiguous();
+            s.rope ? at::zeros({s.Tk, s.Dr}, qc.options()) : at::empty({0}, qc.options())};
+  const auto [cu, cuk] = fa_cu(cuSeqlensQ, cuSeqlensK, qc.device());
   const FlashAttentionWorkspace w = flash_attention_workspace(t);  // t.pass == kBackwardKV: backward sizes
   const auto f32 = qc.options().dtype(at::kFloat);
   // fused: one slot per AI Core and the running sums in UB (no acc); phases: per-item workspaces and
@@ -215,16 +214,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   auto acc = L::output({fused ? 0 : w.rows}, f32);
   auto dkRopeHeads = L::output({s.rope ? w.dkRopeHeads : 0}, f32);
   auto dq = L::output({s.T, s.H, s.Dq}, qc.options());
-  auto dk = L::output({s.T, s.H, s.Dk}, qc.options());
-  auto dv = L::output({s.T, s.H, s.Dv}, qc.options());
-  auto dkRope = s.rope ? L::output({s.T, s.Dr}, qc.options()) : at::empty({0}, qc.options());
+  auto dk = L::output({s.Tk, s.H, s.Dk}, qc.options());
+  auto dv = L::output({s.Tk, s.H, s.Dv}, qc.options());
+  auto dkRope = s.rope ? L::output({s.Tk, s.Dr}, qc.options()) : at::empty({0}, qc.options());
   // field order of FlashAttentionBwdArgs: inputs, delta, scores, gradient workspaces, dK_rope per head, outputs
   const FlashAttentionBwdArgs a{gm_addr(qc),   gm_addr(kc),   gm_addr(vc),  gm_addr(krc),  gm_addr(cu),
-                                gm_addr(oc),   gm_addr(doc),  gm_addr(lc),  gm_addr(delta), gm_addr(sWs),
+                                gm_addr(cuk),  gm_addr(oc),   gm_addr(doc),  gm_addr(lc),  gm_addr(delta), gm_addr(sWs),
                                 gm_addr(dpWs), gm_addr(pWs),  gm_addr(dsWs), gm_addr(part), gm_addr(acc),
                                 gm_addr(dkRopeHeads), gm_addr(dq), gm_addr(dk), gm_addr(dv), gm_addr(dkRope)};
   auto args = L::pod(a, qc);
-  const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, oc, doc, lc, delta, sWs, dpWs, pWs, dsWs, part, acc,
+  const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, cuk, oc, doc, lc, delta, sWs, dpWs, pWs, dsWs, part, acc,
                                      dkRopeHeads, dq, dk, dv, dkRope};
   // delta = rowsum(dout * out), once, with the tiling of the KV pass at step 0 (also used by amo_fab_dkrope)
   auto base = step_tiling<L>(t, FlashAttentionPass::kBackwardKV, 0, qc);

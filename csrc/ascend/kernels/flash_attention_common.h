@@ -16,7 +16,8 @@
 //                  out = O / l (input dtype) and lse = m + ln(l).
 // The per-row (m, l, alpha) state and the O accumulator live in GM workspaces between launches (a
 // fused kernel keeps them in UB). Work items (sequence, head, query block) are walked on the device
-// from cu_seqlens (int64) exactly as flash_attention_schedule() does: item t runs on AIC core
+// from cu_seqlens_q and cu_seqlens_k (int64; a sequence may have Lq != Lk, causal is bottom-right
+// aligned: query i sees keys j <= i + Lk - Lq) exactly as flash_attention_schedule() does: item t runs on AIC core
 // t % blockDim; on the vector side item t is split into U = ceil(baseM / vecRows) units of vecRows rows
 // (U = 2 on the 910B: two AIVs per AIC), unit t * U + u on AIV core (t * U + u) % blockNum. Every workspace row has one writer per phase.
 // FILES (one kernel type per source file: CANN's build flow classifies a file by its FIRST
@@ -38,20 +39,43 @@ using namespace AscendC;
 namespace amo_ascend {
 namespace kernels {
 
-// One work item as the device sees it.
+// One work item as the device sees it: query rows [seqStart + qPos0, + rows) of q, keys
+// [kvStart, kvStart + kvLen) of k (kvLen = 0: the item sees no key), off = Lk - Lq of its sequence
+// (query qPos sees keys j <= qPos + off when causal).
 struct FaItem {
-  int64_t t, seq, head, seqStart, qPos0, rows, kvLen, keyBlocks;
+  int64_t t, seq, head, seqStart, qPos0, rows, kvStart, off, kvLen, keyBlocks;
 };
+
+// Keys seen by query block [qPos0, qPos0 + rows) of a sequence with lq queries and lk keys: all lk, or
+// causal the keys up to the one its last row sees (j <= qPos0 + rows - 1 + lk - lq), clamped to [0, lk].
+__aicore__ inline int64_t FaKvLen(bool causal, int64_t qPos0, int64_t rows, int64_t lq, int64_t lk) {
+  if (!causal) return lk;
+  const int64_t n = qPos0 + rows + lk - lq;
+  return n < 0 ? 0 : Min64(n, lk);
+}
+
+// The four cu_seqlens entries of sequence b (scalar GM reads of host-written data: ReadGmFresh).
+struct FaSeq {
+  int64_t q0, lq, k0, lk;
+};
+__aicore__ inline FaSeq FaReadSeq(const GlobalTensor<int64_t>& cu, const GlobalTensor<int64_t>& cuK, int64_t b) {
+  FaSeq s;
+  s.q0 = ReadGmFresh(cu, b);
+  s.lq = ReadGmFresh(cu, b + 1) - s.q0;
+  s.k0 = ReadGmFresh(cuK, b);
+  s.lk = ReadGmFresh(cuK, b + 1) - s.k0;
+  return s;
+}
 
 // Walks the items in schedule order; calls op.Item(it) for those with (t * units + u) % cores == core
 // for some unit u < units (units = 1 on the Cube side, 2 on the vector side: op gets the unit index).
 template <typename Op>
-__aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, int64_t core,
-                                int64_t cores, uint32_t units, Op& op) {
+__aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                                const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, uint32_t units, Op& op) {
   int64_t item = 0;
   for (int64_t b = 0; b < t.B; ++b) {
-    const int64_t s0 = ReadGmFresh(cu, b), len = ReadGmFresh(cu, b + 1) - s0;
-    const int64_t qb = CeilDiv(len, t.baseM);
+    const FaSeq sq = FaReadSeq(cu, cuK, b);
+    const int64_t qb = CeilDiv(sq.lq, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < qb; ++i, ++item) {
         for (uint32_t u = 0; u < units; ++u) {
@@ -60,10 +84,12 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
           it.t = item;
           it.seq = b;
           it.head = h;
-          it.seqStart = s0;
+          it.seqStart = sq.q0;
           it.qPos0 = i * t.baseM;
-          it.rows = Min64(t.baseM, len - it.qPos0);
-          it.kvLen = t.mask == FlashAttentionMask::kCausal ? it.qPos0 + it.rows : len;
+          it.rows = Min64(t.baseM, sq.lq - it.qPos0);
+          it.kvStart = sq.k0;
+          it.off = sq.lk - sq.lq;
+          it.kvLen = FaKvLen(t.mask == FlashAttentionMask::kCausal, it.qPos0, it.rows, sq.lq, sq.lk);
           it.keyBlocks = CeilDiv(it.kvLen, t.baseN);
           op.Item(it, u);
         }
@@ -72,8 +98,17 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
 }
 
 template <typename Op>
-__aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
-  FaWalkOn(t, cu, GetBlockIdx(), GetBlockNum(), units, op);
+__aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                              const GlobalTensor<int64_t>& cuK, uint32_t units, Op& op) {
+  FaWalkOn(t, cu, cuK, GetBlockIdx(), GetBlockNum(), units, op);
+}
+
+// The cu_seqlens_q / cu_seqlens_k tensors of an argument block.
+template <typename Args>
+__aicore__ inline void FaSetCu(GlobalTensor<int64_t>& cu, GlobalTensor<int64_t>& cuK, const Args& g,
+                               const FlashAttentionTiling& t) {
+  cu.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+  cuK.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cuK), static_cast<uint64_t>(t.B + 1));
 }
 
 // ---- Cube phases ------------------------------------------------------------------------------------
@@ -218,16 +253,16 @@ class FaQk {
     t_ = t;
     const int64_t dq = t.Dk + t.Dr;
     q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
-    k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
-    if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.Tk * t.H * t.Dk));
+    if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.Tk * t.Dr));
+    FaSetCu(cu_, cuK_, g, t);
     s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
-    FaWalk(t, cu_, 1, *this);
+    FaWalk(t, cu_, cuK_, 1, *this);
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t) {
     if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
     const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
-    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + k0;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.kvStart + k0;
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.Scores(c, t_, q_, k_, kr_, qRow, kRow, it.head, it.rows, cols);
     cube_.Store(s_[it.t * t_.baseM * t_.baseN], c, it.rows, cols, t_.baseN);
@@ -237,7 +272,7 @@ class FaQk {
   FaCube<T> cube_;
   FlashAttentionTiling t_;
   GlobalTensor<T> q_, k_, kr_;
-  GlobalTensor<int64_t> cu_;
+  GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<float> s_;
 };
 
@@ -248,16 +283,16 @@ class FaPv {
     TPipe pipe;
     cube_.Init(t, &pipe);
     t_ = t;
-    v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
+    v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.Tk * t.H * t.Dv));
     p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    FaSetCu(cu_, cuK_, g, t);
     o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart));
-    FaWalk(t, cu_, 1, *this);
+    FaWalk(t, cu_, cuK_, 1, *this);
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t) {
     if (static_cast<int64_t>(t_.step) >= it.keyBlocks) return;
     const int64_t k0 = static_cast<int64_t>(t_.step) * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
-    const int64_t kRow = it.seqStart + k0;
+    const int64_t kRow = it.kvStart + k0;
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.MatMul(c, p_[it.t * t_.baseM * t_.baseN], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false,
                  it.rows, t_.Dv, cols, true);
@@ -268,7 +303,7 @@ class FaPv {
   FaCube<T> cube_;
   FlashAttentionTiling t_;
   GlobalTensor<T> v_, p_;
-  GlobalTensor<int64_t> cu_;
+  GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<float> o_;
 };
 
@@ -295,15 +330,17 @@ class FaRows {
     if (finish) pipe.InitBuffer(outBuf_, Up16(t.Dv) * sizeof(T));
   }
 
-  // One online-softmax step of query row qPos against the key block [k0, k0 + cols): the P row (input
-  // dtype, baseN wide, pad columns exactly zero) from the score row sRow to pRow, and the row's new
-  // state from `old` (ignored at the item's first block). A row whose keys are all masked in this block
-  // gets a zero P row and keeps its state (alpha = 1).
-  __aicore__ inline FaRowState SoftmaxRow(const GlobalTensor<float>& sRow, const GlobalTensor<T>& pRow, int64_t qPos,
-                                          int64_t k0, int64_t cols, bool first, const FaRowState& old) {
+  // One online-softmax step against the key block [k0, k0 + cols) of a query row whose last visible
+  // key is lastKey (causal: its position + Lk - Lq): the P row (input dtype, baseN wide, pad columns
+  // exactly zero) from the score row sRow to pRow, and the row's new state from `old` (ignored at the
+  // item's first block). A row whose keys are all masked in this block gets a zero P row and keeps its
+  // state (alpha = 1); a row that sees no key at all keeps l = 0 (FinishRow: out 0, lse -inf).
+  __aicore__ inline FaRowState SoftmaxRow(const GlobalTensor<float>& sRow, const GlobalTensor<T>& pRow,
+                                          int64_t lastKey, int64_t k0, int64_t cols, bool first,
+                                          const FaRowState& old) {
     LocalTensor<float> s = sBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
     LocalTensor<T> p = pBuf_.Get<T>();
-    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? Min64(cols, qPos - k0 + 1) : cols;
+    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? Min64(cols, lastKey - k0 + 1) : cols;
     FaRowState st{old.m, old.l, 1.0f};
     ZeroFill(p, t_.baseN);
     if (valid > 0) {
@@ -361,16 +398,36 @@ class FaRows {
   }
 
   // After the item's last key block: out row = O / l in the input dtype to outRow, lse[lseIdx] =
-  // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place).
+  // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place). A row that saw no key
+  // (l = 0; its P rows and so o are exactly 0) gets out 0 and lse -inf.
   __aicore__ inline void FinishRow(const LocalTensor<float>& o, float m, float l, const GlobalTensor<T>& outRow,
                                    GlobalTensor<float>& lse, int64_t lseIdx) {
     LocalTensor<T> outT = outBuf_.Get<T>();
     LocalTensor<float> red = red_.Get<float>();
-    Muls(o, o, 1.0f / l, static_cast<int32_t>(Up8(t_.Dv)));
+    const bool seen = l > 0.0f;
+    Muls(o, o, seen ? 1.0f / l : 0.0f, static_cast<int32_t>(Up8(t_.Dv)));
     Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
-    Duplicate(red, l, 8);
-    Ln(red, red, 8);
-    Adds(red, red, m, 8);  // lse = m + ln(l), stored by DMA: rows of other cores share its 64-byte line
+    if (seen) {
+      Duplicate(red, l, 8);
+      Ln(red, red, 8);
+      Adds(red, red, m, 8);  // lse = m + ln(l), stored by DMA: rows of other cores share its 64-byte line
+    } else {
+      NegInfFill(red);
+    }
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    CopyRowOut(outRow, outT, static_cast<uint32_t>(t_.Dv));
+    StoreElement(lse[lseIdx], red);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+  // A row of an item without any key block: out row 0, lse -inf.
+  __aicore__ inline void EmptyRow(const GlobalTensor<T>& outRow, GlobalTensor<float>& lse, int64_t lseIdx) {
+    LocalTensor<T> outT = outBuf_.Get<T>();
+    LocalTensor<float> red = red_.Get<float>();
+    ZeroFill(outT, Up16(t_.Dv));
+    NegInfFill(red);
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     CopyRowOut(outRow, outT, static_cast<uint32_t>(t_.Dv));
@@ -380,6 +437,11 @@ class FaRows {
   }
 
  private:
+  // 8 fp32 -inf (bit pattern 0xFF800000 through an integer view: no inf literal in device code)
+  __aicore__ inline void NegInfFill(const LocalTensor<float>& red) {
+    Duplicate(red.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), 8);
+  }
+
   FlashAttentionTiling t_;
   TBuf<TPosition::VECCALC> sBuf_, pBuf_, work_, red_, outBuf_;
 };
@@ -392,11 +454,11 @@ class FaSoftmax {
     TPipe pipe;
     t_ = t;
     rows_.Init(pipe, t, true, false);
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    FaSetCu(cu_, cuK_, g, t);
     s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
     p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
     st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
-    FaWalk(t, cu_, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
+    FaWalk(t, cu_, cuK_, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t half) {
     const int64_t j = t_.step;
@@ -411,7 +473,7 @@ class FaSoftmax {
         old.l = ReadGmFresh(st_, stBase + t_.baseM + r);
       }
       const int64_t row = (it.t * t_.baseM + r) * t_.baseN;
-      const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
+      const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r + it.off, k0, cols, j == 0, old);
       // DMA stores, not scalar SetValue: the state rows of the two AIV units of an item share 64-byte
       // lines (vecRows = 8 floats at baseM = 16), and a data-cache write-back would lose the other's.
       rows_.StoreScalar(st_[stBase + r], st.m);
@@ -423,7 +485,7 @@ class FaSoftmax {
  private:
   FlashAttentionTiling t_;
   FaRows<T> rows_;
-  GlobalTensor<int64_t> cu_;
+  GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<float> s_, st_;
   GlobalTensor<T> p_;
 };
@@ -438,19 +500,27 @@ class FaUpdate {
     pipe.InitBuffer(oBuf_, dva_ * sizeof(float));
     pipe.InitBuffer(pvBuf_, dva_ * sizeof(float));
     rows_.Init(pipe, t, false, true);
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    FaSetCu(cu_, cuK_, g, t);
     oPart_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart));
     o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.o));
     st_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.state));
     out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
     lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
-    FaWalk(t, cu_, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
+    FaWalk(t, cu_, cuK_, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
   }
   __aicore__ inline void Item(const FaItem& it, uint32_t half) {
     const int64_t j = t_.step;
+    const int64_t r0 = half * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
+    if (it.keyBlocks == 0) {  // the item sees no key: out 0, lse -inf, written at step 0
+      if (j != 0) return;
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t tok = it.seqStart + it.qPos0 + r;
+        rows_.EmptyRow(out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
+      }
+      return;
+    }
     if (j >= it.keyBlocks) return;
     const bool last = j + 1 == it.keyBlocks;
-    const int64_t r0 = half * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
     LocalTensor<float> o = oBuf_.Get<float>(), pv = pvBuf_.Get<float>();
     const int64_t stBase = it.t * 3 * t_.baseM;
     const int32_t dva = static_cast<int32_t>(dva_);
@@ -490,7 +560,7 @@ class FaUpdate {
   uint32_t dva_ = 0;
   FaRows<T> rows_;
   TBuf<TPosition::VECCALC> oBuf_, pvBuf_;
-  GlobalTensor<int64_t> cu_;
+  GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<float> oPart_, o_, st_, lse_;
   GlobalTensor<T> out_;
 };
@@ -514,35 +584,44 @@ class FaUpdate {
 
 // One item at one step of a backward pass.
 struct FabItem {
-  int64_t t, head, seqStart;
+  int64_t t, head;
+  int64_t seqStart;     // first query row of the sequence in q
+  int64_t kvStart;      // first key row of the sequence in k
   int64_t qPos0, rows;  // query rows [qPos0, qPos0 + rows) of the sequence
-  int64_t k0, cols;     // key rows [k0, k0 + cols)
-  int64_t len;          // keys of the sequence
+  int64_t k0, cols;     // key rows [k0, k0 + cols) of the sequence
+  int64_t lenQ, lenK;   // queries and keys of the sequence (causal: query i sees keys j <= i + lenK - lenQ)
   bool first;           // first (unmasked) step of the item (fused kernel: start the running sums)
   bool last;            // last step of the item: write its gradient rows
 };
 
-// Geometry of item block i (of a sequence of length len) at `step` for the pass of t; false when the
-// item has no (unmasked) block at that step. KV pass: item = key block i, step = query block;
-// Q pass: item = query block i, step = key block (up to the causal diagonal).
-__aicore__ inline bool FabBlock(const FlashAttentionTiling& t, int64_t len, int64_t i, int64_t step, FabItem& it) {
-  const int64_t b = t.baseM;
+// Geometry of item block i of sequence sq at `step` for the pass of t; false when the item has no
+// (unmasked) block at that step. KV pass: item = key block i, step = query block; Q pass: item =
+// query block i, step = key block (up to the last key its last row sees). Fills it.k0 / cols (KV pass)
+// or it.qPos0 / rows (Q pass), the item's own rows, in any case.
+__aicore__ inline bool FabBlock(const FlashAttentionTiling& t, const FaSeq& sq, int64_t i, int64_t step, FabItem& it) {
+  const int64_t b = t.baseM, off = sq.lk - sq.lq;
   const bool causal = t.mask == FlashAttentionMask::kCausal;
-  it.len = len;
+  it.seqStart = sq.q0;
+  it.kvStart = sq.k0;
+  it.lenQ = sq.lq;
+  it.lenK = sq.lk;
   if (t.pass == FlashAttentionPass::kBackwardKV) {
     it.k0 = i * b;
-    it.cols = Min64(b, len - it.k0);
+    it.cols = Min64(b, sq.lk - it.k0);
     it.qPos0 = step * b;
-    if (it.qPos0 >= len) return false;
-    it.rows = Min64(b, len - it.qPos0);
-    if (causal && it.qPos0 + it.rows - 1 < it.k0) return false;  // block entirely above the diagonal
-    it.first = causal ? step == it.k0 / b : step == 0;
-    it.last = step == CeilDiv(len, b) - 1;
+    if (it.qPos0 >= sq.lq) return false;
+    it.rows = Min64(b, sq.lq - it.qPos0);
+    if (causal && it.qPos0 + it.rows - 1 + off < it.k0) return false;  // block entirely above the diagonal
+    // causal: the first query block whose rows see key k0 (query k0 - off; every key is seen by the
+    // last query, so the item has blocks whenever lq > 0)
+    const int64_t firstQ = causal && it.k0 - off > 0 ? it.k0 - off : 0;
+    it.first = step == firstQ / b;
+    it.last = step == CeilDiv(sq.lq, b) - 1;
     return true;
   }
   it.qPos0 = i * b;
-  it.rows = Min64(b, len - it.qPos0);
-  const int64_t kvLen = causal ? it.qPos0 + it.rows : len;
+  it.rows = Min64(b, sq.lq - it.qPos0);
+  const int64_t kvLen = FaKvLen(causal, it.qPos0, it.rows, sq.lq, sq.lk);
   it.k0 = step * b;
   if (it.k0 >= kvLen) return false;
   it.cols = Min64(b, kvLen - it.k0);
@@ -551,29 +630,46 @@ __aicore__ inline bool FabBlock(const FlashAttentionTiling& t, int64_t len, int6
   return true;
 }
 
-// Calls visit.Visit(item, sequence start, sequence length, block i, head) for every item in schedule
-// order (sequences, then heads, then blocks: the numbering of FaWalk). (Visitors are structs with
-// __aicore__ members, not lambdas: device code calls only __aicore__ functions.)
+// An item without any block (KV pass: the sequence has no query; Q pass: the block's rows see no
+// key): its gradient rows are zero. Fills the item's own rows of it (as FabBlock).
+__aicore__ inline bool FabEmpty(const FlashAttentionTiling& t, const FaSeq& sq, int64_t i, FabItem& it) {
+  FabBlock(t, sq, i, 0, it);
+  if (t.pass == FlashAttentionPass::kBackwardKV) return sq.lq == 0;
+  return FaKvLen(t.mask == FlashAttentionMask::kCausal, it.qPos0, it.rows, sq.lq, sq.lk) == 0;
+}
+
+// Calls visit.Visit(item, sequence, block i, head) for every item in schedule order (sequences, then
+// heads, then blocks: the numbering of FaWalk; the KV pass's blocks are key blocks, the Q pass's
+// query blocks). (Visitors are structs with __aicore__ members, not lambdas: device code calls only
+// __aicore__ functions.)
 template <typename Visitor>
-__aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, Visitor& visit) {
+__aicore__ inline void FabItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                                const GlobalTensor<int64_t>& cuK, Visitor& visit) {
   int64_t item = 0;
+  const bool kv = t.pass == FlashAttentionPass::kBackwardKV;
   for (int64_t s = 0; s < t.B; ++s) {
-    const int64_t s0 = ReadGmFresh(cu, s), len = ReadGmFresh(cu, s + 1) - s0, nb = CeilDiv(len, t.baseM);
+    const FaSeq sq = FaReadSeq(cu, cuK, s);
+    const int64_t nb = CeilDiv(kv ? sq.lk : sq.lq, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
-      for (int64_t i = 0; i < nb; ++i, ++item) visit.Visit(item, s0, len, i, h);
+      for (int64_t i = 0; i < nb; ++i, ++item) visit.Visit(item, sq, i, h);
   }
 }
 
 // Phase kernels: the blocks of t.pass at step t.step; op.Item(it, u) for the units u < units with
-// (t * units + u) % cores == core.
+// (t * units + u) % cores == core; an item without blocks: op.Empty(it, u) at step 0.
 template <typename Op>
 struct FabStepVisitor {
-  __aicore__ inline void Visit(int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
+  __aicore__ inline void Visit(int64_t item, const FaSeq& sq, int64_t i, int64_t h) {
     FabItem it;
     it.t = item;
     it.head = h;
-    it.seqStart = s0;
-    if (!FabBlock(*t, len, i, t->step, it)) return;
+    if (FabEmpty(*t, sq, i, it)) {
+      if (t->step != 0) return;
+      for (uint32_t u = 0; u < units; ++u)
+        if ((item * units + u) % cores == core) op->Empty(it, u);
+      return;
+    }
+    if (!FabBlock(*t, sq, i, t->step, it)) return;
     for (uint32_t u = 0; u < units; ++u)
       if ((item * units + u) % cores == core) op->Item(it, u);
   }
@@ -584,9 +680,10 @@ struct FabStepVisitor {
 };
 
 template <typename Op>
-__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, uint32_t units, Op& op) {
+__aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                               const GlobalTensor<int64_t>& cuK, uint32_t units, Op& op) {
   FabStepVisitor<Op> v{&t, GetBlockIdx(), GetBlockNum(), units, &op};
-  FabItems(t, cu, v);
+  FabItems(t, cu, cuK, v);
 }
 
 // The n-th valid block of one item (its valid steps are the contiguous range [first, first + count):
@@ -595,8 +692,7 @@ struct FabNth {
   __aicore__ inline bool At(int64_t step, FabItem& it) const {
     it.t = item;
     it.head = head;
-    it.seqStart = s0;
-    return FabBlock(*t, len, i, step, it);
+    return FabBlock(*t, sq, i, step, it);
   }
   __aicore__ inline FabItem operator()(int64_t n) const {
     FabItem it;
@@ -604,19 +700,28 @@ struct FabNth {
     return it;
   }
   const FlashAttentionTiling* t;
-  int64_t item, s0, len, i, head, first;
+  int64_t item;
+  FaSeq sq;
+  int64_t i, head, first;
 };
 
 // Fused kernel: the items with item % cores == core; op.Item(count, nth) with nth(n) the FabItem of the
-// item's n-th valid block, n < count.
+// item's n-th valid block, n < count; op.Empty(it) for an item without blocks.
 template <typename Op>
 struct FabItemVisitor {
-  __aicore__ inline void Visit(int64_t item, int64_t s0, int64_t len, int64_t i, int64_t h) {
+  __aicore__ inline void Visit(int64_t item, const FaSeq& sq, int64_t i, int64_t h) {
     if (item % cores != core) return;
-    FabNth nth{t, item, s0, len, i, h, -1};
+    FabNth nth{t, item, sq, i, h, -1};
+    FabItem it;
+    it.t = item;
+    it.head = h;
+    if (FabEmpty(*t, sq, i, it)) {
+      op->Empty(it);
+      return;
+    }
     int64_t count = 0;
-    for (int64_t step = 0; step < CeilDiv(len, t->baseM); ++step) {
-      FabItem it;
+    const int64_t steps = CeilDiv(t->pass == FlashAttentionPass::kBackwardKV ? sq.lq : sq.lk, t->baseM);
+    for (int64_t step = 0; step < steps; ++step) {
       if (!nth.At(step, it)) continue;
       if (nth.first < 0) nth.first = step;
       ++count;
@@ -629,10 +734,10 @@ struct FabItemVisitor {
 };
 
 template <typename Op>
-__aicore__ inline void FabWalkItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu, int64_t core,
-                                    int64_t cores, Op& op) {
+__aicore__ inline void FabWalkItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                                    const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Op& op) {
   FabItemVisitor<Op> v{&t, core, cores, &op};
-  FabItems(t, cu, v);
+  FabItems(t, cu, cuK, v);
 }
 
 template <typename T>
@@ -640,29 +745,29 @@ struct FabTensors {
   __aicore__ inline void Set(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
     const int64_t dq = t.Dk + t.Dr;
     q.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
-    k.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
-    v.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
-    if (t.Dr) kr.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
+    k.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.Tk * t.H * t.Dk));
+    v.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.Tk * t.H * t.Dv));
+    if (t.Dr) kr.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.Tk * t.Dr));
     dout.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dout), static_cast<uint64_t>(t.T * t.H * t.Dv));
     out.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
     lse.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     delta.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.delta), static_cast<uint64_t>(t.T * t.H));
-    cu.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    FaSetCu(cu, cuK, g, t);
     s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s));
     dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp));
     p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p));
     ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds));
     part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part));
     acc.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.acc));
-    if (t.Dr) dkrh.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dkRopeHeads), static_cast<uint64_t>(t.H * t.T * t.Dr));
+    if (t.Dr) dkrh.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dkRopeHeads), static_cast<uint64_t>(t.H * t.Tk * t.Dr));
     dqo.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dq), static_cast<uint64_t>(t.T * t.H * dq));
-    dko.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dk), static_cast<uint64_t>(t.T * t.H * t.Dk));
-    dvo.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dv), static_cast<uint64_t>(t.T * t.H * t.Dv));
-    if (t.Dr) dkro.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dkRope), static_cast<uint64_t>(t.T * t.Dr));
+    dko.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dk), static_cast<uint64_t>(t.Tk * t.H * t.Dk));
+    dvo.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dv), static_cast<uint64_t>(t.Tk * t.H * t.Dv));
+    if (t.Dr) dkro.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.dkRope), static_cast<uint64_t>(t.Tk * t.Dr));
   }
   GlobalTensor<T> q, k, v, kr, dout, out, p, ds, dqo, dko, dvo, dkro;
   GlobalTensor<float> lse, delta, s, dp, part, acc, dkrh;
-  GlobalTensor<int64_t> cu;
+  GlobalTensor<int64_t> cu, cuK;
 };
 
 // Column offsets of the gradient workspace row (fp32): [nope | rope | v], each padded to 8 (32 bytes).
@@ -677,7 +782,7 @@ struct FabQkMath {
   __aicore__ inline void Item(FaCube<T>& cube, const FlashAttentionTiling& t, FabTensors<T>& g, const FabItem& it,
                               int64_t ws) {
     const int64_t H = t.H, b = t.baseM;
-    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.kvStart + it.k0;
     LocalTensor<float> c = cube.l0C_.template AllocTensor<float>();
     cube.Scores(c, t, g.q, g.k, g.kr, qRow, kRow, it.head, it.rows, it.cols);
     cube.Store(g.s[ws], c, it.rows, it.cols, b);
@@ -693,7 +798,7 @@ struct FabGradMath {
   __aicore__ inline void Item(FaCube<T>& cube, const FlashAttentionTiling& t, FabTensors<T>& g, const FabItem& it,
                               int64_t ws) {
     const int64_t dq = t.Dk + t.Dr, H = t.H, b = t.baseM;
-    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.seqStart + it.k0;
+    const int64_t qRow = it.seqStart + it.qPos0, kRow = it.kvStart + it.k0;
     const GlobalTensor<float> part = g.part[(ws / b) * t.gradCols];  // ws = item * b * b -> item * b * gradCols
     const bool rope = t.rope == FlashAttentionRope::kSharedKey;
     if (t.pass == FlashAttentionPass::kBackwardKV) {  // key rows as M: A = P^T or dS^T (transposed loads)
@@ -727,9 +832,10 @@ class FabCubePhase {
     cube_.InitBwd(t, &pipe);
     t_ = t;
     g_.Set(g, t);
-    FabWalk(t, g_.cu, 1, *this);
+    FabWalk(t, g_.cu, g_.cuK, 1, *this);
   }
   __aicore__ inline void Item(const FabItem& it, uint32_t) { math_.Item(cube_, t_, g_, it, it.t * t_.baseM * t_.baseM); }
+  __aicore__ inline void Empty(const FabItem&, uint32_t) {}  // no block: nothing for the Cube
 
  private:
   FaCube<T> cube_;
@@ -771,7 +877,8 @@ class FabRows {
     LocalTensor<float> s = sBuf_.Get<float>(), dp = dpBuf_.Get<float>();
     LocalTensor<T> p = pBuf_.Get<T>(), ds = dsBuf_.Get<T>();
     const int64_t qPos = it.qPos0 + r, tok = it.seqStart + qPos;
-    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? Min64(it.cols, qPos - it.k0 + 1) : it.cols;
+    const int64_t lastKey = qPos + it.lenK - it.lenQ;  // causal: the last key this row sees (bottom-right)
+    const int64_t valid = t_.mask == FlashAttentionMask::kCausal ? Min64(it.cols, lastKey - it.k0 + 1) : it.cols;
     ZeroFill(p, t_.baseN);
     ZeroFill(ds, t_.baseN);
     if (valid > 0) {
@@ -788,11 +895,11 @@ class FabRows {
       Adds(s, s, -lse, n);
       Exp(s, s, n);             // P in fp32
       Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(n));
-      // A row that sees one key only (a one-key sequence; with causal, the first query) has P = 1 and
+      // A row that sees one key only (a one-key sequence; with causal, the query at Lq - Lk) has P = 1 and
       // dP = delta mathematically, so dS = 0. Computed, dP (a Cube product over Dv) and delta (the
       // vector rowsum of dO * the rounded O) differ in the last bits (~1e-7), so such a row keeps the
       // zeros of ds instead: its dq, and the dk / dk_rope of a one-key sequence, are exactly 0.
-      const int64_t visible = t_.mask == FlashAttentionMask::kCausal ? Min64(it.len, qPos + 1) : it.len;
+      const int64_t visible = t_.mask == FlashAttentionMask::kCausal ? Min64(it.lenK, lastKey + 1) : it.lenK;
       if (visible > 1) {
         Adds(dp, dp, -delta, n);
         Mul(dp, dp, s, n);        // dS = P * (dP - delta) in fp32
@@ -815,13 +922,13 @@ class FabRows {
     LocalTensor<T> o = outBuf_.Get<T>();
     Muls(acc, acc, t_.softmaxScale, static_cast<int32_t>(FabVCol(t_)));  // dK / dQ and dK_rope carry the scale
     if (t_.pass == FlashAttentionPass::kBackwardKV) {
-      const int64_t tok = it.seqStart + it.k0 + r;
+      const int64_t tok = it.kvStart + it.k0 + r;
       WriteRow(g_->dko[(tok * t_.H + it.head) * t_.Dk], acc, o, t_.Dk);
       WriteRow(g_->dvo[(tok * t_.H + it.head) * t_.Dv], acc[FabVCol(t_)], o, t_.Dv);
       if (t_.Dr) {
         SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
-        CopyRowOut(g_->dkrh[(it.head * t_.T + tok) * t_.Dr], acc[FabRopeCol(t_)], static_cast<uint32_t>(t_.Dr));
+        CopyRowOut(g_->dkrh[(it.head * t_.Tk + tok) * t_.Dr], acc[FabRopeCol(t_)], static_cast<uint32_t>(t_.Dr));
         SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
       }
@@ -830,6 +937,19 @@ class FabRows {
       WriteRow(g_->dqo[(tok * t_.H + it.head) * dq], acc, o, t_.Dk);
       if (t_.Dr) WriteRow(g_->dqo[(tok * t_.H + it.head) * dq + t_.Dk], acc[FabRopeCol(t_)], o, t_.Dr);
     }
+  }
+
+  // Zero gradient rows [r0, r1) of an item without blocks (acc: a gradCols-wide fp32 row of UB).
+  __aicore__ inline void WriteZeroGrads(const FabItem& it, int64_t r0, int64_t r1, const LocalTensor<float>& acc) {
+    for (int64_t r = r0; r < r1; ++r) {
+      ZeroFill(acc, t_.gradCols);
+      WriteGrad(it, r, acc);
+    }
+  }
+
+  // Gradient rows of an item: key rows in the KV pass, query rows in the Q pass.
+  __aicore__ inline int64_t Extent(const FabItem& it) const {
+    return t_.pass == FlashAttentionPass::kBackwardKV ? it.cols : it.rows;
   }
 
   // Columns of a gradient row that the pass accumulates (the Q pass has no V segment).
@@ -863,8 +983,9 @@ class FabSoftmax {
     t_ = t;
     g_.Set(g, t);
     rows_.Init(pipe, t, &g_, true, false);
-    FabWalk(t, g_.cu, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
+    FabWalk(t, g_.cu, g_.cuK, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
   }
+  __aicore__ inline void Empty(const FabItem&, uint32_t) {}  // no block: no P / dS rows
   __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
     const int64_t b = t_.baseM, ws = it.t * b * b;
     const int64_t r0 = unit * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
@@ -890,11 +1011,15 @@ class FabAcc {
     pipe.InitBuffer(accBuf_, t.gradCols * sizeof(float));
     pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
     rows_.Init(pipe, t, &g_, false, true);
-    FabWalk(t, g_.cu, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
+    FabWalk(t, g_.cu, g_.cuK, static_cast<uint32_t>(CeilDiv(t.baseM, t.vecRows)), *this);
+  }
+  // An item without blocks: its (zero) gradient rows, at step 0.
+  __aicore__ inline void Empty(const FabItem& it, uint32_t unit) {
+    const int64_t r0 = unit * t_.vecRows, r1 = Min64(rows_.Extent(it), r0 + t_.vecRows);
+    rows_.WriteZeroGrads(it, r0, r1, accBuf_.Get<float>());
   }
   __aicore__ inline void Item(const FabItem& it, uint32_t unit) {
-    const bool kv = t_.pass == FlashAttentionPass::kBackwardKV;
-    const int64_t b = t_.baseM, gc = t_.gradCols, extent = kv ? it.cols : it.rows;
+    const int64_t b = t_.baseM, gc = t_.gradCols, extent = rows_.Extent(it);
     const int64_t r0 = unit * t_.vecRows, r1 = Min64(extent, r0 + t_.vecRows);
     const int32_t n = rows_.AccCols();
     LocalTensor<float> acc = accBuf_.Get<float>(), part = partBuf_.Get<float>();
@@ -993,12 +1118,12 @@ class FabDkRope {
     LocalTensor<T> o = xBuf_.Get<T>();
     LocalTensor<float> sum = sumBuf_.Get<float>(), row = rowBuf_.Get<float>();
     const uint32_t dr = static_cast<uint32_t>(t.Dr);
-    for (int64_t tok = GetBlockIdx(); tok < t.T; tok += GetBlockNum()) {
+    for (int64_t tok = GetBlockIdx(); tok < t.Tk; tok += GetBlockNum()) {
       CopyRowIn(sum, g_.dkrh[tok * t.Dr], dr);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       for (int64_t h = 1; h < t.H; ++h) {
-        CopyRowIn(row, g_.dkrh[(h * t.T + tok) * t.Dr], dr);
+        CopyRowIn(row, g_.dkrh[(h * t.Tk + tok) * t.Dr], dr);
         SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
         WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
         Add(sum, sum, row, static_cast<int32_t>(dr));

@@ -50,7 +50,15 @@ class FabFused {
       pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
       rows_.Init(pipe, t, &g_, true, true);
     }
-    FabWalkItems(t, g_.cu, group_, GetBlockNum(), *this);
+    FabWalkItems(t, g_.cu, g_.cuK, group_, GetBlockNum(), *this);
+  }
+
+  // An item without blocks (KV pass: no query; Q pass: its rows see no key): the AIVs write its zero
+  // gradient rows, with no hand-off (the AIC skips it).
+  __aicore__ inline void Empty(const FabItem& it) {
+    if (aic_) return;
+    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows);
+    rows_.WriteZeroGrads(it, g0, g1, accBuf_.Get<float>());
   }
 
   __aicore__ inline void Item(int64_t count, const FabNth& nth) {
@@ -88,8 +96,7 @@ class FabFused {
   // item's last block.
   __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
     CrossCoreWaitFlag(kFabFlagG + slot);
-    const int64_t extent = t_.pass == FlashAttentionPass::kBackwardKV ? it.cols : it.rows;
-    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(extent, g0 + t_.vecRows);
+    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows);
     const int32_t n = rows_.AccCols();
     const int64_t base = slot * static_cast<int64_t>(t_.baseM) * t_.gradCols;
     LocalTensor<float> part = partBuf_.Get<float>();

@@ -35,7 +35,7 @@ class FaFused {
     const int64_t ratio = GetTaskRatio();
     group_ = GetBlockIdx() / ratio;
     sub_ = static_cast<uint32_t>(GetBlockIdx() % ratio);
-    cu_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cu), static_cast<uint64_t>(t.B + 1));
+    FaSetCu(cu_, cuK_, g, t);
     score_ = static_cast<uint64_t>(t.baseM) * t.baseN;
     rowsSlot_ = static_cast<uint64_t>(t.baseM) * dva_;
     s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
@@ -46,9 +46,9 @@ class FaFused {
       const int64_t dq = t.Dk + t.Dr;
       cube_.Init(t, &pipe);
       q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
-      k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.T * t.H * t.Dk));
-      v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.T * t.H * t.Dv));
-      if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.T * t.Dr));
+      k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.Tk * t.H * t.Dk));
+      v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.Tk * t.H * t.Dv));
+      if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.Tk * t.Dr));
     } else {
       const uint32_t r8 = Up8(t.vecRows);
       rows_.Init(pipe, t, true, true);
@@ -58,7 +58,7 @@ class FaFused {
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
-    FaWalkOn(t, cu_, group_, GetBlockNum(), 1, *this);
+    FaWalkOn(t, cu_, cuK_, group_, GetBlockNum(), 1, *this);
   }
 
   __aicore__ inline void Item(const FaItem& it, uint32_t) {
@@ -68,11 +68,12 @@ class FaFused {
 
  private:
   __aicore__ inline void CubeItem(const FaItem& it) {
+    if (it.keyBlocks == 0) return;  // the item sees no key: the AIVs write out 0 / lse -inf, no hand-off
     const int64_t qRow = it.seqStart + it.qPos0;
     ScoresBlock(it, qRow, 0);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
       if (j + 1 < it.keyBlocks) ScoresBlock(it, qRow, j + 1);  // lookahead: overlaps the softmax of j
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.seqStart + k0;
+      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
       CrossCoreWaitFlag(kFaFlagP + slot);
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
       cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
@@ -85,7 +86,7 @@ class FaFused {
   __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
     const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.Scores(c, t_, q_, k_, kr_, qRow, it.seqStart + k0, it.head, it.rows, cols);
+    cube_.Scores(c, t_, q_, k_, kr_, qRow, it.kvStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
     CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
   }
@@ -93,6 +94,13 @@ class FaFused {
   __aicore__ inline void VecItem(const FaItem& it) {
     // both AIVs take part in every flag exchange, also one whose half of the rows is empty
     const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
+    if (it.keyBlocks == 0) {  // the item sees no key (no flags: the AIC skips it too)
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t tok = it.seqStart + it.qPos0 + r;
+        rows_.EmptyRow(out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
+      }
+      return;
+    }
     const uint32_t r8 = Up8(t_.vecRows);
     LocalTensor<float> st = state_.Get<float>();
     LocalTensor<float> m = st, l = st[r8];
@@ -124,7 +132,7 @@ class FaFused {
       old.l = l.GetValue(u);
     }
     const int64_t row = (j % 2) * score_ + r * t_.baseN;
-    const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r, k0, cols, j == 0, old);
+    const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r + it.off, k0, cols, j == 0, old);
     m.SetValue(u, st.m);
     l.SetValue(u, st.l);
     alpha.SetValue(u, st.alpha);
@@ -162,7 +170,7 @@ class FaFused {
   FaCube<T> cube_;
   FaRows<T> rows_;
   TBuf<TPosition::VECCALC> oAcc_, pv_, state_;
-  GlobalTensor<int64_t> cu_;
+  GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
   GlobalTensor<float> s_, o_, lse_;
 };

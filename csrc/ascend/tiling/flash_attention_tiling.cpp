@@ -64,11 +64,13 @@ bool fits(const FlashAttentionTiling& t, const ChipInfo& chip) {
 
 }  // namespace
 
-FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
-                                                    int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
-                                                    const ChipInfo& chip, uint32_t maxBase) {
-  if (T < 0 || H < 0 || Dk < 0 || Dr < 0 || Dv < 0 || B < 0 || maxSeqlen < 0)
+FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64_t H, int64_t Dk, int64_t Dr,
+                                                    int64_t Dv, int64_t B, int64_t maxSeqlenQ, int64_t maxSeqlenK,
+                                                    bool causal, DType dtype, const ChipInfo& chip,
+                                                    uint32_t maxBase) {
+  if (T < 0 || Tk < 0 || H < 0 || Dk < 0 || Dr < 0 || Dv < 0 || B < 0 || maxSeqlenQ < 0 || maxSeqlenK < 0)
     throw std::invalid_argument("flash_attention tiling: negative size");
+  const int64_t maxSeqlen = std::max(maxSeqlenQ, maxSeqlenK);
   if (dtype == DType::kF32)
     throw std::invalid_argument("flash_attention on the Ascend Cube path supports fp16 and bf16 inputs only");
   if (chip.aicNum == 0) throw std::invalid_argument("flash_attention tiling: aicNum must be >= 1");
@@ -78,6 +80,7 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_
   t.mask = causal ? FlashAttentionMask::kCausal : FlashAttentionMask::kNone;
   t.rope = Dr > 0 ? FlashAttentionRope::kSharedKey : FlashAttentionRope::kNone;
   t.T = T; t.H = H; t.Dk = Dk; t.Dr = Dr; t.Dv = Dv; t.B = B; t.maxSeqlen = maxSeqlen;
+  t.Tk = Tk; t.maxSeqlenQ = maxSeqlenQ; t.maxSeqlenK = maxSeqlenK;
   t.l1Buffers = kDoubleBuffer;
   t.l0Buffers = kDoubleBuffer;
   t.l0cBuffers = kDoubleBuffer;
@@ -96,19 +99,22 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_
                                      std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
     plan(t, chip);
   }
-  const int64_t items = B * H * ceil_div(std::max<int64_t>(maxSeqlen, 0), t.baseM);
-  if (T == 0 || H == 0 || items == 0) t.key = FlashAttentionTilingKey::kEmpty;
+  // no key at all (Tk = 0): every row gets out 0, lse -inf, zero gradients (the host's empty path)
+  const int64_t items = B * H * ceil_div(maxSeqlenQ, t.baseM);
+  if (T == 0 || Tk == 0 || H == 0 || items == 0 || maxSeqlenK == 0) t.key = FlashAttentionTilingKey::kEmpty;
   t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
   t.vecBlockDim = vec_blocks(t, chip);
   t.pass = FlashAttentionPass::kForward;
   return t;
 }
 
-FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
-                                                        int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
+FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, int64_t H, int64_t Dk, int64_t Dr,
+                                                        int64_t Dv, int64_t B, int64_t maxSeqlenQ,
+                                                        int64_t maxSeqlenK, bool causal, DType dtype,
                                                         const ChipInfo& chip, uint32_t maxBase) {
   // Same checks, keys and item walk as the forward; square blocks and the backward byte plan.
-  FlashAttentionTiling t = compute_flash_attention_tiling(T, H, Dk, Dr, Dv, B, maxSeqlen, causal, dtype, chip, maxBase);
+  FlashAttentionTiling t = compute_flash_attention_tiling(T, Tk, H, Dk, Dr, Dv, B, maxSeqlenQ, maxSeqlenK, causal,
+                                                          dtype, chip, maxBase);
   t.baseM = t.baseN = std::max(t.baseM, t.baseN);
   t.gradCols = static_cast<uint32_t>(align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8));
   plan_bwd(t, chip);
@@ -118,7 +124,7 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, in
                                      std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
     plan_bwd(t, chip);
   }
-  const int64_t items = B * H * ceil_div(std::max<int64_t>(maxSeqlen, 0), t.baseM);
+  const int64_t items = B * H * ceil_div(t.maxSeqlen, t.baseM);  // the larger pass (KV: key blocks, Q: query blocks)
   t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
   t.vecBlockDim = vec_blocks(t, chip);
   t.pass = FlashAttentionPass::kBackwardKV;
@@ -128,10 +134,11 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, in
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t) {
   FlashAttentionWorkspace w{};
   if (t.key == FlashAttentionTilingKey::kEmpty) return w;
-  w.items = t.B * t.H * ceil_div(t.maxSeqlen, t.baseM);
-  w.steps = ceil_div(t.maxSeqlen, t.baseN);
+  const bool fwd = t.pass == FlashAttentionPass::kForward;
+  w.items = t.B * t.H * ceil_div(fwd ? t.maxSeqlenQ : t.maxSeqlen, t.baseM);
+  w.steps = ceil_div(fwd ? t.maxSeqlenK : t.maxSeqlen, t.baseN);
   w.score = w.items * t.baseM * t.baseN;
-  if (t.pass == FlashAttentionPass::kForward) {
+  if (fwd) {
     w.rows = w.items * t.baseM * static_cast<int64_t>(align_up(t.Dv, 8));
     w.state = w.items * 3 * t.baseM;
     w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
@@ -139,20 +146,29 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
   } else {
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;
-    w.dkRopeHeads = t.H * t.T * t.Dr;
+    w.dkRopeHeads = t.H * t.Tk * t.Dr;
     w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
     w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.gradCols;
   }
   return w;
 }
 
+// The key range of query block [qPos0, qPos0 + rows) of a sequence with lq queries and lk keys: all lk
+// keys, or causal (bottom-right) the keys up to the one its last row sees, clamped to [0, lk].
+static int64_t fa_kv_len(bool causal, int64_t qPos0, int64_t rows, int64_t lq, int64_t lk) {
+  return causal ? std::min(lk, std::max<int64_t>(0, qPos0 + rows + lk - lq)) : lk;
+}
+
 std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const FlashAttentionTiling& t,
-                                                                      const std::vector<int64_t>& cu) {
+                                                                      const std::vector<int64_t>& cu,
+                                                                      const std::vector<int64_t>& cuK) {
   std::vector<std::vector<FlashAttentionItem>> out(t.blockDim);
   if (t.key == FlashAttentionTilingKey::kEmpty) return out;
+  if (cuK.size() != cu.size()) throw std::invalid_argument("flash_attention_schedule: cu_seqlens_q / _k sizes differ");
+  const bool causal = t.mask == FlashAttentionMask::kCausal;
   int64_t item = 0;
   for (int64_t b = 0; b + 1 < static_cast<int64_t>(cu.size()); ++b) {
-    const int64_t s0 = cu[b], len = cu[b + 1] - cu[b];
+    const int64_t s0 = cu[b], len = cu[b + 1] - cu[b], lk = cuK[b + 1] - cuK[b];
     const int64_t qb = ceil_div(len, t.baseM);
     for (int64_t h = 0; h < t.H; ++h)
       for (int64_t i = 0; i < qb; ++i, ++item) {
@@ -161,7 +177,8 @@ std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const Flas
         it.head = h;
         it.q0 = s0 + i * t.baseM;
         it.rows = std::min<int64_t>(t.baseM, len - i * t.baseM);
-        it.kvLen = t.mask == FlashAttentionMask::kCausal ? i * t.baseM + it.rows : len;
+        it.k0 = cuK[b];
+        it.kvLen = fa_kv_len(causal, i * t.baseM, it.rows, len, lk);
         it.keyBlocks = ceil_div(it.kvLen, t.baseN);
         out[static_cast<size_t>(item % t.blockDim)].push_back(it);
       }
@@ -170,15 +187,19 @@ std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const Flas
 }
 
 std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(const FlashAttentionTiling& t,
-                                                                              const std::vector<int64_t>& cu) {
+                                                                              const std::vector<int64_t>& cu,
+                                                                              const std::vector<int64_t>& cuK) {
   std::vector<std::vector<FlashAttentionBwdBlock>> out(t.blockDim);
   if (t.key == FlashAttentionTilingKey::kEmpty) return out;
+  if (cuK.size() != cu.size())
+    throw std::invalid_argument("flash_attention_bwd_schedule: cu_seqlens_q / _k sizes differ");
   const int64_t b = t.baseM, steps = ceil_div(t.maxSeqlen, b);
   const bool kv = t.pass == FlashAttentionPass::kBackwardKV, causal = t.mask == FlashAttentionMask::kCausal;
   for (int64_t step = 0; step < steps; ++step) {
     int64_t item = 0;
     for (int64_t s = 0; s + 1 < static_cast<int64_t>(cu.size()); ++s) {
-      const int64_t s0 = cu[s], len = cu[s + 1] - cu[s], nb = ceil_div(len, b);
+      const int64_t s0 = cu[s], lq = cu[s + 1] - cu[s], sk = cuK[s], lk = cuK[s + 1] - cuK[s];
+      const int64_t off = lk - lq, nb = ceil_div(kv ? lk : lq, b);
       for (int64_t h = 0; h < t.H; ++h)
         for (int64_t i = 0; i < nb; ++i, ++item) {
           FlashAttentionBwdBlock k{};
@@ -189,23 +210,37 @@ std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(co
           int64_t qPos0, kPos0;
           if (kv) {
             kPos0 = i * b;
-            k.cols = std::min(b, len - kPos0);
+            k.cols = std::min(b, lk - kPos0);
             qPos0 = step * b;
-            if (qPos0 >= len) continue;
-            k.rows = std::min(b, len - qPos0);
-            if (causal && qPos0 + k.rows - 1 < kPos0) continue;
-            k.last = step == nb - 1;
+            if (lq == 0) {  // no query: zero dK / dV rows
+              if (step != 0) continue;
+              k.empty = k.first = k.last = true;
+              k.rows = 0;
+            } else {
+              if (qPos0 >= lq) continue;
+              k.rows = std::min(b, lq - qPos0);
+              if (causal && qPos0 + k.rows - 1 + off < kPos0) continue;
+              k.first = step == (causal ? std::max<int64_t>(0, kPos0 - off) / b : 0);
+              k.last = step == ceil_div(lq, b) - 1;
+            }
           } else {
             qPos0 = i * b;
-            k.rows = std::min(b, len - qPos0);
-            const int64_t kvLen = causal ? qPos0 + k.rows : len;
+            k.rows = std::min(b, lq - qPos0);
+            const int64_t kvLen = fa_kv_len(causal, qPos0, k.rows, lq, lk);
             kPos0 = step * b;
-            if (kPos0 >= kvLen) continue;
-            k.cols = std::min(b, kvLen - kPos0);
-            k.last = step == ceil_div(kvLen, b) - 1;
+            if (kvLen == 0) {  // the block's rows see no key: zero dQ rows
+              if (step != 0) continue;
+              k.empty = k.first = k.last = true;
+              k.cols = 0;
+            } else {
+              if (kPos0 >= kvLen) continue;
+              k.cols = std::min(b, kvLen - kPos0);
+              k.first = step == 0;
+              k.last = step == ceil_div(kvLen, b) - 1;
+            }
           }
           k.q0 = s0 + qPos0;
-          k.k0 = s0 + kPos0;
+          k.k0 = sk + kPos0;
           out[static_cast<size_t>(item % t.blockDim)].push_back(k);
         }
     }

@@ -1,16 +1,20 @@
 // Tiling of the AscendC flash attention forward (plain C++17, no CANN include; chip facts in
 // tiling_common.h).
 //
-// Shapes (schema flash_attention_fwd in ascend_moe_ops/_library.py): q [T, H, Dq], k [T, H, Dk],
-// v [T, H, Dv], optional k_rope [T, Dr] shared by every head (then Dq = Dk + Dr, and the score is
+// Shapes (schema flash_attention_fwd in ascend_moe_ops/_library.py): q [T, H, Dq], k [Tk, H, Dk],
+// v [Tk, H, Dv], optional k_rope [Tk, Dr] shared by every head (then Dq = Dk + Dr, and the score is
 // q[:, :Dk]·k + q[:, Dk:]·k_rope: two Cube Mmads accumulating into the same L0C tile, so k_rope is
-// never expanded per head), packed sequences given by cu_seqlens [B + 1].
+// never expanded per head), packed sequences given by cu_seqlens_q [B + 1] (Lq_b queries from
+// cu_q[b]) and cu_seqlens_k [B + 1] (Lk_b keys from cu_k[b]); Lq_b != Lk_b allowed, either may be 0.
 //
-// Work items: (sequence b, head h, query block i) with i < ceil(len_b / baseM), in that order (b
+// Work items: (sequence b, head h, query block i) with i < ceil(Lq_b / baseM), in that order (b
 // outer, then h, then i). Item t runs on core t % blockDim. The sequence lengths stay on the device
-// (the kernel reads cu_seqlens from GM and walks the sequences itself); the host only knows B and
-// max_seqlen, which bound the item count. Each item walks its key blocks of baseN keys (causal: up to
-// the block holding the item's last query row) with the online softmax.
+// (the kernel reads both cu_seqlens from GM and walks the sequences itself); the host only knows B
+// and max_seqlen_q / max_seqlen_k, which bound the item and step counts. Each item walks its key
+// blocks of baseN keys with the online softmax: all Lk_b keys, or causal (bottom-right aligned: query
+// i sees keys j <= i + Lk_b - Lq_b) up to the last key its last query row sees. An item that sees no
+// key (Lk_b = 0, or causal with its last row i + Lk_b - Lq_b < 0) has no key block: its rows get
+// out 0 and lse -inf, as does every row that sees no key inside an item (row sum l = 0).
 //
 // Buffers (fp16/bf16 inputs, 16 x 16 fractals, fp32 accumulation):
 //   L1  : Q block baseM x up16(Dq) (nope and rope parts, one buffer), and per key block, l1Buffers deep:
@@ -45,6 +49,8 @@ enum class FlashAttentionRope : uint32_t { kNone = 0, kSharedKey = 1 };
 //   kForward   : items (b, h, query block i), steps over key blocks j      (kernels amo_fa_*)
 //   kBackwardKV: items (b, h, key block j),   steps over query blocks i    (kernels amo_fab_*): dK, dV, dK_rope
 //   kBackwardQ : items (b, h, query block i), steps over key blocks j      (kernels amo_fab_*): dQ
+// An item of a backward pass with no block (KV pass: Lq_b = 0; Q pass: its rows see no key) writes
+// zero gradient rows.
 enum class FlashAttentionPass : uint32_t { kForward = 0, kBackwardKV = 1, kBackwardQ = 2 };
 
 struct FlashAttentionTiling {
@@ -55,7 +61,10 @@ struct FlashAttentionTiling {
   uint32_t baseM, baseN;             // query rows x key rows per step, multiples of 16
   uint32_t vecRows;                  // query rows per AIV core (softmax in UB)
   uint32_t l1Buffers, l0Buffers, l0cBuffers, ubBuffers;
-  int64_t T, H, Dk, Dr, Dv, B, maxSeqlen;  // Dq = Dk + Dr
+  int64_t T, H, Dk, Dr, Dv, B;      // T = query tokens; Dq = Dk + Dr
+  int64_t maxSeqlen;                // max(maxSeqlenQ, maxSeqlenK): block sizes and workspace bounds
+  int64_t Tk;                       // key tokens (rows of k, v, k_rope, dk, dv, dk_rope)
+  int64_t maxSeqlenQ, maxSeqlenK;   // bounds of the longest query / key sequence (the host's arguments)
   uint64_t l1Bytes, l0aBytes, l0bBytes, l0cBytes, ubBytes;  // planned per core
   float softmaxScale;   // set by the host
   uint32_t step;        // key block (forward, backward Q pass) or query block (backward KV pass) of the
@@ -70,29 +79,31 @@ struct FlashAttentionTiling {
 // with CopyTiling and cast to GM_ADDR). Workspaces are fp32 unless noted; sizes in elements from
 // flash_attention_workspace().
 struct FlashAttentionFwdArgs {
-  uint64_t q, k, v, kRope, cu;      // inputs (kRope 0 without rope; cu = cu_seqlens as int64 [B + 1])
+  uint64_t q, k, v, kRope, cu, cuK; // inputs (kRope 0 without rope; cu / cuK = cu_seqlens_q / _k as int64 [B + 1])
   uint64_t s, p, oPart, o, state;   // workspaces (p in the input dtype)
   uint64_t out, lse;                // outputs: out [T, H, Dv] input dtype, lse [H, T] fp32
 };
 struct FlashAttentionBwdArgs {
-  uint64_t q, k, v, kRope, cu, out, dout, lse;  // inputs (forward's out and lse, dout [T, H, Dv])
+  uint64_t q, k, v, kRope, cu, cuK, out, dout, lse;  // inputs (cu / cuK: cu_seqlens_q / _k as int64;
+                                                     // forward's out and lse, dout [T, H, Dv])
   uint64_t delta;                   // [T * H] rowsum(dout * out), written by amo_fab_delta
   uint64_t s, dp, p, ds;            // per item baseM x baseN scores; p, ds in the input dtype
   uint64_t part, acc;               // per item baseM x gradCols products and their running sum (acc zeroed
                                     // by the host before each pass)
-  uint64_t dkRopeHeads;             // [H, T, Dr] per-head dK_rope (rope only), summed by amo_fab_dkrope
-  uint64_t dq, dk, dv, dkRope;      // outputs in the input dtype (dkRope [T, Dr], rope only)
+  uint64_t dkRopeHeads;             // [H, Tk, Dr] per-head dK_rope (rope only), summed by amo_fab_dkrope
+  uint64_t dq, dk, dv, dkRope;      // outputs in the input dtype (dq [T, ..], dk / dv [Tk, ..], dkRope [Tk, Dr])
 };
 
 struct FlashAttentionWorkspace {
-  int64_t items;        // work items of a pass: B * H * ceil(maxSeqlen / baseM)
-  int64_t steps;        // phase launches per pass: ceil(maxSeqlen / baseN) (forward, backward Q pass) or
-                        // ceil(maxSeqlen / baseM) (backward KV pass; equal, blocks are square there)
+  int64_t items;        // work items of a pass: forward B * H * ceil(maxSeqlenQ / baseM); backward (one
+                        // bound for both passes) B * H * ceil(max(maxSeqlenQ, maxSeqlenK) / baseM)
+  int64_t steps;        // phase launches per pass: forward ceil(maxSeqlenK / baseN); backward (square
+                        // blocks, one bound for both passes) ceil(max(maxSeqlenQ, maxSeqlenK) / baseM)
   int64_t score;        // s, p (and dp, ds): items * baseM * baseN
   int64_t rows;         // forward oPart, o: items * baseM * up8(Dv); backward part, acc: items * baseM * gradCols
   int64_t state;        // forward: items * 3 * baseM
   int64_t delta;        // backward: T * H
-  int64_t dkRopeHeads;  // backward: H * T * Dr
+  int64_t dkRopeHeads;  // backward: H * Tk * Dr
   int64_t fusedScore;   // fused kernels (pipelined, two slots per AI Core): S and P (and dP, dS),
                         // 2 * blockDim * baseM * baseN
   int64_t fusedRows;    // fused kernels: O_partial slots (forward: 2 * blockDim * baseM * up8(Dv)) or
@@ -100,10 +111,12 @@ struct FlashAttentionWorkspace {
 };
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
+// T / Tk: query / key tokens; maxSeqlenQ / maxSeqlenK: bounds of the longest query / key sequence.
 // maxBase (0 = none) caps baseM and baseN so tests can force many small blocks.
-FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
-                                                    int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
-                                                    const ChipInfo& chip, uint32_t maxBase = 0);
+FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64_t H, int64_t Dk, int64_t Dr,
+                                                    int64_t Dv, int64_t B, int64_t maxSeqlenQ, int64_t maxSeqlenK,
+                                                    bool causal, DType dtype, const ChipInfo& chip,
+                                                    uint32_t maxBase = 0);
 
 // Backward tiling: square blocks (baseM == baseN), buffers sized for every product of the two passes
 // (S = Q K^T + Q_rope K_rope^T and dP = dO V^T; then dV = P^T dO, dK = dS^T Q, dK_rope = dS^T Q_rope in
@@ -113,8 +126,9 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t H, int64_
 //   phases: for pass in (kBackwardKV, kBackwardQ): zero acc; for step < steps:
 //       amo_fab_qk (AIC, blockDim), amo_fab_softmax (AIV), amo_fab_grad (AIC), amo_fab_acc (AIV)
 //   amo_fab_dkrope (AIV, vecBlockDim; rope only)
-FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, int64_t Dk, int64_t Dr, int64_t Dv,
-                                                        int64_t B, int64_t maxSeqlen, bool causal, DType dtype,
+FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, int64_t H, int64_t Dk, int64_t Dr,
+                                                        int64_t Dv, int64_t B, int64_t maxSeqlenQ,
+                                                        int64_t maxSeqlenK, bool causal, DType dtype,
                                                         const ChipInfo& chip, uint32_t maxBase = 0);
 
 #ifndef __CCE_AICORE__  // host-side twins of the kernels' walks (tests)
@@ -122,11 +136,13 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t H, in
 struct FlashAttentionItem {
   int64_t seq, head;
   int64_t q0, rows;   // query rows [q0, q0 + rows) of the packed tensor
-  int64_t kvLen;      // keys attended: [seqStart, seqStart + kvLen)
+  int64_t k0;         // first key row of the sequence in the packed k (cu_seqlens_k[seq])
+  int64_t kvLen;      // keys attended: [k0, k0 + kvLen) (0: the item sees no key)
   int64_t keyBlocks;  // ceil(kvLen / baseN)
 };
 std::vector<std::vector<FlashAttentionItem>> flash_attention_schedule(const FlashAttentionTiling& t,
-                                                                      const std::vector<int64_t>& cuSeqlens);
+                                                                      const std::vector<int64_t>& cuSeqlensQ,
+                                                                      const std::vector<int64_t>& cuSeqlensK);
 
 // Host twin of the backward kernels' walk (FabWalk): for pass t.pass, every (item, step) block a core
 // runs, in launch order (steps outer), with the query and key rows it covers. Blocks entirely above
@@ -135,10 +151,14 @@ struct FlashAttentionBwdBlock {
   int64_t item, step, seq, head;
   int64_t q0, rows;  // query rows [q0, q0 + rows) of the packed tensor
   int64_t k0, cols;  // key rows [k0, k0 + cols) of the packed tensor
+  bool first;        // the item's first block: its running sums start
   bool last;         // the item's last block: its gradient rows are written out
+  bool empty;        // an item without any block (listed once, step 0, rows / cols = its own rows, the
+                     // other extent 0): it writes zero gradient rows
 };
 std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(const FlashAttentionTiling& t,
-                                                                              const std::vector<int64_t>& cuSeqlens);
+                                                                              const std::vector<int64_t>& cuSeqlensQ,
+                                                                              const std::vector<int64_t>& cuSeqlensK);
 
 #endif  // __CCE_AICORE__
 
