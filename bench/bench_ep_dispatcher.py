@@ -95,6 +95,127 @@ def _exact_rows(ids, E, world, local_size, node):
     return remote_slots, int(hit.sum())
 
 
+# ----------------------------------------------------------------------------- phase timeline
+def _install_phase_timers(C, dispatcher_mod):
+    """Wrap the package's collectives (and the local permute/unpermute calls of the dispatcher)
+    with wall-clock timers: returns ``(log, reset)``; ``log`` gets ``(what, t0, t1, thread)``.
+    Diagnostic only (``--phases``): it adds a few microseconds per call."""
+    import threading
+    log = []
+
+    def wrap(mod, name, label=None):
+        fn = getattr(mod, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                what = label or kwargs.get("what") or (args[-1] if args and isinstance(args[-1], str) else name)
+                log.append((what, t0, time.perf_counter(), threading.current_thread().name))
+        setattr(mod, name, timed)
+
+    wrap(C, "_a2a")
+    wrap(C, "_all_gather")
+    wrap(C, "_reduce_scatter")
+    wrap(C, "gather_ints")
+    orig_wait = C.Pending.wait
+
+    def pwait(self):
+        t0 = time.perf_counter()
+        try:
+            return orig_wait(self)
+        finally:
+            log.append(("Pending.wait (async collectives)", t0, time.perf_counter(),
+                        threading.current_thread().name))
+    C.Pending.wait = pwait
+    return log
+
+
+def _time_autograd_nodes(root, log):
+    """Register timing hooks on every node of the graph under ``root`` (a grad_fn): each run
+    of a node appends ``(name, t0, t1)`` to ``log``. Diagnostic only (``--phases``)."""
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        box = {}
+
+        def pre(grad_outputs, box=box):
+            box["t0"] = time.perf_counter()
+
+        def post(grad_inputs, grad_outputs, box=box, name=node.name()):
+            log.append((name, box.get("t0", time.perf_counter()), time.perf_counter()))
+
+        node.register_prehook(pre)
+        node.register_hook(post)
+        stack.extend(n for n, _ in node.next_functions)
+
+
+def _node_table(log, t_start, t_end):
+    import collections
+    tot = collections.defaultdict(float)
+    short = {"GeneratedBackwardFor_ascend_moe_ops_": "", "_defaultBackward": " bwd"}
+    for i, (name, t0, t1) in enumerate(sorted(log, key=lambda e: e[1])):
+        for a, b in short.items():
+            name = name.replace(a, b)
+        tot[f"{i:02d} {name}"] += t1 - t0  # execution order: the same on every rank
+    tot["(autograd engine, between nodes)"] = (t_end - t_start) - sum(tot.values())
+    return {k: (v, 1) for k, v in tot.items()}
+
+
+def _layer_profile(ev, log, t0, t1):
+    """One recorded step of the chunked layer: seconds of the calling thread in expert forward /
+    backward and elsewhere (router, waits, glue), of the communication thread busy in its tasks,
+    inside collectives (incl. waiting on the link and on peers) and in local work."""
+    main = next((e["thread"] for e in ev if e["event"] == "expert_start"), None)
+    out = dict(wall=t1 - t0, expert_fwd=0.0, expert_bwd=0.0, comm_busy=0.0, comm_collectives=0.0)
+    open_ = {}
+    for e in ev:
+        key = (e["phase"], e["chunk"], e["event"].rsplit("_", 1)[0])
+        kind = e["event"].rsplit("_", 1)[1]
+        if kind in ("start",):
+            open_[key] = e["t"]
+        elif kind in ("end", "done") and key in open_:
+            d = e["t"] - open_.pop(key)
+            if e["event"] == "expert_end":
+                out["expert_fwd"] += d
+            elif e["event"] == "expert_bwd_end":
+                out["expert_bwd"] += d
+            else:
+                out["comm_busy"] += d
+    last = 0.0
+    for what, a, b, th in sorted(log, key=lambda r: r[1]):
+        if th != main and a >= last:
+            out["comm_collectives"] += b - a
+            last = b
+    out["main_other"] = out["wall"] - out["expert_fwd"] - out["expert_bwd"]
+    out["comm_local"] = out["comm_busy"] - out["comm_collectives"]
+    return out
+
+
+def _phase_table(log, t_start, t_end):
+    """Per label: summed seconds inside [t_start, t_end] on the main thread (nested wrappers:
+    only the outermost counts); plus 'local (not in a collective)' = the rest of the interval."""
+    import collections
+    ev = sorted((e for e in log if e[1] >= t_start and e[2] <= t_end), key=lambda e: e[1])
+    tot = collections.defaultdict(float)
+    cnt = collections.Counter()
+    covered, last_end = 0.0, t_start
+    for what, t0, t1, th in ev:
+        if t0 < last_end:  # nested inside the previous one
+            continue
+        tot[what] += t1 - t0
+        cnt[what] += 1
+        covered += t1 - t0
+        last_end = t1
+    tot["local (not in a collective)"] = (t_end - t_start) - covered
+    cnt["local (not in a collective)"] = 1
+    return {k: (v, cnt[k]) for k, v in tot.items()}
+
+
 STAT_KEYS = ("inter_node_rows", "inter_node_bytes", "intra_node_rows", "intra_node_bytes",
              "combine_inter_node_rows", "combine_inter_node_bytes")
 
@@ -154,6 +275,24 @@ def _worker(a) -> None:
         timed = _timed(dist, torch, {f"chunks={c}": make(c) for c in cfg["chunks"]},
                        cfg["warmup"], cfg["iters"], link_bytes)
         result.update(timed)
+        if cfg.get("phases"):  # where the two threads spend a step (--phases)
+            from ascend_moe_ops.distributed import _autograd as C
+            from ascend_moe_ops.distributed import dispatcher as D
+            from ascend_moe_ops.distributed.overlap import record_schedule
+            log = _install_phase_timers(C, D)
+            prof = {f"chunks={c}": [] for c in cfg["chunks"]}
+            for _ in range(cfg["phases"]):
+                for c in cfg["chunks"]:
+                    dist.barrier()
+                    log.clear()
+                    with record_schedule() as ev:
+                        t0 = time.perf_counter()
+                        make(c)()
+                        t1 = time.perf_counter()
+                    prof[f"chunks={c}"].append(_layer_profile(ev, log, t0, t1))
+            everyone = [None] * a.world
+            dist.all_gather_object(everyone, prof)
+            result["layer_profile_per_rank"] = everyone
     else:
         disps = {algo: MoEDispatcher(topo, E, algorithm=algo) for algo in cfg["algos"]}
         box = {}
@@ -177,6 +316,30 @@ def _worker(a) -> None:
                 if not iface:
                     e["link_bytes_per_step"] = None
                 entries[algo][mode] = e
+        if cfg.get("phases"):  # per-phase wall time of fwd and bwd (--phases)
+            from ascend_moe_ops.distributed import _autograd as C
+            from ascend_moe_ops.distributed import dispatcher as D
+            log = _install_phase_timers(C, D)
+            phases = {algo: {"fwd": [], "bwd": [], "bwd nodes": []} for algo in cfg["algos"]}
+            for _ in range(cfg["phases"]):
+                for algo in cfg["algos"]:
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    et, tpe, h = disps[algo].dispatch(x, ids, probs)
+                    out = disps[algo].combine(et * 2, h)
+                    nodes = []
+                    _time_autograd_nodes(out.grad_fn, nodes)
+                    t1 = time.perf_counter()
+                    out.backward(gy)
+                    t2 = time.perf_counter()
+                    x.grad = probs.grad = None
+                    phases[algo]["fwd"].append(_phase_table(log, t0, t1))
+                    phases[algo]["bwd"].append(_phase_table(log, t1, t2))
+                    phases[algo]["bwd nodes"].append(_node_table(nodes, t1, t2))
+                    log.clear()
+            everyone = [None] * a.world
+            dist.all_gather_object(everyone, phases)
+            result["phases_per_rank"] = everyone
         for algo in cfg["algos"]:
             h = box[algo]
             entries[algo]["stats_per_rank"] = [dict(zip(STAT_KEYS, r)) for r in
@@ -351,6 +514,56 @@ def summarize(res, label):
     return "\n".join(lines)
 
 
+def summarize_phases(res):
+    """The ``--phases`` tables: per algorithm and direction, seconds per label (median over the
+    profiled steps, averaged over ranks) and calls per step."""
+    if not res.get("phases_per_rank"):
+        return ""
+    lines = []
+    ranks = res["phases_per_rank"]
+    for algo in ranks[0]:
+        for d in ranks[0][algo]:
+            labels = []
+            for r in ranks:
+                for step in r[algo][d]:
+                    labels += [k for k in step if k not in labels]
+            rows = []
+            for k in labels:
+                meds, calls = [], 0
+                for r in ranks:
+                    vals = [step.get(k, (0.0, 0))[0] for step in r[algo][d]]
+                    meds.append(statistics.median(vals))
+                    calls = max(calls, max(step.get(k, (0.0, 0))[1] for step in r[algo][d]))
+                rows.append((sum(meds) / len(meds), k, calls, min(meds), max(meds)))
+            total = sum(r[0] for r in rows)
+            lines.append(f"\n### phases: {algo} {d} (total {total:.4f} s, mean over ranks of the median step)")
+            lines.append("| s | share | calls | min..max over ranks | phase |")
+            lines.append("|---|---|---|---|---|")
+            order = (lambda r: r[1]) if d == "bwd nodes" else (lambda r: -r[0])  # nodes: run order
+            for v, k, c, lo, hi in sorted(rows, key=order):
+                lines.append(f"| {v:.4f} | {v / total:.0%} | {c} | {lo:.4f}..{hi:.4f} | {k} |")
+    return "\n".join(lines)
+
+
+def summarize_layer_profile(res):
+    if not res.get("layer_profile_per_rank"):
+        return ""
+    ranks = res["layer_profile_per_rank"]
+    keys = ["wall", "expert_fwd", "expert_bwd", "main_other", "comm_busy", "comm_collectives",
+            "comm_local"]
+    lines = ["\n### where a step goes (seconds; mean over ranks of the median profiled step)",
+             "| overlap_chunks | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for c in res["chunks"]:
+        vals = []
+        for k in keys:
+            vals.append(sum(statistics.median(s[k] for s in r[f"chunks={c}"]) for r in ranks) / len(ranks))
+        lines.append(f"| {c} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    lines.append("(main_other: the calling thread outside the expert fwd/bwd (router, waits for the "
+                 "communication thread, glue); comm_collectives: the communication thread inside "
+                 "collectives, i.e. on the link or waiting for peers)")
+    return "\n".join(lines)
+
+
 def summarize_layer(res, label):
     lines = [f"## {label}: MoE layer fwd+bwd ({res['layer_algo']} dispatch), {res['nodes']} nodes x "
              f"{res['local_size']} ranks, T={res['T']} per rank, H={res['H']}, F={res['F']}, "
@@ -386,15 +599,16 @@ def run_case(cfg, mode="loopback", local_size=2, rate="1gbit", timeout=900):
     return res
 
 
-def dispatch_case(T, H, *, K=8, E=32, dtype="bfloat16", algos=ALGOS, warmup=1, iters=3):
+def dispatch_case(T, H, *, K=8, E=32, dtype="bfloat16", algos=ALGOS, warmup=1, iters=3,
+                  phases=0):
     return dict(kind="dispatch", T=T, H=H, K=K, E=E, dtype=dtype, algos=list(algos),
-                warmup=warmup, iters=iters)
+                warmup=warmup, iters=iters, phases=phases)
 
 
 def layer_case(T, H, F, *, K=8, E=32, dtype="float32", algo="hierarchical", chunks=(1, 4),
-               warmup=1, iters=3):
+               warmup=1, iters=3, phases=0):
     return dict(kind="layer", T=T, H=H, F=F, K=K, E=E, dtype=dtype, layer_algo=algo,
-                chunks=list(chunks), algos=[], warmup=warmup, iters=iters)
+                chunks=list(chunks), algos=[], warmup=warmup, iters=iters, phases=phases)
 
 
 # ----------------------------------------------------------------------------- suite runner
@@ -478,6 +692,10 @@ def main(argv=None) -> int:
                     help="also time the MoE layer fwd+bwd: comma-separated TxHxF cases")
     ap.add_argument("--layer-algo", default="hierarchical", help="dispatch algorithm of the layer")
     ap.add_argument("--chunks", default="1,4", help="overlap_chunks values of the layer runs")
+    ap.add_argument("--algos", default=",".join(ALGOS), help="dispatch algorithms to time")
+    ap.add_argument("--phases", type=int, default=0,
+                    help="after the timed rounds, N more steps per algorithm with per-phase timers "
+                         "(every collective, async waits, the local work in between), fwd and bwd")
     ap.add_argument("--skip-dispatch", action="store_true", help="only the layer cases")
     a = ap.parse_args(argv)
     if a.worker:
@@ -499,14 +717,19 @@ def main(argv=None) -> int:
     if not a.skip_dispatch:
         for case in a.cases.split(","):
             T, H = (int(v) for v in case.split("x"))
-            cfgs.append(dispatch_case(T, H, dtype=a.dtype, iters=a.iters))
+            cfgs.append(dispatch_case(T, H, dtype=a.dtype, iters=a.iters, phases=a.phases,
+                                      algos=a.algos.split(",")))
     for case in filter(None, a.layer.split(",")):
         T, H, F = (int(v) for v in case.split("x"))
-        cfgs.append(layer_case(T, H, F, algo=a.layer_algo, iters=a.iters,
+        cfgs.append(layer_case(T, H, F, algo=a.layer_algo, iters=a.iters, phases=a.phases,
                                chunks=[int(c) for c in a.chunks.split(",")]))
     for cfg in cfgs:
         res = run_case(cfg, mode, local_size=a.local_size, rate=a.rate)
         print(summarize(res, label), flush=True)
+        if res.get("phases_per_rank"):
+            print(summarize_phases(res), flush=True)
+        if res.get("layer_profile_per_rank"):
+            print(summarize_layer_profile(res), flush=True)
         report["cases"].append(res)
     if a.out:
         with open(a.out, "w") as f:
