@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import threading
+import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -47,13 +48,15 @@ def record_schedule():
     """Record the pipeline's events (forward and backward) while the block runs; yields the list.
 
     Each event is a dict ``{"seq", "phase" ("fwd"/"bwd"), "event", "chunk", "thread",
-    "detail"}`` in the order it happened (``seq`` counts up across threads). Events: forward
+    "detail", "t"}`` in the order it happened (``seq`` counts up across threads; ``t`` is
+    ``time.perf_counter()`` at the event). Events: forward
     ``dispatch_launch`` (its first collective issued; ``detail`` names it), ``dispatch_done``,
     ``expert_start``, ``expert_end``, ``combine_launch``, ``combine_done``; backward
     ``combine_grad_launch`` (the first collective of the combine's backward: the combine-gradient
     all-to-all), ``combine_grad_done``, ``expert_bwd_start`` / ``expert_bwd_end`` (the expert
     backward: data- and weight-gradient GEMMs), ``dispatch_grad_launch``, ``dispatch_grad_done``.
-    A diagnostic for tests and profiling; one recording at a time per process."""
+    Every communication task also records ``<name>_start`` when the communication thread picks it
+    up. A diagnostic for tests and profiling; one recording at a time per process."""
     global _RECORD
     events: list = []
     _RECORD = events
@@ -68,7 +71,8 @@ def _event(phase: str, name: str, chunk: int, detail: str = "") -> None:
     if rec is not None:
         with _RECORD_LOCK:
             rec.append(dict(seq=len(rec), phase=phase, event=name, chunk=chunk,
-                            thread=threading.current_thread().name, detail=detail))
+                            thread=threading.current_thread().name, detail=detail,
+                            t=time.perf_counter()))
 
 
 class _CommTask:
@@ -86,6 +90,7 @@ class _CommTask:
             self.launched.set()
 
     def __call__(self):
+        _event(self.phase, self.name + "_start", self.chunk)
         prev = getattr(C._launch_hook, "fn", None)
         C.on_launch(self._hook)
         try:
