@@ -96,23 +96,30 @@ def _exact_rows(ids, E, world, local_size, node):
 
 
 # ----------------------------------------------------------------------------- phase timeline
+def _clock():
+    """The harness's wall clock (the one ``measure`` reads) for the ``--phases`` diagnostics."""
+    from ascend_moe_ops.benchmark.timing import clock_for
+    return clock_for("cpu")
+
+
 def _install_phase_timers(C, dispatcher_mod):
     """Wrap the package's collectives (and the local permute/unpermute calls of the dispatcher)
     with wall-clock timers: returns ``(log, reset)``; ``log`` gets ``(what, t0, t1, thread)``.
     Diagnostic only (``--phases``): it adds a few microseconds per call."""
     import threading
+    now = _clock()
     log = []
 
     def wrap(mod, name, label=None):
         fn = getattr(mod, name)
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = now()
             try:
                 return fn(*args, **kwargs)
             finally:
                 what = label or kwargs.get("what") or (args[-1] if args and isinstance(args[-1], str) else name)
-                log.append((what, t0, time.perf_counter(), threading.current_thread().name))
+                log.append((what, t0, now(), threading.current_thread().name))
         setattr(mod, name, timed)
 
     wrap(C, "_a2a")
@@ -122,11 +129,11 @@ def _install_phase_timers(C, dispatcher_mod):
     orig_wait = C.Pending.wait
 
     def pwait(self):
-        t0 = time.perf_counter()
+        t0 = now()
         try:
             return orig_wait(self)
         finally:
-            log.append(("Pending.wait (async collectives)", t0, time.perf_counter(),
+            log.append(("Pending.wait (async collectives)", t0, now(),
                         threading.current_thread().name))
     C.Pending.wait = pwait
     return log
@@ -135,6 +142,7 @@ def _install_phase_timers(C, dispatcher_mod):
 def _time_autograd_nodes(root, log):
     """Register timing hooks on every node of the graph under ``root`` (a grad_fn): each run
     of a node appends ``(name, t0, t1)`` to ``log``. Diagnostic only (``--phases``)."""
+    now = _clock()
     seen, stack = set(), [root]
     while stack:
         node = stack.pop()
@@ -144,10 +152,11 @@ def _time_autograd_nodes(root, log):
         box = {}
 
         def pre(grad_outputs, box=box):
-            box["t0"] = time.perf_counter()
+            box["t0"] = now()
 
         def post(grad_inputs, grad_outputs, box=box, name=node.name()):
-            log.append((name, box.get("t0", time.perf_counter()), time.perf_counter()))
+            t1 = now()
+            log.append((name, box.get("t0", t1), t1))
 
         node.register_prehook(pre)
         node.register_hook(post)
@@ -254,7 +263,7 @@ def _worker(a) -> None:
         dist.all_gather(out, t)
         return [r.tolist() for r in out]
 
-    result = {"kind": cfg.get("kind", "dispatch"), "T": T, "H": H, "K": K, "E": E,
+    result = {"kind": cfg.get("kind", "dispatch"), "algos": cfg.get("algos", []), "T": T, "H": H, "K": K, "E": E,
               "dtype": cfg["dtype"], "world": a.world, "local_size": a.local_size,
               "nodes": topo.num_nodes}
     remote, dedup = _exact_rows(ids, E, a.world, a.local_size, topo.node)
@@ -280,31 +289,42 @@ def _worker(a) -> None:
             from ascend_moe_ops.distributed import dispatcher as D
             from ascend_moe_ops.distributed.overlap import record_schedule
             log = _install_phase_timers(C, D)
+            now = _clock()
             prof = {f"chunks={c}": [] for c in cfg["chunks"]}
             for _ in range(cfg["phases"]):
                 for c in cfg["chunks"]:
                     dist.barrier()
                     log.clear()
-                    with record_schedule() as ev:
-                        t0 = time.perf_counter()
+                    with record_schedule(now) as ev:
+                        t0 = now()
                         make(c)()
-                        t1 = time.perf_counter()
+                        t1 = now()
                     prof[f"chunks={c}"].append(_layer_profile(ev, log, t0, t1))
             everyone = [None] * a.world
             dist.all_gather_object(everyone, prof)
             result["layer_profile_per_rank"] = everyone
     else:
-        disps = {algo: MoEDispatcher(topo, E, algorithm=algo) for algo in cfg["algos"]}
+        # "<algo>@sliced": the algorithm with the full-range slices of the permute outputs that
+        # the dispatcher had before 2026-12-02 (their backward zero-fills and copies each
+        # gradient), for a same-run A/B of that change
+        disps = {algo: MoEDispatcher(topo, E, algorithm=algo.split("@")[0]) for algo in cfg["algos"]}
         box = {}
+        from ascend_moe_ops.distributed import dispatcher as D
+        first_rows = D._first_rows
 
         def make(algo, backward):
             def step():
-                with torch.set_grad_enabled(backward):
-                    et, tpe, h = disps[algo].dispatch(x, ids, probs)
-                    out = disps[algo].combine(et * 2, h)
-                    if backward:
-                        out.backward(gy)
-                        x.grad = probs.grad = None
+                if algo.endswith("@sliced"):
+                    D._first_rows = lambda t, n: t[:n]
+                try:
+                    with torch.set_grad_enabled(backward):
+                        et, tpe, h = disps[algo].dispatch(x, ids, probs)
+                        out = disps[algo].combine(et * 2, h)
+                        if backward:
+                            out.backward(gy)
+                            x.grad = probs.grad = None
+                finally:
+                    D._first_rows = first_rows
                 box[algo] = h
             return step
 
@@ -320,18 +340,19 @@ def _worker(a) -> None:
             from ascend_moe_ops.distributed import _autograd as C
             from ascend_moe_ops.distributed import dispatcher as D
             log = _install_phase_timers(C, D)
+            now = _clock()
             phases = {algo: {"fwd": [], "bwd": [], "bwd nodes": []} for algo in cfg["algos"]}
             for _ in range(cfg["phases"]):
                 for algo in cfg["algos"]:
                     dist.barrier()
-                    t0 = time.perf_counter()
+                    t0 = now()
                     et, tpe, h = disps[algo].dispatch(x, ids, probs)
                     out = disps[algo].combine(et * 2, h)
                     nodes = []
                     _time_autograd_nodes(out.grad_fn, nodes)
-                    t1 = time.perf_counter()
+                    t1 = now()
                     out.backward(gy)
-                    t2 = time.perf_counter()
+                    t2 = now()
                     x.grad = probs.grad = None
                     phases[algo]["fwd"].append(_phase_table(log, t0, t1))
                     phases[algo]["bwd"].append(_phase_table(log, t1, t2))
@@ -463,6 +484,7 @@ def formula_rows(res, algo):
     flat under uniform routing) and the exact count from the routing."""
     T, K, N, W = res["T"], res["K"], res["nodes"], res["world"]
     exact = res["exact_rows_per_rank"]
+    algo = algo.split("@")[0]
     if algo == "flat":
         return W * T * K * (N - 1) / N, sum(r["flat"] for r in exact)
     if algo == "hierarchical":
@@ -492,7 +514,8 @@ def summarize(res, label):
                  "formula | exact | inter-node bytes / dispatch | intra-node rows | "
                  "veth bytes / fwd+bwd step |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
-    for algo in ALGOS:
+    algos = [a for a in ALGOS if a in res] + [a for a in res.get("algos", []) if a not in ALGOS]
+    for algo in algos:
         if algo not in res:
             continue
         e = res[algo]
@@ -505,8 +528,8 @@ def summarize(res, label):
                      f"{rows:,} | {form:,.0f} | {exact:,} | {meas:,} | {intra:,} | "
                      f"{'-' if lb is None else f'{lb:,.0f}'} |")
     if "flat" in res:
-        for algo in ALGOS[1:]:
-            if algo in res:
+        for algo in algos:
+            if algo != "flat" and algo in res:
                 r1 = res[algo]["fwd_bwd"]["median_s"] / res["flat"]["fwd_bwd"]["median_s"]
                 r0 = res[algo]["fwd"]["median_s"] / res["flat"]["fwd"]["median_s"]
                 lines.append(f"\nratio {algo}/flat: fwd+bwd {r1:.3f}, fwd {r0:.3f}")
