@@ -95,6 +95,136 @@ def _exact_rows(ids, E, world, local_size, node):
     return remote_slots, int(hit.sum())
 
 
+# ----------------------------------------------------------------------------- phase timeline
+def _clock():
+    """The harness's wall clock (the one ``measure`` reads) for the ``--phases`` diagnostics."""
+    from ascend_moe_ops.benchmark.timing import clock_for
+    return clock_for("cpu")
+
+
+def _install_phase_timers(C, dispatcher_mod):
+    """Wrap the package's collectives (and the local permute/unpermute calls of the dispatcher)
+    with wall-clock timers: returns ``(log, reset)``; ``log`` gets ``(what, t0, t1, thread)``.
+    Diagnostic only (``--phases``): it adds a few microseconds per call."""
+    import threading
+    now = _clock()
+    log = []
+
+    def wrap(mod, name, label=None):
+        fn = getattr(mod, name)
+
+        def timed(*args, **kwargs):
+            t0 = now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                what = label or kwargs.get("what") or (args[-1] if args and isinstance(args[-1], str) else name)
+                log.append((what, t0, now(), threading.current_thread().name))
+        setattr(mod, name, timed)
+
+    wrap(C, "_a2a")
+    wrap(C, "_all_gather")
+    wrap(C, "_reduce_scatter")
+    wrap(C, "gather_ints")
+    orig_wait = C.Pending.wait
+
+    def pwait(self):
+        t0 = now()
+        try:
+            return orig_wait(self)
+        finally:
+            log.append(("Pending.wait (async collectives)", t0, now(),
+                        threading.current_thread().name))
+    C.Pending.wait = pwait
+    return log
+
+
+def _time_autograd_nodes(root, log):
+    """Register timing hooks on every node of the graph under ``root`` (a grad_fn): each run
+    of a node appends ``(name, t0, t1)`` to ``log``. Diagnostic only (``--phases``)."""
+    now = _clock()
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        box = {}
+
+        def pre(grad_outputs, box=box):
+            box["t0"] = now()
+
+        def post(grad_inputs, grad_outputs, box=box, name=node.name()):
+            t1 = now()
+            log.append((name, box.get("t0", t1), t1))
+
+        node.register_prehook(pre)
+        node.register_hook(post)
+        stack.extend(n for n, _ in node.next_functions)
+
+
+def _node_table(log, t_start, t_end):
+    import collections
+    tot = collections.defaultdict(float)
+    short = {"GeneratedBackwardFor_ascend_moe_ops_": "", "_defaultBackward": " bwd"}
+    for i, (name, t0, t1) in enumerate(sorted(log, key=lambda e: e[1])):
+        for a, b in short.items():
+            name = name.replace(a, b)
+        tot[f"{i:02d} {name}"] += t1 - t0  # execution order: the same on every rank
+    tot["(autograd engine, between nodes)"] = (t_end - t_start) - sum(tot.values())
+    return {k: (v, 1) for k, v in tot.items()}
+
+
+def _layer_profile(ev, log, t0, t1):
+    """One recorded step of the chunked layer: seconds of the calling thread in expert forward /
+    backward and elsewhere (router, waits, glue), of the communication thread busy in its tasks,
+    inside collectives (incl. waiting on the link and on peers) and in local work."""
+    main = next((e["thread"] for e in ev if e["event"] == "expert_start"), None)
+    out = dict(wall=t1 - t0, expert_fwd=0.0, expert_bwd=0.0, comm_busy=0.0, comm_collectives=0.0)
+    open_ = {}
+    for e in ev:
+        key = (e["phase"], e["chunk"], e["event"].rsplit("_", 1)[0])
+        kind = e["event"].rsplit("_", 1)[1]
+        if kind in ("start",):
+            open_[key] = e["t"]
+        elif kind in ("end", "done") and key in open_:
+            d = e["t"] - open_.pop(key)
+            if e["event"] == "expert_end":
+                out["expert_fwd"] += d
+            elif e["event"] == "expert_bwd_end":
+                out["expert_bwd"] += d
+            else:
+                out["comm_busy"] += d
+    last = 0.0
+    for what, a, b, th in sorted(log, key=lambda r: r[1]):
+        if th != main and a >= last:
+            out["comm_collectives"] += b - a
+            last = b
+    out["main_other"] = out["wall"] - out["expert_fwd"] - out["expert_bwd"]
+    out["comm_local"] = out["comm_busy"] - out["comm_collectives"]
+    return out
+
+
+def _phase_table(log, t_start, t_end):
+    """Per label: summed seconds inside [t_start, t_end] on the main thread (nested wrappers:
+    only the outermost counts); plus 'local (not in a collective)' = the rest of the interval."""
+    import collections
+    ev = sorted((e for e in log if e[1] >= t_start and e[2] <= t_end), key=lambda e: e[1])
+    tot = collections.defaultdict(float)
+    cnt = collections.Counter()
+    covered, last_end = 0.0, t_start
+    for what, t0, t1, th in ev:
+        if t0 < last_end:  # nested inside the previous one
+            continue
+        tot[what] += t1 - t0
+        cnt[what] += 1
+        covered += t1 - t0
+        last_end = t1
+    tot["local (not in a collective)"] = (t_end - t_start) - covered
+    cnt["local (not in a collective)"] = 1
+    return {k: (v, cnt[k]) for k, v in tot.items()}
+
+
 STAT_KEYS = ("inter_node_rows", "inter_node_bytes", "intra_node_rows", "intra_node_bytes",
              "combine_inter_node_rows", "combine_inter_node_bytes")
 
@@ -133,7 +263,7 @@ def _worker(a) -> None:
         dist.all_gather(out, t)
         return [r.tolist() for r in out]
 
-    result = {"kind": cfg.get("kind", "dispatch"), "T": T, "H": H, "K": K, "E": E,
+    result = {"kind": cfg.get("kind", "dispatch"), "algos": cfg.get("algos", []), "T": T, "H": H, "K": K, "E": E,
               "dtype": cfg["dtype"], "world": a.world, "local_size": a.local_size,
               "nodes": topo.num_nodes}
     remote, dedup = _exact_rows(ids, E, a.world, a.local_size, topo.node)
@@ -154,18 +284,47 @@ def _worker(a) -> None:
         timed = _timed(dist, torch, {f"chunks={c}": make(c) for c in cfg["chunks"]},
                        cfg["warmup"], cfg["iters"], link_bytes)
         result.update(timed)
+        if cfg.get("phases"):  # where the two threads spend a step (--phases)
+            from ascend_moe_ops.distributed import _autograd as C
+            from ascend_moe_ops.distributed import dispatcher as D
+            from ascend_moe_ops.distributed.overlap import record_schedule
+            log = _install_phase_timers(C, D)
+            now = _clock()
+            prof = {f"chunks={c}": [] for c in cfg["chunks"]}
+            for _ in range(cfg["phases"]):
+                for c in cfg["chunks"]:
+                    dist.barrier()
+                    log.clear()
+                    with record_schedule(now) as ev:
+                        t0 = now()
+                        make(c)()
+                        t1 = now()
+                    prof[f"chunks={c}"].append(_layer_profile(ev, log, t0, t1))
+            everyone = [None] * a.world
+            dist.all_gather_object(everyone, prof)
+            result["layer_profile_per_rank"] = everyone
     else:
-        disps = {algo: MoEDispatcher(topo, E, algorithm=algo) for algo in cfg["algos"]}
+        # "<algo>@sliced": the algorithm with the full-range slices of the permute outputs that
+        # the dispatcher had before 2026-12-02 (their backward zero-fills and copies each
+        # gradient), for a same-run A/B of that change
+        disps = {algo: MoEDispatcher(topo, E, algorithm=algo.split("@")[0]) for algo in cfg["algos"]}
         box = {}
+        from ascend_moe_ops.distributed import dispatcher as D
+        first_rows = D._first_rows
 
         def make(algo, backward):
             def step():
-                with torch.set_grad_enabled(backward):
-                    et, tpe, h = disps[algo].dispatch(x, ids, probs)
-                    out = disps[algo].combine(et * 2, h)
-                    if backward:
-                        out.backward(gy)
-                        x.grad = probs.grad = None
+                if algo.endswith("@sliced"):
+                    D._first_rows = lambda t, n: t[:n]
+                try:
+                    with torch.set_grad_enabled(backward):
+                        et, tpe, h = disps[algo].dispatch(x, ids, probs)
+                        out = disps[algo].combine(et * 2, h)
+                        if backward:
+                            out.backward(gy)
+                            x.grad = probs.grad = None
+                finally:
+                    D._first_rows = first_rows
                 box[algo] = h
             return step
 
@@ -177,6 +336,31 @@ def _worker(a) -> None:
                 if not iface:
                     e["link_bytes_per_step"] = None
                 entries[algo][mode] = e
+        if cfg.get("phases"):  # per-phase wall time of fwd and bwd (--phases)
+            from ascend_moe_ops.distributed import _autograd as C
+            from ascend_moe_ops.distributed import dispatcher as D
+            log = _install_phase_timers(C, D)
+            now = _clock()
+            phases = {algo: {"fwd": [], "bwd": [], "bwd nodes": []} for algo in cfg["algos"]}
+            for _ in range(cfg["phases"]):
+                for algo in cfg["algos"]:
+                    dist.barrier()
+                    t0 = now()
+                    et, tpe, h = disps[algo].dispatch(x, ids, probs)
+                    out = disps[algo].combine(et * 2, h)
+                    nodes = []
+                    _time_autograd_nodes(out.grad_fn, nodes)
+                    t1 = now()
+                    out.backward(gy)
+                    t2 = now()
+                    x.grad = probs.grad = None
+                    phases[algo]["fwd"].append(_phase_table(log, t0, t1))
+                    phases[algo]["bwd"].append(_phase_table(log, t1, t2))
+                    phases[algo]["bwd nodes"].append(_node_table(nodes, t1, t2))
+                    log.clear()
+            everyone = [None] * a.world
+            dist.all_gather_object(everyone, phases)
+            result["phases_per_rank"] = everyone
         for algo in cfg["algos"]:
             h = box[algo]
             entries[algo]["stats_per_rank"] = [dict(zip(STAT_KEYS, r)) for r in
@@ -300,6 +484,7 @@ def formula_rows(res, algo):
     flat under uniform routing) and the exact count from the routing."""
     T, K, N, W = res["T"], res["K"], res["nodes"], res["world"]
     exact = res["exact_rows_per_rank"]
+    algo = algo.split("@")[0]
     if algo == "flat":
         return W * T * K * (N - 1) / N, sum(r["flat"] for r in exact)
     if algo == "hierarchical":
@@ -329,7 +514,8 @@ def summarize(res, label):
                  "formula | exact | inter-node bytes / dispatch | intra-node rows | "
                  "veth bytes / fwd+bwd step |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
-    for algo in ALGOS:
+    algos = [a for a in ALGOS if a in res] + [a for a in res.get("algos", []) if a not in ALGOS]
+    for algo in algos:
         if algo not in res:
             continue
         e = res[algo]
@@ -342,12 +528,62 @@ def summarize(res, label):
                      f"{rows:,} | {form:,.0f} | {exact:,} | {meas:,} | {intra:,} | "
                      f"{'-' if lb is None else f'{lb:,.0f}'} |")
     if "flat" in res:
-        for algo in ALGOS[1:]:
-            if algo in res:
+        for algo in algos:
+            if algo != "flat" and algo in res:
                 r1 = res[algo]["fwd_bwd"]["median_s"] / res["flat"]["fwd_bwd"]["median_s"]
                 r0 = res[algo]["fwd"]["median_s"] / res["flat"]["fwd"]["median_s"]
                 lines.append(f"\nratio {algo}/flat: fwd+bwd {r1:.3f}, fwd {r0:.3f}")
                 res[f"ratio_{algo}_fwd_bwd"], res[f"ratio_{algo}_fwd"] = r1, r0
+    return "\n".join(lines)
+
+
+def summarize_phases(res):
+    """The ``--phases`` tables: per algorithm and direction, seconds per label (median over the
+    profiled steps, averaged over ranks) and calls per step."""
+    if not res.get("phases_per_rank"):
+        return ""
+    lines = []
+    ranks = res["phases_per_rank"]
+    for algo in ranks[0]:
+        for d in ranks[0][algo]:
+            labels = []
+            for r in ranks:
+                for step in r[algo][d]:
+                    labels += [k for k in step if k not in labels]
+            rows = []
+            for k in labels:
+                meds, calls = [], 0
+                for r in ranks:
+                    vals = [step.get(k, (0.0, 0))[0] for step in r[algo][d]]
+                    meds.append(statistics.median(vals))
+                    calls = max(calls, max(step.get(k, (0.0, 0))[1] for step in r[algo][d]))
+                rows.append((sum(meds) / len(meds), k, calls, min(meds), max(meds)))
+            total = sum(r[0] for r in rows)
+            lines.append(f"\n### phases: {algo} {d} (total {total:.4f} s, mean over ranks of the median step)")
+            lines.append("| s | share | calls | min..max over ranks | phase |")
+            lines.append("|---|---|---|---|---|")
+            order = (lambda r: r[1]) if d == "bwd nodes" else (lambda r: -r[0])  # nodes: run order
+            for v, k, c, lo, hi in sorted(rows, key=order):
+                lines.append(f"| {v:.4f} | {v / total:.0%} | {c} | {lo:.4f}..{hi:.4f} | {k} |")
+    return "\n".join(lines)
+
+
+def summarize_layer_profile(res):
+    if not res.get("layer_profile_per_rank"):
+        return ""
+    ranks = res["layer_profile_per_rank"]
+    keys = ["wall", "expert_fwd", "expert_bwd", "main_other", "comm_busy", "comm_collectives",
+            "comm_local"]
+    lines = ["\n### where a step goes (seconds; mean over ranks of the median profiled step)",
+             "| overlap_chunks | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for c in res["chunks"]:
+        vals = []
+        for k in keys:
+            vals.append(sum(statistics.median(s[k] for s in r[f"chunks={c}"]) for r in ranks) / len(ranks))
+        lines.append(f"| {c} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    lines.append("(main_other: the calling thread outside the expert fwd/bwd (router, waits for the "
+                 "communication thread, glue); comm_collectives: the communication thread inside "
+                 "collectives, i.e. on the link or waiting for peers)")
     return "\n".join(lines)
 
 
@@ -386,15 +622,16 @@ def run_case(cfg, mode="loopback", local_size=2, rate="1gbit", timeout=900):
     return res
 
 
-def dispatch_case(T, H, *, K=8, E=32, dtype="bfloat16", algos=ALGOS, warmup=1, iters=3):
+def dispatch_case(T, H, *, K=8, E=32, dtype="bfloat16", algos=ALGOS, warmup=1, iters=3,
+                  phases=0):
     return dict(kind="dispatch", T=T, H=H, K=K, E=E, dtype=dtype, algos=list(algos),
-                warmup=warmup, iters=iters)
+                warmup=warmup, iters=iters, phases=phases)
 
 
 def layer_case(T, H, F, *, K=8, E=32, dtype="float32", algo="hierarchical", chunks=(1, 4),
-               warmup=1, iters=3):
+               warmup=1, iters=3, phases=0):
     return dict(kind="layer", T=T, H=H, F=F, K=K, E=E, dtype=dtype, layer_algo=algo,
-                chunks=list(chunks), algos=[], warmup=warmup, iters=iters)
+                chunks=list(chunks), algos=[], warmup=warmup, iters=iters, phases=phases)
 
 
 # ----------------------------------------------------------------------------- suite runner
@@ -478,6 +715,10 @@ def main(argv=None) -> int:
                     help="also time the MoE layer fwd+bwd: comma-separated TxHxF cases")
     ap.add_argument("--layer-algo", default="hierarchical", help="dispatch algorithm of the layer")
     ap.add_argument("--chunks", default="1,4", help="overlap_chunks values of the layer runs")
+    ap.add_argument("--algos", default=",".join(ALGOS), help="dispatch algorithms to time")
+    ap.add_argument("--phases", type=int, default=0,
+                    help="after the timed rounds, N more steps per algorithm with per-phase timers "
+                         "(every collective, async waits, the local work in between), fwd and bwd")
     ap.add_argument("--skip-dispatch", action="store_true", help="only the layer cases")
     a = ap.parse_args(argv)
     if a.worker:
@@ -499,14 +740,19 @@ def main(argv=None) -> int:
     if not a.skip_dispatch:
         for case in a.cases.split(","):
             T, H = (int(v) for v in case.split("x"))
-            cfgs.append(dispatch_case(T, H, dtype=a.dtype, iters=a.iters))
+            cfgs.append(dispatch_case(T, H, dtype=a.dtype, iters=a.iters, phases=a.phases,
+                                      algos=a.algos.split(",")))
     for case in filter(None, a.layer.split(",")):
         T, H, F = (int(v) for v in case.split("x"))
-        cfgs.append(layer_case(T, H, F, algo=a.layer_algo, iters=a.iters,
+        cfgs.append(layer_case(T, H, F, algo=a.layer_algo, iters=a.iters, phases=a.phases,
                                chunks=[int(c) for c in a.chunks.split(",")]))
     for cfg in cfgs:
         res = run_case(cfg, mode, local_size=a.local_size, rate=a.rate)
         print(summarize(res, label), flush=True)
+        if res.get("phases_per_rank"):
+            print(summarize_phases(res), flush=True)
+        if res.get("layer_profile_per_rank"):
+            print(summarize_layer_profile(res), flush=True)
         report["cases"].append(res)
     if a.out:
         with open(a.out, "w") as f:

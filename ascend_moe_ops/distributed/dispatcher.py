@@ -34,6 +34,12 @@ _META_NAMES = ["tokens dtype", "hidden size H (tokens.shape[1])", "top-k K (topk
 
 
 
+def _first_rows(t: Tensor, n: int) -> Tensor:
+    """``t[:n]``, but ``t`` itself when it has exactly ``n`` rows: a full-range slice still records
+    a SliceBackward that zero-fills and copies the whole gradient in the backward pass."""
+    return t if t.shape[0] == n else t[:n]
+
+
 def _pack_by_destination(rows: Tensor, mask: Tensor, counts, slot_dest: Tensor, slot_ids: Tensor):
     """The send buffer of one leg: ``rows`` [M, H] permuted destination-major by ``mask`` [M, D]
     (row m goes to destination d where ``mask[m, d]``; ``counts[d]`` rows each, host ints) straight
@@ -406,7 +412,7 @@ class MoEDispatcher:
         # least one row: moe_permute's backward cannot unpermute from zero rows)
         perm = moe_permute(tokens, key, None, num_experts=E, num_out_tokens=max(sum(send), 1))
         pending = Pending() if async_op else None
-        received = C.all_to_all(perm.tokens[:sum(send)], send, recv, topo.group, pending=pending,
+        received = C.all_to_all(_first_rows(perm.tokens, sum(send)), send, recv, topo.group, pending=pending,
                                 debug=self.debug, what="dispatch: all-to-all of token rows (EP group)")
 
         handle = DispatchHandle("flat", T)
@@ -494,7 +500,7 @@ class MoEDispatcher:
             ids_send, None if probs_rows is None else probs_rows[src], send, recv, g,
             what="dispatch: all-to-all of top-k slots and probs (intra-node group)")
         ids2 = ids2.long()
-        tok2 = C.all_to_all(perm.tokens[:S], send, recv, g, debug=self.debug,
+        tok2 = C.all_to_all(_first_rows(perm.tokens, S), send, recv, g, debug=self.debug,
                             what="dispatch: all-to-all of token rows (intra-node group)")
         L = self.num_local_experts
         if L == 0:  # owns no expert: receives nothing
@@ -505,7 +511,7 @@ class MoEDispatcher:
         n = int((ids2 >= 0).sum())
         res = moe_permute(tok2, key, None, num_experts=L * W, num_out_tokens=max(n, 1))
         tpe = res.tokens_per_expert.view(L, W).sum(1)
-        return res.tokens[:n], tpe, res.row_id_map, rmap, probs2
+        return _first_rows(res.tokens, n), tpe, res.row_id_map, rmap, probs2
 
     def _dispatch_dedup(self, tokens, topk_idx, probs, async_op, meta, error):
         topo = self.topology
@@ -543,7 +549,7 @@ class MoEDispatcher:
         ids1, probs1 = C.all_to_all_slots(
             ids_send, None if probs is None else probs[src_tok], send1, recv1, g_inter,
             pending=pending, what="dispatch: all-to-all of top-k slots and probs (inter-node group)")
-        tok1 = C.all_to_all(perm1.tokens[:R1], send1, recv1, g_inter, pending=pending,
+        tok1 = C.all_to_all(_first_rows(perm1.tokens, R1), send1, recv1, g_inter, pending=pending,
                             debug=self.debug,
                             what="dispatch: all-to-all of token rows (inter-node group)")
 

@@ -39,28 +39,32 @@ from . import _autograd as C
 Tensor = torch.Tensor
 
 _RECORD: Optional[list] = None
+_CLOCK: Optional[Callable[[], float]] = None
 _RECORD_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def record_schedule():
+def record_schedule(clock: Optional[Callable[[], float]] = None):
     """Record the pipeline's events (forward and backward) while the block runs; yields the list.
 
     Each event is a dict ``{"seq", "phase" ("fwd"/"bwd"), "event", "chunk", "thread",
-    "detail"}`` in the order it happened (``seq`` counts up across threads). Events: forward
+    "detail", "t"}`` in the order it happened (``seq`` counts up across threads; ``t`` is
+    ``clock()`` at the event when a ``clock`` is given, e.g. the benchmark harness's, else
+    ``None``). Events: forward
     ``dispatch_launch`` (its first collective issued; ``detail`` names it), ``dispatch_done``,
     ``expert_start``, ``expert_end``, ``combine_launch``, ``combine_done``; backward
     ``combine_grad_launch`` (the first collective of the combine's backward: the combine-gradient
     all-to-all), ``combine_grad_done``, ``expert_bwd_start`` / ``expert_bwd_end`` (the expert
     backward: data- and weight-gradient GEMMs), ``dispatch_grad_launch``, ``dispatch_grad_done``.
-    A diagnostic for tests and profiling; one recording at a time per process."""
-    global _RECORD
+    Every communication task also records ``<name>_start`` when the communication thread picks it
+    up. A diagnostic for tests and profiling; one recording at a time per process."""
+    global _RECORD, _CLOCK
     events: list = []
-    _RECORD = events
+    _RECORD, _CLOCK = events, clock
     try:
         yield events
     finally:
-        _RECORD = None
+        _RECORD, _CLOCK = None, None
 
 
 def _event(phase: str, name: str, chunk: int, detail: str = "") -> None:
@@ -68,7 +72,8 @@ def _event(phase: str, name: str, chunk: int, detail: str = "") -> None:
     if rec is not None:
         with _RECORD_LOCK:
             rec.append(dict(seq=len(rec), phase=phase, event=name, chunk=chunk,
-                            thread=threading.current_thread().name, detail=detail))
+                            thread=threading.current_thread().name, detail=detail,
+                            t=None if _CLOCK is None else _CLOCK()))
 
 
 class _CommTask:
@@ -86,6 +91,7 @@ class _CommTask:
             self.launched.set()
 
     def __call__(self):
+        _event(self.phase, self.name + "_start", self.chunk)
         prev = getattr(C._launch_hook, "fn", None)
         C.on_launch(self._hook)
         try:
