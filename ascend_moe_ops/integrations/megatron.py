@@ -24,7 +24,9 @@ what its pure-PyTorch path returns, in the same order and layout:
 What differs (by design, never in the returned values' layout):
 
 * The data movement runs in :func:`ascend_moe_ops.moe_permute` / ``moe_unpermute`` (and their
-  autograd): one pass, no ``[N, H]`` fp32 temporaries. The weighted sum in ``unpermute`` is
+  autograd): one pass, no ``[N, H]`` fp32 temporaries. On the CPU the dropless ``permute`` and
+  ``sort_chunks_by_idxs`` are one call each into the internal native kernels of
+  :mod:`ascend_moe_ops.ops.megatron_paths` (``mask_permute``, ``sort_chunks``). The weighted sum in ``unpermute`` is
   accumulated in fp32 in a fixed order and rounded once, so low-precision results can differ from
   Megatron's (which rounds after each scatter-add in the token dtype, or returns the fp32 sum when
   ``probs`` is fp32) in the last bits; the gradients likewise.
