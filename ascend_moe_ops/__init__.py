@@ -18,6 +18,7 @@ from .ops.grouped_gemm import grouped_gemm, grouped_gemm_dw
 from .ops.flash_attention import flash_attention
 from .ops.mla_attention import mla_attention
 from .ops import swiglu_probs as _swiglu_probs  # noqa: F401,E402  (internal fused kernel of the adapters)
+from .ops import megatron_paths as _megatron_paths  # noqa: F401,E402  (internal kernels of the Megatron adapter)
 from . import nn  # noqa: E402  (MoE layers built on the ops)
 from . import distributed  # noqa: E402  (EPTopology, MoEDispatcher: torch.distributed, not ops)
 from . import balance  # noqa: E402  (load balancing: aux losses, expert placement)

@@ -120,6 +120,17 @@ INTERNAL_SCHEMAS = {
     "swiglu_probs": "swiglu_probs(Tensor x, Tensor probs) -> Tensor",
     # -> (grad_x [N,2F] in x's dtype, grad_probs [N] in probs' dtype)
     "swiglu_probs_backward": "swiglu_probs_backward(Tensor grad_out, Tensor x, Tensor probs) -> (Tensor, Tensor)",
+    # mask_permute(tokens [T,H], routing_map [T,E] bool, probs [T,E] or None, num_out_tokens (None, or
+    # the routed count N)) -> (permuted_tokens [N,H], permuted_probs [N] (shape [0] without probs),
+    # sorted_indices [N] int64, row_id_map [T,S] int32, expert_ids [T,S] int64 (S = most experts of a
+    # token, -1 padded)): Megatron-Core's dropless permute (reference/megatron_paths.py)
+    "mask_permute": "mask_permute(Tensor tokens, Tensor routing_map, Tensor? probs, int? num_out_tokens) "
+                    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    # sort_chunks(input [N,...], split_sizes [C], sorted_idxs [C] (a permutation), probs [N,...] or None,
+    # inverse) -> (output [N,...], permuted probs (shape [0] without probs)): Megatron-Core's
+    # sort_chunks_by_idxs; inverse=True undoes it
+    "sort_chunks": "sort_chunks(Tensor input, Tensor split_sizes, Tensor sorted_idxs, Tensor? probs, "
+                   "bool inverse) -> (Tensor, Tensor)",
 }
 for _ns in INTERNAL_NAMESPACES:
     for _schema in INTERNAL_SCHEMAS.values():

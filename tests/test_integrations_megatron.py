@@ -351,3 +351,53 @@ def test_bench_peer_reimplementation_is_megatron(dtype):
         _assert_permute_equal(got, mcore.permute(tokens, mask, probs=probs))
         ref = mcore.unpermute(rows, got[2], tokens.shape, probs=probs, routing_map=mask)
         assert torch.equal(out, ref)
+
+
+@needs_mcore
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "noprobs"])
+@pytest.mark.parametrize("K", [1, 3])
+def test_cpu_fast_path_holes_match_megatron_core(dtype, with_probs, K):
+    """The CPU path (native mask_permute / sort_chunks) with a token routed to no expert, a token
+    with fewer experts and an expert with no token: values bitwise, gradients of probs bitwise,
+    of tokens bitwise in fp32 (within the rule in bf16: a token's rows are summed in fp32)."""
+    T, H, E = 19, 24, 6
+    tokens, mask, probs = make_inputs(T, H, E, K, dtype, seed=7, skew=True)
+    mask[3] = False
+    mask[5, :4] = False
+    mask[:, 2] = False
+    probs = probs * mask
+    n = int(mask.sum())
+    w = torch.randn(n, H, generator=torch.Generator().manual_seed(1)).to(dtype)
+
+    def run(mod):
+        tok, pr = tokens.clone().requires_grad_(), probs.clone().requires_grad_()
+        x, pp, si = mod.permute(tok, mask, probs=pr if with_probs else None, num_out_tokens=n)
+        sizes = mask.sum(0)
+        order = torch.tensor([3, 0, 5, 1, 4, 2])
+        y, yp = mod.sort_chunks_by_idxs(x, sizes, order, probs=pp)
+        loss = (y.float() * w.float()).sum()
+        if with_probs:
+            loss = loss + (yp * torch.arange(n)).sum()
+        loss.backward()
+        return x, pp, si, y, yp, tok.grad, pr.grad
+
+    ours, theirs = run(mg), run(mcore)
+    for name, a, b in zip(("rows", "probs", "sorted_indices", "sorted rows", "sorted probs"), ours[:5], theirs[:5]):
+        _assert_equal(name, a, b)
+    if with_probs:
+        _assert_equal("grad probs", ours[6], theirs[6])
+    if dtype == torch.float32:
+        _assert_equal("grad tokens", ours[5], theirs[5])
+    else:
+        inv = torch.empty(n, dtype=torch.int64)
+        # the gradient of the rows before sort_chunks, in fp64
+        sizes = mask.sum(0).tolist()
+        order = [3, 0, 5, 1, 4, 2]
+        starts = [sum(sizes[:j]) for j in range(E)]
+        pos = 0
+        for j in order:
+            inv[starts[j]:starts[j] + sizes[j]] = torch.arange(pos, pos + sizes[j])
+            pos += sizes[j]
+        ref64 = torch.zeros(T, H, dtype=torch.float64).index_add_(0, theirs[2], w.double()[inv])
+        assert_close_to_ref(ours[5], ref64, dtype=dtype, torch_lowp=theirs[5], name="grad tokens")

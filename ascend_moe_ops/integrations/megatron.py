@@ -24,7 +24,9 @@ what its pure-PyTorch path returns, in the same order and layout:
 What differs (by design, never in the returned values' layout):
 
 * The data movement runs in :func:`ascend_moe_ops.moe_permute` / ``moe_unpermute`` (and their
-  autograd): one pass, no ``[N, H]`` fp32 temporaries. The weighted sum in ``unpermute`` is
+  autograd): one pass, no ``[N, H]`` fp32 temporaries. On the CPU the dropless ``permute`` and
+  ``sort_chunks_by_idxs`` are one call each into the internal native kernels of
+  :mod:`ascend_moe_ops.ops.megatron_paths` (``mask_permute``, ``sort_chunks``). The weighted sum in ``unpermute`` is
   accumulated in fp32 in a fixed order and rounded once, so low-precision results can differ from
   Megatron's (which rounds after each scatter-add in the token dtype, or returns the fp32 sum when
   ``probs`` is fp32) in the last bits; the gradients likewise.
@@ -44,8 +46,9 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .. import _library
+from .. import _backends, _library
 from ..ops import _checks
+from ..ops import megatron_paths as _paths
 from ..ops.moe_permute import moe_permute
 from ..ops.moe_unpermute import moe_unpermute
 
@@ -185,6 +188,18 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
         ``(permuted_tokens [N, H], permuted_probs [N] or None, sorted_indices [N] int64)``.
     """
     del fused
+    if (type(tokens) is Tensor and type(routing_map) is Tensor and (probs is None or type(probs) is Tensor)
+            and not (drop_and_pad and num_out_tokens is not None) and _native_cpu(tokens)):
+        # The dropless path on the CPU: one native call (mask compaction, row order, rows, probs,
+        # sorted_indices); it checks its arguments itself.
+        mask = routing_map if routing_map.dtype == torch.bool else _as_mask(routing_map, tokens.device)
+        n = num_out_tokens
+        if n is not None and type(n) is not int:
+            n = _as_int("num_out_tokens", n)
+        out, pp, si, row_id_map, ids = _native_op("mask_permute")(tokens, mask, probs, n)
+        _remember(si, row_id_map, ids, routing_map, False, si.shape[0])
+        return out, (pp if probs is not None else None), si
+
     _checks.check_tensor("tokens", tokens, ndim=2, dtypes=_checks.FLOAT_DTYPES)
     device = tokens.device
     mask = _as_mask(routing_map, device)
@@ -249,6 +264,27 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
     si = sorted_indices_from_row_id_map(res.row_id_map, n)
     _remember(si, res.row_id_map, None, routing_map, False, n)
     return res.tokens, res.probs, si
+
+
+_NATIVE_OPS = {}
+
+
+def _native_op(name: str):
+    """``torch.ops.ascend_moe_ops_native.<name>`` (looked up once)."""
+    fn = _NATIVE_OPS.get(name)
+    if fn is None:
+        fn = _NATIVE_OPS[name] = _library.op(name, _paths.NATIVE)
+    return fn
+
+
+def _native_cpu(t: Tensor) -> bool:
+    """Whether the adapter's native kernels run for cpu tensor ``t``: the C++ extension is loaded
+    and ``moe_permute`` runs on the native backend (not another one forced by ``use_backend``)."""
+    if t.device.type != "cpu" or not _paths.native_loaded():
+        return False
+    if _backends._FORCED:
+        return _backends.active_backend("moe_permute", "cpu") == "native"
+    return _backends._BOUND.get("cpu") == "native"
 
 
 class _PermuteRecord:
@@ -452,6 +488,14 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
         ``(output [N, ...], permuted probs or None)``.
     """
     del fused
+    if (type(input) is Tensor and type(split_sizes) is Tensor and type(sorted_idxs) is Tensor
+            and (probs is None or type(probs) is Tensor) and input.device.type == "cpu"
+            and split_sizes.device.type == "cpu" and sorted_idxs.device.type == "cpu"
+            and _paths.native_loaded()):
+        # one native call: a memcpy per chunk (it checks its arguments itself); backward: the same
+        # kernel with the inverse order
+        out, pp = _native_op("sort_chunks")(input, split_sizes, sorted_idxs, probs, False)
+        return out, (pp if probs is not None else None)
     _checks.check_tensor("input", input)
     if input.dim() < 1:
         raise ValueError("input must have at least one dimension")
