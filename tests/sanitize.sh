@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Build the C++ test drivers of tests/cpp (AscendC emulator rules, conversions, tiling) with
-# AddressSanitizer + UndefinedBehaviorSanitizer and run every test that uses them; any finding
-# aborts the driver and fails its test. Usage, from the repository root:
+# Build the C++ test drivers of tests/cpp (AscendC emulator rules, A2 rules, pipes, conversions,
+# tiling) with AddressSanitizer + UndefinedBehaviorSanitizer and run every test that uses them (the
+# test files that call compile_cached; tests/_sanitize_plugin.py keeps the tests that run a driver);
+# any finding aborts the driver and fails its test. Usage, from the repository root:
 #     bash tests/sanitize.sh [extra pytest args]
-# Exits 0 with a message when the compiler cannot build sanitized programs.
+# Exits 0 with a message when the compiler cannot build sanitized programs. The sanitized drivers are
+# cached under build/ascend_tests: a run after a change takes minutes (their builds), an unchanged
+# run ~30 s.
+# Not covered: the pybind extensions (_C, _ascendc_emu). A sanitized extension build imported by an
+# ordinary Python with libasan preloaded is the planned extension of this script; it is not part of
+# it yet (not run to completion).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 probe=$(mktemp -d)
@@ -17,6 +23,5 @@ export ASCEND_MOE_OPS_CXX_SANITIZE=1
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:exitcode=86}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-exec python -m pytest -q -p no:cacheprovider -p _sanitize_plugin --rootdir=. \
-  tests/test_ascend_emu.py tests/test_ascend_flash_attention.py tests/test_ascend_grouped_gemm.py \
-  tests/test_ascend_grouped_gemm_tiling.py tests/test_ascend_tiling.py "$@"
+mapfile -t files < <(grep -l compile_cached tests/test_*.py)
+exec python -m pytest -q -p no:cacheprovider -p _sanitize_plugin --rootdir=. "${files[@]}" "$@"

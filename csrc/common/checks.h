@@ -244,14 +244,16 @@ inline void moe_unpermute_backward(const Tensor& grad_out, const Tensor& permute
 // --------------------------------------------------------------------------------------- grouped_gemm
 // The one group-size check: 1-D int32/int64, one entry per group, on the input's device or the cpu,
 // every entry in [0, rows] and sum <= rows (each entry is bounded first, so the int64 sum cannot
-// overflow). `values` = false for the metadata part only.
-inline void group_sizes(const char* op, const Tensor& gs, int64_t groups, const Tensor& x, int64_t rows, bool values) {
+// overflow). `groups`: the required entry count (nullopt: any, grouped_gemm_dw). `values` = false for
+// the metadata part only.
+inline void group_sizes(const char* op, const Tensor& gs, std::optional<int64_t> groups, const Tensor& x, int64_t rows,
+                        bool values) {
   ndim(op, "group_sizes", gs, 1, "[E]");
   dtype_in(op, "group_sizes", gs, kIndexTypes);
   TORCH_CHECK_VALUE(gs.device() == x.device() || gs.device().is_cpu(), op, ": group_sizes is on ", gs.device(),
                     " but the other inputs are on ", x.device(), " (group_sizes may live on their device or the cpu)");
-  if (groups >= 0)
-    TORCH_CHECK_VALUE(gs.size(0) == groups, op, ": group_sizes must have one entry per expert: weight has ", groups,
+  if (groups)
+    TORCH_CHECK_VALUE(gs.size(0) == *groups, op, ": group_sizes must have one entry per expert: weight has ", *groups,
                       " experts, group_sizes has shape ", shape_str(gs.sizes()));
   if (!values || gs.numel() == 0) return;
   const Tensor v = gs.to(at::kCPU, at::kLong).contiguous();
@@ -283,21 +285,22 @@ inline void grouped_gemm_dw(const Tensor& a, const Tensor& b, const Tensor& gs) 
   like_tensor(op, "b", b, a, 2, "[M, Q]");
   TORCH_CHECK_VALUE(b.size(0) == a.size(0), op, ": a and b must have the same rows: a ", shape_str(a.sizes()), ", b ",
                     shape_str(b.sizes()));
-  group_sizes(op, gs, -1, a, a.size(0), true);
+  group_sizes(op, gs, std::nullopt, a, a.size(0), true);
 }
 
 // ------------------------------------------------------------------------------------ flash attention
 // Shapes: q [Tq, Hq, Dq], k [Tk, Hkv, Dk], v [Tk, Hkv, Dv], k_rope [Tk, Dr] (optional), cu_seqlens_q and
 // cu_seqlens_k [B+1] (the same B), lse [Hq, Tq]. Hkv divides Hq (GQA/MQA). d_v > d_qk is valid.
 // cu_seqlens of `name`: [B+1] int32/int64 on like's device, starts at 0, non-decreasing, ends at T (the
-// tokens of `of`), no sequence longer than max_seqlen. `entries` >= 0: the required B+1.
+// tokens of `of`), no sequence longer than max_seqlen. `entries`: the required B+1 (nullopt: any).
 inline void cu_seqlens(const char* op, const char* name, const char* max_name, const Tensor& cu, int64_t T,
-                       const char* of, int64_t max_seqlen, const Tensor& like, int64_t entries = -1) {
+                       const char* of, int64_t max_seqlen, const Tensor& like,
+                       std::optional<int64_t> entries = std::nullopt) {
   ndim(op, name, cu, 1, "[B+1]");
   dtype_in(op, name, cu, kIndexTypes);
   same_device(op, name, cu, like);
-  if (entries >= 0)
-    TORCH_CHECK_VALUE(cu.numel() == entries, op, ": ", name, " must have the B+1 = ", entries,
+  if (entries)
+    TORCH_CHECK_VALUE(cu.numel() == *entries, op, ": ", name, " must have the B+1 = ", *entries,
                       " entries of cu_seqlens_q (one per sequence boundary), got shape ", shape_str(cu.sizes()));
   TORCH_CHECK_VALUE(cu.numel() >= 2 || (cu.numel() == 1 && T == 0), op, ": ", name,
                     " must have B+1 >= 2 entries (one entry only for B = 0 and no tokens), got shape ",

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -85,7 +86,7 @@ std::vector<float> slot_probs_f32(const Tensor& probs) {
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
     const Tensor& tokens_in, const Tensor& routing_in, const c10::optional<Tensor>& probs_opt,
-    int64_t num_experts, int64_t capacity, int64_t align, int64_t num_out_tokens) {
+    int64_t num_experts, std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> num_out_tokens) {
   // ---- argument checks (the Python wrapper checks too; this guards direct calls) ----
   TORCH_CHECK(tokens_in.device().is_cpu(), "moe_permute: tokens must be a CPU tensor, got ", tokens_in.device());
   TORCH_CHECK(tokens_in.dim() == 2, "moe_permute: tokens must be 2-D [T, H], got shape ", tokens_in.sizes());
@@ -106,14 +107,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   }
   TORCH_CHECK(num_experts >= 0, "moe_permute: num_experts must be >= 0, got ", num_experts);
   TORCH_CHECK(align >= 1, "moe_permute: align must be >= 1, got ", align);
-  TORCH_CHECK(capacity >= -1, "moe_permute: capacity must be >= 0 (or -1 = dropless), got ", capacity);
-  TORCH_CHECK(num_out_tokens >= -1, "moe_permute: num_out_tokens must be >= 0 (or -1 = static bound), got ",
-              num_out_tokens);
+  TORCH_CHECK(!capacity || *capacity >= 0, "moe_permute: capacity must be >= 0 (or None = dropless), got ",
+              capacity.value_or(0));
+  TORCH_CHECK(!num_out_tokens || *num_out_tokens >= 0,
+              "moe_permute: num_out_tokens must be >= 0 (or None = the static bound), got ", num_out_tokens.value_or(0));
 
   constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK(num_experts <= kI32Max && capacity <= kI32Max && align <= kI32Max && num_out_tokens <= kI32Max,
+  TORCH_CHECK(num_experts <= kI32Max && capacity.value_or(0) <= kI32Max && align <= kI32Max &&
+                  num_out_tokens.value_or(0) <= kI32Max,
               "moe_permute: num_experts, capacity, align and num_out_tokens must be < 2^31 (row_id_map is int32), got ",
-              num_experts, ", ", capacity, ", ", align, ", ", num_out_tokens);
+              num_experts, ", ", capacity.value_or(0), ", ", align, ", ", num_out_tokens.value_or(0));
 
   // Non-contiguous inputs are copied, never misread.
   const Tensor tokens = tokens_in.contiguous();
@@ -124,9 +127,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   const int64_t S = routing.size(1);
   const int64_t E = num_experts;
   const int64_t n_slots = T * S;
-  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity >= 0 ? std::optional<int64_t>(capacity) : std::nullopt,
-                                                  align, num_out_tokens >= 0 ? std::optional<int64_t>(num_out_tokens)
-                                                                             : std::nullopt);
+  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity, align, num_out_tokens);
   TORCH_CHECK(N <= kI32Max && n_slots <= kI32Max,
               "moe_permute: the output has ", N, " rows and routing ", n_slots,
               " slots; row_id_map is int32, so both must be < 2^31");
@@ -179,13 +180,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   std::vector<int64_t> start(E + 1, 0);  // first row of each expert group
   std::vector<uint8_t> filled(static_cast<size_t>(N), 0);
 
-  if (capacity < 0) {
+  if (!capacity) {
     // Dropless: group e holds its kept slots, padded to a multiple of align. With num_out_tokens = n
     // only the first n routed slots in (expert, position) order are kept (the reference's rule):
     // expert e keeps what is left of n after the experts before it.
     int64_t before = 0;
     for (int64_t e = 0; e < E; ++e) {
-      tpe[e] = num_out_tokens >= 0 ? std::clamp<int64_t>(num_out_tokens - before, 0, count[e]) : count[e];
+      tpe[e] = num_out_tokens ? std::clamp<int64_t>(*num_out_tokens - before, 0, count[e]) : count[e];
       before += count[e];
       gsz[e] = (tpe[e] + align - 1) / align * align;
       start[e + 1] = start[e] + gsz[e];
@@ -210,7 +211,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   } else {
     // Capacity: counting sort of the slots into (expert, position) order, then per expert keep the
     // `capacity` best by (prob desc, position asc); kept slots get rows in position order.
-    const int64_t C = capacity;
+    const int64_t C = *capacity;
     std::vector<int64_t> base(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) base[e + 1] = base[e] + count[e];
     chunk_starts(base);  // hist[c][e] := where chunk c's slots of expert e go in `sorted`
@@ -328,7 +329,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
     const at::Tensor& tokens, const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t num_experts,
     std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> num_out_tokens) {
   amo::checks::moe_permute(tokens, routing, probs, num_experts, capacity, align, num_out_tokens);
-  return moe_permute_cpu(tokens, routing, probs, num_experts, capacity.value_or(-1), align, num_out_tokens.value_or(-1));
+  return moe_permute_cpu(tokens, routing, probs, num_experts, capacity, align, num_out_tokens);
 }
 }  // namespace
 
