@@ -18,8 +18,19 @@ Native code never defines a schema; it only adds implementations. The op modules
 ``ascend_moe_ops/ops`` register, for every namespace, the fake (meta) kernel, which runs the
 metadata part of the op's contract check (``ops/_contracts.py``), and the autograd formula, whose
 backward calls the ops of the same namespace (so each backend is opcheck-able and differentiable on
-its own). The Python backends' kernels are registered by :func:`register_python_kernels`: each runs
+its own). The Python backends' kernels are registered by :func:`python_kernel`: each runs
 the full contract check, then the implementation.
+
+Autograd of the public namespace is C++ when the extension ``ascend_moe_ops._C`` is built:
+``csrc/cpu/autograd.cpp`` registers, at the ``Autograd`` alias key (so for CPU, CUDA and
+PrivateUse1 tensors alike), one ``torch::autograd::Function`` per op with a formula, the same
+formula as the op module's Python one (same saved tensors, non-differentiable outputs and backward
+ops, called through the dispatcher). This module imports the extension before the op modules
+register (:data:`NATIVE_AUTOGRAD`), and :func:`register_op` then leaves the public namespace's
+Python formula out: a call of ``torch.ops.ascend_moe_ops.<op>``, and its backward, run no Python
+between the dispatcher and the kernel (``tests/test_op_dispatch_path.py``). Without the extension
+(built with ``ASCEND_MOE_OPS_NO_NATIVE=1``) the Python formula serves the public namespace too. The
+backend namespaces always use the Python formulas.
 
 Conventions: optional ints are ``int?`` (``None``); index outputs are int32 (row maps) or int64
 (counts).
@@ -137,6 +148,22 @@ for _ns in INTERNAL_NAMESPACES:
         LIBS[_ns].define(_schema)
 
 
+def _native_autograd() -> frozenset:
+    """The public ops whose autograd the C++ extension registers (its
+    ``TORCH_LIBRARY_IMPL(ascend_moe_ops, Autograd, m)`` block runs when it is imported); empty when
+    the extension is not built or does not load (``_backends.load("native")`` reports why)."""
+    try:
+        importlib.import_module("ascend_moe_ops._C")
+    except Exception:
+        return frozenset()
+    return frozenset(name for name in SCHEMAS
+                     if torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "Autograd"))
+
+
+#: public ops whose autograd is the C++ kernel (``csrc/cpu/autograd.cpp``), not the Python formula
+NATIVE_AUTOGRAD: frozenset = _native_autograd()
+
+
 def op(name: str, ns: str = NAMESPACE):
     """``torch.ops.<ns>.<name>`` (default overload); ``ns`` defaults to the public namespace."""
     return getattr(getattr(torch.ops, ns), name).default
@@ -163,7 +190,9 @@ def register_op(name: str, *, fake: Callable, check_meta: Callable, check: Calla
                 backward: Optional[Callable] = None, setup_context: Optional[Callable] = None,
                 empty: Optional[Callable] = None) -> None:
     """Register, for every namespace, the fake kernel of ``name`` (``check_meta`` first) and, when
-    given, its autograd formula; ``backward(ops, ctx, *grads)`` gets the namespace's ``ops``."""
+    given, its autograd formula; ``backward(ops, ctx, *grads)`` gets the namespace's ``ops``. The
+    public namespace gets the Python formula only when the C++ extension does not provide it
+    (:data:`NATIVE_AUTOGRAD`)."""
     CHECKS[name] = check
     if empty is not None:
         EMPTY[name] = empty
@@ -174,7 +203,7 @@ def register_op(name: str, *, fake: Callable, check_meta: Callable, check: Calla
 
     for ns in NAMESPACES:
         torch.library.register_fake(f"{ns}::{name}", fake_kernel, lib=LIBS[ns])
-        if backward is not None:
+        if backward is not None and not (ns == NAMESPACE and name in NATIVE_AUTOGRAD):
             bwd = functools.partial(backward, ops_of(ns))
             torch.library.register_autograd(f"{ns}::{name}", bwd, setup_context=setup_context, lib=LIBS[ns])
 
