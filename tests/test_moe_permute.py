@@ -410,6 +410,23 @@ def test_num_out_tokens_backward(backend, kind, dtype):
     assert none_kept.any() and (gt[none_kept] == 0).all()
 
 
+@pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("kind", ["index", "mask"])
+def test_num_out_tokens_zero_backward(backend, kind):
+    """num_out_tokens=0 with routed slots: no output row, and the gradients of tokens and probs
+    are exact zeros of the inputs' shapes (the probs gather has nothing to read from)."""
+    T, H, E, K = 9, 16, 4, 2
+    tokens, routing, probs = _inputs(T, H, E, K, kind, torch.float32, seed=5)
+    tok = tokens.clone().requires_grad_()
+    pr = probs.clone().requires_grad_()
+    r = _run(backend, tok, routing, pr, num_experts=E, num_out_tokens=0)
+    assert r.tokens.shape == (0, H) and r.probs.shape == (0,)
+    with amo.use_backend(backend):
+        (r.tokens.sum() + r.probs.sum()).backward()
+    assert tok.grad.shape == tokens.shape and (tok.grad == 0).all()
+    assert pr.grad.shape == probs.shape and (pr.grad == 0).all()
+
+
 # ---- native (C++) backend specifics: the parallel map path, streaming copies, thread counts ----
 
 NATIVE = "native" in backends("moe_permute")

@@ -60,8 +60,11 @@ def _backward(ops, ctx, grad_tokens, grad_probs, *_):
         d_tokens = ops("moe_unpermute")(grad_tokens.contiguous(), row_id_map, None)
     if ctx.has_probs and ctx.needs_input_grad[2] and grad_probs is not None:
         rows = row_id_map.long()
-        gathered = grad_probs[rows.clamp(min=0)]
-        d_probs = torch.where(rows >= 0, gathered, torch.zeros_like(gathered))
+        if grad_probs.numel() == 0:  # no output row (num_out_tokens=0): nothing to gather
+            d_probs = grad_probs.new_zeros(rows.shape)
+        else:
+            gathered = grad_probs[rows.clamp(min=0)]
+            d_probs = torch.where(rows >= 0, gathered, torch.zeros_like(gathered))
     return d_tokens, None, d_probs, None, None, None, None
 
 

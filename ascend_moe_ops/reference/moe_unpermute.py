@@ -28,6 +28,8 @@ def _kept(row_id_map: Tensor, num_rows: int):
 def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor]) -> Tensor:
     N, H = permuted.shape
     T, S = row_id_map.shape
+    if N == 0:  # no permuted row (num_out_tokens=0): every token sums nothing
+        return torch.zeros(T, H, dtype=permuted.dtype, device=permuted.device)
     kept, rows = _kept(row_id_map, N)
     acc_t = _acc_dtype(permuted)
     acc = torch.zeros(T, H, dtype=acc_t, device=permuted.device)
