@@ -116,8 +116,8 @@ struct MoePermute : public torch::autograd::Function<MoePermute> {
     }
     if (has_probs && ctx->needs_input_grad(2) && grad_probs.defined()) {
       const Tensor rows = row_id_map.to(at::kLong);
-      if (grad_probs.numel() == 0) {  // no output row (num_out_tokens=0): nothing to gather
-        d_probs = at::zeros(rows.sizes(), grad_probs.options());
+      if (grad_probs.sym_numel() == 0) {  // no output row (num_out_tokens=0): nothing to gather (sym_: traceable)
+        d_probs = at::zeros_like(rows, grad_probs.options());
       } else {
         const Tensor gathered = grad_probs.index({rows.clamp_min(0)});
         d_probs = at::where(rows.ge(0), gathered, at::zeros_like(gathered));
