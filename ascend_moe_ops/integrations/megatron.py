@@ -489,9 +489,8 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
     """
     del fused
     if (type(input) is Tensor and type(split_sizes) is Tensor and type(sorted_idxs) is Tensor
-            and (probs is None or type(probs) is Tensor) and input.device.type == "cpu"
-            and split_sizes.device.type == "cpu" and sorted_idxs.device.type == "cpu"
-            and _paths.native_loaded()):
+            and (probs is None or type(probs) is Tensor) and _native_cpu(input)
+            and split_sizes.device.type == "cpu" and sorted_idxs.device.type == "cpu"):
         # one native call: a memcpy per chunk (it checks its arguments itself); backward: the same
         # kernel with the inverse order
         out, pp = _native_op("sort_chunks")(input, split_sizes, sorted_idxs, probs, False)
