@@ -384,24 +384,6 @@ inline void flash_attention_bwd(const Tensor& grad_out, const Tensor& q, const T
   lse(op, l, q);
 }
 
-// The new features of the attention schema, for a backend whose kernels do not do them yet: it raises
-// NotImplementedError naming the feature from its registered kernel (after the checks above).
-// seqlen_q != seqlen_k means cu_seqlens_q and cu_seqlens_k differ (the same tensor, as the public
-// function and MLA pass for equal lengths, is not read).
-inline bool attention_same_seqlens(const Tensor& q, const Tensor& k, const Tensor& cu_q, const Tensor& cu_k) {
-  if (q.size(0) != k.size(0)) return false;
-  if (cu_q.is_same(cu_k)) return true;
-  return cu_q.numel() == cu_k.numel() && at::equal(cu_q.to(at::kLong), cu_k.to(at::kLong));
-}
-
-inline void attention_features(const char* op, const char* backend, const Tensor& q, const Tensor& k,
-                               const Tensor& cu_q, const Tensor& cu_k) {
-  TORCH_CHECK_NOT_IMPLEMENTED(attention_same_seqlens(q, k, cu_q, cu_k), op, ": ", backend,
-                              " backend: seqlen_q != seqlen_k not supported yet");
-  TORCH_CHECK_NOT_IMPLEMENTED(k.size(1) == q.size(1), op, ": ", backend,
-                              " backend: GQA/MQA (Hkv != Hq) not supported yet");
-}
-
 // ---------------------------------------------------------------------------------------------- MLA
 inline void mla_common(const char* op, const Tensor& q, const Tensor& c_kv, const Tensor& k_pe, const Tensor& w,
                        const Tensor& cu, int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale) {
