@@ -82,18 +82,20 @@ def _cpu_has_amx() -> bool:
 
 
 def _avx512_kernel(fn):
-    """``fn`` with the native kernel's AMX path switched off (AMO_GG_AMX=0 is read per call):
-    the AVX-512 BF16 kernel, timed in the same run as a peer where the CPU has AMX."""
+    """``fn`` with the native kernel's AMX path and its per-group mm path switched off
+    (AMO_GG_AMX=0, AMO_GG_MM=0, read per call): the AVX-512 BF16 tile kernel, timed in the same run
+    as a peer where the CPU has AMX."""
     def run():
-        old = os.environ.get("AMO_GG_AMX")
-        os.environ["AMO_GG_AMX"] = "0"
+        old = {k: os.environ.get(k) for k in ("AMO_GG_AMX", "AMO_GG_MM")}
+        os.environ.update(AMO_GG_AMX="0", AMO_GG_MM="0")
         try:
             return fn()
         finally:
-            if old is None:
-                del os.environ["AMO_GG_AMX"]
-            else:
-                os.environ["AMO_GG_AMX"] = old
+            for k, v in old.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
     return run
 
 

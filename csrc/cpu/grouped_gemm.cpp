@@ -49,6 +49,9 @@ namespace grouped_gemm_cpu {
 
 // Work split knobs (for tuning only): rows per item (AMO_GG_MC) and columns per item of the AMX
 // forward (AMO_GG_NC, read per call).
+// Smallest mean rows per non-empty group for the per-group mm path of bf16 without AMX.
+constexpr int64_t kMmMinRows = 64;
+
 inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, MC, MR); return v; }
 inline int64_t nc_amx() { return env_or("AMO_GG_NC", NC_MAX, NR, NC_MAX, NR); }
 
@@ -144,7 +147,19 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   if (total < M) out.narrow(0, total, M - total).zero_();
   if (total == 0 || N == 0) return out;
 
-  if (x.scalar_type() == at::kDouble) {  // oracle dtype: plain per-group matmuls
+  // Plain per-group matmuls (ATen's mm: oneDNN / BLAS) for the fp64 oracle dtype, and for bf16 on a
+  // CPU without AMX when the groups are not small: there the AVX512_BF16 tile loops ran at 0.44-0.67x
+  // of a loop of torch.mm on the same groups (2026-12-02, AMD EPYC with AVX512_BF16, 2 threads,
+  // E=64 x 256 rows, K=1024/N=512 and K=256/N=1024; docs/benchmarks.md). AMO_GG_MM=0 keeps the
+  // tile kernels (=1 forces mm for every dtype but fp64's, for A/B timing).
+  int64_t busy = 0;
+  for (int64_t g : gs) busy += g > 0;
+  const int64_t mm_env = env_or("AMO_GG_MM", -1, -1, 1, 1);
+  const bool per_group_mm =
+      x.scalar_type() == at::kDouble || mm_env == 1 ||
+      (mm_env != 0 && x.scalar_type() == at::kBFloat16 && !amx_wanted(x.scalar_type()) &&
+       total >= kMmMinRows * busy);
+  if (per_group_mm) {
     int64_t off = 0;
     for (int64_t e = 0; e < E; ++e) {
       if (gs[e]) {
