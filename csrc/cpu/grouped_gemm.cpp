@@ -126,6 +126,16 @@ std::vector<int64_t> host_sizes(const at::Tensor& group_sizes, int64_t rows, con
   return v;
 }
 
+// Run every group as one ATen mm (see grouped_gemm_cpu)?
+inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs) {
+  if (dt == at::kDouble) return true;
+  const int64_t mm_env = env_or("AMO_GG_MM", -1, -1, 1, 1);  // read per call
+  if (mm_env >= 0) return mm_env == 1;
+  int64_t busy = 0, total = 0;
+  for (int64_t g : gs) { busy += g > 0; total += g; }
+  return dt == at::kBFloat16 && !amx_wanted(dt) && busy > 0 && total >= kMmMinRows * busy;
+}
+
 at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at::Tensor& group_sizes,
                             bool trans_b) {
   TORCH_CHECK(x_.device().is_cpu() && w_.device().is_cpu(), "grouped_gemm (native): x and weight must be cpu tensors");
@@ -152,14 +162,7 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   // of a loop of torch.mm on the same groups (2026-12-02, AMD EPYC with AVX512_BF16, 2 threads,
   // E=64 x 256 rows, K=1024/N=512 and K=256/N=1024; docs/benchmarks.md). AMO_GG_MM=0 keeps the
   // tile kernels (=1 forces mm for every dtype but fp64's, for A/B timing).
-  int64_t busy = 0;
-  for (int64_t g : gs) busy += g > 0;
-  const int64_t mm_env = env_or("AMO_GG_MM", -1, -1, 1, 1);
-  const bool per_group_mm =
-      x.scalar_type() == at::kDouble || mm_env == 1 ||
-      (mm_env != 0 && x.scalar_type() == at::kBFloat16 && !amx_wanted(x.scalar_type()) &&
-       total >= kMmMinRows * busy);
-  if (per_group_mm) {
+  if (mm_path(x.scalar_type(), gs)) {
     int64_t off = 0;
     for (int64_t e = 0; e < E; ++e) {
       if (gs[e]) {
@@ -214,7 +217,9 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
   const int64_t E = static_cast<int64_t>(gs.size());
   at::Tensor out = amo::empty_large({E, P, Q}, a.options());
   if (out.numel() == 0) return out;
-  if (a.scalar_type() == at::kDouble) {
+  // per-group mm as in the forward (fp64; bf16 without AMX when groups average >= kMmMinRows rows:
+  // 2.3-2.7x the tile kernel on the layer's dW shapes, same machine as the forward's figures)
+  if (mm_path(a.scalar_type(), gs)) {
     int64_t off = 0;
     for (int64_t e = 0; e < E; ++e) {
       at::Tensor oe = out[e];
