@@ -83,3 +83,32 @@ def test_nan_in_x_stays_in_its_row(kernel):
         out = amo.grouped_gemm(x, w, torch.tensor([32, 32]))
     bad = torch.isnan(out.float()).any(1)
     assert bad[5] and int(bad.sum()) == 1
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif("avx512_bf16" not in _cpu_flags(), reason="the mm rule applies to AVX512_BF16 CPUs")
+@pytest.mark.parametrize("rows,path", [(64, "1"), (63, "0")])
+def test_default_path_rule(monkeypatch, rows, path):
+    """Without AMX (switched off here), bf16 groups of >= 64 rows on average take the per-group mm,
+    smaller ones the tile kernel: the default output equals the forced path's bitwise."""
+    monkeypatch.setenv("AMO_GG_AMX", "0")
+    g = torch.Generator().manual_seed(rows)
+    sizes = torch.tensor([rows, 0, rows])
+    x = torch.randn(int(sizes.sum()), 2048, generator=g).bfloat16()
+    w = torch.randn(3, 2048, 80, generator=g).bfloat16()
+    with amo.use_backend("native"):
+        monkeypatch.delenv("AMO_GG_MM", raising=False)
+        default = amo.grouped_gemm(x, w, sizes)
+        monkeypatch.setenv("AMO_GG_MM", path)
+        forced = amo.grouped_gemm(x, w, sizes)
+        monkeypatch.setenv("AMO_GG_MM", "0" if path == "1" else "1")
+        other = amo.grouped_gemm(x, w, sizes)
+    assert torch.equal(default, forced)
+    assert not torch.equal(default, other)  # the two paths round differently here: the rule is seen

@@ -49,9 +49,6 @@ namespace grouped_gemm_cpu {
 
 // Work split knobs (for tuning only): rows per item (AMO_GG_MC) and columns per item of the AMX
 // forward (AMO_GG_NC, read per call).
-// Smallest mean rows per non-empty group for the per-group mm path of bf16 without AMX.
-constexpr int64_t kMmMinRows = 64;
-
 inline int64_t mc_rows() { static const int64_t v = env_or("AMO_GG_MC", MC, MR, MC, MR); return v; }
 inline int64_t nc_amx() { return env_or("AMO_GG_NC", NC_MAX, NR, NC_MAX, NR); }
 
@@ -126,14 +123,29 @@ std::vector<int64_t> host_sizes(const at::Tensor& group_sizes, int64_t rows, con
   return v;
 }
 
-// Run every group as one ATen mm (see grouped_gemm_cpu)?
+// Smallest mean rows per non-empty group for the per-group mm path of bf16 without AMX.
+constexpr int64_t kMmMinRows = 64;
+
+inline bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool v = __builtin_cpu_supports("avx512bf16");
+  return v;
+#else
+  return false;
+#endif
+}
+
+// Run every group as one ATen mm (see grouped_gemm_cpu)? By default only where it was measured to
+// win: bf16, AMX not used, the CPU has AVX512_BF16 (oneDNN's bf16 GEMM; an AVX2-only CPU keeps the
+// tile kernel, not measured against ATen's bf16 mm there), groups of >= kMmMinRows rows on average.
 inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs) {
   if (dt == at::kDouble) return true;
   const int64_t mm_env = env_or("AMO_GG_MM", -1, -1, 1, 1);  // read per call
   if (mm_env >= 0) return mm_env == 1;
   int64_t busy = 0, total = 0;
   for (int64_t g : gs) { busy += g > 0; total += g; }
-  return dt == at::kBFloat16 && !amx_wanted(dt) && busy > 0 && total >= kMmMinRows * busy;
+  return dt == at::kBFloat16 && !amx_wanted(dt) && cpu_has_avx512_bf16() && busy > 0 &&
+         total >= kMmMinRows * busy;
 }
 
 at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at::Tensor& group_sizes,
@@ -161,7 +173,7 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   // CPU without AMX when the groups are not small: there the AVX512_BF16 tile loops ran at 0.44-0.67x
   // of a loop of torch.mm on the same groups (2026-12-02, AMD EPYC with AVX512_BF16, 2 threads,
   // E=64 x 256 rows, K=1024/N=512 and K=256/N=1024; docs/benchmarks.md). AMO_GG_MM=0 keeps the
-  // tile kernels (=1 forces mm for every dtype but fp64's, for A/B timing).
+  // tile kernels, =1 forces mm for fp32/fp16/bf16 too (A/B timing); fp64 always takes mm.
   if (mm_path(x.scalar_type(), gs)) {
     int64_t off = 0;
     for (int64_t e = 0; e < E; ++e) {
