@@ -1,6 +1,7 @@
 """The native bf16 grouped GEMM's kernels (AMX tiles where the CPU has them, AVX-512 BF16 tiles
 otherwise; ``AMO_GG_AMX=0`` switches AMX off per call; per-group ATen mm, the default without AMX
-for groups of >= 64 rows on average, forced with ``AMO_GG_MM=1``; ``AMO_GG_MM=0`` keeps the tiles)
+for groups of >= 64 rows on average, forced with ``AMO_GG_MM=1``, its groups split over the
+threads unless ``AMO_GG_MM_PAR=0``; ``AMO_GG_MM=0`` keeps the tiles)
 against the fp64 reference, on shapes that
 hit every edge of the AMX tiling: row tails (1..40 rows), K not a multiple of 32 (falls back to
 AVX-512 in fwd/dX; zero-padded pairs in dW), column tails, trans_b, empty groups."""
@@ -18,13 +19,16 @@ pytestmark = pytest.mark.skipif("native" not in _backends.available_backends("gr
                                 reason="native backend not built")
 
 
-@pytest.fixture(params=["amx-if-present", "avx512", "mm"])
+@pytest.fixture(params=["amx-if-present", "avx512", "mm", "mm-one-group-at-a-time"])
 def kernel(request, monkeypatch):
+    monkeypatch.delenv("AMO_GG_MM_PAR", raising=False)
     if request.param == "avx512":
         monkeypatch.setenv("AMO_GG_AMX", "0")
         monkeypatch.setenv("AMO_GG_MM", "0")
-    elif request.param == "mm":
+    elif request.param.startswith("mm"):
         monkeypatch.setenv("AMO_GG_MM", "1")
+        if request.param == "mm-one-group-at-a-time":
+            monkeypatch.setenv("AMO_GG_MM_PAR", "0")
     else:
         monkeypatch.delenv("AMO_GG_AMX", raising=False)
         monkeypatch.delenv("AMO_GG_MM", raising=False)

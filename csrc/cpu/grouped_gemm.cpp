@@ -35,6 +35,7 @@
 #include "common/registry.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -148,6 +149,35 @@ inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs) {
          total >= kMmMinRows * busy;
 }
 
+// Runs body(e) for every non-empty group e: by default the groups are split over the threads, each
+// thread claiming the next largest group and running its mm on one thread (ATen's mm inside a
+// parallel region stays on the calling thread); AMO_GG_MM_PAR=0 runs one group at a time with every
+// thread inside its mm. Split: 1.02-1.6x faster on the layer, balanced, Zipf and fine-grained shapes
+// (2026-12-02, AMD EPYC with AVX512_BF16, 2 threads; docs/benchmarks.md).
+template <typename Body>
+void for_groups(const std::vector<int64_t>& gs, Body body) {
+  const int64_t E = static_cast<int64_t>(gs.size());
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (gs[e]) order.push_back(e);
+  const int64_t nth = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(order.size()));
+  const int64_t par = env_or("AMO_GG_MM_PAR", 1, 0, 1, 1);
+  if (!par || nth < 2 || at::in_parallel_region()) {
+    for (int64_t e : order) body(e);
+    return;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return gs[a] > gs[b]; });
+  std::atomic<int64_t> next{0};
+  // the pool's threads do not inherit the caller's dispatch state (below autograd inside this
+  // kernel): carry it over, so that each mm dispatches exactly as on the calling thread
+  const at::ThreadLocalState tls;
+  at::parallel_for(0, nth, 1, [&](int64_t, int64_t) {
+    at::ThreadLocalStateGuard guard(tls);
+    for (int64_t i = next.fetch_add(1); i < static_cast<int64_t>(order.size()); i = next.fetch_add(1))
+      body(order[i]);
+  });
+}
+
 at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at::Tensor& group_sizes,
                             bool trans_b) {
   TORCH_CHECK(x_.device().is_cpu() && w_.device().is_cpu(), "grouped_gemm (native): x and weight must be cpu tensors");
@@ -175,15 +205,13 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   // E=64 x 256 rows, K=1024/N=512 and K=256/N=1024; docs/benchmarks.md). AMO_GG_MM=0 keeps the
   // tile kernels, =1 forces mm for fp32/fp16/bf16 too (A/B timing); fp64 always takes mm.
   if (mm_path(x.scalar_type(), gs)) {
-    int64_t off = 0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (gs[e]) {
-        at::Tensor we = trans_b ? w[e].t() : w[e];
-        at::Tensor oe = out.narrow(0, off, gs[e]);
-        at::mm_out(oe, x.narrow(0, off, gs[e]), we);
-      }
-      off += gs[e];
-    }
+    std::vector<int64_t> offs(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e) offs[e + 1] = offs[e] + gs[e];
+    for_groups(gs, [&](int64_t e) {
+      at::Tensor we = trans_b ? w[e].t() : w[e];
+      at::Tensor oe = out.narrow(0, offs[e], gs[e]);
+      at::mm_out(oe, x.narrow(0, offs[e], gs[e]), we);
+    });
     return out;
   }
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
@@ -232,13 +260,15 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
   // per-group mm as in the forward (fp64; bf16 without AMX when groups average >= kMmMinRows rows:
   // 2.3-2.7x the tile kernel on the layer's dW shapes, same machine as the forward's figures)
   if (mm_path(a.scalar_type(), gs)) {
-    int64_t off = 0;
+    std::vector<int64_t> offs(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) {
-      at::Tensor oe = out[e];
-      if (gs[e]) at::mm_out(oe, a.narrow(0, off, gs[e]).t(), b.narrow(0, off, gs[e]));
-      else oe.zero_();
-      off += gs[e];
+      offs[e + 1] = offs[e] + gs[e];
+      if (!gs[e]) out[e].zero_();
     }
+    for_groups(gs, [&](int64_t e) {
+      at::Tensor oe = out[e];
+      at::mm_out(oe, a.narrow(0, offs[e], gs[e]).t(), b.narrow(0, offs[e], gs[e]));
+    });
     return out;
   }
   TORCH_CHECK(a.scalar_type() == at::kFloat || a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16,
