@@ -36,7 +36,8 @@ def _inputs(N, F2, dtype, pdtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("ns", NAMESPACES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 2), (37, 2 * 19), (130, 512)], ids=lambda s: f"N{s[0]}xF{s[1] // 2}")
+# N x F >= 2^16 (the last) runs the native kernel's rows on several threads
+@pytest.mark.parametrize("shape", [(1, 2), (37, 2 * 19), (130, 512), (600, 512)], ids=lambda s: f"N{s[0]}xF{s[1] // 2}")
 def test_forward_and_backward_match_fp64(ns, dtype, shape):
     x, p, go = _inputs(*shape, dtype)
     out = _op(ns)(x, p)

@@ -28,9 +28,11 @@ namespace {
 
 using at::Tensor;
 
-// Output bytes below which the row copy runs on the calling thread (see moe_permute.cpp: waking a
-// second thread on a shared machine costs more than a few hundred microseconds of copying).
-constexpr int64_t kSerialCopyBytes = int64_t(8) << 20;
+// Output bytes below which the row copy runs on the calling thread. Was 8 MiB (tuned on a loaded
+// shared machine, where waking a second thread cost more than the copy); on a quiet 2-core machine
+// the T=256 Megatron paths (4 MiB of rows) were 0.79-1.61x Megatron-Core's on one thread and
+// 1.15-4.4x on two (2026-12-02, docs/benchmarks.md).
+constexpr int64_t kSerialCopyBytes = int64_t(1) << 20;
 // ... and token matrices up to this size are gathered in destination-row order (they stay in L2).
 constexpr int64_t kGatherTokenBytes = int64_t(1) << 20;
 

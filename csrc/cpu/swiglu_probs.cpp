@@ -25,9 +25,11 @@ namespace {
 using at::Tensor;
 namespace V = amo::vec;
 
-// Rows x F below this many elements run on the calling thread (a few hundred microseconds at most;
-// waking a second thread on this shared machine can take milliseconds).
-constexpr int64_t kSerialElems = int64_t(1) << 20;
+// Rows x F below this many elements run on the calling thread (tens of microseconds). Was 2^20,
+// set when the measurements ran on a loaded shared machine; on a quiet 2-core machine the
+// T=256 call (2048 x 256) ran 0.67x Megatron-Core's compiled activation on one thread and 1.00-1.24x
+// on two (2026-12-02, docs/benchmarks.md).
+constexpr int64_t kSerialElems = int64_t(1) << 16;
 
 #if AMO_AVX512
 // exp(x) in fp32 (Cephes expf: range reduction by ln 2, degree-5 polynomial; about 1 ulp).
