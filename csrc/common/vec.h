@@ -1,8 +1,11 @@
 // Vectorized fp32 load/store of 16 elements of any float dtype (fp32, fp16, bf16, fp64), with an
 // optional tail mask, for kernels that compute in fp32 and store in the tensor's dtype.
 //
-// With AVX-512 (setup.py compiles with -march=native) a "vector" is one __m512; otherwise a plain
-// 16-float struct that the compiler vectorizes as it can. Conversions round exactly like
+// With AVX-512 (setup.py compiles with -march=native) a "vector" is one __m512; with AVX2 + FMA +
+// F16C (and no AVX-512) two __m256; otherwise a plain 16-float struct that the compiler vectorizes
+// as it can. The three give the same bits for every load, store, add, mul and fma (all IEEE fp32
+// with one rounding; fma fused in all three); reduce_add sums in the same pairwise order in the
+// AVX2 and scalar versions (tests/test_vec_avx2.py builds both and compares them bitwise). Conversions round exactly like
 // c10::BFloat16 / c10::Half (round to nearest even, fp32 subnormals are not flushed; bf16: every
 // NaN becomes 0x7FC0, the rounding of common/bf16.h), so a value stored here equals
 // `tensor.float().to(dtype)` in PyTorch.
@@ -13,20 +16,40 @@
 
 #include "common/bf16.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define AMO_AVX512 1
+#define AMO_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define AMO_AVX512 0
+#define AMO_AVX2 1
 #else
 #define AMO_AVX512 0
+#define AMO_AVX2 0
 #endif
 
 namespace amo {
 namespace vec {
 
 constexpr int64_t kWidth = 16;  // fp32 lanes per vector
+
+// ---- exp / sigmoid ----------------------------------------------------------------------------
+// exp(x) in fp32: Cephes expf (range reduction by ln 2 in two parts, degree-5 polynomial; about
+// 1 ulp), x clamped to [-87, 88] first (a NaN input becomes -87, as max/min pick the second operand);
+// 2^n applied by exact scaling. The AVX-512, AVX2 and scalar versions below run the same IEEE fp32
+// operations (fma fused) in the same order, so they give the same bits.
+// sigmoid(a) = 1 / (1 + exp(-a)).
+namespace expc {
+constexpr float kLo = -87.0f, kHi = 88.0f, kLog2e = 1.44269504088896341f;
+constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
+                kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+}  // namespace expc
 
 #if AMO_AVX512
 
@@ -106,6 +129,147 @@ inline void store(double* p, VecF v, Mask m) {
   _mm512_mask_storeu_pd(p + 8, static_cast<__mmask8>(m >> 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
+inline VecF exp(VecF x) {
+  using namespace expc;
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kLo)), _mm512_set1_ps(kHi));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kC1), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kC2), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+inline VecF sub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
+inline VecF sigmoid(VecF a) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, exp(_mm512_sub_ps(_mm512_setzero_ps(), a))));
+}
+
+#elif AMO_AVX2
+
+struct VecF {
+  __m256 lo, hi;  // lanes 0-7, 8-15
+};
+using Mask = uint32_t;  // bit i = lane i
+
+inline Mask tail_mask(int64_t n) { return n >= 16 ? 0xFFFFu : ((1u << n) - 1u); }
+inline VecF zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline VecF set1(float v) { return {_mm256_set1_ps(v), _mm256_set1_ps(v)}; }
+inline VecF fma(VecF a, VecF b, VecF c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+inline VecF add(VecF a, VecF b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline VecF mul(VecF a, VecF b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline float reduce_add(VecF a) {  // the scalar version's order: lanes i + 8, then + 4, + 2, + 1
+  const __m256 s8 = _mm256_add_ps(a.lo, a.hi);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+  return _mm_cvtss_f32(s4);
+}
+
+// ---- loads: full vectors in registers; masked ones through a zero-filled lane buffer ----------
+inline __m256 bf16x8_to_f32(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline VecF load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline VecF load(const c10::BFloat16* p) {
+  return {bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          bf16x8_to_f32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline VecF load(const c10::Half* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+}
+inline VecF load(const double* p) {
+  return {_mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(p + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(p))),
+          _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(p + 12)), _mm256_cvtpd_ps(_mm256_loadu_pd(p + 8)))};
+}
+inline float lane_f32(float v) { return v; }
+inline float lane_f32(c10::BFloat16 v) { return bf16::to_f32(v.x); }
+inline float lane_f32(c10::Half v) { return static_cast<float>(v); }
+inline float lane_f32(double v) { return static_cast<float>(v); }  // round to nearest, as vcvtpd2ps
+template <typename T>
+inline VecF load(const T* p, Mask m) {
+  if ((m & 0xFFFFu) == 0xFFFFu) return load(p);
+  alignas(32) float buf[16];
+  for (int i = 0; i < 16; ++i) buf[i] = (m >> i) & 1u ? lane_f32(p[i]) : 0.f;
+  return {_mm256_load_ps(buf), _mm256_load_ps(buf + 8)};
+}
+
+// ---- stores -----------------------------------------------------------------------------------
+// fp32 -> bf16 bits on 8 lanes (bf16::from_f32: round to nearest even, NaN -> 0x7FC0), as 32-bit lanes
+inline __m256i f32x8_to_bf16_bits32(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(_mm256_srli_epi32(rounded, 16), _mm256_set1_epi32(0x7FC0), nan);
+}
+// 16 bf16 values in lane order
+inline __m256i f32_to_bf16_bits(VecF v) {
+  const __m256i packed = _mm256_packus_epi32(f32x8_to_bf16_bits32(v.lo), f32x8_to_bf16_bits32(v.hi));
+  return _mm256_permute4x64_epi64(packed, 0xD8);  // (lo 0-3, hi 0-3, lo 4-7, hi 4-7) -> lane order
+}
+inline __m256i f32_to_f16_bits(VecF v) {
+  return _mm256_set_m128i(_mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT),
+                          _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT));
+}
+inline void store(float* p, VecF v) {
+  _mm256_storeu_ps(p, v.lo);
+  _mm256_storeu_ps(p + 8, v.hi);
+}
+inline void store(c10::BFloat16* p, VecF v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f32_to_bf16_bits(v));
+}
+inline void store(c10::Half* p, VecF v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f32_to_f16_bits(v)); }
+inline void store(double* p, VecF v) {
+  _mm256_storeu_pd(p, _mm256_cvtps_pd(_mm256_castps256_ps128(v.lo)));
+  _mm256_storeu_pd(p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v.lo, 1)));
+  _mm256_storeu_pd(p + 8, _mm256_cvtps_pd(_mm256_castps256_ps128(v.hi)));
+  _mm256_storeu_pd(p + 12, _mm256_cvtps_pd(_mm256_extractf128_ps(v.hi, 1)));
+}
+template <typename T>
+inline void store(T* p, VecF v, Mask m) {
+  if ((m & 0xFFFFu) == 0xFFFFu) {
+    store(p, v);
+    return;
+  }
+  alignas(32) T buf[16];
+  store(buf, v);
+  for (int i = 0; i < 16; ++i)
+    if ((m >> i) & 1u) p[i] = buf[i];
+}
+
+inline __m256 exp8(__m256 x) {  // 2^n built in the exponent field: n is in [-126, 127] here
+  using namespace expc;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kLo)), _mm256_set1_ps(kHi));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kC1), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kC2), r);
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+inline VecF exp(VecF x) { return {exp8(x.lo), exp8(x.hi)}; }
+inline VecF sub(VecF a, VecF b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline VecF sigmoid(VecF a) {
+  const __m256 one = _mm256_set1_ps(1.0f), z = _mm256_setzero_ps();
+  return {_mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(z, a.lo)))),
+          _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(z, a.hi))))};
+}
+
 #else  // portable fallback: same semantics, scalar code
 
 struct VecF {
@@ -143,6 +307,28 @@ inline void store(c10::BFloat16* p, VecF x, Mask m = 0xFFFFu) {
     if ((m >> i) & 1u) p[i].x = bf16::from_f32(x.v[i]);
 }
 
+inline float exp1(float x) {
+  using namespace expc;
+  x = std::fmin(std::fmax(x, kLo), kHi);
+  const float n = std::nearbyint(x * kLog2e);  // round half to even (the default rounding mode)
+  float r = std::fma(-n, kC1, x);
+  r = std::fma(-n, kC2, r);
+  float p = kP0;
+  p = std::fma(p, r, kP1);
+  p = std::fma(p, r, kP2);
+  p = std::fma(p, r, kP3);
+  p = std::fma(p, r, kP4);
+  p = std::fma(p, r, kP5);
+  p = std::fma(p, r * r, r + 1.0f);
+  return std::ldexp(p, static_cast<int>(n));
+}
+inline VecF exp(VecF x) { for (int i = 0; i < 16; ++i) x.v[i] = exp1(x.v[i]); return x; }
+inline VecF sub(VecF a, VecF b) { for (int i = 0; i < 16; ++i) a.v[i] -= b.v[i]; return a; }
+inline VecF sigmoid(VecF a) {
+  for (int i = 0; i < 16; ++i) a.v[i] = 1.0f / (1.0f + exp1(0.0f - a.v[i]));
+  return a;
+}
+
 #endif
 
 }  // namespace vec
@@ -162,6 +348,17 @@ inline void store_nt(c10::BFloat16* p, VecF v) {
 inline void store_nt(c10::Half* p, VecF v) {
   _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
 }
+inline void store_nt(double* p, VecF v) { store(p, v); }
+inline void sfence() { _mm_sfence(); }
+#elif AMO_AVX2
+inline void store_nt(float* p, VecF v) {
+  _mm256_stream_ps(p, v.lo);
+  _mm256_stream_ps(p + 8, v.hi);
+}
+inline void store_nt(c10::BFloat16* p, VecF v) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), f32_to_bf16_bits(v));
+}
+inline void store_nt(c10::Half* p, VecF v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), f32_to_f16_bits(v)); }
 inline void store_nt(double* p, VecF v) { store(p, v); }
 inline void sfence() { _mm_sfence(); }
 #else
@@ -193,6 +390,27 @@ inline void copy_bytes(char* dst, const char* src, int64_t bytes, bool stream) {
     if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
     return;
   }
+#elif AMO_AVX2
+  if (stream && bytes >= 256) {
+    int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    if (head) std::memcpy(dst, src, head);
+    int64_t i = head;
+    for (; i + 128 <= bytes; i += 128) {
+      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+      __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
+      __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
+    }
+    for (; i + 32 <= bytes; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
+    return;
+  }
 #endif
   (void)stream;
   std::memcpy(dst, src, bytes);
@@ -207,6 +425,16 @@ inline void zero_bytes(char* dst, int64_t bytes, bool stream) {
     int64_t i = head;
     const __m512i z = _mm512_setzero_si512();
     for (; i + 64 <= bytes; i += 64) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), z);
+    if (i < bytes) std::memset(dst + i, 0, bytes - i);
+    return;
+  }
+#elif AMO_AVX2
+  if (stream && bytes >= 256) {
+    int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    if (head) std::memset(dst, 0, head);
+    int64_t i = head;
+    const __m256i z = _mm256_setzero_si256();
+    for (; i + 32 <= bytes; i += 32) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), z);
     if (i < bytes) std::memset(dst + i, 0, bytes - i);
     return;
   }

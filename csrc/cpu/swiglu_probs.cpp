@@ -31,39 +31,6 @@ namespace V = amo::vec;
 // on two (2026-12-02, docs/benchmarks.md).
 constexpr int64_t kSerialElems = int64_t(1) << 16;
 
-#if AMO_AVX512
-// exp(x) in fp32 (Cephes expf: range reduction by ln 2, degree-5 polynomial; about 1 ulp).
-inline V::VecF vexp(V::VecF x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-// 1 / (1 + exp(-a))
-inline V::VecF vsigmoid(V::VecF a) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  return _mm512_div_ps(one, _mm512_add_ps(one, vexp(_mm512_sub_ps(_mm512_setzero_ps(), a))));
-}
-inline V::VecF vsub(V::VecF a, V::VecF b) { return _mm512_sub_ps(a, b); }
-#else
-inline V::VecF vsigmoid(V::VecF a) {
-  for (int i = 0; i < 16; ++i) a.v[i] = 1.0f / (1.0f + std::exp(-a.v[i]));
-  return a;
-}
-inline V::VecF vsub(V::VecF a, V::VecF b) {
-  for (int i = 0; i < 16; ++i) a.v[i] -= b.v[i];
-  return a;
-}
-#endif
 
 void check_inputs(const char* op, const Tensor& x, const Tensor& probs) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": x must be a CPU tensor, got ", x.device());
@@ -116,7 +83,7 @@ Tensor swiglu_probs_cpu(const Tensor& x_in, const Tensor& probs_in) {
         for (int64_t f = 0; f < F; f += V::kWidth) {
           const V::Mask m = V::tail_mask(std::min<int64_t>(V::kWidth, F - f));
           const V::VecF a = V::load(xa + f, m), b = V::load(xb + f, m);
-          V::store(on + f, V::mul(V::mul(V::mul(a, vsigmoid(a)), b), pv), m);
+          V::store(on + f, V::mul(V::mul(V::mul(a, V::sigmoid(a)), b), pv), m);
         }
       }
     });
@@ -181,11 +148,11 @@ std::tuple<Tensor, Tensor> swiglu_probs_backward_cpu(const Tensor& grad_in, cons
         for (int64_t f = 0; f < F; f += V::kWidth) {
           const V::Mask m = V::tail_mask(std::min<int64_t>(V::kWidth, F - f));
           const V::VecF a = V::load(xa + f, m), b = V::load(xb + f, m), gv = V::load(gn + f, m);
-          const V::VecF s = vsigmoid(a);
+          const V::VecF s = V::sigmoid(a);
           const V::VecF silu = V::mul(a, s);
           const V::VecF gp = V::mul(gv, pv);
           // s * (1 + a * (1 - s))
-          const V::VecF dsilu = V::mul(s, V::fma(a, vsub(one, s), one));
+          const V::VecF dsilu = V::mul(s, V::fma(a, V::sub(one, s), one));
           V::store(da + f, V::mul(V::mul(gp, b), dsilu), m);
           V::store(db + f, V::mul(gp, silu), m);
           acc = V::fma(V::mul(gv, silu), b, acc);  // masked lanes loaded as zero
