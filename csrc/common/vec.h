@@ -41,9 +41,9 @@ constexpr int64_t kWidth = 16;  // fp32 lanes per vector
 // ---- exp / sigmoid ----------------------------------------------------------------------------
 // exp(x) in fp32: Cephes expf (range reduction by ln 2 in two parts, degree-5 polynomial; about
 // 1 ulp), x clamped to [-87, 88] first (a NaN input becomes -87, as max/min pick the second operand);
-// 2^n applied by exact scaling. The AVX-512, AVX2 and scalar versions below run the same IEEE fp32
-// operations (fma fused) in the same order, so they give the same bits.
-// sigmoid(a) = 1 / (1 + exp(-a)).
+// 2^n applied by exact scaling. sigmoid(a) = 1 / (1 + exp(-a)). Both are written once (after the
+// three versions) on per-version primitives -- sub, div, fnma, clamp, round_even, scale2 -- that
+// are single IEEE fp32 operations in each, so every version gives the same bits.
 namespace expc {
 constexpr float kLo = -87.0f, kHi = 88.0f, kLog2e = 1.44269504088896341f;
 constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
@@ -129,27 +129,15 @@ inline void store(double* p, VecF v, Mask m) {
   _mm512_mask_storeu_pd(p + 8, static_cast<__mmask8>(m >> 8), _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)));
 }
 
-inline VecF exp(VecF x) {
-  using namespace expc;
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kLo)), _mm512_set1_ps(kHi));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kC1), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kC2), r);
-  __m512 p = _mm512_set1_ps(kP0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
+// primitives of exp / sigmoid (defined once below for every version)
 inline VecF sub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
-inline VecF sigmoid(VecF a) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  return _mm512_div_ps(one, _mm512_add_ps(one, exp(_mm512_sub_ps(_mm512_setzero_ps(), a))));
+inline VecF div(VecF a, VecF b) { return _mm512_div_ps(a, b); }
+inline VecF fnma(VecF a, VecF b, VecF c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b, fused
+inline VecF clamp(VecF x, float lo, float hi) {  // a NaN x gives lo (max returns its second operand)
+  return _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
 }
+inline VecF round_even(VecF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline VecF scale2(VecF p, VecF n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
 
 #elif AMO_AVX2
 
@@ -219,14 +207,17 @@ inline __m256i f32_to_f16_bits(VecF v) {
   return _mm256_set_m128i(_mm256_cvtps_ph(v.hi, _MM_FROUND_TO_NEAREST_INT),
                           _mm256_cvtps_ph(v.lo, _MM_FROUND_TO_NEAREST_INT));
 }
-inline void store(float* p, VecF v) {
-  _mm256_storeu_ps(p, v.lo);
-  _mm256_storeu_ps(p + 8, v.hi);
+// plain (NT = false) or non-temporal (store_nt, below) stores of fp32 / bf16 / fp16 vectors
+inline void put8(float* p, __m256 v, bool nt) { nt ? _mm256_stream_ps(p, v) : _mm256_storeu_ps(p, v); }
+inline void put16(void* p, __m256i v, bool nt) {
+  nt ? _mm256_stream_si256(static_cast<__m256i*>(p), v) : _mm256_storeu_si256(static_cast<__m256i*>(p), v);
 }
-inline void store(c10::BFloat16* p, VecF v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f32_to_bf16_bits(v));
-}
-inline void store(c10::Half* p, VecF v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), f32_to_f16_bits(v)); }
+template <bool NT> inline void store_as(float* p, VecF v) { put8(p, v.lo, NT); put8(p + 8, v.hi, NT); }
+template <bool NT> inline void store_as(c10::BFloat16* p, VecF v) { put16(p, f32_to_bf16_bits(v), NT); }
+template <bool NT> inline void store_as(c10::Half* p, VecF v) { put16(p, f32_to_f16_bits(v), NT); }
+inline void store(float* p, VecF v) { store_as<false>(p, v); }
+inline void store(c10::BFloat16* p, VecF v) { store_as<false>(p, v); }
+inline void store(c10::Half* p, VecF v) { store_as<false>(p, v); }
 inline void store(double* p, VecF v) {
   _mm256_storeu_pd(p, _mm256_cvtps_pd(_mm256_castps256_ps128(v.lo)));
   _mm256_storeu_pd(p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v.lo, 1)));
@@ -245,30 +236,23 @@ inline void store(T* p, VecF v, Mask m) {
     if ((m >> i) & 1u) p[i] = buf[i];
 }
 
-inline __m256 exp8(__m256 x) {  // 2^n built in the exponent field: n is in [-126, 127] here
-  using namespace expc;
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kLo)), _mm256_set1_ps(kHi));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kC1), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kC2), r);
-  __m256 p = _mm256_set1_ps(kP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-inline VecF exp(VecF x) { return {exp8(x.lo), exp8(x.hi)}; }
+// primitives of exp / sigmoid
 inline VecF sub(VecF a, VecF b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
-inline VecF sigmoid(VecF a) {
-  const __m256 one = _mm256_set1_ps(1.0f), z = _mm256_setzero_ps();
-  return {_mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(z, a.lo)))),
-          _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(z, a.hi))))};
+inline VecF div(VecF a, VecF b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline VecF fnma(VecF a, VecF b, VecF c) { return {_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi)}; }
+inline VecF clamp(VecF x, float lo, float hi) {
+  const __m256 l = _mm256_set1_ps(lo), h = _mm256_set1_ps(hi);
+  return {_mm256_min_ps(_mm256_max_ps(x.lo, l), h), _mm256_min_ps(_mm256_max_ps(x.hi, l), h)};
 }
+inline VecF round_even(VecF x) {
+  return {_mm256_round_ps(x.lo, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+          _mm256_round_ps(x.hi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+}
+// p * 2^n with 2^n built in the exponent field: exact for n in [-126, 127] (all exp() passes)
+inline __m256 pow2i(__m256 n) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline VecF scale2(VecF p, VecF n) { return {_mm256_mul_ps(p.lo, pow2i(n.lo)), _mm256_mul_ps(p.hi, pow2i(n.hi))}; }
 
 #else  // portable fallback: same semantics, scalar code
 
@@ -307,29 +291,48 @@ inline void store(c10::BFloat16* p, VecF x, Mask m = 0xFFFFu) {
     if ((m >> i) & 1u) p[i].x = bf16::from_f32(x.v[i]);
 }
 
-inline float exp1(float x) {
-  using namespace expc;
-  x = std::fmin(std::fmax(x, kLo), kHi);
-  const float n = std::nearbyint(x * kLog2e);  // round half to even (the default rounding mode)
-  float r = std::fma(-n, kC1, x);
-  r = std::fma(-n, kC2, r);
-  float p = kP0;
-  p = std::fma(p, r, kP1);
-  p = std::fma(p, r, kP2);
-  p = std::fma(p, r, kP3);
-  p = std::fma(p, r, kP4);
-  p = std::fma(p, r, kP5);
-  p = std::fma(p, r * r, r + 1.0f);
-  return std::ldexp(p, static_cast<int>(n));
-}
-inline VecF exp(VecF x) { for (int i = 0; i < 16; ++i) x.v[i] = exp1(x.v[i]); return x; }
+// primitives of exp / sigmoid
 inline VecF sub(VecF a, VecF b) { for (int i = 0; i < 16; ++i) a.v[i] -= b.v[i]; return a; }
-inline VecF sigmoid(VecF a) {
-  for (int i = 0; i < 16; ++i) a.v[i] = 1.0f / (1.0f + exp1(0.0f - a.v[i]));
-  return a;
+inline VecF div(VecF a, VecF b) { for (int i = 0; i < 16; ++i) a.v[i] /= b.v[i]; return a; }
+inline VecF fnma(VecF a, VecF b, VecF c) {
+  for (int i = 0; i < 16; ++i) c.v[i] = std::fma(-a.v[i], b.v[i], c.v[i]);
+  return c;
+}
+inline VecF clamp(VecF x, float lo, float hi) {  // fmax/fmin return the non-NaN operand: NaN -> lo
+  for (int i = 0; i < 16; ++i) x.v[i] = std::fmin(std::fmax(x.v[i], lo), hi);
+  return x;
+}
+inline VecF round_even(VecF x) {  // nearbyint: the current rounding mode, round half to even by default
+  for (int i = 0; i < 16; ++i) x.v[i] = std::nearbyint(x.v[i]);
+  return x;
+}
+inline VecF scale2(VecF p, VecF n) {
+  for (int i = 0; i < 16; ++i) p.v[i] = std::ldexp(p.v[i], static_cast<int>(n.v[i]));
+  return p;
 }
 
 #endif
+
+// exp / sigmoid, once for every version, on the primitives above
+inline VecF exp(VecF x) {
+  using namespace expc;
+  x = clamp(x, kLo, kHi);
+  const VecF n = round_even(mul(x, set1(kLog2e)));
+  VecF r = fnma(n, set1(kC1), x);
+  r = fnma(n, set1(kC2), r);
+  VecF p = set1(kP0);
+  p = fma(p, r, set1(kP1));
+  p = fma(p, r, set1(kP2));
+  p = fma(p, r, set1(kP3));
+  p = fma(p, r, set1(kP4));
+  p = fma(p, r, set1(kP5));
+  p = fma(p, mul(r, r), add(r, set1(1.0f)));
+  return scale2(p, n);
+}
+inline VecF sigmoid(VecF a) {
+  const VecF one = set1(1.0f);
+  return div(one, add(one, exp(sub(zero(), a))));
+}
 
 }  // namespace vec
 }  // namespace amo
@@ -351,14 +354,8 @@ inline void store_nt(c10::Half* p, VecF v) {
 inline void store_nt(double* p, VecF v) { store(p, v); }
 inline void sfence() { _mm_sfence(); }
 #elif AMO_AVX2
-inline void store_nt(float* p, VecF v) {
-  _mm256_stream_ps(p, v.lo);
-  _mm256_stream_ps(p + 8, v.hi);
-}
-inline void store_nt(c10::BFloat16* p, VecF v) {
-  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), f32_to_bf16_bits(v));
-}
-inline void store_nt(c10::Half* p, VecF v) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), f32_to_f16_bits(v)); }
+template <typename T>
+inline void store_nt(T* p, VecF v) { store_as<true>(p, v); }
 inline void store_nt(double* p, VecF v) { store(p, v); }
 inline void sfence() { _mm_sfence(); }
 #else
@@ -367,47 +364,34 @@ inline void store_nt(T* p, VecF v) { store(p, v); }
 inline void sfence() {}
 #endif
 
+#if AMO_AVX512
+// one 64-byte line with a non-temporal store (d 64-byte aligned)
+inline void stream_copy64(char* d, const char* s) {
+  _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_loadu_si512(s));
+}
+inline void stream_zero64(char* d) { _mm512_stream_si512(reinterpret_cast<__m512i*>(d), _mm512_setzero_si512()); }
+#elif AMO_AVX2
+inline void stream_copy64(char* d, const char* s) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
+}
+inline void stream_zero64(char* d) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(d), _mm256_setzero_si256());
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), _mm256_setzero_si256());
+}
+#endif
+
 // Copy `bytes` bytes from src to dst (no overlap). With `stream`, the 64-byte aligned body of dst is
 // written with non-temporal stores (no read-for-ownership of the destination lines).
 inline void copy_bytes(char* dst, const char* src, int64_t bytes, bool stream) {
-#if AMO_AVX512
+#if AMO_AVX512 || AMO_AVX2
   if (stream && bytes >= 256) {
-    int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    const int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
     if (head) std::memcpy(dst, src, head);
     int64_t i = head;
-    for (; i + 256 <= bytes; i += 256) {
-      __m512i a = _mm512_loadu_si512(src + i);
-      __m512i b = _mm512_loadu_si512(src + i + 64);
-      __m512i c = _mm512_loadu_si512(src + i + 128);
-      __m512i d = _mm512_loadu_si512(src + i + 192);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), a);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 64), b);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 128), c);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 192), d);
-    }
-    for (; i + 64 <= bytes; i += 64)
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
-    if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
-    return;
-  }
-#elif AMO_AVX2
-  if (stream && bytes >= 256) {
-    int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
-    if (head) std::memcpy(dst, src, head);
-    int64_t i = head;
-    for (; i + 128 <= bytes; i += 128) {
-      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
-      __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 64));
-      __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 96));
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 64), c);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 96), d);
-    }
-    for (; i + 32 <= bytes; i += 32)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
-                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    for (; i + 64 <= bytes; i += 64) stream_copy64(dst + i, src + i);
     if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
     return;
   }
@@ -418,23 +402,12 @@ inline void copy_bytes(char* dst, const char* src, int64_t bytes, bool stream) {
 
 // Zero `bytes` bytes at dst, streaming the aligned body when `stream`.
 inline void zero_bytes(char* dst, int64_t bytes, bool stream) {
-#if AMO_AVX512
+#if AMO_AVX512 || AMO_AVX2
   if (stream && bytes >= 256) {
-    int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    const int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
     if (head) std::memset(dst, 0, head);
     int64_t i = head;
-    const __m512i z = _mm512_setzero_si512();
-    for (; i + 64 <= bytes; i += 64) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), z);
-    if (i < bytes) std::memset(dst + i, 0, bytes - i);
-    return;
-  }
-#elif AMO_AVX2
-  if (stream && bytes >= 256) {
-    int64_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
-    if (head) std::memset(dst, 0, head);
-    int64_t i = head;
-    const __m256i z = _mm256_setzero_si256();
-    for (; i + 32 <= bytes; i += 32) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), z);
+    for (; i + 64 <= bytes; i += 64) stream_zero64(dst + i);
     if (i < bytes) std::memset(dst + i, 0, bytes - i);
     return;
   }
