@@ -129,3 +129,15 @@ def test_internal_ops_are_not_public():
     assert sp.OP in _library.INTERNAL_SCHEMAS and sp.OP not in _library.SCHEMAS
     assert not hasattr(torch.ops.ascend_moe_ops, sp.OP) or not torch._C._dispatch_has_kernel_for_dispatch_key(
         f"ascend_moe_ops::{sp.OP}", "CPU")
+
+
+@pytest.mark.skipif(len(NAMESPACES) == 1, reason="native extension not built")
+def test_native_formula_is_the_cpp_one():
+    """With the extension loaded, the native namespace's autograd is csrc/cpu/autograd.cpp's (no
+    Python autograd.Function per call): the graph node is a C++ node, not the Python formula's."""
+    x, p, go = _inputs(6, 16, torch.float32)
+    out = _op(sp.NATIVE)(x.requires_grad_(), p.requires_grad_())
+    assert "CppNode" in out.grad_fn.name() and "SwigluProbs" in out.grad_fn.name()
+    out.backward(go)
+    gx, gp = _op(sp.NATIVE, sp.BWD)(go, x.detach(), p.detach())
+    assert torch.equal(x.grad, gx) and torch.equal(p.grad, gp)

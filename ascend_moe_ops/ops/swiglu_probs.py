@@ -71,20 +71,30 @@ def _make_backward(ns):
 for _ns in _library.INTERNAL_NAMESPACES:
     torch.library.register_fake(f"{_ns}::{OP}", _fake, lib=_library.LIBS[_ns])
     torch.library.register_fake(f"{_ns}::{BWD}", _fake_bwd, lib=_library.LIBS[_ns])
-    torch.library.register_autograd(f"{_ns}::{OP}", _make_backward(_ns), setup_context=_setup_context,
-                                    lib=_library.LIBS[_ns])
+    # the native namespace's formula is C++ (csrc/cpu/autograd.cpp) when the extension is loaded
+    # (_library imported it); the Python one otherwise, and always for the reference namespace
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{_ns}::{OP}", "Autograd"):
+        torch.library.register_autograd(f"{_ns}::{OP}", _make_backward(_ns), setup_context=_setup_context,
+                                        lib=_library.LIBS[_ns])
 for _key in ("CPU", "CUDA"):
     _library.LIBS[REFERENCE].impl(OP, _ref_fwd, _key)
     _library.LIBS[REFERENCE].impl(BWD, _ref_bwd, _key)
 
 
+_NATIVE_LOADED = []  # [True] once the native kernel was found registered (it stays so)
+
+
 def namespace_for(x: Tensor) -> str:
     """The namespace :func:`swiglu_probs` runs for ``x``: native on cpu when loaded, else reference."""
-    from .. import _backends
-    if x.device.type == "cpu" and _backends.load("native") is None and \
-            torch._C._dispatch_has_kernel_for_dispatch_key(f"{NATIVE}::{OP}", "CPU"):
-        return NATIVE
-    return REFERENCE
+    if x.device.type != "cpu":
+        return REFERENCE
+    if not _NATIVE_LOADED:
+        from .. import _backends
+        if not (_backends.load("native") is None and
+                torch._C._dispatch_has_kernel_for_dispatch_key(f"{NATIVE}::{OP}", "CPU")):
+            return REFERENCE
+        _NATIVE_LOADED.append(True)
+    return NATIVE
 
 
 def swiglu_probs(x: Tensor, probs: Tensor) -> Tensor:
@@ -98,5 +108,6 @@ def swiglu_probs(x: Tensor, probs: Tensor) -> Tensor:
         ``[N, F]`` in ``x``'s dtype, computed in fp32 and rounded once. Backward saves only ``x``
         and ``probs``.
     """
-    _check(OP, x, probs)
+    # the arguments are checked once, by the kernel that runs (native: C++; reference and fake:
+    # _check), not here as well
     return getattr(torch.ops, namespace_for(x)).swiglu_probs.default(x.contiguous(), probs.contiguous())
