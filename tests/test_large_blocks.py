@@ -1,4 +1,4 @@
-"""The large-output block cache of the native CPU ops (csrc/common/alloc.h): outputs of >= 8 MiB
+"""The large-output block cache of the native CPU ops (csrc/common/alloc.h): outputs of >= 2 MiB
 come from pre-faulted, reused blocks. A reused block holds the previous output's bytes, so these
 tests check that every output element is rewritten (grouped GEMM zero groups and rows past the
 routed ones, permute), that the tensor is an ordinary resizable CPU tensor, and that the cap and
@@ -18,7 +18,7 @@ from ascend_moe_ops.testing import assert_close_to_ref
 pytestmark = pytest.mark.skipif("native" not in _backends.available_backends("grouped_gemm", "cpu"),
                                 reason="native backend not built")
 
-BIG = 8 << 20  # the threshold in alloc.h
+BIG = 8 << 20  # above the threshold in alloc.h (2 MiB)
 
 
 def _C():

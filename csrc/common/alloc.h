@@ -8,7 +8,7 @@
 // but the kernel still zeroes every page before the op writes it, so the output is written twice.
 // PyTorch's CPU allocator gives freed memory back to the OS, so every call pays this again.
 //
-// empty_large() therefore allocates big outputs (>= kLargeBytes) from LargeBlocks, a small cache of
+// empty_large() therefore allocates big outputs (>= kLargeBytes, 2 MiB) from LargeBlocks, a small cache of
 // 2 MiB-aligned mmap blocks advised MADV_HUGEPAGE before the first touch: a freed block is kept
 // (already faulted in) and handed to the next large allocation of a similar size, up to a byte cap
 // (ASCEND_MOE_OPS_CPU_CACHE_MB, default min(2 GiB, RAM / 8); 0 turns the cache off; blocks over the
@@ -34,7 +34,11 @@
 
 namespace amo {
 
-constexpr int64_t kLargeBytes = int64_t(8) << 20;
+// Was 8 MiB. At 2 MiB (one huge page, the block granularity) the T=256 Megatron-path outputs (4 MiB)
+// come from the cache too: from PyTorch's allocator they cost 350-420 first-touch faults per call,
+// 0.1 -> 0.8 ms for a 0.1 ms permute, depending on what the allocator had freed before
+// (2026-12-02, docs/benchmarks.md).
+constexpr int64_t kLargeBytes = int64_t(2) << 20;
 
 class LargeBlocks final : public c10::Allocator {
  public:
