@@ -147,6 +147,26 @@ for _ns in INTERNAL_NAMESPACES:
     for _schema in INTERNAL_SCHEMAS.values():
         LIBS[_ns].define(_schema)
 
+_INTERNAL_NATIVE = []  # [True] once the native kernels of the internal ops were found (it stays so)
+
+
+def internal_native_loaded() -> bool:
+    """Whether the C++ extension registered its kernels of the internal ops (one build registers
+    all of them, so one is looked up)."""
+    if not _INTERNAL_NATIVE:
+        from . import _backends
+        if not (_backends.load("native") is None and torch._C._dispatch_has_kernel_for_dispatch_key(
+                f"{INTERNAL_NAMESPACES[0]}::mask_permute", "CPU")):
+            return False
+        _INTERNAL_NATIVE.append(True)
+    return True
+
+
+def internal_namespace_for(t) -> str:
+    """The namespace an internal op runs in for tensor ``t``: native on cpu when loaded, else
+    reference."""
+    return INTERNAL_NAMESPACES[0] if t.device.type == "cpu" and internal_native_loaded() else INTERNAL_NAMESPACES[1]
+
 
 def _native_autograd() -> frozenset:
     """The public ops whose autograd the C++ extension registers (its

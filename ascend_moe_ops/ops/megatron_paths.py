@@ -154,24 +154,10 @@ for _key in ("CPU", "CUDA"):
     _library.LIBS[REFERENCE].impl(SORT, _ref_sort, _key)
 
 
-_NATIVE_LOADED = []  # [True] once the native kernels were found loaded
-
-
-def native_loaded() -> bool:
-    """Whether the native kernels of these ops are registered (the C++ extension is loaded)."""
-    if _NATIVE_LOADED:
-        return True
-    from .. import _backends
-    ok = (_backends.load("native") is None
-          and torch._C._dispatch_has_kernel_for_dispatch_key(f"{NATIVE}::{PERMUTE}", "CPU"))
-    if ok:
-        _NATIVE_LOADED.append(True)
-    return ok
-
-
-def namespace_for(t: Tensor) -> str:
-    """The namespace the ops run in for ``t``: native on cpu when loaded, else reference."""
-    return NATIVE if t.device.type == "cpu" and native_loaded() else REFERENCE
+#: whether the native kernels of these ops are registered (the C++ extension is loaded)
+native_loaded = _library.internal_native_loaded
+#: the namespace the ops run in for a tensor: native on cpu when loaded, else reference
+namespace_for = _library.internal_namespace_for
 
 
 def mask_permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,

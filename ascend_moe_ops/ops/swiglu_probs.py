@@ -81,20 +81,8 @@ for _key in ("CPU", "CUDA"):
     _library.LIBS[REFERENCE].impl(BWD, _ref_bwd, _key)
 
 
-_NATIVE_LOADED = []  # [True] once the native kernel was found registered (it stays so)
-
-
-def namespace_for(x: Tensor) -> str:
-    """The namespace :func:`swiglu_probs` runs for ``x``: native on cpu when loaded, else reference."""
-    if x.device.type != "cpu":
-        return REFERENCE
-    if not _NATIVE_LOADED:
-        from .. import _backends
-        if not (_backends.load("native") is None and
-                torch._C._dispatch_has_kernel_for_dispatch_key(f"{NATIVE}::{OP}", "CPU")):
-            return REFERENCE
-        _NATIVE_LOADED.append(True)
-    return NATIVE
+#: the namespace :func:`swiglu_probs` runs for a tensor: native on cpu when loaded, else reference
+namespace_for = _library.internal_namespace_for
 
 
 def swiglu_probs(x: Tensor, probs: Tensor) -> Tensor:
