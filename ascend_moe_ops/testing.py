@@ -28,6 +28,19 @@ TOLERANCES = {
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def cpu_flags() -> frozenset:
+    """The CPU's feature flags (``/proc/cpuinfo``; empty where there is none): which instruction-set
+    paths a test can run here."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def tolerance(dtype: torch.dtype):
     return TOLERANCES[dtype]
 

@@ -13,7 +13,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops import _backends
-from ascend_moe_ops.testing import assert_close_to_ref
+from ascend_moe_ops.testing import assert_close_to_ref, cpu_flags
 
 pytestmark = pytest.mark.skipif("native" not in _backends.available_backends("grouped_gemm", "cpu"),
                                 reason="native backend not built")
@@ -89,15 +89,7 @@ def test_nan_in_x_stays_in_its_row(kernel):
     assert bad[5] and int(bad.sum()) == 1
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        return []
-
-
-@pytest.mark.skipif("avx512_bf16" not in _cpu_flags(), reason="the mm rule applies to AVX512_BF16 CPUs")
+@pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="the mm rule applies to AVX512_BF16 CPUs")
 @pytest.mark.parametrize("rows,path", [(64, "1"), (63, "0")])
 def test_default_path_rule(monkeypatch, rows, path):
     """Without AMX (switched off here), bf16 groups of >= 64 rows on average take the per-group mm,

@@ -14,23 +14,14 @@ import subprocess
 import pytest
 import torch
 
+from ascend_moe_ops.testing import cpu_flags
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "_vec_probe.cpp"
 DTYPES = {0: torch.float32, 1: torch.bfloat16, 2: torch.float16, 3: torch.float64}
 # -march per version; the CPU must run it (flags from /proc/cpuinfo)
 ISAS = {"scalar": ("x86-64", set()), "avx2": ("haswell", {"avx2", "fma", "f16c"}),
         "avx512": ("skylake-avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"})}
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def _compiler():
@@ -47,7 +38,7 @@ def libs(tmp_path_factory):
     """{isa: ctypes library} for every version this CPU can run."""
     out = tmp_path_factory.mktemp("vec_probe")
     torch_inc = pathlib.Path(torch.__file__).parent / "include"
-    flags = _cpu_flags()
+    flags = cpu_flags()
     built = {}
     for isa, (march, need) in ISAS.items():
         if not need <= flags:
