@@ -642,11 +642,8 @@ def _rebind_in(module) -> None:
         _patch_gg_util(module)
     # Most modules hold none of the objects: test that at C speed (the scan of every loaded module
     # with torch and megatron-core imported took ~70 ms per patch()+unpatch() in a Python loop).
-    try:
-        if _State.watched.isdisjoint(map(id, list(d.values()))):
-            return
-    except Exception:
-        pass
+    if _State.watched.isdisjoint(map(id, list(d.values()))):
+        return
     for attr, value in list(d.items()):
         try:
             entry = _State.replacements.get(id(value))

@@ -177,15 +177,11 @@ inline VecF load(const double* p) {
   return {_mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(p + 4)), _mm256_cvtpd_ps(_mm256_loadu_pd(p))),
           _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(p + 12)), _mm256_cvtpd_ps(_mm256_loadu_pd(p + 8)))};
 }
-inline float lane_f32(float v) { return v; }
-inline float lane_f32(c10::BFloat16 v) { return bf16::to_f32(v.x); }
-inline float lane_f32(c10::Half v) { return static_cast<float>(v); }
-inline float lane_f32(double v) { return static_cast<float>(v); }  // round to nearest, as vcvtpd2ps
 template <typename T>
 inline VecF load(const T* p, Mask m) {
   if ((m & 0xFFFFu) == 0xFFFFu) return load(p);
   alignas(32) float buf[16];
-  for (int i = 0; i < 16; ++i) buf[i] = (m >> i) & 1u ? lane_f32(p[i]) : 0.f;
+  for (int i = 0; i < 16; ++i) buf[i] = (m >> i) & 1u ? static_cast<float>(p[i]) : 0.f;  // exact, or RNE for fp64
   return {_mm256_load_ps(buf), _mm256_load_ps(buf + 8)};
 }
 

@@ -338,8 +338,9 @@ Tensor grouped_gemm_dw_autograd(const Tensor& a, const Tensor& b, const Tensor& 
 
 // ------------------------------------------------------------------ swiglu_probs (internal)
 // The fused SwiGLU x probs kernel of the Megatron adapter (ascend_moe_ops/ops/swiglu_probs.py): an
-// internal op of the native namespace only; its formula in C++ as for the public ops (the Python
-// formula's autograd.Function cost ~70 us per forward + backward, 5 % of the T=256 call).
+// internal op of the native namespace only; its formula in C++ as for the public ops (fixed cost of a
+// tiny forward + backward 101 us with the Python formula, 57 us with this one; 2026-12-02,
+// docs/benchmarks.md).
 using SwigluSig = Tensor(const Tensor&, const Tensor&);
 using SwigluBwdSig = Tensor2(const Tensor&, const Tensor&, const Tensor&);
 const c10::TypedOperatorHandle<SwigluSig>& swiglu_probs_op() {
@@ -364,7 +365,7 @@ struct SwigluProbs : public torch::autograd::Function<SwigluProbs> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    auto [gx, gp] = swiglu_probs_backward_op().call(grads[0].contiguous(), s[0], s[1]);
+    auto [gx, gp] = swiglu_probs_backward_op().call(grads[0], s[0], s[1]);  // the kernel makes it contiguous
     return {ctx->needs_input_grad(0) ? gx : Tensor(), ctx->needs_input_grad(1) ? gp : Tensor()};
   }
 };
