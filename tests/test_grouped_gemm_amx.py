@@ -1,6 +1,6 @@
 """The native bf16 grouped GEMM's kernels (AMX tiles where the CPU has them, AVX-512 BF16 tiles
 otherwise; ``AMO_GG_AMX=0`` switches AMX off per call; per-group ATen mm, the default without AMX
-for groups of >= 64 rows on average, forced with ``AMO_GG_MM=1``, its groups split over the
+for dX and dW when groups average >= 128 rows, forced with ``AMO_GG_MM=1``, its groups split over the
 threads unless ``AMO_GG_MM_PAR=0``; ``AMO_GG_MM=0`` keeps the tiles)
 against the fp64 reference, on shapes that
 hit every edge of the AMX tiling: row tails (1..40 rows), K not a multiple of 32 (falls back to
@@ -90,21 +90,29 @@ def test_nan_in_x_stays_in_its_row(kernel):
 
 
 @pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="the mm rule applies to AVX512_BF16 CPUs")
-@pytest.mark.parametrize("rows,path", [(64, "1"), (63, "0")])
-def test_default_path_rule(monkeypatch, rows, path):
-    """Without AMX (switched off here), bf16 groups of >= 64 rows on average take the per-group mm,
-    smaller ones the tile kernel: the default output equals the forced path's bitwise."""
+@pytest.mark.parametrize("kind,rows,path", [("fwd", 128, "0"), ("fwd", 64, "0"), ("dX", 128, "1"), ("dX", 127, "0"),
+                                            ("dW", 128, "1"), ("dW", 127, "0")])
+def test_default_path_rule(monkeypatch, kind, rows, path):
+    """Without AMX (switched off here): the plain forward always runs the tile kernel; dX (trans_b)
+    and dW take the per-group mm when the bf16 groups average >= 128 rows, the tile kernel below.
+    The profiler sees the mm path's ATen calls, and the default output equals the forced path's."""
     monkeypatch.setenv("AMO_GG_AMX", "0")
     g = torch.Generator().manual_seed(rows)
     sizes = torch.tensor([rows, 0, rows])
     x = torch.randn(int(sizes.sum()), 2048, generator=g).bfloat16()
-    w = torch.randn(3, 2048, 80, generator=g).bfloat16()
+    if kind == "dW":
+        b = torch.randn(int(sizes.sum()), 80, generator=g).bfloat16()
+        run = lambda: amo.grouped_gemm_dw(x, b, sizes)  # noqa: E731
+    else:
+        w = torch.randn(3, 80, 2048, generator=g).bfloat16() if kind == "dX" else \
+            torch.randn(3, 2048, 80, generator=g).bfloat16()
+        run = lambda: amo.grouped_gemm(x, w, sizes, trans_b=kind == "dX")  # noqa: E731
     with amo.use_backend("native"):
         monkeypatch.delenv("AMO_GG_MM", raising=False)
-        default = amo.grouped_gemm(x, w, sizes)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            default = run()
         monkeypatch.setenv("AMO_GG_MM", path)
-        forced = amo.grouped_gemm(x, w, sizes)
-        monkeypatch.setenv("AMO_GG_MM", "0" if path == "1" else "1")
-        other = amo.grouped_gemm(x, w, sizes)
+        forced = run()
+    mm_calls = sum(1 for e in prof.events() if e.name == "aten::mm")  # the mm path's at::mm_out
+    assert mm_calls == (2 if path == "1" else 0)  # one per non-empty group, or none
     assert torch.equal(default, forced)
-    assert not torch.equal(default, other)  # the two paths round differently here: the rule is seen

@@ -124,8 +124,8 @@ std::vector<int64_t> host_sizes(const at::Tensor& group_sizes, int64_t rows, con
   return v;
 }
 
-// Smallest mean rows per non-empty group for the per-group mm path of bf16 without AMX.
-constexpr int64_t kMmMinRows = 64;
+// Smallest mean rows per non-empty group for the per-group mm path of bf16 without AMX (dX and dW).
+constexpr int64_t kMmMinRows = 128;
 
 inline bool cpu_has_avx512_bf16() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -137,12 +137,18 @@ inline bool cpu_has_avx512_bf16() {
 }
 
 // Run every group as one ATen mm (see grouped_gemm_cpu)? By default only where it was measured to
-// win: bf16, AMX not used, the CPU has AVX512_BF16 (oneDNN's bf16 GEMM; an AVX2-only CPU keeps the
-// tile kernel, not measured against ATen's bf16 mm there), groups of >= kMmMinRows rows on average.
-inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs) {
+// win over the tile kernel (2026-12-02, AMD EPYC with AVX512_BF16, no AMX, 2 threads, one process,
+// AMO_GG_MM=1 vs 0 alternated; docs/benchmarks.md "fifth session"): bf16, AMX not used, the CPU has
+// AVX512_BF16 (oneDNN's bf16 GEMM), and only for the transposed-weight forward (dX) and dW with
+// groups of >= kMmMinRows rows on average, where mm was 0.87-1.12x the tile kernel's time. The
+// plain forward (W [E,K,N]) always takes the tile kernel (mm: 1.0-1.45x its time), and so do
+// groups of 64 rows (mm: 1.2-1.5x its time).
+// plain: the forward with W in [E,K,N] (trans_b=False).
+inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs, bool plain) {
   if (dt == at::kDouble) return true;
   const int64_t mm_env = env_or("AMO_GG_MM", -1, -1, 1, 1);  // read per call
   if (mm_env >= 0) return mm_env == 1;
+  if (plain) return false;
   int64_t busy = 0, total = 0;
   for (int64_t g : gs) { busy += g > 0; total += g; }
   return dt == at::kBFloat16 && !amx_wanted(dt) && cpu_has_avx512_bf16() && busy > 0 &&
@@ -199,12 +205,10 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   if (total < M) out.narrow(0, total, M - total).zero_();
   if (total == 0 || N == 0) return out;
 
-  // Plain per-group matmuls (ATen's mm: oneDNN / BLAS) for the fp64 oracle dtype, and for bf16 on a
-  // CPU without AMX when the groups are not small: there the AVX512_BF16 tile loops ran at 0.44-0.67x
-  // of a loop of torch.mm on the same groups (2026-12-02, AMD EPYC with AVX512_BF16, 2 threads,
-  // E=64 x 256 rows, K=1024/N=512 and K=256/N=1024; docs/benchmarks.md). AMO_GG_MM=0 keeps the
-  // tile kernels, =1 forces mm for fp32/fp16/bf16 too (A/B timing); fp64 always takes mm.
-  if (mm_path(x.scalar_type(), gs)) {
+  // Plain per-group matmuls (ATen's mm: oneDNN / BLAS) for the fp64 oracle dtype, and for the bf16
+  // dX (trans_b) of groups that are not small on a CPU without AMX (mm_path has the measurements).
+  // AMO_GG_MM=0 keeps the tile kernels, =1 forces mm for fp32/fp16/bf16 too (A/B timing).
+  if (mm_path(x.scalar_type(), gs, /*plain=*/!trans_b)) {
     std::vector<int64_t> offs(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) offs[e + 1] = offs[e] + gs[e];
     for_groups(gs, [&](int64_t e) {
@@ -257,9 +261,8 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
   const int64_t E = static_cast<int64_t>(gs.size());
   at::Tensor out = amo::empty_large({E, P, Q}, a.options());
   if (out.numel() == 0) return out;
-  // per-group mm as in the forward (fp64; bf16 without AMX when groups average >= kMmMinRows rows:
-  // 2.3-2.7x the tile kernel on the layer's dW shapes, same machine as the forward's figures)
-  if (mm_path(a.scalar_type(), gs)) {
+  // per-group mm as in the dX (fp64; bf16 without AMX when groups average >= kMmMinRows rows)
+  if (mm_path(a.scalar_type(), gs, /*plain=*/false)) {
     std::vector<int64_t> offs(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) {
       offs[e + 1] = offs[e] + gs[e];

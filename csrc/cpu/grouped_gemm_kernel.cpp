@@ -24,12 +24,65 @@
 namespace amo {
 namespace grouped_gemm_cpu {
 
-// Tuning knobs (for tuning only): k per bf16 block (AMO_GG_KC), software prefetch (AMO_GG_PF: 1 = into
-// L2, the default, 2 = into L1, 0 = off) and the share of a block's micro-kernel calls that issue the
-// prefetches (1 / AMO_GG_PF_SPREAD).
+// Tuning knobs (for tuning only): k per bf16 block (AMO_GG_KC), software prefetch (AMO_GG_PF: 0 = off,
+// 1 = into L2 (prefetcht1), 2 = into L1 (prefetcht0); unset: 2 for the AVX-512 tile kernel, 1 for
+// AMX) and the share of a block's micro-kernel calls that issue the prefetches (1 / AMO_GG_PF_SPREAD).
+// Into L1 measured 1.06x faster than into L2 on the fine-grained forward (E=256 x 64 rows, K=512,
+// N=256: 11.6-12.8 ms vs 12.1-13.6 ms, 4 alternated process pairs, AMD EPYC with AVX512_BF16,
+// 2 threads, 2026-12-02); AMX was not re-measured and keeps its L2 default.
 inline int64_t kc_bf16() { static const int64_t v = env_or("AMO_GG_KC", KC_BF16, 32, KC_BF16, 32); return v; }
-inline int64_t pf_mode() { static const int64_t v = env_or("AMO_GG_PF", 1, 0, 2, 1); return v; }
+inline int64_t pf_mode(int64_t dflt) {
+  static const int64_t v = env_or("AMO_GG_PF", -1, 0, 2, 1);
+  return v < 0 ? dflt : v;
+}
 inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
+
+// Software prefetch of the operands of the *next* K block (of this item, or of the item this
+// thread runs next), spread over the micro-kernel calls of the current block so that the DRAM
+// reads of the next weight tile overlap compute (a fine-grained expert's weight is used by only
+// ~64 rows, so its latency would otherwise show).
+struct Prefetcher {
+  struct Range { const char* p; int64_t rows, row_bytes, stride; };
+  Range r[2];
+  int nr = 0, cur = 0;
+  const int mode;  // 0 off, 1 into L2, 2 into L1 (pf_mode)
+  explicit Prefetcher(int m) : mode(m) {}
+  int64_t row = 0, off = 0, left = 0;
+  void add(const void* p, int64_t rows, int64_t row_bytes, int64_t stride) {
+    if (rows > 0 && row_bytes > 0 && nr < 2) {
+      r[nr++] = {static_cast<const char*>(p), rows, row_bytes, stride};
+      left += rows * ceil_div(row_bytes, 64);
+    }
+  }
+  // the ranges read by the packing of K block [k0, k0 + kc) of `t` (elements of `es` bytes)
+  void add_block(const TileArgs& t, int64_t k0, int64_t kc, int64_t es) {
+    const char* a = static_cast<const char*>(t.A.p);
+    const char* b = static_cast<const char*>(t.B.p);
+    if (t.B.s1 == 1) add(b + k0 * t.B.s0 * es, kc, t.n * es, t.B.s0 * es);
+    else if (t.B.s0 == 1) add(b + k0 * es, t.n, kc * es, t.B.s1 * es);
+    if (t.A.s1 == 1) add(a + k0 * es, t.m, kc * es, t.A.s0 * es);
+    else if (t.A.s0 == 1) add(a + k0 * t.A.s1 * es, kc, t.m * es, t.A.s1 * es);
+  }
+  int64_t lines() const { return mode == 0 ? 0 : left; }
+  void step(int64_t n) {
+#if AMO_GG_AVX512
+    if (mode == 0) return;
+    while (n-- > 0 && cur < nr) {
+      const Range& g = r[cur];
+      if (mode == 2) _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T0);
+      else _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
+      --left;
+      off += 64;
+      if (off >= g.row_bytes) {
+        off = 0;
+        if (++row >= g.rows) { row = 0; ++cur; }
+      }
+    }
+#else
+    (void)n;
+#endif
+  }
+};
 
 // ------------------------------------------------------------------------------------------
 // Micro-kernels: C[r][0..64) (+)= sum_k A(r,k) B(k, 0..64) for r < MRr.
@@ -37,15 +90,25 @@ inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD",
 // With `out` set (the last K block) the results are rounded to bf16 and stored straight into the
 // output (columns < ncols); otherwise the fp32 partial sums go to C.
 template <int MRr>
+// `npf` lines of `pf` are prefetched, spread evenly over the k loop: issued in one burst, they
+// filled the miss buffers and stalled the loop (9.5 % of the fine-grained forward's samples sat on
+// the instruction after a prefetcht1).
 inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* B, int64_t kp_n,
-                     float* C, int64_t ldc, bool first, uint16_t* out, int64_t ldo, int64_t ncols) {
+                     float* C, int64_t ldc, bool first, uint16_t* out, int64_t ldo, int64_t ncols,
+                     Prefetcher& pf, int64_t npf) {
   __m512 c[MRr][4];
   for (int r = 0; r < MRr; ++r)
     for (int j = 0; j < 4; ++j)
       c[r][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(C + r * ldc + 16 * j);
   const uint32_t* ap[MRr];
   for (int r = 0; r < MRr; ++r) ap[r] = A + r * rs;
+  const int64_t gap = npf > 0 ? std::max<int64_t>(1, kp_n / npf) : 0;
+  int64_t cd = gap;
   for (int64_t p = 0; p < kp_n; ++p) {
+    if (gap && --cd == 0) {
+      cd = gap;
+      if (npf > 0) { pf.step(1); --npf; }
+    }
     const uint32_t* bp = B + p * NR;
     __m512bh b0 = (__m512bh)_mm512_load_si512(bp);
     __m512bh b1 = (__m512bh)_mm512_load_si512(bp + 16);
@@ -59,11 +122,16 @@ inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* 
       c[r][3] = _mm512_dpbf16_ps(c[r][3], a, b3);
     }
   }
+  if (npf > 0) pf.step(npf);
+  // Every index into c[][] below is a compile-time constant (fully unrolled loops, no early exit):
+  // otherwise GCC keeps c[][] in memory and spills all 24 accumulators on every k step (the kernel
+  // then ran at 36 % of the vdpbf16ps peak instead of 90 %+).
   if (out != nullptr) {
+#pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const int64_t cnt = ncols - 16 * j;
-      if (cnt <= 0) break;
-      const __mmask16 mk = cnt >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cnt) - 1u);
+      const int64_t cnt = ncols - 16 * j;  // masked stores with an empty mask touch no memory
+      const __mmask16 mk = cnt >= 16 ? 0xFFFF : cnt <= 0 ? 0 : static_cast<__mmask16>((1u << cnt) - 1u);
+#pragma GCC unroll 6
       for (int r = 0; r < MRr; ++r)
         _mm256_mask_storeu_epi16(out + r * ldo + 16 * j, mk, vec::f32_to_bf16_bits(c[r][j]));
     }
@@ -77,7 +145,9 @@ inline float bf16_lo(uint32_t w) { uint32_t u = w << 16; float f; std::memcpy(&f
 inline float bf16_hi(uint32_t w) { uint32_t u = w & 0xFFFF0000u; float f; std::memcpy(&f, &u, 4); return f; }
 template <int MRr>
 inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* B, int64_t kp_n,
-                     float* C, int64_t ldc, bool first, uint16_t* out, int64_t ldo, int64_t ncols) {
+                     float* C, int64_t ldc, bool first, uint16_t* out, int64_t ldo, int64_t ncols,
+                     Prefetcher& pf, int64_t npf) {
+  pf.step(npf);
   for (int r = 0; r < MRr; ++r) {
     float acc[NR];
     for (int j = 0; j < NR; ++j) acc[j] = first ? 0.f : C[r * ldc + j];
@@ -223,51 +293,6 @@ inline void amx_block(const uint32_t* aw, int64_t a_ld, const uint32_t* bpk, int
 }
 #endif
 
-// Software prefetch of the operands of the *next* K block (of this item, or of the item this
-// thread runs next), spread over the micro-kernel calls of the current block so that the DRAM
-// reads of the next weight tile overlap compute (a fine-grained expert's weight is used by only
-// ~64 rows, so its latency would otherwise show).
-struct Prefetcher {
-  struct Range { const char* p; int64_t rows, row_bytes, stride; };
-  Range r[2];
-  int nr = 0, cur = 0;
-  int64_t row = 0, off = 0, left = 0;
-  void add(const void* p, int64_t rows, int64_t row_bytes, int64_t stride) {
-    if (rows > 0 && row_bytes > 0 && nr < 2) {
-      r[nr++] = {static_cast<const char*>(p), rows, row_bytes, stride};
-      left += rows * ceil_div(row_bytes, 64);
-    }
-  }
-  // the ranges read by the packing of K block [k0, k0 + kc) of `t` (elements of `es` bytes)
-  void add_block(const TileArgs& t, int64_t k0, int64_t kc, int64_t es) {
-    const char* a = static_cast<const char*>(t.A.p);
-    const char* b = static_cast<const char*>(t.B.p);
-    if (t.B.s1 == 1) add(b + k0 * t.B.s0 * es, kc, t.n * es, t.B.s0 * es);
-    else if (t.B.s0 == 1) add(b + k0 * es, t.n, kc * es, t.B.s1 * es);
-    if (t.A.s1 == 1) add(a + k0 * es, t.m, kc * es, t.A.s0 * es);
-    else if (t.A.s0 == 1) add(a + k0 * t.A.s1 * es, kc, t.m * es, t.A.s1 * es);
-  }
-  int64_t lines() const { return pf_mode() == 0 ? 0 : left; }
-  void step(int64_t n) {
-#if AMO_GG_AVX512
-    if (pf_mode() == 0) return;
-    while (n-- > 0 && cur < nr) {
-      const Range& g = r[cur];
-      if (pf_mode() == 2) _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T0);
-      else _mm_prefetch(g.p + row * g.stride + off, _MM_HINT_T1);
-      --left;
-      off += 64;
-      if (off >= g.row_bytes) {
-        off = 0;
-        if (++row >= g.rows) { row = 0; ++cur; }
-      }
-    }
-#else
-    (void)n;
-#endif
-  }
-};
-
 #if AMO_GG_AMX
 // The AMX version of tile_bf16 (same packing of B; A read in place for x rows, else packed as
 // [row][pair]); fp32 partial sums in ws.c, rounded into the output once at the end.
@@ -301,7 +326,7 @@ inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws
     const bool first = k0 == 0;
     // prefetch (L2) the next K block's operands, or the next item's first, spread over the row
     // blocks: a group's weights come from DRAM and AMX computes faster than they stream in
-    Prefetcher pf;
+    Prefetcher pf(static_cast<int>(pf_mode(1)));  // AMX
     if (k0 + KC_BF16 < K) pf.add_block(t, k0 + KC_BF16, std::min(KC_BF16, K - k0 - KC_BF16), 2);
     else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KC_BF16, next->K), 2);
     const int64_t per_block = ceil_div(pf.lines(), std::max<int64_t>(1, ceil_div(m, 32)));
@@ -385,7 +410,7 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
       abs_ = MR * kp_max;
     }
     const bool first = k0 == 0;
-    Prefetcher pf;
+    Prefetcher pf(static_cast<int>(pf_mode(2)));
     const bool last = k0 + KCB >= K;
     if (!last) pf.add_block(t, k0 + KCB, std::min(KCB, K - k0 - KCB), 2);
     else if (next != nullptr && next->K > 0) pf.add_block(*next, 0, std::min(KCB, next->K), 2);
@@ -395,18 +420,17 @@ inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
       const uint32_t* bp = ws.b + j * kp_max * NR;
       for (int64_t i = 0; i < m; i += MR) {
         const int64_t mr = std::min(MR, m - i);
-        pf.step(per_call);
         const uint32_t* aip = aw + (i / MR) * abs_;
         float* c = ws.c + i * ldc + j * NR;
         uint16_t* o = last ? reinterpret_cast<uint16_t*>(out) + i * ldo + j * NR : nullptr;
         const int64_t nc = n - j * NR;
         dispatch_mr(
-            mr, [&] { ukr_bf16<6>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
-            [&] { ukr_bf16<5>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
-            [&] { ukr_bf16<4>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
-            [&] { ukr_bf16<3>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
-            [&] { ukr_bf16<2>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); },
-            [&] { ukr_bf16<1>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc); });
+            mr, [&] { ukr_bf16<6>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc, pf, per_call); },
+            [&] { ukr_bf16<5>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc, pf, per_call); },
+            [&] { ukr_bf16<4>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc, pf, per_call); },
+            [&] { ukr_bf16<3>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc, pf, per_call); },
+            [&] { ukr_bf16<2>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc, pf, per_call); },
+            [&] { ukr_bf16<1>(aip, ars, aks, bp, kp, c, ldc, first, o, ldo, nc, pf, per_call); });
       }
     }
   }
