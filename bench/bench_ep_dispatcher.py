@@ -272,7 +272,8 @@ def _worker(a) -> None:
         from ascend_moe_ops.nn import MoELayer
         disp = MoEDispatcher(topo, E, algorithm=cfg["layer_algo"])
         torch.manual_seed(0)
-        layer = MoELayer(H, E, cfg["F"], K, dispatcher=disp, dtype=dtype)
+        layer = MoELayer(H, E, cfg["F"], K, dispatcher=disp, dtype=dtype,
+                         shared_expert_ffn_hidden_size=cfg.get("shared") or None)
         def make(chunks):
             def step():
                 layer.overlap_chunks = chunks
@@ -590,7 +591,8 @@ def summarize_layer_profile(res):
 def summarize_layer(res, label):
     lines = [f"## {label}: MoE layer fwd+bwd ({res['layer_algo']} dispatch), {res['nodes']} nodes x "
              f"{res['local_size']} ranks, T={res['T']} per rank, H={res['H']}, F={res['F']}, "
-             f"K={res['K']}, E={res['E']}, {res['dtype']}",
+             f"K={res['K']}, E={res['E']}, {res['dtype']}"
+             + (f", one shared expert of F={res['shared']}" if res.get("shared") else ""),
              "| overlap_chunks | fwd+bwd (s), median | min | veth bytes / step |", "|---|---|---|---|"]
     base = None
     for c in res["chunks"]:
@@ -616,7 +618,7 @@ def run_case(cfg, mode="loopback", local_size=2, rate="1gbit", timeout=900):
         res = run_netns(cfg, local_size=local_size, rate=rate, timeout=timeout)
     else:
         res = run_loopback(cfg, local_size=local_size, timeout=timeout)
-    for k in ("layer_algo", "F", "chunks"):
+    for k in ("layer_algo", "F", "chunks", "shared"):
         if k in cfg:
             res[k] = cfg[k]
     return res
@@ -629,9 +631,11 @@ def dispatch_case(T, H, *, K=8, E=32, dtype="bfloat16", algos=ALGOS, warmup=1, i
 
 
 def layer_case(T, H, F, *, K=8, E=32, dtype="float32", algo="hierarchical", chunks=(1, 4),
-               warmup=1, iters=3, phases=0):
+               warmup=1, iters=3, phases=0, shared=0):
+    """``shared``: FFN size of one shared expert (0 = none; DeepSeek-V3 / Pangu Ultra MoE use F)."""
     return dict(kind="layer", T=T, H=H, F=F, K=K, E=E, dtype=dtype, layer_algo=algo,
-                chunks=list(chunks), algos=[], warmup=warmup, iters=iters, phases=phases)
+                chunks=list(chunks), algos=[], warmup=warmup, iters=iters, phases=phases,
+                shared=shared)
 
 
 # ----------------------------------------------------------------------------- suite runner
@@ -714,6 +718,10 @@ def main(argv=None) -> int:
     ap.add_argument("--layer", default="",
                     help="also time the MoE layer fwd+bwd: comma-separated TxHxF cases")
     ap.add_argument("--layer-algo", default="hierarchical", help="dispatch algorithm of the layer")
+    ap.add_argument("--layer-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="dtype of the layer cases (default float32, as in the earlier figures)")
+    ap.add_argument("--layer-shared", type=int, default=0,
+                    help="FFN size of one shared expert in the layer cases (0 = none, the default)")
     ap.add_argument("--chunks", default="1,4", help="overlap_chunks values of the layer runs")
     ap.add_argument("--algos", default=",".join(ALGOS), help="dispatch algorithms to time")
     ap.add_argument("--phases", type=int, default=0,
@@ -744,7 +752,8 @@ def main(argv=None) -> int:
                                       algos=a.algos.split(",")))
     for case in filter(None, a.layer.split(",")):
         T, H, F = (int(v) for v in case.split("x"))
-        cfgs.append(layer_case(T, H, F, algo=a.layer_algo, iters=a.iters, phases=a.phases,
+        cfgs.append(layer_case(T, H, F, dtype=a.layer_dtype, shared=a.layer_shared, algo=a.layer_algo,
+                               iters=a.iters, phases=a.phases,
                                chunks=[int(c) for c in a.chunks.split(",")]))
     for cfg in cfgs:
         res = run_case(cfg, mode, local_size=a.local_size, rate=a.rate)

@@ -460,12 +460,14 @@ def scenario_overlap(ctx, algorithm):
             ids, probs, _ = layer.router(x)
             return moe_forward_overlapped(disp, x, ids, probs, layer.experts,
                                           list(layer.experts.parameters()), chunks=3,
-                                          overlap=overlap)
+                                          overlap=overlap, shared_fn=layer.shared_experts,
+                                          shared_params=list(layer.shared_experts.parameters()))
         return fn
 
     seq = run(functional(False))
     ovl = run(functional(True))
     assert ovl[1] is not None and ovl[2] is not None  # d tokens, d router weight
+    assert all(q.grad is not None for q in layer.shared_experts.parameters())
     for a, b in zip(ovl, seq):
         assert (a is None and b is None) or torch.equal(a, b), \
             "overlapped != the same chunks run one after the other"
@@ -489,12 +491,13 @@ def scenario_overlap_order(ctx, algorithm):
     calling thread, collectives on the communication thread."""
     from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
     from ascend_moe_ops.distributed.overlap import record_schedule
-    from ascend_moe_ops.nn import GroupedMLP
+    from ascend_moe_ops.nn import GroupedMLP, SharedExpertMLP
     W, rank = ctx["world"], ctx["rank"]
     E, H, K, n = 2 * W, 8, 2, 4
     disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm)
     torch.manual_seed(3)
     experts = GroupedMLP(disp.num_local_experts, H, 8)
+    shared = SharedExpertMLP(H, 8)
     g = torch.Generator().manual_seed(70 + rank)
     T = 12 + rank
     x = torch.randn(T, H, generator=g, requires_grad=True)
@@ -502,9 +505,10 @@ def scenario_overlap_order(ctx, algorithm):
     probs = torch.rand(T, K, generator=g, requires_grad=True)
     with record_schedule() as ev:
         out = moe_forward_overlapped(disp, x, ids, probs, experts, list(experts.parameters()),
-                                     chunks=n)
+                                     chunks=n, shared_fn=shared, shared_params=list(shared.parameters()))
         out.sum().backward()
     assert x.grad is not None and all(q.grad is not None for q in experts.parameters())
+    assert all(q.grad is not None for q in shared.parameters())
 
     def at(phase, name, i):
         hits = [e for e in ev if (e["phase"], e["event"], e["chunk"]) == (phase, name, i)]
@@ -527,6 +531,13 @@ def scenario_overlap_order(ctx, algorithm):
             assert nxt["seq"] < at("fwd", "expert_end", i)["seq"], (i, nxt)
             nxt = at("bwd", "combine_grad_launch", i + 1)
             assert nxt["seq"] < at("bwd", "expert_bwd_start", i)["seq"], (i, nxt)
+    # the shared expert runs on the calling thread while chunk 0's first transfer is out:
+    # after its first collective was issued, before chunk 0's experts (forward) / expert backward
+    for phase, pre, ev_name, post in (("fwd", "dispatch_launch", "shared_start", "expert_start"),
+                                      ("bwd", "combine_grad_launch", "shared_bwd_start", "expert_bwd_start")):
+        sh = at(phase, ev_name, -1)
+        assert sh["thread"] == main
+        assert at(phase, pre, 0)["seq"] < sh["seq"] < at(phase, post, 0)["seq"], (phase, sh)
     # backward of chunk i's experts comes after its own combine gradient arrived
     for i in range(n):
         assert at("bwd", "combine_grad_done", i)["seq"] < at("bwd", "expert_bwd_start", i)["seq"]

@@ -8,7 +8,9 @@ run on the calling thread. Forward, the communication thread works on the dispat
 ``i+1`` and the combine of chunk ``i-1`` while the caller computes the experts of chunk ``i``.
 Backward, the combine-gradient all-to-all of chunk ``i+1`` is launched before the expert backward
 (data- and weight-gradient GEMMs) of chunk ``i`` starts, and the dispatch-gradient all-to-all of
-chunk ``i-1`` runs meanwhile.
+chunk ``i-1`` runs meanwhile. A shared expert (``shared_fn``) fills the two gaps chunking leaves:
+it runs while chunk 0's dispatch is on the link (forward) and its backward while chunk 0's
+combine-gradient exchange is (backward).
 
 The order is enforced, not left to thread timing: before the experts of chunk ``i`` start
 (forward) the calling thread waits until the communication thread has issued the first
@@ -55,7 +57,9 @@ def record_schedule(clock: Optional[Callable[[], float]] = None):
     ``expert_start``, ``expert_end``, ``combine_launch``, ``combine_done``; backward
     ``combine_grad_launch`` (the first collective of the combine's backward: the combine-gradient
     all-to-all), ``combine_grad_done``, ``expert_bwd_start`` / ``expert_bwd_end`` (the expert
-    backward: data- and weight-gradient GEMMs), ``dispatch_grad_launch``, ``dispatch_grad_done``.
+    backward: data- and weight-gradient GEMMs), ``dispatch_grad_launch``, ``dispatch_grad_done``;
+    with a shared expert also ``shared_start`` / ``shared_end`` (forward) and ``shared_bwd_start``
+    / ``shared_bwd_end`` (backward), chunk ``-1``.
     Every communication task also records ``<name>_start`` when the communication thread picks it
     up. A diagnostic for tests and profiling; one recording at a time per process."""
     global _RECORD, _CLOCK
@@ -176,8 +180,10 @@ def _leaf(t: Optional[Tensor], requires_grad: bool) -> Optional[Tensor]:
     return None if t is None else t.detach().requires_grad_(requires_grad)
 
 
-def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool):
-    """The pipelined forward; with ``record`` every chunk keeps its graph pieces."""
+def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool, side=None):
+    """The pipelined forward; with ``record`` every chunk keeps its graph pieces. ``side`` (the
+    shared expert, or ``None``) runs on the calling thread once the first chunk's dispatch has
+    issued its first collective; returns ``(chunks, side's output)``."""
     n = len(xs)
     ex = _executor(overlap)
     grad_mode = torch.is_grad_enabled()
@@ -195,6 +201,13 @@ def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool
     try:
         fd = {i: _submit(ex, "fwd", "dispatch", i, lambda i=i: dispatch(i)) for i in range(min(2, n))}
         fc = {}
+        side_out = None
+        if side is not None:  # the shared expert hides the first dispatch, which nothing else can
+            fd[0].wait_launched()
+            _event("fwd", "shared_start", -1)
+            with torch.set_grad_enabled(grad_mode):
+                side_out = side()
+            _event("fwd", "shared_end", -1)
         for i in range(n):
             et, tpe, h = fd.pop(i).future.result()
             if i + 1 < n:  # dispatch i+1 is issued before the experts of chunk i start
@@ -212,27 +225,36 @@ def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool
             chunks[i]["out"] = fc.pop(i).future.result()
     finally:
         ex.shutdown(wait=True, cancel_futures=True) if overlap else None
-    return chunks
+    return chunks, side_out
+
+
+def _join(outs, side_out):
+    out = torch.cat(outs)
+    return out if side_out is None else out + side_out
 
 
 class _Pipeline(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg, tokens, probs, *params):
-        dispatcher, topk_idx, expert_fn, n, overlap = cfg
+        dispatcher, topk_idx, expert_fn, n, overlap, shared_fn, n_exp = cfg
         with torch.enable_grad():
             xs = [_leaf(x, tokens.requires_grad) for x in tokens.tensor_split(n)]
             ps = ([None] * n if probs is None else
                   [_leaf(p, probs.requires_grad) for p in probs.tensor_split(n)])
             ids = list(topk_idx.tensor_split(n))
-            chunks = _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap, record=True)
+            x_sh = None if shared_fn is None else _leaf(tokens, tokens.requires_grad)
+            chunks, y_sh = _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap, record=True,
+                                        side=None if shared_fn is None else lambda: shared_fn(x_sh))
         ctx.cfg, ctx.xs, ctx.ps, ctx.chunks, ctx.params = cfg, xs, ps, chunks, params
+        ctx.x_sh, ctx.y_sh = x_sh, y_sh
         ctx.has_probs = probs is not None
-        return torch.cat([c["out"].detach() for c in chunks])
+        return _join([c["out"].detach() for c in chunks], None if y_sh is None else y_sh.detach())
 
     @staticmethod
     def backward(ctx, g):
-        _, _, _, n, overlap = ctx.cfg
-        chunks, xs, ps, params = ctx.chunks, ctx.xs, ctx.ps, list(ctx.params)
+        _, _, _, n, overlap, _, n_exp = ctx.cfg
+        chunks, xs, ps = ctx.chunks, ctx.xs, ctx.ps
+        params, sh_params = list(ctx.params[:n_exp]), list(ctx.params[n_exp:])
         sizes = [x.shape[0] for x in xs]
         gs = list(g.split(sizes))
         ex = _executor(overlap)
@@ -251,9 +273,17 @@ class _Pipeline(torch.autograd.Function):
         dx: List[Optional[Tensor]] = [None] * n
         dps: List[Optional[Tensor]] = [None] * n
         dparams: List[Optional[Tensor]] = [None] * len(params)
+        dx_sh: Optional[Tensor] = None
+        dsh: List[Optional[Tensor]] = [None] * len(sh_params)
         try:
             fcb = {i: _submit(ex, "bwd", "combine_grad", i, lambda i=i: combine_bwd(i))
                    for i in range(min(2, n))}
+            if ctx.y_sh is not None:  # the shared expert's backward hides the first exchange
+                fcb[0].wait_launched()
+                _event("bwd", "shared_bwd_start", -1)
+                got = _grad(ctx.y_sh, [ctx.x_sh] + sh_params, g.contiguous())
+                dx_sh, dsh = got[0], got[1:]
+                _event("bwd", "shared_bwd_end", -1)
             fdb = {}
             for i in range(n):
                 dy, dps[i] = fcb.pop(i).future.result()
@@ -277,7 +307,7 @@ class _Pipeline(torch.autograd.Function):
                     dps[i] = dpi if dps[i] is None else dps[i] + dpi
         finally:
             ex.shutdown(wait=True, cancel_futures=True) if overlap else None
-        ctx.chunks = None  # free the graphs
+        ctx.chunks = ctx.x_sh = ctx.y_sh = None  # free the graphs
 
         def cat(parts, leaves):
             if leaves[0] is None or not leaves[0].requires_grad:
@@ -286,13 +316,16 @@ class _Pipeline(torch.autograd.Function):
                               for d, x in zip(parts, leaves)])
 
         dtokens, dprobs = cat(dx, xs), cat(dps, ps)
-        return (None, dtokens, dprobs) + tuple(dparams)
+        if dx_sh is not None:
+            dtokens = dx_sh if dtokens is None else dtokens + dx_sh
+        return (None, dtokens, dprobs) + tuple(dparams) + tuple(dsh)
 
 
 def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor],
                            expert_fn: Callable[[Tensor, Tensor], Tensor],
                            params: Sequence[Tensor] = (), *, chunks: int = 2,
-                           overlap: bool = True) -> Tensor:
+                           overlap: bool = True, shared_fn: Optional[Callable[[Tensor], Tensor]] = None,
+                           shared_params: Sequence[Tensor] = ()) -> Tensor:
     """Expert-parallel MoE ``combine(experts(dispatch(tokens)))`` in ``chunks`` pipelined pieces.
 
     Args:
@@ -309,9 +342,16 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
             one). Every rank must use the same value. ``1`` = no pipelining.
         overlap: ``False`` runs the same chunks one after the other on the calling thread (the
             reference the overlapped run equals bitwise).
+        shared_fn: a shared expert ``shared_fn(tokens [T, H]) -> [T, H']`` (e.g. an
+            :class:`ascend_moe_ops.nn.SharedExpertMLP`) or ``None``. Its output is added to the
+            result (``routed + shared``, as in :class:`ascend_moe_ops.nn.MoELayer`); it runs on the
+            calling thread while the first chunk's dispatch is on the link, and its backward while
+            the first combine-gradient exchange is — the two transfers the chunked pipeline alone
+            cannot hide (DeepSeek-V3 / Pangu Ultra MoE layers have one shared expert).
+        shared_params: the tensors ``shared_fn`` uses that need gradients.
 
     Returns:
-        ``[T, H']``, differentiable w.r.t. ``tokens``, ``probs`` and ``params``.
+        ``[T, H']``, differentiable w.r.t. ``tokens``, ``probs``, ``params`` and ``shared_params``.
 
     Every rank issues the same collectives in the same order (one communication thread per
     call). Do not run other collectives on the dispatcher's groups while a call (or its
@@ -322,17 +362,18 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         raise ValueError(f"tokens must be a [T, H] tensor, got "
                          f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
-    params = tuple(params)
+    params, shared_params = tuple(params), tuple(shared_params) if shared_fn is not None else ()
     needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (tokens, probs) + params)
+        t is not None and t.requires_grad for t in (tokens, probs) + params + shared_params)
     if not needs_grad:
         xs = list(tokens.tensor_split(chunks))
         ps = [None] * chunks if probs is None else list(probs.tensor_split(chunks))
-        out = _run_forward(dispatcher, xs, list(topk_idx.tensor_split(chunks)), ps, expert_fn,
-                           overlap, record=False)
-        return torch.cat([c["out"] for c in out])
-    cfg = (dispatcher, topk_idx, expert_fn, chunks, overlap)
-    return _Pipeline.apply(cfg, tokens, probs, *params)
+        out, side_out = _run_forward(dispatcher, xs, list(topk_idx.tensor_split(chunks)), ps, expert_fn,
+                                     overlap, record=False,
+                                     side=None if shared_fn is None else lambda: shared_fn(tokens))
+        return _join([c["out"] for c in out], side_out)
+    cfg = (dispatcher, topk_idx, expert_fn, chunks, overlap, shared_fn, len(params))
+    return _Pipeline.apply(cfg, tokens, probs, *params, *shared_params)
 
 
 __all__ = ["moe_forward_overlapped", "record_schedule"]

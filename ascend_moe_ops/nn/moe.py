@@ -307,8 +307,10 @@ class MoELayer(nn.Module):
             local experts (``experts.num_experts == dispatcher.num_local_experts``); dropless.
         overlap_chunks: with a dispatcher, split the tokens into this many chunks and pipeline
             them (:func:`ascend_moe_ops.distributed.moe_forward_overlapped`): dispatch/combine of
-            neighbouring chunks overlap the experts of the current one, forward and backward.
-            ``1`` (default) = one piece.
+            neighbouring chunks overlap the experts of the current one, forward and backward;
+            the shared expert, if any, runs while the first chunk's dispatch (and, backward, its
+            combine-gradient exchange) is on the link. ``1`` (default) = one piece, no overlap
+            (everything on the calling thread, in order).
 
     ``forward(x [..., H]) -> [..., H]`` in ``x``'s dtype. ``tokens_per_expert`` and ``scores`` of
     the last call are kept on the module (for load-balancing losses and logging).
@@ -435,11 +437,12 @@ class MoELayer(nn.Module):
         ids, probs, scores = self.router(tokens)
         if self.dispatcher is not None:  # expert parallel, optionally pipelined in chunks
             from ..distributed.overlap import moe_forward_overlapped
+            sh = self.shared_experts
             out = moe_forward_overlapped(self.dispatcher, tokens, ids, probs,
                                          self.experts, list(self.experts.parameters()),
-                                         chunks=self.overlap_chunks)
-            if self.shared_experts is not None:
-                out = out + self.shared_experts(tokens)
+                                         chunks=self.overlap_chunks, overlap=self.overlap_chunks > 1,
+                                         shared_fn=sh,
+                                         shared_params=() if sh is None else list(sh.parameters()))
             self.tokens_per_expert = torch.bincount(ids.reshape(-1), minlength=self.num_experts)
             self.scores = scores
             return out.reshape(shape)
