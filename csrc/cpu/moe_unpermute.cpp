@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <utility>
 #include <tuple>
 #include <vector>
 
@@ -68,13 +69,23 @@ inline void put(T* p, V::VecF v) {
   }
 }
 
-// o[:H] = sum_k w[k] * rows[k][:H], fp32 accumulation in slot order.
+// o[:H] = sum_k w[k] * rows[k][:H], fp32 accumulation in slot order. The `nn` rows `next` of the
+// token this thread combines next are prefetched block by block, one token ahead: the K rows of a
+// token lie at random places, and the hardware prefetchers restart on each of them (Pangu shape,
+// T=4096, H=7680, K=8, bf16, 2 threads: 17.6-22.9 ms without, 16.3-17.5 ms with, 2 x 3 alternated
+// rounds, 2026-12-02).
 template <typename T, bool NT>
-void combine_row(T* o, const T* const* rows, const float* w, int64_t nk, int64_t H) {
+void combine_row(T* o, const T* const* rows, const float* w, int64_t nk, int64_t H,
+                 const T* const* next = nullptr, int64_t nn = 0) {
   constexpr int64_t W = V::kWidth;
   constexpr int64_t B = 8 * W;
+  constexpr int64_t kLine = 64;
   int64_t c = 0;
   for (; c + B <= H; c += B) {
+    for (int64_t k = 0; k < nn; ++k) {
+      const char* q = reinterpret_cast<const char*>(next[k] + c);
+      for (int64_t b = 0; b < B * static_cast<int64_t>(sizeof(T)); b += kLine) __builtin_prefetch(q + b, 0, 2);
+    }
     V::VecF a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
     V::VecF a4 = V::zero(), a5 = V::zero(), a6 = V::zero(), a7 = V::zero();
     for (int64_t k = 0; k < nk; ++k) {
@@ -165,21 +176,30 @@ Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in,
     const int64_t grain = small_problem(N, H, sizeof(T_)) ? std::max<int64_t>(T, 1)
                                                           : std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
     at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
-      std::vector<const T_*> rp(static_cast<size_t>(S));
-      std::vector<float> w(static_cast<size_t>(S));
-      for (int64_t t = tb; t < te; ++t) {
+      // the kept rows of token t (and of t + 1, prefetched while t is combined)
+      std::vector<const T_*> rp(static_cast<size_t>(S)), rn(static_cast<size_t>(S));
+      std::vector<float> w(static_cast<size_t>(S)), wn(static_cast<size_t>(S));
+      auto gather = [&](int64_t t, std::vector<const T_*>& r_out, std::vector<float>& w_out) {
         int64_t nk = 0;
         for (int64_t s = 0; s < S; ++s) {
           const int64_t r = map[t * S + s];
           if (r < 0 || r >= N) continue;  // not kept (or out of range): never read
-          rp[nk] = src + r * H;
-          w[nk] = pw ? pw[t * S + s] : 1.0f;
+          r_out[nk] = src + r * H;
+          w_out[nk] = pw ? pw[t * S + s] : 1.0f;
           ++nk;
         }
+        return nk;
+      };
+      int64_t nk = tb < te ? gather(tb, rp, w) : 0;
+      for (int64_t t = tb; t < te; ++t) {
+        const int64_t nn = t + 1 < te ? gather(t + 1, rn, wn) : 0;
         if (stream)
-          combine_row<T_, true>(dst + t * H, rp.data(), w.data(), nk, H);
+          combine_row<T_, true>(dst + t * H, rp.data(), w.data(), nk, H, rn.data(), nn);
         else
-          combine_row<T_, false>(dst + t * H, rp.data(), w.data(), nk, H);
+          combine_row<T_, false>(dst + t * H, rp.data(), w.data(), nk, H, rn.data(), nn);
+        std::swap(rp, rn);
+        std::swap(w, wn);
+        nk = nn;
       }
       if (stream) V::sfence();
     });
