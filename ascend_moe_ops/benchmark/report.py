@@ -53,7 +53,7 @@ def format_table(records: List[dict]) -> str:
     out += ["", "limits, each measured in this run: % copy = of dst.copy_(src) moving the same number "
             "of bytes (the working set) [cache / DRAM: whether that fits the last-level cache]; "
             "% alloc-copy = of the same copy into a fresh tensor (first-touch page faults); "
-            "% dense mm = of torch.mm of the same M x K x N (2048^3 where a row has no matmul "
+            "% dense mm = of torch.mm(out=) of the same M x K x N into a preallocated output (2048^3 where a row has no matmul "
             "shape); % link = of the stated link rate. vs peers: peer median / ours (> 1: ours faster)."]
     return "\n".join(out)
 
