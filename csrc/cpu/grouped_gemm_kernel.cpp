@@ -38,8 +38,8 @@ inline int64_t pf_mode(int64_t dflt) {
 inline int64_t pf_spread() { static const int64_t v = env_or("AMO_GG_PF_SPREAD", 1, 1, 8, 1); return v; }
 
 // Software prefetch of the operands of the *next* K block (of this item, or of the item this
-// thread runs next), spread over the micro-kernel calls of the current block so that the DRAM
-// reads of the next weight tile overlap compute (a fine-grained expert's weight is used by only
+// thread runs next), spread over the k steps of the current block's micro-kernel calls so that the
+// DRAM reads of the next weight tile overlap compute (a fine-grained expert's weight is used by only
 // ~64 rows, so its latency would otherwise show).
 struct Prefetcher {
   struct Range { const char* p; int64_t rows, row_bytes, stride; };
