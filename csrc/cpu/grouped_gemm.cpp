@@ -26,7 +26,8 @@
 // dtypes: bf16 -> AMX tiles (tdpbf16ps) where the CPU has AMX-BF16 and the OS grants the tile
 // state (AMO_GG_AMX=0 switches it off), else _mm512_dpbf16_ps (AVX512_BF16), fp32 accumulation; fp32 -> FMA; fp16 ->
 // converted to fp32 while packing (A and B), then the fp32 kernel; fp64 (oracle use only) ->
-// at::mm per group. Built with -march=native; without AVX512_BF16/AVX512F the same drivers run
+// at::mm per group. Built with -march=native; on AVX2 + FMA CPUs without AVX-512 every dtype runs an
+// fp32 ymm micro-kernel (bf16/fp16 converted while packing); without those the same drivers run
 // the scalar fallback micro-kernel (correct, slow), so the extension still builds and works.
 #include "cpu/grouped_gemm_kernel.h"
 

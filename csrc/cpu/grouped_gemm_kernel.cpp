@@ -191,6 +191,33 @@ inline void ukr_f32(const float* A, int64_t rs, int64_t ks, const float* B, int6
   }
   for (int r = 0; r < MRr; ++r)
     for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + r * ldc + 16 * j, c[r][j]);
+#elif AMO_GG_AVX2
+  // the 64-column panel in four 16-column passes: MRr x 2 ymm accumulators + 2 B + 1 broadcast
+  // fit the 16 ymm registers (every index below is a compile-time constant, so c stays in them)
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    __m256 c[MRr][2];
+#pragma GCC unroll 6
+    for (int r = 0; r < MRr; ++r) {
+      c[r][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(C + r * ldc + 16 * q);
+      c[r][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(C + r * ldc + 16 * q + 8);
+    }
+    const float* bq = B + 16 * q;
+    for (int64_t k = 0; k < kc; ++k) {
+      const __m256 b0 = _mm256_load_ps(bq + k * NR), b1 = _mm256_load_ps(bq + k * NR + 8);
+#pragma GCC unroll 6
+      for (int r = 0; r < MRr; ++r) {
+        const __m256 a = _mm256_broadcast_ss(A + r * rs + k * ks);
+        c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+        c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+      }
+    }
+#pragma GCC unroll 6
+    for (int r = 0; r < MRr; ++r) {
+      _mm256_storeu_ps(C + r * ldc + 16 * q, c[r][0]);
+      _mm256_storeu_ps(C + r * ldc + 16 * q + 8, c[r][1]);
+    }
+  }
 #else
   for (int r = 0; r < MRr; ++r) {
     float acc[NR];
@@ -491,8 +518,13 @@ inline void tile_f32(const TileArgs& t, Workspace& ws) {
 
 template <typename T>
 void run_tile(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+#if AMO_GG_AVX2
+  tile_f32<T>(t, ws);  // bf16 too: converted while packing (no vdpbf16ps on these CPUs)
+  (void)next;
+#else
   if constexpr (std::is_same<T, c10::BFloat16>::value) tile_bf16(t, next, ws);
   else tile_f32<T>(t, ws);
+#endif
 }
 
 template void run_tile<float>(const TileArgs&, const TileArgs*, Workspace&);

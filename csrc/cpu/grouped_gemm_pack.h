@@ -26,6 +26,14 @@
 #else
 #define AMO_GG_AVX512 0
 #endif
+// AVX2 + FMA without AVX-512 (e.g. AMD Zen 2/3, Intel client cores): an fp32 micro-kernel on ymm
+// registers; bf16 and fp16 are converted to fp32 while packing and run it too.
+#if !AMO_GG_AVX512 && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define AMO_GG_AVX2 1
+#else
+#define AMO_GG_AVX2 0
+#endif
 #if AMO_GG_AVX512 && defined(__AVX512BF16__)
 #define AMO_GG_BF16DOT 1
 #else
