@@ -229,8 +229,8 @@ def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool
 
 
 def _join(outs, side_out):
-    out = torch.cat(outs)
-    return out if side_out is None else out + side_out
+    out = torch.cat(outs)  # a fresh tensor: the shared expert's output is added in place
+    return out if side_out is None else out.add_(side_out)
 
 
 class _Pipeline(torch.autograd.Function):

@@ -125,7 +125,8 @@ inline void ukr_bf16(const uint32_t* A, int64_t rs, int64_t ks, const uint32_t* 
   if (npf > 0) pf.step(npf);
   // Every index into c[][] below is a compile-time constant (fully unrolled loops, no early exit):
   // otherwise GCC keeps c[][] in memory and spills all 24 accumulators on every k step (the kernel
-  // then ran at 36 % of the vdpbf16ps peak instead of 90 %+).
+  // then ran at 34-39 % of a dense bf16 torch.mm, which runs at about the vdpbf16ps peak here,
+  // instead of 84-103 %; 2026-12-02, docs/benchmarks.md).
   if (out != nullptr) {
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
