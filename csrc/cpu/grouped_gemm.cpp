@@ -142,7 +142,7 @@ inline bool cpu_has_avx512_bf16() {
 // AMO_GG_MM=1 vs 0 alternated; docs/benchmarks.md "fifth session"): bf16, AMX not used, the CPU has
 // AVX512_BF16 (oneDNN's bf16 GEMM), and only for the transposed-weight forward (dX) and dW with
 // groups of >= kMmMinRows rows on average, where mm was 0.87-1.12x the tile kernel's time. The
-// plain forward (W [E,K,N]) always takes the tile kernel (mm: 1.0-1.45x its time), and so do
+// plain forward (W [E,K,N]) always takes the tile kernel (mm: 0.95-1.46x its time, below 1 in 2 of 27 rounds), and so do
 // groups of 64 rows (mm: 1.2-1.5x its time). `plain`: the forward with W in [E,K,N] (trans_b=False).
 inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs, bool plain) {
   if (dt == at::kDouble) return true;
