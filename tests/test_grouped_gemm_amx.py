@@ -97,6 +97,22 @@ def test_default_path_rule(monkeypatch, kind, rows, path):
     and dW take the per-group mm when the bf16 groups average >= 128 rows, the tile kernel below.
     The profiler sees the mm path's ATen calls, and the default output equals the forced path's."""
     monkeypatch.setenv("AMO_GG_AMX", "0")
+    _check_default_path(monkeypatch, kind, rows, path)
+
+
+@pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="the AMX rule applies to AMX-BF16 CPUs")
+@pytest.mark.parametrize("kind,rows,path", [("fwd", 128, "1"), ("fwd", 127, "0"), ("dX", 128, "1"),
+                                            ("dX", 64, "0"), ("dW", 128, "0"), ("dW", 64, "0")])
+def test_default_path_rule_amx(monkeypatch, kind, rows, path):
+    """With AMX: the forward and dX take the per-group mm (oneDNN's AMX GEMM) when the bf16 groups
+    average >= 128 rows, the AMX tile kernel below; dW always runs the AMX tile kernel."""
+    monkeypatch.delenv("AMO_GG_AMX", raising=False)
+    # the AMX tile kernel and oneDNN's AMX GEMM give bitwise equal sums here: the profiler's
+    # count of aten::mm calls is what tells the two paths apart
+    _check_default_path(monkeypatch, kind, rows, path, paths_differ=False)
+
+
+def _check_default_path(monkeypatch, kind, rows, path, paths_differ=True):
     g = torch.Generator().manual_seed(rows)
     sizes = torch.tensor([rows, 0, rows])
     x = torch.randn(int(sizes.sum()), 2048, generator=g).bfloat16()
@@ -118,5 +134,5 @@ def test_default_path_rule(monkeypatch, kind, rows, path):
     mm_calls = sum(1 for e in prof.events() if e.name == "aten::mm")  # the mm path's at::mm_out
     assert mm_calls == (2 if path == "1" else 0)  # one per non-empty group, or none
     assert torch.equal(default, forced)
-    if kind != "dW":  # dW's two paths give bitwise equal sums here; the profiler tells them apart
+    if paths_differ and kind != "dW":  # dW's two paths give bitwise equal sums here; the profiler tells them apart
         assert not torch.equal(default, other)  # the two paths round differently: the rule is seen

@@ -144,15 +144,23 @@ inline bool cpu_has_avx512_bf16() {
 // groups of >= kMmMinRows rows on average, where mm was 0.87-1.12x the tile kernel's time. The
 // plain forward (W [E,K,N]) always takes the tile kernel (mm: 0.95-1.46x its time, below 1 in 2 of 27 rounds), and so do
 // groups of 64 rows (mm: 1.2-1.5x its time). `plain`: the forward with W in [E,K,N] (trans_b=False).
-inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs, bool plain) {
+//
+// With AMX (2026-12-02, Intel Xeon with AMX-BF16, 2 threads, AMO_GG_MM=1 vs 0 alternated in one
+// process; docs/benchmarks.md "sixth session"): oneDNN's AMX mm took 0.66-0.88x the AMX tile
+// kernel's time on groups of 256 rows (forward and dX, balanced and Zipf) and 1.42-1.57x on
+// groups of 64 rows, so the forward and dX take per-group mm there from kMmMinRows rows on; dW
+// was not measured that way and keeps the AMX tile kernel. `dw`: the weight-gradient call.
+inline bool mm_path(at::ScalarType dt, const std::vector<int64_t>& gs, bool plain, bool dw = false) {
   if (dt == at::kDouble) return true;
   const int64_t mm_env = env_or("AMO_GG_MM", -1, -1, 1, 1);  // read per call
   if (mm_env >= 0) return mm_env == 1;
-  if (plain) return false;
+  if (dt != at::kBFloat16) return false;
   int64_t busy = 0, total = 0;
   for (int64_t g : gs) { busy += g > 0; total += g; }
-  return dt == at::kBFloat16 && !amx_wanted(dt) && cpu_has_avx512_bf16() && busy > 0 &&
-         total >= kMmMinRows * busy;
+  const bool big = busy > 0 && total >= kMmMinRows * busy;
+  if (amx_wanted(dt)) return big && !dw;
+  if (plain) return false;
+  return cpu_has_avx512_bf16() && big;
 }
 
 // Runs body(e) for every non-empty group e: by default the groups are split over the threads, each
@@ -262,7 +270,7 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
   at::Tensor out = amo::empty_large({E, P, Q}, a.options());
   if (out.numel() == 0) return out;
   // per-group mm as in the dX (fp64; bf16 without AMX when groups average >= kMmMinRows rows)
-  if (mm_path(a.scalar_type(), gs, /*plain=*/false)) {
+  if (mm_path(a.scalar_type(), gs, /*plain=*/false, /*dw=*/true)) {
     std::vector<int64_t> offs(E + 1, 0);
     for (int64_t e = 0; e < E; ++e) {
       offs[e + 1] = offs[e] + gs[e];
