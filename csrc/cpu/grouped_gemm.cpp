@@ -125,7 +125,7 @@ std::vector<int64_t> host_sizes(const at::Tensor& group_sizes, int64_t rows, con
   return v;
 }
 
-// Smallest mean rows per non-empty group for the per-group mm path of bf16 without AMX (dX and dW).
+// Smallest mean rows per non-empty group for the per-group mm path of bf16 (see mm_path).
 constexpr int64_t kMmMinRows = 128;
 
 inline bool cpu_has_avx512_bf16() {
@@ -214,7 +214,8 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
   if (total == 0 || N == 0) return out;
 
   // Plain per-group matmuls (ATen's mm: oneDNN / BLAS) for the fp64 oracle dtype, and for the bf16
-  // dX (trans_b) of groups that are not small on a CPU without AMX (mm_path has the measurements).
+  // dX (trans_b), and with AMX the plain forward too, of groups that are not small (mm_path has
+  // the measurements).
   // AMO_GG_MM=0 keeps the tile kernels, =1 forces mm for fp32/fp16/bf16 too (A/B timing).
   if (mm_path(x.scalar_type(), gs, /*plain=*/!trans_b)) {
     std::vector<int64_t> offs(E + 1, 0);
