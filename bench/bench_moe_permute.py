@@ -161,6 +161,9 @@ def _case_rows(ctx, shape, routing, peer):
     b_trip = (4 * T * H + 5 * N * H) * elt
     _, p_perm, p_unperm = peer
     timed = ctx.time
+    # our rows alternate with the copy of their own working set, round by round (the % copy
+    # column compares them per round; a copy timed once drifted 13.9-21.9 ms on one VM)
+    vs_copy = getattr(ctx, "time_vs_copy", None) or (lambda fn, nbytes, rounds=5: timed(fn))
 
     # the peer, once per case
     p_rows, _, p_si = p_perm(tokens, mask, probs=dense, num_out_tokens=N)
@@ -185,9 +188,9 @@ def _case_rows(ctx, shape, routing, peer):
         with amo.use_backend(b):
             res = amo.moe_permute(tokens, ids, probs, num_experts=E)
             rows, rmap = res.tokens, res.row_id_map
-            t_perm = timed(lambda: amo.moe_permute(tokens, ids, probs, num_experts=E))
-            t_unperm = timed(lambda: amo.moe_unpermute(rows, rmap, probs))
-            t_unperm_np = timed(lambda: amo.moe_unpermute(rows, rmap))
+            t_perm = vs_copy(lambda: amo.moe_permute(tokens, ids, probs, num_experts=E), b_perm)
+            t_unperm = vs_copy(lambda: amo.moe_unpermute(rows, rmap, probs), b_unperm)
+            t_unperm_np = vs_copy(lambda: amo.moe_unpermute(rows, rmap), b_unperm_np)
             x = tokens.clone().requires_grad_()
             pr = probs.clone().requires_grad_()
 
@@ -196,8 +199,8 @@ def _case_rows(ctx, shape, routing, peer):
                 r = amo.moe_permute(x, ids, num_experts=E)
                 amo.moe_unpermute(r.tokens, r.row_id_map, pr).backward(g)
 
-            t_trip = timed(trip)
-        if hasattr(ctx, "limit_now"):  # the copies of the same working sets, next to the rows
+            t_trip = vs_copy(trip, b_trip, rounds=3)
+        if hasattr(ctx, "limit_now"):  # plain and alloc-copy of the same working sets, recorded
             for nb in (b_perm, b_unperm, b_unperm_np, b_trip):
                 ctx.limit_now(nbytes=nb)
         del res, rows, rmap
@@ -226,8 +229,9 @@ def _case_rows(ctx, shape, routing, peer):
     if default == "reference" or not ctx.backend_wanted(default):
         return out
     a_rows, _, a_si = mg.permute(tokens, mask, probs=dense, num_out_tokens=N)
-    t_a_perm = timed(lambda: mg.permute(tokens, mask, probs=dense, num_out_tokens=N))
-    t_a_unperm = timed(lambda: mg.unpermute(a_rows, a_si, tokens.shape, routing_map=mask))
+    t_a_perm = vs_copy(lambda: mg.permute(tokens, mask, probs=dense, num_out_tokens=N), b_perm)
+    t_a_unperm = vs_copy(lambda: mg.unpermute(a_rows, a_si, tokens.shape, routing_map=mask),
+                         b_unperm_np)
     extra = dict(base_extra, adapter="ascend_moe_ops.integrations.megatron (same arguments and "
                  "outputs as the peer; includes sorted_indices <-> row_id_map conversion)")
     out += [

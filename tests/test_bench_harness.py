@@ -301,3 +301,34 @@ def test_limit_now_measures_next_to_the_row_and_is_reused():
     rec = runner.Context("cpu", recording=True)
     rec.limit_now(nbytes=1 << 16)
     assert rec.machine.measured == []
+
+
+def test_time_vs_copy_alternates_and_compares_round_by_round():
+    from ascend_moe_ops.benchmark.rows import evaluate
+    ctx = runner.Context("cpu", min_run_time=0.01)
+    calls = []
+    src = torch.randn(1 << 13)
+    dst = torch.empty_like(src)
+
+    def op():
+        calls.append(1)
+        dst.copy_(src)
+
+    t = ctx.time_vs_copy(op, nbytes=1 << 16, rounds=4)
+    assert len(t.copy_pairs) == 4 and all(a > 0 and b > 0 for a, b in t.copy_pairs)
+    assert t.n == len(t.times) >= 4 and len(calls) >= t.n
+    assert t.copy_bytes == 1 << 16
+    assert [m["kind"] for m in ctx.machine.measured] == ["copy (alternated with a row)"]
+    assert len(ctx.machine.measured[0]["GBps_per_round"]) == 4
+    # the % copy column is the median of the per-round ratios, not the ratio to a once-timed copy
+    fake = Timing(2e-3, 0.0, 3, [2e-3] * 3)
+    fake.copy_pairs = [(2e-3, 1e-3), (2e-3, 2e-3), (1e-3, 3e-3)]
+    fake.copy_bytes = 1 << 20
+    ev = evaluate(Row(op="a", case="b", backend="c", dtype="float32", seconds=fake,
+                      bytes=1 << 20), ctx.machine)
+    assert ev["pct_copy_rounds"] == [50.0, 100.0, 300.0]
+    assert ev["pct_copy"] == pytest.approx(100.0)
+    assert "3 rounds, 50-300 %" in ev["limit_note"]
+    assert all(m["kind"] != "copy" for m in ctx.machine.measured)   # no once-timed copy needed
+    rec = runner.Context("cpu", recording=True)                    # pytest collection: no copy
+    assert math.isnan(rec.time_vs_copy(op, nbytes=1 << 16)) and rec.machine.measured == []

@@ -96,6 +96,26 @@ class Machine:
                      f"({self.residency(2 * n * 4)}): {gbps:.1f} GB/s")
         return self._copy[key][0]
 
+    def copy_buffers(self, nbytes: int):
+        """``(fn, bytes_moved)``: ``dst.copy_(src)`` of the same working set as
+        :meth:`copy_gbps_for` (same rounding), on buffers allocated (and faulted in) once, for
+        timings that alternate the copy with the row (:meth:`Context.time_vs_copy`)."""
+        n = _bucket(int(nbytes)) // 2 // 4
+        src = torch.randn(n, device=self.device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        return (lambda: dst.copy_(src)), 2 * n * 4
+
+    def record_paired_copy(self, nbytes: int, pairs, threads: int) -> None:
+        """Record the copy GB/s of each round of an alternated timing (JSON ``limits``)."""
+        rates = [nbytes / tc / 1e9 for _, tc in pairs]
+        self.measured.append(dict(kind="copy (alternated with a row)", working_set_bytes=nbytes,
+                                  residency=self.residency(nbytes),
+                                  GBps_per_round=[round(r, 3) for r in rates],
+                                  formula=f"GB/s = {nbytes} B / t per round (dst.copy_(src), dst "
+                                          f"preallocated, fp32), timed between the row's rounds",
+                                  threads=threads))
+
     # ---- flops
     def mm_tflops_for(self, M: int, K: int, N: int, dtype=torch.bfloat16) -> float:
         """TFLOP/s of dense ``torch.mm([M, K], [K, N], out=c)`` in ``dtype``, ``c`` preallocated:

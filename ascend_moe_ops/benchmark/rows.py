@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -104,9 +105,18 @@ def evaluate(row: Row, machine) -> Dict[str, object]:
     elif row.limit == "bandwidth" and row.bytes:
         gb = row.bytes / sec / 1e9
         out.update(rate=gb, unit="GB/s", residency=machine.residency(row.bytes),
-                   pct_copy=100 * gb / machine.copy_gbps_for(row.bytes),
                    pct_alloc_copy=100 * gb / machine.copy_gbps_for(row.bytes, fresh=True),
                    limit_note=f"copy of the same {row.bytes / 2**20:.1f} MiB working set")
+        pairs = getattr(row.seconds, "copy_pairs", None)
+        if pairs:  # timed alternately with the copy (ctx.time_vs_copy): compare round by round
+            cb = row.seconds.copy_bytes
+            per_round = [100 * (row.bytes / to) / (cb / tc) for to, tc in pairs]
+            out.update(pct_copy=statistics.median(per_round),
+                       pct_copy_rounds=[round(v, 1) for v in per_round])
+            out["limit_note"] += (f", timed alternately with the row ({len(pairs)} rounds, "
+                                  f"{min(per_round):.0f}-{max(per_round):.0f} % per round)")
+        else:
+            out["pct_copy"] = 100 * gb / machine.copy_gbps_for(row.bytes)
     elif row.limit == "link" and row.bytes:
         gb = row.bytes / sec / 1e9
         link = row.extra.get("link_GBps")

@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import math
 import os
+import statistics
 import time
 import traceback
 from pathlib import Path
@@ -113,6 +114,42 @@ class Context:
             self.machine.copy_gbps_for(nbytes, fresh=True)
         if mm_shape:
             self.machine.mm_tflops_for(*mm_shape, dtype or self.dtype)
+
+    def time_vs_copy(self, fn: Callable[[], object], nbytes: int, rounds: int = 5) -> Timing:
+        """Time ``fn()`` in ``rounds`` rounds alternated with ``dst.copy_(src)`` of the same
+        working set (``nbytes`` read + written), each round a :func:`measure` of
+        ``min_run_time / rounds`` per side. A bandwidth row timed this way is compared with the
+        copy round by round (median of the per-round ratios): on a machine whose memory
+        bandwidth drifts (a shared VM: one 540 MiB copy took 13.9-21.9 ms within one process) a
+        copy timed once, before or after the row, can land in another phase. The result is the
+        pooled per-run times of ``fn``, with ``copy_pairs`` (op median, copy median) per round."""
+        if self.recording:
+            return self.time(fn)
+        self._count += 1
+        start = time.monotonic()
+        per = max(self.min_run_time / rounds, 0.01)
+        copy_fn, copy_bytes = self.machine.copy_buffers(nbytes)
+        times, pairs = [], []
+        for r in range(rounds):
+            w = 1 if r == 0 else 0
+            t_op = measure(fn, device=self.device, threads=self.threads, warmup=w, min_run_time=per)
+            t_cp = measure(copy_fn, device=self.device, threads=self.threads, warmup=w,
+                           min_run_time=per)
+            times += list(t_op.times)
+            pairs.append((float(t_op), float(t_cp)))
+        del copy_fn
+        q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
+        t = Timing(statistics.median(times), q[2] - q[0], len(times), times, self.threads,
+                   f"{rounds} rounds of measure(min_run_time={per:.3g}) alternated with dst.copy_(src) "
+                   f"of the same {copy_bytes} B working set")
+        t.copy_pairs = pairs
+        t.copy_bytes = copy_bytes
+        self.machine.record_paired_copy(copy_bytes, pairs, self.threads)
+        progress(f"  [{self.module} #{self._count}] {t * 1e3:.3f} ms  IQR {100 * t.rel_iqr:.0f}%  "
+                 f"n={t.n}, alternated with a {copy_bytes / 2**20:.1f} MiB copy: "
+                 + " ".join(f"{1e3 * a:.1f}/{1e3 * b:.1f}" for a, b in pairs)
+                 + f" ms  ({time.monotonic() - start:.1f} s)")
+        return t
 
     def time(self, fn: Callable[[], object], min_time: Optional[float] = None, *,
              runs: Optional[int] = None, warmup: int = 1, **_legacy) -> Timing:
