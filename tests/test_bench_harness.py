@@ -268,6 +268,25 @@ def test_chart_renders_panels_with_an_outlier(tmp_path):
     assert chart._axis_cap([95, 445, 90, 97], 100) < 445  # the outlier is cut, not scaled to
 
 
+def test_chart_title_clears_the_first_panel():
+    """The suptitle must not sit on the top panel's first row labels (tight_layout ignores it)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for n in (1, 4, 40, 150):  # figure heights from about 2 to 40 inches (the quick preset: 38)
+        recs = [dict(op="moe_permute", case=f"fwd T4096 H7680 E256 K8 balanced row {i}", backend="native",
+                     pct_copy=80.0 + i, pct_mm=None, pct_link=None, peers={}) for i in range(n)]
+        fig = chart.figure(recs, "ascend_moe_ops 0.1.0 on a CPU model name (2 threads), preset quick, a date")
+        try:
+            fig.canvas.draw()
+            r = fig.canvas.get_renderer()
+            title = fig._suptitle.get_window_extent(r)
+            first = fig.axes[0].get_tightbbox(r)  # the axes with its tick labels
+            assert title.y0 >= first.y1 - 0.5, (n, title, first)
+        finally:
+            plt.close(fig)
+
+
 def test_compare_matches_rows_by_key(tmp_path):
     base = tmp_path / "b.json"
     base.write_text(json.dumps({"rows": [{"key": "a | b | c", "median_s": 1.0},
