@@ -44,15 +44,15 @@ def render(records: List[dict], path: Path, title: str) -> Optional[str]:
     except ImportError as exc:
         return f"no chart: {exc}"
     fig = figure(records, title)
-    if isinstance(fig, str):
-        return fig
+    if fig is None:
+        return "no chart: no rows with a rate or a peer"
     fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.2)  # never clip a label
     plt.close(fig)
     return None
 
 
 def figure(records: List[dict], title: str):
-    """The chart's matplotlib figure (the caller closes it), or why there is none (a str)."""
+    """The chart's matplotlib figure (the caller closes it); None when no row has a rate or a peer."""
     import matplotlib.pyplot as plt
     panels = []
     for key, xlabel in PANELS:
@@ -65,7 +65,7 @@ def figure(records: List[dict], title: str):
         panels.append(("speed-up vs peer timed in the same run (peer time / ours, log scale; "
                        "right of 1x: ours faster)", [p[0] for p in peer], [p[1] for p in peer], 1.0, "x"))
     if not panels:
-        return "no chart: no rows with a rate or a peer"
+        return None
     heights = [max(1.2, 0.26 * len(p[1]) + 0.9) for p in panels]
     longest = max(len(lab) for p in panels for lab in p[1])
     width = 7.5 + 0.062 * longest  # inches: the bars get 7.5, the 7-pt labels the rest
