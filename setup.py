@@ -113,6 +113,7 @@ PACKAGE_DIR = {"ascend_moe_ops.triton_ref": "triton_ref", "ascend_moe_ops.benchm
 setup(
     packages=find_packages(include=["ascend_moe_ops", "ascend_moe_ops.*"]) + sorted(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
+    package_data={"ascend_moe_ops.perfmodel": ["hardware/*.json"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
 )

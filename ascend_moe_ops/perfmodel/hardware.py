@@ -1,0 +1,161 @@
+"""Hardware parameter tables of the performance models.
+
+A table is a JSON file ``ascend_moe_ops/perfmodel/hardware/<name>.json``::
+
+    {
+      "name": "a2",
+      "title": "Atlas A2 training series (Ascend 910B)",
+      "version": "2026-12-04.1",
+      "params": {
+        "cube_cores": {"value": 24, "unit": "cores", "source": "<public document and page>"},
+        "clock_hz":   {"value": 1.65e9, "unit": "Hz", "assumption": "<why this value>"},
+        ...
+      }
+    }
+
+Every entry has a numeric ``value``, a ``unit`` and exactly one of ``source`` (a public document,
+with enough detail to find the figure) or ``assumption`` (why the value was chosen and what would
+settle it). A table that breaks this rule does not load. ``version`` is shown next to every modelled
+number so that a reader can tell which table produced it.
+
+Sensitivity studies take ``table.scaled({"key": 1.3})``: a copy with those values multiplied.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+__all__ = ["Param", "HardwareTable", "load_table", "available_tables", "TableError"]
+
+
+class TableError(ValueError):
+    """A hardware table is malformed (missing value, unit, or source/assumption)."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One hardware parameter: its value, unit and where the value comes from."""
+
+    key: str
+    value: float
+    unit: str
+    source: str | None = None
+    assumption: str | None = None
+
+    @property
+    def is_assumption(self) -> bool:
+        return self.assumption is not None
+
+    @property
+    def citation(self) -> str:
+        return self.source if self.source is not None else "assumption: " + str(self.assumption)
+
+
+@dataclass(frozen=True)
+class HardwareTable:
+    """A checked hardware table. ``table["key"]`` is the value; ``table.param("key")`` the entry."""
+
+    name: str
+    title: str
+    version: str
+    params: Mapping[str, Param] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> float:
+        return self.param(key).value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.params
+
+    def param(self, key: str) -> Param:
+        try:
+            return self.params[key]
+        except KeyError:
+            raise KeyError(f"hardware table {self.name!r} (version {self.version}) has no parameter "
+                           f"{key!r}; it has: {', '.join(sorted(self.params))}") from None
+
+    @property
+    def label(self) -> str:
+        """What to print next to a number this table produced."""
+        return f"{self.title} (model, table {self.name} v{self.version})"
+
+    def assumptions(self) -> list[Param]:
+        return [p for p in self.params.values() if p.is_assumption]
+
+    def scaled(self, factors: Mapping[str, float]) -> "HardwareTable":
+        """A copy with ``params[key].value *= factor`` for each entry of ``factors``."""
+        params = dict(self.params)
+        for key, f in factors.items():
+            p = self.param(key)
+            if not (isinstance(f, (int, float)) and math.isfinite(f) and f > 0):
+                raise ValueError(f"scaled: factor for {key!r} must be a positive finite number, got {f!r}")
+            params[key] = Param(key, p.value * f, p.unit, p.source, p.assumption)
+        tag = ",".join(f"{k}x{v:g}" for k, v in sorted(factors.items()))
+        return HardwareTable(self.name, self.title, f"{self.version}+{tag}" if tag else self.version, params)
+
+    @classmethod
+    def from_dict(cls, data: Mapping, *, where: str = "<dict>") -> "HardwareTable":
+        def need(obj, key, typ, ctx):
+            if key not in obj:
+                raise TableError(f"{where}: {ctx} has no {key!r}")
+            if not isinstance(obj[key], typ) or isinstance(obj[key], bool):
+                raise TableError(f"{where}: {ctx}.{key} must be {typ}, got {type(obj[key]).__name__}")
+            return obj[key]
+
+        name = need(data, "name", str, "table")
+        title = need(data, "title", str, "table")
+        version = need(data, "version", str, "table")
+        raw = need(data, "params", dict, "table")
+        params = {}
+        for key, entry in raw.items():
+            ctx = f"params[{key!r}]"
+            if not isinstance(entry, dict):
+                raise TableError(f"{where}: {ctx} must be an object")
+            value = need(entry, "value", (int, float), ctx)
+            if not math.isfinite(value):
+                raise TableError(f"{where}: {ctx}.value must be finite, got {value!r}")
+            unit = need(entry, "unit", str, ctx)
+            src, asm = entry.get("source"), entry.get("assumption")
+            if (src is None) == (asm is None):
+                raise TableError(f"{where}: {ctx} needs exactly one of 'source' (a public document) "
+                                 f"or 'assumption' (why the value was chosen)")
+            text = src if src is not None else asm
+            if not isinstance(text, str) or len(text.strip()) < 8:
+                raise TableError(f"{where}: {ctx}.{'source' if src is not None else 'assumption'} "
+                                 f"must say where the figure comes from (got {text!r})")
+            extra = set(entry) - {"value", "unit", "source", "assumption", "note"}
+            if extra:
+                raise TableError(f"{where}: {ctx} has unknown fields {sorted(extra)}")
+            params[key] = Param(key, float(value), unit, src, asm)
+        return cls(name, title, version, params)
+
+
+def _dir():
+    return resources.files(__package__) / "hardware"
+
+
+def available_tables() -> list[str]:
+    """Names of the shipped tables (``load_table(name)`` loads one)."""
+    return sorted(p.name[:-5] for p in _dir().iterdir() if p.name.endswith(".json"))
+
+
+def load_table(name_or_path: str | Path) -> HardwareTable:
+    """Load and check a shipped table by name (``"a2"``) or a JSON file by path."""
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        text, where = p.read_text(), str(p)
+    else:
+        f = _dir() / f"{name_or_path}.json"
+        if not f.is_file():
+            raise ValueError(f"load_table: no hardware table {name_or_path!r}; shipped tables: "
+                             f"{', '.join(available_tables()) or 'none'}")
+        text, where = f.read_text(), f"hardware/{name_or_path}.json"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TableError(f"{where}: not valid JSON ({e})") from None
+    return HardwareTable.from_dict(data, where=where)

@@ -1,0 +1,64 @@
+"""Hardware tables of the performance models: every shipped entry cites a source or is an assumption."""
+
+import json
+
+import pytest
+
+from ascend_moe_ops.perfmodel import hardware as hw
+
+
+def _good():
+    return {"name": "t", "title": "Test chip", "version": "1",
+            "params": {"clock_hz": {"value": 1e9, "unit": "Hz", "source": "datasheet p. 3, table 2"},
+                       "gm_bw": {"value": 1.6e12, "unit": "B/s", "assumption": "vendor figure, unverified"}}}
+
+
+def test_loads_and_labels():
+    t = hw.HardwareTable.from_dict(_good())
+    assert t["clock_hz"] == 1e9 and t.param("gm_bw").is_assumption
+    assert "model" in t.label and "v1" in t.label
+    assert [p.key for p in t.assumptions()] == ["gm_bw"]
+
+
+@pytest.mark.parametrize("mutate, msg", [
+    (lambda d: d["params"]["clock_hz"].pop("source"), "exactly one of 'source'"),
+    (lambda d: d["params"]["clock_hz"].update(assumption="guess from a slide"), "exactly one of 'source'"),
+    (lambda d: d["params"]["clock_hz"].update(source="x"), "must say where"),
+    (lambda d: d["params"]["clock_hz"].pop("unit"), "has no 'unit'"),
+    (lambda d: d["params"]["clock_hz"].update(value="fast"), "value must be"),
+    (lambda d: d["params"]["clock_hz"].update(value=float("inf")), "finite"),
+    (lambda d: d["params"]["clock_hz"].update(vaule=3), "unknown fields"),
+    (lambda d: d.pop("version"), "has no 'version'"),
+])
+def test_rejects_malformed(mutate, msg):
+    d = _good()
+    mutate(d)
+    with pytest.raises(hw.TableError, match=msg):
+        hw.HardwareTable.from_dict(d)
+
+
+def test_scaled_is_a_copy_with_a_new_version():
+    t = hw.HardwareTable.from_dict(_good())
+    s = t.scaled({"gm_bw": 0.7})
+    assert s["gm_bw"] == pytest.approx(1.6e12 * 0.7) and t["gm_bw"] == 1.6e12
+    assert s.version != t.version and "gm_bw" in s.version
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        t.scaled({"nope": 2.0})
+    with pytest.raises(ValueError, match="positive"):
+        t.scaled({"gm_bw": 0.0})
+
+
+def test_load_by_path_and_unknown_name(tmp_path):
+    p = tmp_path / "chip.json"
+    p.write_text(json.dumps(_good()))
+    assert hw.load_table(p)["clock_hz"] == 1e9
+    with pytest.raises(ValueError, match="no hardware table 'no-such-chip'"):
+        hw.load_table("no-such-chip")
+
+
+@pytest.mark.parametrize("name", hw.available_tables() or ["<none shipped yet>"])
+def test_every_shipped_table_is_well_formed(name):
+    if name.startswith("<"):
+        pytest.skip("no hardware table shipped yet")
+    t = hw.load_table(name)
+    assert t.name == name and t.params
