@@ -68,6 +68,10 @@ def _backends_here(device, wanted=lambda name: True):
     return [b for b in ("native",) if b in _backends.available_backends(OP, device) and wanted(b)]
 
 
+#: the least bytes each pass moves (each operand read once, the result written once; s = element size)
+_BYTES = {"fwd": "bytes = s * (M*K + E*K*N + M*N)", "dX": "bytes = s * (M*N + E*K*N + M*K)",
+          "dW": "bytes = s * (M*K + M*N + E*K*N)"}
+
 PATHS = {"fwd": "grouped GEMM fwd x_e @ W_e (Megatron GroupedMLP gmm(a, b, batch_sizes) path)",
          "dX": "grouped GEMM dX = dy_e @ W_e^T (gmm trans_b, the backward of fc1/fc2)",
          "dW": "grouped GEMM dW_e = x_e^T @ dy_e (weight gradient of GroupedMLP)"}
@@ -180,7 +184,8 @@ def run(ctx):
                 if hasattr(ctx, "limit_now"):
                     ctx.limit_now(mm_shape=mm, dtype=dtype)  # the limit column, next to the row
                 rows.append(Row(op=OP, case=f"{pname} {name}", backend=backend, dtype=dname,
-                                seconds=t, flops=flops, formula=formula, limit="flops",
+                                seconds=t, flops=flops, bytes=min_bytes, formula=formula + ", " + _BYTES[pname],
+                                limit="flops",
                                 peers=peer_t, extra=extra, path=PATHS[pname], mm_shape=mm))
     rows += _moe_layer_rows(ctx, dtype, min_time)
     return rows

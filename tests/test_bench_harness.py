@@ -13,6 +13,7 @@ import torch
 import ascend_moe_ops as amo
 from ascend_moe_ops.bench import Row
 from ascend_moe_ops.benchmark import chart, cli, report, runner
+from ascend_moe_ops.benchmark.rows import evaluate
 from ascend_moe_ops.benchmark.timing import Timing, measure, noise_flags, quantum_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,3 +361,31 @@ def test_time_vs_copy_alternates_and_compares_round_by_round():
     assert all(m["kind"] != "copy" for m in ctx.machine.measured)   # no once-timed copy needed
     rec = runner.Context("cpu", recording=True)                    # pytest collection: no copy
     assert math.isnan(rec.time_vs_copy(op, nbytes=1 << 16)) and rec.machine.measured == []
+
+
+class _FixedMachine:
+    """Limits with known values: dense mm 2 TFLOP/s, copy 10 GB/s."""
+
+    def mm_tflops_for(self, M, K, N, dtype):
+        return 2.0
+
+    def mm_tflops(self, dtype):
+        return 2.0
+
+    def copy_gbps_for(self, nbytes, fresh=False):
+        return 10.0
+
+
+@pytest.mark.parametrize("flops, nbytes, bound, pct", [
+    (4e12, 1e9, "compute", 50.0),   # 2 s of compute, 0.1 s of memory, ran in 4 s
+    (4e10, 2e10, "memory", 50.0),   # 0.02 s of compute, 2 s of memory, ran in 4 s
+])
+def test_roofline_is_the_slower_of_compute_and_memory(flops, nbytes, bound, pct):
+    row = Row(op="gg", case="c", backend="native", dtype="bfloat16", seconds=4.0, flops=int(flops),
+              bytes=int(nbytes), limit="flops", mm_shape=(8, 8, 8))
+    ev = evaluate(row, _FixedMachine())
+    assert ev["roofline_bound"] == bound and ev["pct_roofline"] == pytest.approx(pct)
+    assert ev["pct_mm"] == pytest.approx(100 * flops / 4.0 / 2e12)
+    no_bytes = evaluate(Row(op="gg", case="c", backend="native", dtype="bfloat16", seconds=4.0,
+                            flops=int(flops), limit="flops", mm_shape=(8, 8, 8)), _FixedMachine())
+    assert no_bytes["pct_roofline"] is None and no_bytes["roofline_bound"] is None

@@ -16,11 +16,16 @@ import torch
 from .timing import quantum_cluster
 
 COLUMNS = ["op", "case", "backend", "dtype", "median ms", "IQR", "n", "rate", "% copy (same WS)",
-           "% alloc-copy", "% dense mm", "% link", "vs peers", "framework path"]
+           "% alloc-copy", "% dense mm", "% roofline", "% link", "vs peers", "framework path"]
 
 
 def _pct(v) -> str:
     return "-" if v is None else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%"
+
+
+def _roof(r: dict) -> str:
+    v = r.get("pct_roofline")
+    return "-" if v is None else f"{_pct(v)} [{r.get('roofline_bound')}]"
 
 
 def format_table(records: List[dict]) -> str:
@@ -40,7 +45,7 @@ def format_table(records: List[dict]) -> str:
                           if p.get("speedup") is not None) or "-"
         rate = f"{r['rate']:.3g} {r['unit']}" if r.get("rate") is not None else "-"
         lines.append([r["op"], r["case"], r["backend"], r["dtype"], ms, iqr, str(r.get("n") or "-"),
-                      rate, pc, _pct(r["pct_alloc_copy"]), _pct(r["pct_mm"]), _pct(r["pct_link"]),
+                      rate, pc, _pct(r["pct_alloc_copy"]), _pct(r["pct_mm"]), _roof(r), _pct(r["pct_link"]),
                       peers, r.get("path") or "-"])
     widths = [max(len(str(x)) for x in col) for col in zip(COLUMNS, *lines)] if lines else \
         [len(c) for c in COLUMNS]
@@ -54,7 +59,8 @@ def format_table(records: List[dict]) -> str:
             "of bytes (the working set) [cache / DRAM: whether that fits the last-level cache]; "
             "% alloc-copy = of the same copy into a fresh tensor (first-touch page faults); "
             "% dense mm = of torch.mm(out=) of the same M x K x N into a preallocated output (2048^3 where a row has no matmul "
-            "shape); % link = of the stated link rate. vs peers: peer median / ours (> 1: ours faster)."]
+            "shape); % roofline = of max(FLOPs / that dense-mm rate, least bytes moved / the copy rate of "
+            "that working set) [which bound]; % link = of the stated link rate. vs peers: peer median / ours (> 1: ours faster)."]
     return "\n".join(out)
 
 

@@ -21,7 +21,9 @@ class Row:
 
     ``seconds`` / peer values: a :class:`Timing` from ``ctx.time`` (a plain float is accepted, with
     no spread). ``limit``: "bandwidth" (``bytes``; compared with a copy of the same working set),
-    "flops" (``flops``; compared with dense mm of ``mm_shape`` = (M, K, N), else a 2048^3 mm),
+    "flops" (``flops``; compared with dense mm of ``mm_shape`` = (M, K, N), else a 2048^3 mm; when
+    ``bytes`` is also given, the least bytes the case must move, the row also gets its roofline:
+    ``max(flops / dense-mm rate, bytes / copy rate)``, both measured in the same run),
     "link" (``bytes`` over the link rate in ``extra["link_GBps"]``) or "none".
     ``path``: which framework call this row corresponds to (e.g. "unpermute, with probs -
     torch_npu/TE path").
@@ -90,7 +92,8 @@ def evaluate(row: Row, machine) -> Dict[str, object]:
     """Rates and limits of ``row`` (measuring the limits it needs in ``machine``)."""
     sec = float(row.seconds)
     out: Dict[str, object] = dict(rate=None, unit="", pct_copy=None, residency=None,
-                                  pct_alloc_copy=None, pct_mm=None, pct_link=None, limit_note="")
+                                  pct_alloc_copy=None, pct_mm=None, pct_link=None, limit_note="",
+                                  pct_roofline=None, roofline_bound=None)
     if not sec or math.isnan(sec):
         return out
     if row.limit == "flops" and row.flops:
@@ -102,6 +105,14 @@ def evaluate(row: Row, machine) -> Dict[str, object]:
             lim = machine.mm_tflops(_dtype(row.dtype))
             out["limit_note"] = "dense mm 2048^3"
         out.update(rate=tf, unit="TFLOP/s", pct_mm=100 * tf / lim)
+        if row.bytes:  # roofline: the slower of the compute and the memory limit, both measured
+            t_flops = row.flops / (lim * 1e12)
+            t_bytes = row.bytes / (machine.copy_gbps_for(row.bytes) * 1e9)
+            out.update(pct_roofline=100 * max(t_flops, t_bytes) / sec,
+                       roofline_bound="compute" if t_flops >= t_bytes else "memory")
+            out["limit_note"] += (f"; roofline max({row.flops:.3g} FLOP / dense mm, "
+                                  f"{row.bytes / 2**20:.1f} MiB / copy of that working set): "
+                                  f"{out['roofline_bound']}-bound")
     elif row.limit == "bandwidth" and row.bytes:
         gb = row.bytes / sec / 1e9
         out.update(rate=gb, unit="GB/s", residency=machine.residency(row.bytes),
