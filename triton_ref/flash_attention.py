@@ -250,9 +250,12 @@ def _split(dq: int, k, k_rope):
 
 
 def _block(q, max_seqlen: int) -> int:
+    """Query/key block on a GPU: 64, or 32 for 4-byte inputs. fp32 at MLA's head dims with 64-row
+    blocks asked for 263,168 B of shared memory on an H200 (limit 232,448 B per block;
+    2026-12-04): the 4-byte tiles of q, k, v and dO double what bf16 needs."""
     on_gpu = q.device.type == "cuda"
     if on_gpu:
-        return 16 if max_seqlen <= 16 else 64
+        return 16 if max_seqlen <= 16 else (32 if q.element_size() >= 4 else 64)
     return 16
 
 

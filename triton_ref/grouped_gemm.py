@@ -117,6 +117,21 @@ def _num_programs(device: torch.device) -> int:
     return 4  # interpreter: a few programs still exercise the persistent schedule
 
 
+def gemm_config(dtype: torch.dtype) -> dict:
+    """Tile sizes (and on a GPU, warps and pipeline stages) of the forward / dX kernel.
+    ``bench/gpu_tune_grouped_gemm.py`` sweeps the alternatives on a GPU."""
+    if _interpreted():
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32)
+
+
+def dw_config(dtype: torch.dtype) -> dict:
+    """Tile sizes of the weight-gradient kernel (``BLOCK_P x BLOCK_Q`` outputs, ``BLOCK_M`` rows a step)."""
+    if _interpreted():
+        return dict(BLOCK_P=32, BLOCK_Q=32, BLOCK_M=32)
+    return dict(BLOCK_P=64, BLOCK_Q=64, BLOCK_M=64)
+
+
 def _check_dtype(t: torch.Tensor, name: str) -> None:
     if t.dtype not in _DTYPES:
         raise TypeError(f"the triton backend of {name} supports float32/float16/bfloat16, got {t.dtype}")
@@ -135,12 +150,10 @@ def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tenso
     gs = group_sizes.to(device=x.device, dtype=torch.int64)
     # B(k, n) = weight[e, k, n] (trans_b=False) or weight[e, n, k] (trans_b=True)
     s_k, s_n = (weight.stride(2), weight.stride(1)) if trans_b else (weight.stride(1), weight.stride(2))
-    small = _interpreted()
-    bm, bn, bk = (32, 32, 32) if small else (64, 128, 32)
+    cfg = gemm_config(x.dtype)
     _grouped_gemm_kernel[(_num_programs(x.device),)](
         x, weight, out, gs, M, N, K, E, x.stride(0), weight.stride(0), s_k, s_n, out.stride(0),
-        NUM_PROGS=_num_programs(x.device), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        IEEE=x.dtype == torch.float32)
+        NUM_PROGS=_num_programs(x.device), IEEE=x.dtype == torch.float32, **cfg)
     return out
 
 
@@ -155,9 +168,8 @@ def grouped_gemm_dw(a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor)
         return out
     gs = group_sizes.to(device=a.device, dtype=torch.int64)
     offs = torch.cumsum(gs, 0) - gs
-    small = _interpreted()
-    bp, bq, bm = (32, 32, 32) if small else (64, 64, 64)
-    grid = (E * triton.cdiv(P, bp) * triton.cdiv(Q, bq),)
+    cfg = dw_config(a.dtype)
+    grid = (E * triton.cdiv(P, cfg["BLOCK_P"]) * triton.cdiv(Q, cfg["BLOCK_Q"]),)
     _grouped_gemm_dw_kernel[grid](a, b, out, gs, offs, P, Q, a.stride(0), b.stride(0),
-                                  BLOCK_P=bp, BLOCK_Q=bq, BLOCK_M=bm, IEEE=a.dtype == torch.float32)
+                                  IEEE=a.dtype == torch.float32, **cfg)
     return out
