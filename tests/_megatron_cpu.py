@@ -12,7 +12,15 @@ only, never in the package (docs/integrations.md lists them):
 3. ``moe_utils.RouterGatingLinearFunction`` reads the global ``te_general_gemm``, which is only
    defined when TransformerEngine imports (a ``NameError`` otherwise): set to ``None``.
 4. Parameters are created on the GPU unless ``use_cpu_initialization=True`` (a config flag).
-5. The model-parallel state needs a process group: gloo with world size 1.
+5. The model-parallel state needs a process group: gloo with world size 1 (or 2 for expert
+   parallelism, :func:`megatron_world`).
+6. With ``moe_permute_fusion=True`` the alltoall dispatcher's ``__init__`` puts its chunk-order
+   indices on ``torch.device("cuda")``: :func:`make_layer` builds the layer with the flag off and
+   turns it on afterwards (the config check itself runs with the flag on).
+7. With expert parallelism (EP > 1) the alltoall dispatcher passes its split sizes to
+   ``torch.distributed.all_to_all_single`` as the CPU tensors its ``maybe_move_tensor_to_cpu`` leaves
+   in place (it converts only CUDA tensors, to numpy); gloo's binding wants integer sequences
+   (``TypeError``): under :func:`cpu_shims` tensor split sizes are turned into lists first.
 """
 
 from __future__ import annotations
@@ -60,9 +68,18 @@ def cpu_shims():
     torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
     if not had_te_gemm:
         moe_utils.te_general_gemm = None
+    import torch.distributed as dist
+    a2a = dist.all_to_all_single
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *a, **k):
+        as_list = lambda s: s.tolist() if isinstance(s, torch.Tensor) else s  # noqa: E731
+        return a2a(output, input, as_list(output_split_sizes), as_list(input_split_sizes), *a, **k)
+
+    dist.all_to_all_single = all_to_all_single
     try:
         yield
     finally:
+        dist.all_to_all_single = a2a
         for n, v in saved.items():
             setattr(torch.cuda, n, v)
         if not had_te_gemm:
@@ -76,16 +93,17 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def megatron_world():
-    """A world-size-1 gloo process group and Megatron's parallel state on it (TP=EP=PP=1)."""
+def megatron_world(rank=0, world_size=1, port=None):
+    """A gloo process group and Megatron's parallel state on it (TP=PP=1, EP=world_size)."""
     import torch.distributed as dist
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core import parallel_state as ps
     own = not dist.is_initialized()
     if own:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port or _free_port()}", rank=rank,
+                                world_size=world_size)
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=world_size)
     try:
         yield
     finally:
@@ -119,8 +137,11 @@ def make_layer(*, hidden=64, ffn=32, experts=8, topk=2, dispatcher="alltoall", g
     from ascend_moe_ops.integrations import megatron as mg
     # GroupedMLP asserts at construction that a grouped GEMM is importable: feed it this package's
     gg = mg.patched(targets=("grouped_gemm",)) if grouped_gemm else contextlib.nullcontext()
+    cuda_index = cfg.moe_permute_fusion and dispatcher == "alltoall"  # obstacle 6 (module doc)
+    cfg.moe_permute_fusion = cfg.moe_permute_fusion and not cuda_index
     with cpu_shims(), gg:
         layer = MoELayer(cfg, spec.submodules.mlp.submodules)
+    cfg.moe_permute_fusion = cfg.moe_permute_fusion or cuda_index
     with torch.no_grad():  # Megatron's init leaves the router at zero-ish scale: give it real logits
         layer.router.weight.normal_(0, 1.0 / hidden ** 0.5, generator=torch.Generator().manual_seed(seed + 1))
     return layer

@@ -351,3 +351,134 @@ def test_permute_row_blocks_match_megatron(uniform):
         ref = ORIG["unpermute"](rows, theirs[2], x.shape, **kw) if kw else \
             ORIG["unpermute"](rows, theirs[2], x.shape, routing_map=mask)
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- Megatron's own switches
+def _fusion_config(**extra):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    return TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_moe_experts=8,
+                             moe_router_topk=2, use_cpu_initialization=True, moe_permute_fusion=True, **extra)
+
+
+def test_permute_fusion_config_accepted_while_patched():
+    """megatron-core 0.16.1 refuses moe_permute_fusion=True without TransformerEngine (its config
+    imports TE's fused functions from moe_utils); patched, the config is accepted, and the names are
+    gone again after unpatch (and never set when permute/unpermute/sort-chunks are not all patched)."""
+    assert not hasattr(moe_utils, "fused_permute"), "TransformerEngine installed: this test assumes it is not"
+    with pytest.raises((ImportError, ValueError), match="fused_permute|fused permutation"):
+        _fusion_config()
+    with mg.patched(targets=("permute", "unpermute", "grouped_gemm")) as report:
+        assert "fused" not in report and not hasattr(moe_utils, "fused_permute")
+        with pytest.raises((ImportError, ValueError)):
+            _fusion_config()
+    with mg.patched() as report:
+        cfg = _fusion_config()
+        assert cfg.moe_permute_fusion
+        assert len(report["fused"]) == len(mg.FUSED_NAMES)
+        for name, fn in mg.FUSED_NAMES.items():
+            assert getattr(moe_utils, name) is fn
+    for name in mg.FUSED_NAMES:
+        assert not hasattr(moe_utils, name)
+    with pytest.raises((ImportError, ValueError)):
+        _fusion_config()
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_moe_layer_with_permute_fusion(world, dispatcher):
+    """A layer configured with moe_permute_fusion=True runs the package's functions (its fused=True
+    calls) and gives the unfused, unpatched layer's bits; unpatched it fails as Megatron does without
+    TransformerEngine."""
+    plain = make_layer(dispatcher=dispatcher, topk=4)
+    x, go = _inputs(32, 64, torch.float32)
+    ref = run_layer(plain, x, go)
+    with mg.patched(targets=BITWISE):
+        fused = make_layer(dispatcher=dispatcher, topk=4, moe_permute_fusion=True)
+        fused.load_state_dict(plain.state_dict())
+        got = run_layer(fused, x, go)
+        assert mg.call_counts["permute"] >= 1 and mg.call_counts["unpermute"] >= 1, mg.call_counts
+        if dispatcher == "alltoall":
+            assert mg.call_counts["sort_chunks_by_idxs"] == 2, mg.call_counts
+    assert fused.config.moe_permute_fusion
+    _assert_bitwise(ref, got)
+    with pytest.raises(ValueError, match="fused_permute.* is not available"):
+        run_layer(fused, x, go)
+
+
+def test_fused_standins_match_megatron():
+    """The stand-ins under TransformerEngine's names (Megatron's calling convention) give what
+    Megatron's unfused functions give."""
+    g = torch.Generator().manual_seed(5)
+    T, H, E = 12, 8, 6
+    mask = torch.zeros(T, E, dtype=torch.bool).scatter_(1, torch.rand(T, E, generator=g).topk(2, 1).indices, True)
+    x = torch.randn(T, H, generator=g)
+    probs = torch.rand(T, E, generator=g) * mask
+    f = mg.FUSED_NAMES
+    out, si = f["fused_permute"](x, mask, num_out_tokens=int(mask.sum()))
+    ref_out, _, ref_si = ORIG["permute"](x, mask)
+    assert torch.equal(out, ref_out) and torch.equal(si, ref_si)
+    out, pp, si = f["fused_permute_with_probs"](x, probs, mask, num_out_tokens=-1)
+    ref = ORIG["permute"](x, mask, probs=probs)
+    assert all(torch.equal(a, b) for a, b in zip((out, pp, si), ref))
+    rows = torch.randn(out.shape, generator=g)
+    want = ORIG["unpermute"](rows, ref[2], x.shape, probs=probs, routing_map=mask)
+    torch.testing.assert_close(f["fused_unpermute"](rows, si, merging_probs=probs, restore_shape=x.shape), want)
+    torch.testing.assert_close(f["fused_unpermute"](rows, si), ORIG["unpermute"](rows, ref[2], x.shape))
+    with pytest.raises(ValueError, match="row_id_map must be the sorted_indices"):
+        f["fused_unpermute"](rows, ref[2].clone(), merging_probs=probs, restore_shape=x.shape)
+    with pytest.raises(ValueError, match="map_type must be 'mask'"):
+        f["fused_permute"](x, mask, map_type="index")
+    sizes, order = torch.tensor([3, 0, 5, 4]), torch.tensor([2, 0, 3, 1])
+    p = torch.rand(12, generator=g)
+    want_x, want_p = ORIG["sort_chunks_by_idxs"](x, sizes, order, probs=p)
+    assert torch.equal(f["fused_sort_chunks_by_index"](x, sizes, order), want_x)
+    got_x, got_p = f["fused_sort_chunks_by_index_with_probs"](x, p, sizes, order)
+    assert torch.equal(got_x, want_x) and torch.equal(got_p, want_p)
+
+
+@pytest.mark.parametrize("installed", ["0.17.0", "0.16.0", "0.16.1rc0", "unknown"])
+def test_patch_refuses_other_megatron_core_versions(monkeypatch, installed):
+    monkeypatch.setattr(mg, "megatron_core_version", lambda: installed)
+    with pytest.raises(RuntimeError) as info:
+        mg.patch()
+    msg = str(info.value)
+    assert f"megatron-core {installed!r} is installed" in msg
+    assert f"supports megatron-core {mg.SUPPORTED_MEGATRON_CORE} only" in msg
+    assert f"pip install megatron-core=={mg.SUPPORTED_MEGATRON_CORE}" in msg
+    assert not mg.is_patched() and moe_utils.permute is ORIG["permute"] and not hasattr(moe_utils, "fused_permute")
+    monkeypatch.setattr(mg, "megatron_core_version", lambda: mg.SUPPORTED_MEGATRON_CORE + "+local")
+    assert "permute" in mg.patch()  # the same release with a local build tag
+
+
+@pytest.mark.slow  # two processes, each importing megatron-core: ~40 s on 2 shared cores
+def test_expert_parallel_probs_reach_the_experts(tmp_path):
+    """EP=2 (two processes over gloo, 4 of 8 experts per rank), alltoall dispatcher: dropless top-2,
+    dropless top-2 with moe_permute_fusion, drop-and-pad top-2, top-1 with moe_apply_probs_on_input.
+    On each rank the patched layer's output and gradients equal the unpatched ones bitwise, the
+    experts receive the same rows, tokens_per_expert and probs, and every row's prob is its token's
+    router prob for that row's global expert (tests/_megatron_ep.py)."""
+    import multiprocessing
+
+    from _megatron_cpu import _free_port
+    from _megatron_ep import CASES, ep_worker
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=ep_worker, args=(r, port, str(tmp_path / f"rank{r}.pt"))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0], "an EP worker failed (its traceback is on stderr)"
+    for r in range(2):
+        results = torch.load(tmp_path / f"rank{r}.pt")
+        assert set(results) == set(CASES)
+        for name, res in results.items():
+            assert res["local_experts"] == 4 and res["rows"] > 0, (r, name, res)
+            assert res["fusion"] == CASES[name][1], (r, name)
+            assert res["counts"]["permute"] == 1 and res["counts"]["unpermute"] == 1, (r, name, res)
+            if "drop_and_pad" not in name:  # dropless: chunks sorted on dispatch and on combine
+                assert res["counts"]["sort_chunks_by_idxs"] == 2, (r, name, res)
+            assert res["probs_check"] == "", f"rank {r} {name}: {res['probs_check']}"
+            assert res["experts_inputs_equal"], f"rank {r} {name}: the experts' inputs differ"
+            assert res["bitwise"], f"rank {r} {name}: output or gradients differ from Megatron's"

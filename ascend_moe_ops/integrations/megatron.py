@@ -30,9 +30,10 @@ What differs (by design, never in the returned values' layout):
   accumulated in fp32 in a fixed order and rounded once, so low-precision results can differ from
   Megatron's (which rounds after each scatter-add in the token dtype, or returns the fp32 sum when
   ``probs`` is fp32) in the last bits; the gradients likewise.
-* ``fused`` is accepted and ignored: this path is always the fused one. (Megatron's ``fused=True``
-  path returns TransformerEngine's own index format instead of ``sorted_indices``; here the pair
-  ``permute``/``unpermute`` of this module always exchange ``sorted_indices``.)
+* ``fused`` is accepted and ignored: this path is always the fused one (:func:`patch` also makes
+  Megatron's ``moe_permute_fusion=True`` config check pass, see :data:`FUSED_NAMES`). (Megatron's
+  ``fused=True`` path returns TransformerEngine's own index format instead of ``sorted_indices``;
+  here the pair ``permute``/``unpermute`` of this module always exchange ``sorted_indices``.)
 * ``num_out_tokens`` must equal the number of routed slots when given (it does in every Megatron
   dispatcher); then ``permute`` needs no host synchronization. Without it, ``permute`` counts the
   routed slots with one host sync -- the same one Megatron's ``masked_select`` makes.
@@ -56,7 +57,7 @@ Tensor = torch.Tensor
 
 __all__ = ["permute", "unpermute", "sort_chunks_by_idxs", "sorted_indices_from_row_id_map",
            "row_id_map_from_sorted_indices", "patch", "unpatch", "patched", "is_patched", "PatchReport",
-           "call_counts", "PATCHABLE"]
+           "call_counts", "PATCHABLE", "SUPPORTED_MEGATRON_CORE", "FUSED_NAMES"]
 
 _MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -546,7 +547,9 @@ _KNOWN_SIGNATURES = {
                   "fused", "drop_and_pad"),
     "sort_chunks_by_idxs": ("input", "split_sizes", "sorted_idxs", "probs", "fused"),
 }
-TESTED_MEGATRON_CORE = ("0.16.1",)
+#: the one megatron-core version :func:`patch` accepts (Megatron-LM's main branch already changes
+#: ``permute`` / ``unpermute``); every other version is refused with this in the message
+SUPPORTED_MEGATRON_CORE = "0.16.1"
 PATCHABLE = ("permute", "unpermute", "sort_chunks_by_idxs", "grouped_gemm", "activation")
 _EXPERTS = "megatron.core.transformer.moe.experts"
 # GroupedMLP.forward parameters as of the checked megatron-core versions
@@ -603,6 +606,7 @@ class _State:
     grouped_mlp = None       # (GroupedMLP class, its original forward) while "activation" is patched
     act_instances = None     # GroupedMLP instance -> its own activation_func_with_probs closure
     recorded = set()         # (id(module), attribute) already in undo
+    fused_undo = []          # (name, had it, value) of the TransformerEngine names set in moe_utils
     watched = set()          # ids of every original and replacement (the scan's quick test)
 
 
@@ -615,6 +619,16 @@ def megatron_core_version() -> str:
         return getattr(mod, "__version__", "unknown")
 
 
+def _check_version() -> None:
+    installed = megatron_core_version()
+    if installed.split("+")[0] != SUPPORTED_MEGATRON_CORE:  # a local build tag (+...) is the same release
+        raise RuntimeError(
+            f"ascend_moe_ops.integrations.megatron.patch() supports megatron-core {SUPPORTED_MEGATRON_CORE} "
+            f"only, but megatron-core {installed!r} is installed (other versions change the functions it "
+            "replaces: Megatron-LM's main branch already changes permute/unpermute); refusing to patch. "
+            f"Install the supported version: pip install megatron-core=={SUPPORTED_MEGATRON_CORE}")
+
+
 def _check_signature(name: str, fn) -> None:
     try:
         params = tuple(_inspect.signature(fn).parameters)
@@ -625,7 +639,7 @@ def _check_signature(name: str, fn) -> None:
         raise RuntimeError(
             f"megatron-core {megatron_core_version()}: moe_utils.{name} has parameters {params}, but "
             f"ascend_moe_ops.integrations.megatron knows {want} (checked against megatron-core "
-            f"{', '.join(TESTED_MEGATRON_CORE)}); refusing to patch. Use the functions of this "
+            f"{SUPPORTED_MEGATRON_CORE}); refusing to patch. Use the functions of this "
             "module directly, or pin a checked megatron-core version.")
 
 
@@ -729,7 +743,10 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
       ``GroupedMLP`` the fused native ``silu(x1) * x2 * probs`` (fwd + bwd in one pass each) in place
       of its ``activation_func_with_probs`` closure. Its results equal Megatron's within the
       tolerance of the low-precision dtype, not bitwise (Megatron rounds after each step; the
-      fused kernel rounds once). Leave it out (``targets=PATCHABLE[:4]``) for bitwise results.
+      fused kernel rounds once). Leave it out (``targets=PATCHABLE[:4]``) for bitwise results;
+    * with ``permute``, ``unpermute`` and ``sort_chunks_by_idxs`` all patched: the TransformerEngine
+      names ``moe_utils`` lacks (:data:`FUSED_NAMES`), so that ``moe_permute_fusion=True`` passes
+      Megatron's config check; the ``fused=True`` calls then run this module's functions.
 
     Args:
         targets: a subset of :data:`PATCHABLE` (e.g. ``("grouped_gemm",)`` to feed only the
@@ -737,10 +754,10 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
 
     Idempotent (a second call with the same targets, or a subset, changes nothing and returns the
     same report);
-    :func:`unpatch` restores every rebound name. Refuses (``RuntimeError``) on a megatron-core
-    whose function signatures differ from the checked ones, and when megatron-core is not
-    installed (``ImportError``). Calls through the patched names are counted in
-    :data:`call_counts`.
+    :func:`unpatch` restores every rebound name. Refuses (``RuntimeError``, nothing changed) any
+    megatron-core version but :data:`SUPPORTED_MEGATRON_CORE` and one whose function signatures
+    differ from the checked ones; raises ``ImportError`` when megatron-core is not installed. Calls
+    through the patched names are counted in :data:`call_counts`.
 
     Returns:
         a :class:`PatchReport`: ``{target: ["module.attribute", ...]}``.
@@ -756,6 +773,7 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
                                    f"before patching {targets}")
             return _State.report
         moe_utils = _importlib.import_module(_MOE_UTILS)
+        _check_version()
         originals = {}
         for name in ("permute", "unpermute", "sort_chunks_by_idxs"):
             if name in targets:
@@ -786,6 +804,8 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
                 _State.watched.add(id(real.ops))
         if "activation" in targets:
             _patch_activation()
+        if all(t in targets for t in _FUSED_NEEDS):
+            _patch_fused(moe_utils)
         _State.active = True
         for module in list(_sys.modules.values()):
             if module is not None:
@@ -813,6 +833,7 @@ def unpatch() -> PatchReport:
         if _State.gg_original is not None and gg_util is not None:
             gg_util.grouped_gemm, gg_util.ops = _State.gg_original
         _unpatch_activation()
+        _unpatch_fused()
         if _State.hook in _sys.meta_path:
             _sys.meta_path.remove(_State.hook)
         report = _State.report
@@ -826,6 +847,94 @@ def unpatch() -> PatchReport:
         _State.recorded = set()
         _State.report = PatchReport()
         return report
+
+
+# ---------------------------------------------------------------- moe_permute_fusion=True
+# With ``moe_permute_fusion=True`` megatron-core 0.16.1 checks at config time
+# (TransformerConfig.__post_init__) that moe_utils holds the five TransformerEngine functions below
+# (without TransformerEngine they are not even defined there: ImportError) and then passes
+# ``fused=True`` to permute / unpermute / sort_chunks_by_idxs. Once those three are this module's
+# (which ignore ``fused`` and always run the fused kernels), patch() puts these stand-ins under the
+# missing names so that the config is accepted. They take Megatron's calling convention for the TE
+# functions and run on this module's functions (so they exchange ``sorted_indices``, not
+# TransformerEngine's row map); megatron-core 0.16.1 itself only calls them when TransformerEngine
+# is installed.
+
+
+def _fused_num_out(num_out_tokens):
+    return None if num_out_tokens is None or (isinstance(num_out_tokens, int) and num_out_tokens < 0) \
+        else num_out_tokens
+
+
+def _fused_permute(inp, routing_map, num_out_tokens=None, max_token_num=-1, map_type="mask"):
+    del max_token_num
+    _fused_mask_only(map_type)
+    out, _, si = permute(inp, routing_map, num_out_tokens=_fused_num_out(num_out_tokens))
+    return out, si
+
+
+def _fused_permute_with_probs(inp, probs, routing_map, num_out_tokens=None):
+    return permute(inp, routing_map, probs, num_out_tokens=_fused_num_out(num_out_tokens))
+
+
+def _fused_unpermute(inp, row_id_map, merging_probs=None, restore_shape=None, map_type="mask", probs=None):
+    _fused_mask_only(map_type)
+    if probs is not None:
+        merging_probs = probs  # TransformerEngine's older name for merging_probs
+    rec = getattr(row_id_map, "_amo_permute", None)
+    if rec is None and (merging_probs is not None or restore_shape is None):
+        raise ValueError("row_id_map must be the sorted_indices returned by this module's permute (its "
+                         "routing map is needed for merging_probs / restore_shape)")
+    if restore_shape is None:
+        restore_shape = (rec.row_id_map.shape[0], inp.shape[-1])
+    return unpermute(inp, row_id_map, restore_shape, probs=merging_probs,
+                     routing_map=rec.mask if rec is not None else None)
+
+
+def _fused_sort_chunks(inp, split_sizes, sorted_index):
+    return sort_chunks_by_idxs(inp, split_sizes, sorted_index)[0]
+
+
+def _fused_sort_chunks_with_probs(inp, probs, split_sizes, sorted_index):
+    return sort_chunks_by_idxs(inp, split_sizes, sorted_index, probs=probs)
+
+
+def _fused_mask_only(map_type):
+    if map_type != "mask":
+        raise ValueError(f"map_type must be 'mask' (Megatron's routing map), got {map_type!r}")
+
+
+#: moe_utils names megatron-core 0.16.1 requires for ``moe_permute_fusion=True`` -> their stand-ins
+FUSED_NAMES = {
+    "fused_permute": _fused_permute,
+    "fused_permute_with_probs": _fused_permute_with_probs,
+    "fused_unpermute": _fused_unpermute,
+    "fused_sort_chunks_by_index": _fused_sort_chunks,
+    "fused_sort_chunks_by_index_with_probs": _fused_sort_chunks_with_probs,
+}
+_FUSED_NEEDS = ("permute", "unpermute", "sort_chunks_by_idxs")  # targets the fused flag goes through
+
+
+def _patch_fused(moe_utils) -> None:
+    """Fill the TransformerEngine names moe_utils lacks (absent, or None for an old TE)."""
+    d = vars(moe_utils)
+    for name, fn in FUSED_NAMES.items():
+        if d.get(name) is None:
+            _State.fused_undo.append((name, name in d, d.get(name)))
+            setattr(moe_utils, name, fn)
+            _State.report.setdefault("fused", []).append(f"{_MOE_UTILS}.{name}")
+
+
+def _unpatch_fused() -> None:
+    moe_utils = _sys.modules.get(_MOE_UTILS)
+    for name, had, value in reversed(_State.fused_undo):
+        if moe_utils is None:
+            break
+        if had:
+            setattr(moe_utils, name, value)
+        else:
+            vars(moe_utils).pop(name, None)
+    _State.fused_undo = []
 
 
 # ---------------------------------------------------------------- probs applied in the activation
@@ -868,7 +977,7 @@ def _patch_activation() -> None:
         raise RuntimeError(
             f"megatron-core {megatron_core_version()}: GroupedMLP.forward has parameters {params}, but "
             f"ascend_moe_ops.integrations.megatron knows {_GROUPED_MLP_FORWARD} (checked against "
-            f"megatron-core {', '.join(TESTED_MEGATRON_CORE)}); refusing to patch the activation. "
+            f"megatron-core {SUPPORTED_MEGATRON_CORE}); refusing to patch the activation. "
             "Patch the other targets only (patch(targets=...)).")
     import weakref
     instances = weakref.WeakKeyDictionary()
