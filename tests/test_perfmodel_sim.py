@@ -347,3 +347,26 @@ def test_validation_pipeline_plumbing(tmp_path):
     cal = {tuple(c) for c in V.CALIBRATION}
     assert not any(tuple(v[:5]) in cal for v in V.VALIDATION)
     assert len(V.VALIDATION) >= 12 and {v[5] for v in V.VALIDATION} == {"float32", "bfloat16"}
+
+
+def test_ep_prediction_formula():
+    """The EP layer's prediction: compute + communication without overlap, ``max + min / c`` with
+    ``c`` chunks; the link fit recovers ``a + bytes / bw`` exactly."""
+    from ascend_moe_ops.perfmodel.sim.costs import CostProvider
+    from ascend_moe_ops.perfmodel.validate_ep import LinkFit, predict_ep_layer
+
+    class Flat(CostProvider):
+        def time(self, op):
+            return 1e-3
+
+    lf = LinkFit({"inter": [(1e6, 2e-3 + 1e6 / 1e8), (4e6, 2e-3 + 4e6 / 1e8)],
+                  "intra": [(1e6, 1e-4 + 1e6 / 1e10), (2e6, 1e-4 + 2e6 / 1e10)]}, latency=5e-4)
+    assert lf.as_dict()["inter"]["bw_Bps"] == pytest.approx(1e8)
+    assert lf.time("inter", 3e6) == pytest.approx(2e-3 + 3e-2)
+    one = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="flat", chunks=1)
+    assert one["predicted_s"] == pytest.approx(one["compute_s"] + one["comm_s"])
+    four = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="flat", chunks=4)
+    big, small = max(four["compute_s"], four["comm_s"]), min(four["compute_s"], four["comm_s"])
+    assert four["predicted_s"] == pytest.approx(big + small / 4)
+    hier = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="hierarchical", chunks=1)
+    assert hier["compute_s"] > one["compute_s"]  # the two-stage reordering

@@ -175,8 +175,8 @@ def activation_bytes_per_token(m: ModelSpec, *, recompute: str = "none", tp: int
     ``recompute="none"``: attention keeps its input ``H``, the query latent ``r_q``, ``q``
     (``n_h*d_qk``), the KV latent ``r_kv + d_r``, ``K_nope, V`` (``n_h*(d_n + d_v)``), the attention
     output ``n_h*d_v`` and an fp32 LSE per head; the MoE layer keeps the router input ``H``, the
-    permuted rows ``K*H``, the fc1 output ``K*2F``, the SwiGLU output ``K*F``, the expert output
-    ``K*H`` (combine), and per shared expert ``H + 2F_s + F_s``.  ``"selective"`` (the report's
+    permuted rows ``K*H``, the fc1 output ``K*2F/tp``, the SwiGLU output ``K*F/tp``, the expert
+    output ``K*H`` (combine), and per shared expert ``H + 2F_s + F_s``.  ``"selective"`` (the report's
     fine-grained policy, what ``nn.MoELayer(recompute_permute, recompute_activation)`` and
     ``mla_attention(recompute="kv")`` do): minus the permuted rows, the SwiGLU outputs and
     ``K_nope, V``.  ``"full"``: only the layer input ``H``.  Tensor-parallel parts are divided by
@@ -200,9 +200,11 @@ def activation_bytes_per_token(m: ModelSpec, *, recompute: str = "none", tp: int
             ffn -= b * m.dense_ffn / tp
         return attn + ffn
     K, F = m.top_k, m.expert_ffn
-    routed = hs + K * H + K * 2 * F + K * F + K * H
+    # rows of H: the permuted tokens and the expert outputs (full width: partial sums under expert
+    # TP); rows of F: split over the (expert) tensor-parallel group
+    routed = hs + K * H + (K * 2 * F + K * F) / tp + K * H
     if recompute == "selective":
-        routed -= K * H + K * F
+        routed -= K * H + K * F / tp
     shared = m.shared_experts * (hs + 3 * m.shared_ffn_size / tp)
     return attn + (routed + shared) * b
 
