@@ -16,11 +16,9 @@ Method (docs/perfmodel/training_sim.md):
   (:func:`~.sim.layers.moe_layer_ops`) priced by the fit, and measured;
 * the two alternate in ``rounds`` (calibrate, validate, calibrate, ...) in one process, so that
   the drift of a shared machine hits both alike; each round's prediction uses that round's fit.
-  Every timing is the median of its runs, taken beside a fixed reference matmul
-  (:func:`reference_op`); the fit is in units of that reference and a prediction is turned back
-  into seconds with the reference timed beside the layer, so the machine's drift between
-  calibration and validation cancels. Reported: per configuration the median prediction and the
-  median measurement over the rounds,
+  Every timing is the median of its runs (a minimum, or a ratio to a reference op timed beside
+  it, were tried on the loaded VM and biased the comparison: docs). Reported: per configuration
+  the median prediction and the median measurement over the rounds,
   accuracy ``1 - |p - m| / m``, and the mean and worst accuracy.
 
 Every timing goes through the package's harness (:func:`ascend_moe_ops.benchmark.timing.measure`).
@@ -155,42 +153,18 @@ def _ops(T, H, F, E, K, dtype, rp=False, ra=False):
     return f + b
 
 
-def reference_op():
-    """The drift reference: a fixed fp32 matmul (384^3, a few ms), timed next to every calibration
-    microbenchmark and every layer measurement. Each time is kept in units of the reference
-    measured beside it, so a change of the machine's speed between calibration and validation
-    (a shared VM's neighbours) cancels; predictions are turned back into seconds with the
-    reference timed beside the layer."""
-    import torch
-    g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(384, 384, generator=g), torch.randn(384, 384, generator=g)
-    return lambda: torch.mm(a, b)
-
-
-def paired(fn, ref, *, min_run_time, threads, pairs=1, min_runs=3):
-    """``(fn seconds, reference seconds)``: medians of ``pairs`` alternated measurements of each."""
-    from ..benchmark.timing import measure
-    ts, rs = [], []
-    for i in range(pairs):
-        ts.append(float(measure(fn, min_run_time=min_run_time / pairs, min_runs=min_runs,
-                                warmup=1 if i == 0 else 0, threads=threads)))
-        rs.append(float(measure(ref, min_run_time=0.02, min_runs=3, warmup=0, threads=threads)))
-    return statistics.median(ts), statistics.median(rs)
-
-
 def calibrate_round(shapes, dtypes, min_run_time, threads) -> Tuple[list, List[dict]]:
-    """Time every component op at every calibration shape, each beside the drift reference;
-    returns ``(samples in reference units, rows)``."""
+    """Time every component op at every calibration shape; returns ``(samples, rows)``."""
+    from ..benchmark.timing import measure
     samples, rows = [], []
-    ref = reference_op()
     for dtype in dtypes:
         for (T, H, F, E, K) in shapes:
             steps = component_steps(T, H, F, E, K, dtype)
             ops = {op.name: op for op in _ops(T, H, F, E, K, dtype)}
             for name, fn in steps.items():
-                t, r = paired(fn, ref, min_run_time=min_run_time, threads=threads)
-                samples.append((ops[name], t / r))  # in reference units
-                rows.append(dict(op=name, shape=[T, H, F, E, K], dtype=dtype, seconds=t, reference_s=r))
+                t = measure(fn, min_run_time=min_run_time, min_runs=3, warmup=1, threads=threads)
+                samples.append((ops[name], float(t)))
+                rows.append(dict(op=name, shape=[T, H, F, E, K], dtype=dtype, seconds=float(t), iqr_s=t.iqr, n=t.n))
             del steps
     return samples, rows
 
@@ -202,6 +176,7 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
     import torch
     from .. import active_backend
     from .sim.costs import FittedCosts
+    from ..benchmark.timing import measure
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if threads < 1:
@@ -227,12 +202,11 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
             fit = FittedCosts.fit(samples, note=f"round {r}")
             fits.append(json.loads(fit.to_json()))
             cal_rows += [dict(row, round=r) for row in rows]
-            ref = reference_op()
             for v in val:
                 ops = _ops(*v[:6], rp=v[6], ra=v[7])
-                t, rt = paired(steps[v], ref, min_run_time=layer_min_run_time, threads=threads, pairs=3, min_runs=1)
-                preds[v].append(sum(fit.time(op) for op in ops) * rt)  # reference units -> seconds
-                meas[v].append(t)
+                preds[v].append(sum(fit.time(op) for op in ops))
+                t = measure(steps[v], min_run_time=layer_min_run_time, min_runs=3, warmup=1, threads=threads)
+                meas[v].append(float(t))
             log(f"round {r + 1}/{rounds} done ({time.monotonic() - start:.0f} s)")
     finally:
         torch.set_num_threads(prev)
@@ -251,7 +225,7 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
         rounds=rounds, seconds=time.monotonic() - start, calibration_shapes=cal, validation=table,
         mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc), fits=fits, calibration=cal_rows,
         note="predicted_s is a model (sum of the layer's ops priced by the per-round fit to the "
-             "component microbenchmarks, in units of the reference matmul timed beside the layer); "
+             "component microbenchmarks); "
              "measured_s is nn.MoELayer fwd+bwd timed by the harness")
     (out_dir / "validation.json").write_text(json.dumps(report, indent=1))
     _chart(table, out_dir / "validation.png", report)

@@ -18,8 +18,8 @@ pair for flat, two for hierarchical) priced by the round's fit; communication = 
 (dispatch, combine, and their backward passes) the collectives' latency plus the bytes of each
 link class over its fitted bandwidth (:func:`~.sim.traffic.expected_dispatch`); no overlap:
 compute + communication; ``c`` chunks: ``max + min / c`` (the pipeline hides all but one chunk's
-worth of the smaller one). Timings: the harness (``measure(runs=..., setup=barrier)``), a step's
-time is the slowest rank's, the least-disturbed run.
+worth of the smaller one). Timings: the harness (``measure(runs=..., setup=barrier)``), median of
+the runs; a step's time is the slowest rank's.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _worker(a) -> None:
 
     def timed(fn, runs):
         t = measure(fn, runs=runs, warmup=1, setup=dist.barrier)
-        v = torch.tensor([min(t.times)], dtype=torch.float64)
+        v = torch.tensor([float(t)], dtype=torch.float64)  # median of the runs
         dist.all_reduce(v, op=dist.ReduceOp.MAX)
         return float(v)
 

@@ -43,7 +43,6 @@ def _chart(result, path: Path, title: str) -> None:
 def main(argv=None) -> int:
     from .audit import audit, format_audit
     from .clusters import a2_cluster, gpu_cluster
-    from .costs import peak_flops
     from .model import CONVENTIONS, PANGU_ULTRA_MOE, ModelSpec
     from .step import Plan, search, simulate
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

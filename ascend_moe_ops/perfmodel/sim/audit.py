@@ -48,7 +48,7 @@ def audit(model: ModelSpec, peak: float, reported: Sequence[Reported] = REPORTED
 
 
 def format_audit(rows: List[Dict], peak: float) -> str:
-    out = [f"peak used: {peak / 1e12:.1f} TFLOP/s per device",
+    out = [f"peak used: {peak / 1e12:.1f} TFLOP/s per device", "",
            "| figure | convention | FLOPs/token | MFU at this peak | reported | peak that gives the reported MFU |",
            "|---|---|---|---|---|---|"]
     for r in rows:

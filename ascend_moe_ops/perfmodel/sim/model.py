@@ -13,7 +13,6 @@ vocabulary ``V``; sequence ``s``. Every FFN is SwiGLU: ``3 * H * F`` weights.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Dict
 
@@ -208,10 +207,3 @@ def activation_bytes_per_token(m: ModelSpec, *, recompute: str = "none", tp: int
     shared = m.shared_experts * (hs + 3 * m.shared_ffn_size / tp)
     return attn + (routed + shared) * b
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def isclose(a: float, b: float, rel: float = 1e-9) -> bool:
-    return math.isclose(a, b, rel_tol=rel)

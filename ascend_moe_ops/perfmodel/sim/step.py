@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .costs import DTYPE_BYTES, CostProvider, LinkModel, Op
 from .layers import attention_ops, dense_ffn_ops, moe_layer_ops
-from .model import (CONVENTIONS, RECOMPUTE, ModelSpec, activation_bytes_per_token, flops_per_token,
-                    layer_counts, params)
+from .model import CONVENTIONS, RECOMPUTE, ModelSpec, activation_bytes_per_token, flops_per_token, layer_counts
 from .traffic import ALGOS, expected_dispatch
 
 __all__ = ["Plan", "Cluster", "StepResult", "simulate", "search", "pipeline_schedule"]
