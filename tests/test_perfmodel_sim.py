@@ -3,7 +3,6 @@ plan ranking on a constructed case, the CLI, and the validation pipeline's plumb
 its accuracy is measured by ``python -m ascend_moe_ops.perfmodel.validate``, not asserted here)."""
 
 import json
-import math
 
 import pytest
 import torch
@@ -181,6 +180,7 @@ def _stats_worker(rank, world, local, port, outdir, E, K, H, T):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # four spawned processes: ~10-30 s on 2 shared cores
 def test_traffic_matches_the_dispatchers_own_counts(tmp_path):
     """2 nodes x 2 ranks (gloo): the simulator's exact counts equal ``handle.stats``."""
     from _spawn import free_port, spawn_ranks
