@@ -1,0 +1,58 @@
+"""Clusters the simulator knows, built from the hardware tables.
+
+* ``gpu_cluster("h100" | "h200")``: roofline costs from the GPU table (stated efficiencies), NVLink
+  inside a node, one 400 Gb/s NIC per GPU between nodes.
+* ``a2_cluster()``: Atlas 800T A2 nodes: the chip from the ``a2`` table (cube cores, MACs per
+  cycle, clock, GM bandwidth, HBM capacity), the node and network from ``cluster_a2``. Per-launch
+  times (e.g. the A2 kernel timeline's records) plug in with ``launch_records``.
+* ``cpu_cluster(costs, links)``: this machine, with costs fitted to its microbenchmarks.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from ..hardware import HardwareTable, load_table
+from .costs import CostProvider, LinkModel, RooflineCosts, memory_bandwidth
+from .step import Cluster
+
+__all__ = ["gpu_cluster", "a2_cluster", "cpu_cluster", "cluster_by_name"]
+
+#: stated assumptions of the roofline providers (printed with every result)
+GPU_EFF = dict(eff_compute=0.6, eff_memory=0.7, launch_s=5e-6)
+A2_EFF = dict(eff_compute=0.6, eff_memory=0.7, launch_s=10e-6)
+
+
+def gpu_cluster(name: str = "h100", **eff) -> Cluster:
+    t = load_table(name)
+    costs = RooflineCosts(t, **{**GPU_EFF, **eff})
+    return Cluster(t.title, costs, LinkModel.from_table(t), t["hbm_capacity"], t["hbm_bandwidth"],
+                   t["host_bandwidth"])
+
+
+def a2_cluster(chip: Optional[HardwareTable] = None, node: Optional[HardwareTable] = None,
+               launch_records: Optional[Mapping[str, float]] = None, **eff) -> Cluster:
+    """``chip`` defaults to ``load_table("a2")`` (keys ``cube_cores``, ``cube_macs_per_cycle_fp16``,
+    ``clock_hz``, ``gm_bandwidth``, ``hbm_capacity``), ``node`` to ``load_table("cluster_a2")``."""
+    chip = chip or load_table("a2")
+    node = node or load_table("cluster_a2")
+    costs = RooflineCosts(chip, **{**A2_EFF, **eff})
+    if launch_records:
+        costs = costs.with_launch_records(launch_records)
+    links = LinkModel(intra_bw=node["intra_node_bandwidth"] * node["intra_node_links"],
+                      inter_bw=node["inter_node_bandwidth"], intra_latency=node["intra_node_latency"],
+                      inter_latency=node["inter_node_latency"], devices_per_node=int(node["devices_per_node"]))
+    return Cluster(f"{node.title}; chip: {chip.label}", costs, links, chip["hbm_capacity"],
+                   memory_bandwidth(chip), node["host_bandwidth"])
+
+
+def cpu_cluster(costs: CostProvider, links: LinkModel, memory_bytes: float, memory_bw: float) -> Cluster:
+    return Cluster("this CPU (fitted to its microbenchmarks)", costs, links, memory_bytes, memory_bw, 0.0)
+
+
+def cluster_by_name(name: str) -> Cluster:
+    if name in ("h100", "h200"):
+        return gpu_cluster(name)
+    if name == "a2":
+        return a2_cluster()
+    raise ValueError(f"cluster must be one of h100, h200, a2, got {name!r}")

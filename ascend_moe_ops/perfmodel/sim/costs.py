@@ -1,0 +1,267 @@
+"""Per-op cost providers of the step simulator.
+
+An op is an :class:`Op`: a kind (``"gemm"``, ``"grouped_gemm"``, ``"permute"``, ...), its FLOPs
+and the bytes it moves, a dtype and the few shape numbers a provider may use. A provider turns an
+op into seconds (``provider.time(op)``); communication is priced by :class:`LinkModel`
+(``latency + bytes / bandwidth`` per message, the alpha-beta model).
+
+Providers:
+
+* :class:`RooflineCosts`: ``max(flops / (peak * eff_compute), bytes / (bw * eff_memory))`` plus a
+  fixed launch overhead, from a hardware table (GPU: ``h100`` / ``h200``; A2: ``a2``, the peak
+  derived from its cube cores, MACs per cycle and clock). The efficiencies are stated assumptions
+  (arguments, printed with every result). ``per_launch`` takes measured or predicted per-launch
+  seconds (e.g. the A2 kernel timeline's records) that override the roofline for the ops it knows.
+* :class:`FittedCosts`: per op kind and dtype, ``t = c0 + c1 * flops + c2 * bytes + c3 * groups``
+  fitted (non-negative least squares, relative error) to microbenchmark samples; what
+  :mod:`ascend_moe_ops.perfmodel.validate` calibrates on this CPU. It can also be loaded from and
+  saved to JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..hardware import HardwareTable
+
+__all__ = ["Op", "CostProvider", "RooflineCosts", "FittedCosts", "LinkModel", "peak_flops",
+           "DTYPE_BYTES"]
+
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1}
+COMPUTE_KINDS = ("gemm", "grouped_gemm", "grouped_gemm_dw", "attention")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel launch (or one fused region) of a step."""
+
+    name: str
+    kind: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    dtype: str = "bfloat16"
+    groups: int = 1
+    rows: int = 0
+
+    def scaled(self, f: float) -> "Op":
+        return Op(self.name, self.kind, self.flops * f, self.bytes * f, self.dtype, self.groups,
+                  int(self.rows * f))
+
+
+class CostProvider:
+    """Seconds of one op on one device. Subclasses implement :meth:`time`."""
+
+    label = "cost provider"
+
+    def time(self, op: Op) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense matmul peak (FLOP/s) used for MFU."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"label": self.label}
+
+
+def peak_flops(table: HardwareTable, dtype: str = "bfloat16") -> float:
+    """Dense matmul peak of a table: ``peak_<dtype>_flops`` if the table has it (GPU tables), else
+    ``cube_cores * cube_macs_per_cycle_fp16 * 2 * clock_hz`` (A2: fp16/bf16 cube MACs per cycle,
+    2 FLOPs per MAC; fp32 at a quarter, an assumption stated in the docs)."""
+    key = f"peak_{_canon(dtype)}_flops"
+    if key in table:
+        return table[key]
+    if "cube_cores" in table:
+        p = table["cube_cores"] * table["cube_macs_per_cycle_fp16"] * 2 * table["clock_hz"]
+        return p if _canon(dtype) in ("bf16", "fp16") else p / 4
+    raise KeyError(f"hardware table {table.name!r} gives no matmul peak for {dtype} (needs {key!r} "
+                   f"or cube_cores/cube_macs_per_cycle_fp16/clock_hz)")
+
+
+def _canon(dtype: str) -> str:
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+
+
+def memory_bandwidth(table: HardwareTable) -> float:
+    for k in ("hbm_bandwidth", "gm_bandwidth"):
+        if k in table:
+            return table[k]
+    raise KeyError(f"hardware table {table.name!r} has no memory bandwidth (hbm_bandwidth or gm_bandwidth)")
+
+
+class RooflineCosts(CostProvider):
+    """Roofline per op from a hardware table, with stated efficiencies."""
+
+    def __init__(self, table: HardwareTable, *, eff_compute: float = 0.6, eff_memory: float = 0.7,
+                 launch_s: float = 5e-6, per_launch: Optional[Mapping[str, float]] = None):
+        for name, v in (("eff_compute", eff_compute), ("eff_memory", eff_memory)):
+            if not (0 < v <= 1):
+                raise ValueError(f"RooflineCosts: {name} must be in (0, 1], got {v!r}")
+        if launch_s < 0:
+            raise ValueError(f"RooflineCosts: launch_s must be >= 0, got {launch_s!r}")
+        self.table = table
+        self.eff_compute, self.eff_memory, self.launch_s = eff_compute, eff_memory, launch_s
+        self.per_launch = dict(per_launch or {})
+        self.label = (f"roofline of {table.label}, eff_compute={eff_compute}, eff_memory={eff_memory} "
+                      f"(assumptions)" + (f", {len(self.per_launch)} ops from per-launch records"
+                                          if self.per_launch else ""))
+
+    def with_launch_records(self, records: Mapping[str, float]) -> "RooflineCosts":
+        """A copy that takes ``records[op.name]`` seconds for the ops named there (the hook for
+        per-launch predictions, e.g. the A2 kernel timeline)."""
+        return RooflineCosts(self.table, eff_compute=self.eff_compute, eff_memory=self.eff_memory,
+                             launch_s=self.launch_s, per_launch={**self.per_launch, **records})
+
+    def peak_flops(self, dtype: str) -> float:
+        return peak_flops(self.table, dtype)
+
+    def time(self, op: Op) -> float:
+        if op.name in self.per_launch:
+            return self.per_launch[op.name]
+        t_c = op.flops / (self.peak_flops(op.dtype) * self.eff_compute) if op.flops else 0.0
+        t_m = op.bytes / (memory_bandwidth(self.table) * self.eff_memory) if op.bytes else 0.0
+        return self.launch_s + max(t_c, t_m)
+
+    def describe(self) -> dict:
+        return {"label": self.label, "table": self.table.name, "version": self.table.version,
+                "eff_compute": self.eff_compute, "eff_memory": self.eff_memory, "launch_s": self.launch_s}
+
+
+# ----------------------------------------------------------------------------- fitted (CPU)
+FEATURES = ("c0", "flops", "bytes", "groups")
+
+
+def _features(op: Op) -> List[float]:
+    return [1.0, op.flops, op.bytes, float(op.groups)]
+
+
+def nnls_relative(X: Sequence[Sequence[float]], y: Sequence[float]) -> List[float]:
+    """Non-negative least squares of ``X c ~ y`` in relative error (rows divided by ``y``), by
+    active-set elimination: small, exact, no SciPy."""
+    import torch
+    A = torch.tensor([[v / t for v in row] for row, t in zip(X, y)], dtype=torch.float64)
+    b = torch.ones(len(y), dtype=torch.float64)
+    scale = A.abs().amax(0).clamp_min(1e-300)
+    A = A / scale
+    active = list(range(A.shape[1]))
+    while active:
+        sol = torch.linalg.lstsq(A[:, active], b.unsqueeze(1), driver="gelsd").solution.squeeze(1)
+        if (sol >= 0).all():
+            c = [0.0] * A.shape[1]
+            for i, j in enumerate(active):
+                c[j] = float(sol[i]) / float(scale[j])
+            return c
+        active.pop(int(torch.argmin(sol)))
+    return [0.0] * A.shape[1]
+
+
+@dataclass
+class FittedCosts(CostProvider):
+    """``t(op) = c0 + c1*flops + c2*bytes + c3*groups`` per ``(kind, dtype)`` key."""
+
+    coefs: Dict[str, List[float]] = field(default_factory=dict)
+    peaks: Dict[str, float] = field(default_factory=dict)
+    note: str = ""
+    label: str = "fitted to microbenchmarks of this machine"
+
+    @staticmethod
+    def key(op: Op) -> str:
+        return f"{op.kind}/{op.dtype}"
+
+    @classmethod
+    def fit(cls, samples: Iterable[Tuple[Op, float]], *, features: Optional[Mapping[str, Sequence[str]]] = None,
+            note: str = "") -> "FittedCosts":
+        """Fit from ``(op, seconds)`` samples. ``features[kind]`` restricts the terms of a kind
+        (default: all four); a kind with one sample gets ``c1 * flops`` or ``c2 * bytes`` only."""
+        by: Dict[str, List[Tuple[Op, float]]] = {}
+        for op, t in samples:
+            if not (t > 0 and math.isfinite(t)):
+                raise ValueError(f"FittedCosts.fit: sample time for {op.name} must be positive, got {t!r}")
+            by.setdefault(cls.key(op), []).append((op, t))
+        coefs = {}
+        for k, rows in by.items():
+            use = list((features or {}).get(k.split("/")[0], FEATURES))
+            # a feature that is zero in every sample (FLOPs of a data-movement op) is left out
+            use = [f for f in use if any(_features(op)[FEATURES.index(f)] for op, _ in rows)]
+            if len(rows) < len(use):
+                use = ["flops"] if rows[0][0].flops else ["bytes"]
+            idx = [FEATURES.index(f) for f in use]
+            X = [[_features(op)[i] for i in idx] for op, _ in rows]
+            c = nnls_relative(X, [t for _, t in rows])
+            full = [0.0] * len(FEATURES)
+            for i, v in zip(idx, c):
+                full[i] = v
+            coefs[k] = full
+        return cls(coefs=coefs, note=note)
+
+    def time(self, op: Op) -> float:
+        c = self.coefs.get(self.key(op))
+        if c is None:
+            raise KeyError(f"FittedCosts has no calibration for {self.key(op)!r} (op {op.name}); "
+                           f"calibrated: {', '.join(sorted(self.coefs))}")
+        return sum(a * b for a, b in zip(c, _features(op)))
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype in self.peaks:
+            return self.peaks[dtype]
+        c = self.coefs.get(f"gemm/{dtype}")
+        if not c or not c[1]:
+            raise KeyError(f"FittedCosts: no dense gemm calibration for {dtype} to take a peak from")
+        return 1.0 / c[1]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FittedCosts":
+        d = json.loads(text)
+        return cls(coefs={k: list(map(float, v)) for k, v in d["coefs"].items()},
+                   peaks=d.get("peaks", {}), note=d.get("note", ""), label=d.get("label", cls.label))
+
+
+# ----------------------------------------------------------------------------- communication
+@dataclass(frozen=True)
+class LinkModel:
+    """Alpha-beta links: ``t = latency + bytes / bandwidth`` per message, per link class.
+
+    ``intra_bw`` / ``inter_bw`` are the bytes per second one device can push into the node fabric
+    and into the inter-node network (per direction); latencies are per message."""
+
+    intra_bw: float
+    inter_bw: float
+    intra_latency: float = 0.0
+    inter_latency: float = 0.0
+    devices_per_node: int = 8
+
+    def __post_init__(self):
+        for k in ("intra_bw", "inter_bw"):
+            if not getattr(self, k) > 0:
+                raise ValueError(f"LinkModel.{k} must be > 0, got {getattr(self, k)!r}")
+        for k in ("intra_latency", "inter_latency"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"LinkModel.{k} must be >= 0, got {getattr(self, k)!r}")
+
+    @classmethod
+    def from_table(cls, table: HardwareTable) -> "LinkModel":
+        return cls(intra_bw=table["intra_node_bandwidth"], inter_bw=table["inter_node_bandwidth"],
+                   intra_latency=table["intra_node_latency"], inter_latency=table["inter_node_latency"],
+                   devices_per_node=int(table["devices_per_node"]))
+
+    def transfer(self, intra_bytes: float, inter_bytes: float, intra_msgs: int = 1, inter_msgs: int = 1) -> float:
+        """One collective step: the intra- and inter-node parts go out concurrently."""
+        ti = (self.intra_latency * intra_msgs + intra_bytes / self.intra_bw) if intra_bytes else 0.0
+        te = (self.inter_latency * inter_msgs + inter_bytes / self.inter_bw) if inter_bytes else 0.0
+        return max(ti, te)
+
+    def ring(self, kind: str, nbytes: float, n: int, inter: bool) -> float:
+        """Ring all-reduce / all-gather / reduce-scatter of ``nbytes`` (the full buffer) over ``n``
+        devices: ``(n-1)/n * nbytes`` per device per pass (x2 for all-reduce), ``n-1`` (``2(n-1)``)
+        latency steps."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        passes = 2 if kind == "all_reduce" else 1
+        bw, lat = (self.inter_bw, self.inter_latency) if inter else (self.intra_bw, self.intra_latency)
+        return passes * ((n - 1) * lat + (n - 1) / n * nbytes / bw)

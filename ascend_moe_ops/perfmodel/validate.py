@@ -1,0 +1,302 @@
+"""Validation of the step simulator on this machine: calibrate on microbenchmarks of the component
+ops, predict whole MoE layers (forward + backward), compare with their measured wall time.
+
+``python -m ascend_moe_ops.perfmodel.validate --out DIR [--rounds 3] [--threads 1] [--tiny] [--no-ep]``
+
+(then, as root, the expert-parallel layer on the emulated two-node cluster: :mod:`.validate_ep`)
+
+Method (docs/perfmodel/training_sim.md):
+
+* **calibration** (microbenchmarks only): each component of ``nn.MoELayer`` -- router, permute,
+  fc1/fc2 grouped GEMM, SwiGLU, unpermute, each forward and backward -- timed alone at the
+  calibration shapes :data:`CALIBRATION` (none of them a validation shape); per op kind and dtype
+  ``t = c0 + c1*flops + c2*bytes + c3*groups`` is fitted (:class:`~.sim.costs.FittedCosts`);
+* **validation**: ``nn.MoELayer`` forward + backward at the shapes :data:`VALIDATION` (vary T, H,
+  F, E, top-k, dtype and recompute), predicted as the sum of its ops
+  (:func:`~.sim.layers.moe_layer_ops`) priced by the fit, and measured;
+* the two alternate in ``rounds`` (calibrate, validate, calibrate, ...) in one process, so that
+  the drift of a shared machine hits both alike; each round's prediction uses that round's fit.
+  Every timing is the median of its runs (a minimum, or a ratio to a reference op timed beside
+  it, were tried on the loaded VM and biased the comparison: docs). Reported: per configuration
+  the median prediction and the median measurement over the rounds,
+  accuracy ``1 - |p - m| / m``, and the mean and worst accuracy.
+
+Every timing goes through the package's harness (:func:`ascend_moe_ops.benchmark.timing.measure`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+__all__ = ["CALIBRATION", "VALIDATION", "component_steps", "layer_step", "run", "main"]
+
+#: (T, H, F, E, K) of the calibration microbenchmarks, each in both dtypes
+CALIBRATION = [(512, 256, 128, 8, 2), (2048, 256, 256, 32, 8), (512, 1024, 512, 8, 2),
+               (1024, 896, 192, 64, 4), (3072, 384, 448, 16, 2), (256, 640, 640, 4, 1),
+               (1536, 1024, 128, 48, 6)]
+#: validation configurations: (T, H, F, E, K, dtype, recompute_permute, recompute_activation)
+VALIDATION = [
+    (1024, 512, 256, 16, 4, "float32", False, False),
+    (2048, 512, 256, 16, 4, "float32", False, False),
+    (1024, 768, 384, 32, 8, "float32", False, False),
+    (768, 1024, 512, 8, 2, "float32", False, False),
+    (1536, 384, 192, 64, 6, "float32", False, False),
+    (1024, 512, 256, 16, 4, "bfloat16", False, False),
+    (2048, 768, 256, 32, 8, "bfloat16", False, False),
+    (768, 1024, 384, 16, 2, "bfloat16", False, False),
+    (1024, 512, 256, 16, 4, "float32", True, False),
+    (1024, 512, 256, 16, 4, "float32", False, True),
+    (2048, 512, 256, 32, 8, "bfloat16", True, True),
+    (1536, 768, 512, 24, 4, "float32", True, True),
+    (1024, 640, 320, 16, 4, "bfloat16", False, True),
+]
+#: a few seconds' worth, for CI (plumbing only)
+TINY_CALIBRATION = [(64, 32, 16, 4, 2), (128, 64, 32, 8, 2), (96, 48, 24, 4, 1)]
+TINY_VALIDATION = [(80, 40, 20, 4, 2, "float32", False, False), (80, 40, 20, 4, 2, "float32", True, True)]
+
+
+def _dtype(name):
+    import torch
+    return getattr(torch, name)
+
+
+def _routing(T, E, K, gen):
+    import torch
+    return torch.rand(T, E, generator=gen).topk(K, dim=1).indices
+
+
+def component_steps(T, H, F, E, K, dtype) -> Dict[str, Callable[[], object]]:
+    """One callable per component op of the MoE layer (forward and backward separately), keyed by
+    the op names of :func:`~.sim.layers.moe_layer_ops`. Backward callables re-run one autograd
+    node (``torch.autograd.grad(..., retain_graph=True)``) on tensors built once."""
+    import torch
+    from ..nn.moe import GroupedMLP, TopKRouter, swiglu
+    from ..ops.grouped_gemm import grouped_gemm
+    from ..ops.moe_permute import moe_permute
+    from ..ops.moe_unpermute import moe_unpermute
+    dt = _dtype(dtype)
+    gen = torch.Generator().manual_seed(T * 7 + H)
+    torch.manual_seed(T + H + F)
+    x = torch.randn(T, H, generator=gen).to(dt).requires_grad_()
+    router = TopKRouter(H, E, K, dtype=dt)
+    mlp = GroupedMLP(E, H, F, dtype=dt)
+    ids, probs, _ = router(x)
+    gp = torch.randn(probs.shape, generator=gen)
+    ids = _routing(T, E, K, gen)  # uniform routing for the rest (the validation layer's router is random too)
+    pr = torch.rand(T, K, generator=gen).requires_grad_()
+    xd = x.detach().requires_grad_()
+    perm = moe_permute(xd, ids, pr.detach(), num_experts=E)
+    rows = perm.tokens.detach().requires_grad_()
+    sizes = perm.group_sizes
+    N = rows.shape[0]
+    g_rows = torch.randn(N, H, generator=gen).to(dt)
+    w1, w2 = mlp.w1(), mlp.w2()
+    h = grouped_gemm(rows, w1, sizes)
+    gh = torch.randn(h.shape, generator=gen).to(dt)
+    hd = h.detach().requires_grad_()
+    a = swiglu(hd)
+    ga = torch.randn(a.shape, generator=gen).to(dt)
+    ad = a.detach().requires_grad_()
+    y = grouped_gemm(ad, w2, sizes)
+    yd = y.detach().requires_grad_()
+    out = moe_unpermute(yd, perm.row_id_map, pr)
+    g_out = torch.randn(T, H, generator=gen).to(dt)
+    permuted = moe_permute(xd, ids, pr.detach(), num_experts=E).tokens
+    grad = torch.autograd.grad
+    return {
+        "router": lambda: router(x),
+        "router_bwd": lambda: grad(probs, [x, router.weight], gp, retain_graph=True),
+        "permute": lambda: moe_permute(xd, ids, pr, num_experts=E),
+        "permute_bwd": lambda: grad(permuted, xd, g_rows, retain_graph=True),
+        "fc1": lambda: grouped_gemm(rows, w1, sizes),
+        "fc1_bwd": lambda: grad(h, [rows, w1], gh, retain_graph=True),
+        "swiglu": lambda: swiglu(hd),
+        "swiglu_bwd": lambda: grad(a, hd, ga, retain_graph=True),
+        "fc2": lambda: grouped_gemm(ad, w2, sizes),
+        "fc2_bwd": lambda: grad(y, [ad, w2], g_rows, retain_graph=True),
+        "unpermute": lambda: moe_unpermute(yd, perm.row_id_map, pr),
+        "unpermute_bwd": lambda: grad(out, [yd, pr], g_out, retain_graph=True),
+    }
+
+
+def layer_step(T, H, F, E, K, dtype, recompute_permute, recompute_activation) -> Callable[[], None]:
+    """``nn.MoELayer`` forward + backward (what the simulator predicts), random weights and inputs."""
+    import torch
+    from ..nn.moe import MoELayer
+    dt = _dtype(dtype)
+    torch.manual_seed(T + 3 * H)
+    layer = MoELayer(H, E, F, K, dtype=dt, recompute_permute=recompute_permute,
+                     recompute_activation=recompute_activation)
+    gen = torch.Generator().manual_seed(T * 3 + H)
+    x = torch.randn(T, H, generator=gen).to(dt)
+    g = torch.randn(T, H, generator=gen).to(dt)
+
+    def step():
+        layer.zero_grad(set_to_none=True)
+        xi = x.detach().requires_grad_()
+        layer(xi).backward(g)
+    return step
+
+
+def _ops(T, H, F, E, K, dtype, rp=False, ra=False):
+    from .sim.layers import moe_layer_ops
+    f, b = moe_layer_ops(T, H, F, E, K, dtype=dtype, recompute_permute=rp, recompute_activation=ra)
+    return f + b
+
+
+def calibrate_round(shapes, dtypes, min_run_time, threads) -> Tuple[list, List[dict]]:
+    """Time every component op at every calibration shape; returns ``(samples, rows)``."""
+    from ..benchmark.timing import measure
+    samples, rows = [], []
+    for dtype in dtypes:
+        for (T, H, F, E, K) in shapes:
+            steps = component_steps(T, H, F, E, K, dtype)
+            ops = {op.name: op for op in _ops(T, H, F, E, K, dtype)}
+            for name, fn in steps.items():
+                t = measure(fn, min_run_time=min_run_time, min_runs=3, warmup=1, threads=threads)
+                samples.append((ops[name], float(t)))
+                rows.append(dict(op=name, shape=[T, H, F, E, K], dtype=dtype, seconds=float(t), iqr_s=t.iqr, n=t.n))
+            del steps
+    return samples, rows
+
+
+def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float = 0.05,
+        layer_min_run_time: float = 0.3, tiny: bool = False, log=print) -> dict:
+    """Calibrate and validate in alternating rounds; writes ``validation.json`` (and a chart) in
+    ``out_dir`` and returns the report."""
+    import torch
+    from .. import active_backend
+    from .sim.costs import FittedCosts
+    from ..benchmark.timing import measure
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cal, val = (TINY_CALIBRATION, TINY_VALIDATION) if tiny else (CALIBRATION, VALIDATION)
+    cal_keys = {tuple(c) for c in cal}
+    for v in val:
+        if tuple(v[:5]) in cal_keys:  # never validate on a calibration shape
+            raise AssertionError(f"validation shape {v[:5]} is also a calibration shape")
+    dtypes = sorted({v[5] for v in val})
+    steps = {v: layer_step(*v) for v in val}
+    preds = {v: [] for v in val}
+    meas = {v: [] for v in val}
+    fits, cal_rows = [], []
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    start = time.monotonic()
+    try:
+        for r in range(rounds):
+            samples, rows = calibrate_round(cal, dtypes, min_run_time, threads)
+            fit = FittedCosts.fit(samples, note=f"round {r}")
+            fits.append(json.loads(fit.to_json()))
+            cal_rows += [dict(row, round=r) for row in rows]
+            for v in val:
+                ops = _ops(*v[:6], rp=v[6], ra=v[7])
+                preds[v].append(sum(fit.time(op) for op in ops))
+                t = measure(steps[v], min_run_time=layer_min_run_time, min_runs=3, warmup=1, threads=threads)
+                meas[v].append(float(t))
+            log(f"round {r + 1}/{rounds} done ({time.monotonic() - start:.0f} s)")
+    finally:
+        torch.set_num_threads(prev)
+    table = []
+    for v in val:
+        p, m = statistics.median(preds[v]), statistics.median(meas[v])
+        table.append(dict(T=v[0], H=v[1], F=v[2], E=v[3], K=v[4], dtype=v[5], recompute_permute=v[6],
+                          recompute_activation=v[7], predicted_s=p, measured_s=m,
+                          accuracy=1 - abs(p - m) / m, predicted_per_round=preds[v], measured_per_round=meas[v]))
+    acc = [row["accuracy"] for row in table]
+    report = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        machine=dict(cpu=platform.processor() or platform.machine(), cpus=os.cpu_count(), threads=threads,
+                     torch=torch.__version__, backend={op: active_backend(op, "cpu") for op in
+                                                       ("grouped_gemm", "moe_permute", "moe_unpermute")}),
+        rounds=rounds, seconds=time.monotonic() - start, calibration_shapes=cal, validation=table,
+        mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc), fits=fits, calibration=cal_rows,
+        note="predicted_s is a model (sum of the layer's ops priced by the per-round fit to the "
+             "component microbenchmarks); "
+             "measured_s is nn.MoELayer fwd+bwd timed by the harness")
+    (out_dir / "validation.json").write_text(json.dumps(report, indent=1))
+    _chart(table, out_dir / "validation.png", report)
+    return report
+
+
+def _chart(table, path, report) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 6))
+    xs = [r["measured_s"] * 1e3 for r in table]
+    ys = [r["predicted_s"] * 1e3 for r in table]
+    ax.scatter(xs, ys)
+    lo, hi = min(xs + ys) * 0.9, max(xs + ys) * 1.1
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="predicted = measured")
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], alpha=0.15, label="±10 %")
+    for r, x, y in zip(table, xs, ys):
+        ax.annotate(f"T{r['T']} H{r['H']} E{r['E']} K{r['K']} {r['dtype'][:4]}", (x, y), fontsize=6)
+    ax.set_xlabel("measured fwd+bwd (ms)")
+    ax.set_ylabel("predicted fwd+bwd (ms, model)")
+    ax.set_title(f"MoE layer: model vs measurement, mean acc {100 * report['mean_accuracy']:.1f} %, "
+                 f"worst {100 * report['worst_accuracy']:.1f} %", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def format_table(report: dict) -> str:
+    lines = ["| T | H | F | E | K | dtype | recompute | predicted ms (model) | measured ms | accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["validation"]:
+        rc = "+".join(n for n, on in (("permute", r["recompute_permute"]), ("activation", r["recompute_activation"])) if on) or "-"
+        lines.append(f"| {r['T']} | {r['H']} | {r['F']} | {r['E']} | {r['K']} | {r['dtype']} | {rc} | "
+                     f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['accuracy']:.1f} % |")
+    lines.append(f"\nmean accuracy {100 * report['mean_accuracy']:.1f} %, worst {100 * report['worst_accuracy']:.1f} % "
+                 f"({report['rounds']} rounds, {report['machine']['threads']} thread(s), {report['seconds']:.0f} s)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for validation.json and validation.png")
+    ap.add_argument("--rounds", type=int, default=3, help="calibrate/validate rounds (default 3)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--min-run-time", type=float, default=0.05, help="seconds per component microbenchmark")
+    ap.add_argument("--layer-min-run-time", type=float, default=0.3, help="seconds per layer measurement")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks the plumbing in seconds")
+    ap.add_argument("--no-ep", action="store_true",
+                    help="skip the emulated two-node EP layer (it needs root for network namespaces)")
+    ap.add_argument("--ep-rounds", type=int, default=2, help="calibrate/validate rounds of the EP part")
+    a = ap.parse_args(argv)
+    import warnings
+    warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
+    rep = run(Path(a.out), rounds=a.rounds, threads=a.threads, min_run_time=a.min_run_time,
+              layer_min_run_time=a.layer_min_run_time, tiny=a.tiny,
+              log=lambda s: print(s, file=sys.stderr, flush=True))
+    print(format_table(rep))
+    if not (a.no_ep or a.tiny):
+        from .validate_ep import format_ep_table, run_ep
+        rep["ep"] = run_ep(rounds=a.ep_rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
+        rep["ep"].pop("raw", None)
+        print()
+        print(format_ep_table(rep["ep"]))
+        (Path(a.out) / "validation.json").write_text(json.dumps(rep, indent=1))
+    print(f"wrote {Path(a.out) / 'validation.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Validation of the simulator's expert-parallel layer on the emulated two-node cluster.
+
+Two network namespaces joined by a rate-limited veth pair (the EP benchmark's setup,
+``bench/bench_ep_dispatcher.py --netns``), 2 ranks per node, gloo. In the same four processes,
+in alternating rounds:
+
+* **calibration** (microbenchmarks): ``all_to_all_single`` over the inter-node group and over
+  the intra-node group at a few sizes (fitted ``t = a + bytes / bw`` per link class), a tiny
+  all-gather (latency of one collective), and the component ops of the layer
+  (:func:`~.validate.component_steps`) at calibration shapes, all ranks at once (the contention of
+  the real run included);
+* **validation**: ``nn.MoELayer(dispatcher=MoEDispatcher(algorithm))`` forward + backward, flat and
+  hierarchical, ``overlap_chunks`` 1 and 4, at shapes never calibrated on.
+
+Prediction (:func:`predict_ep_layer`): compute = the layer's ops on this rank (``T*K`` expert rows
+over ``E/world`` local experts, plus the dispatcher's own reordering: one extra permute/unpermute
+pair for flat, two for hierarchical) priced by the round's fit; communication = per exchange
+(dispatch, combine, and their backward passes) the collectives' latency plus the bytes of each
+link class over its fitted bandwidth (:func:`~.sim.traffic.expected_dispatch`); no overlap:
+compute + communication; ``c`` chunks: ``max + min / c`` (the pipeline hides all but one chunk's
+worth of the smaller one). Timings: the harness (``measure(runs=..., setup=barrier)``), median of
+the runs; a step's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "predict_ep_layer", "run_ep", "LinkFit"]
+
+NODES, LOCAL = 2, 2
+WORLD = NODES * LOCAL
+#: compute calibration shapes (T, H, F, E_local_groups, K): E is the local expert count here
+EP_CALIBRATION = [(256, 256, 128, 4, 4), (768, 320, 96, 4, 2), (512, 384, 192, 4, 3)]
+#: validation shapes (T per rank, H, F, E global, K); each with flat/hierarchical x chunks 1/4
+EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
+A2A_SIZES = (64 << 10, 256 << 10, 1 << 20)
+CHUNKS = (1, 4)
+ALGOS = ("flat", "hierarchical")
+
+
+class LinkFit:
+    """``t = a + bytes / bw`` per link class from (bytes, seconds) samples (least squares)."""
+
+    def __init__(self, samples: Dict[str, List[tuple]], latency: float):
+        self.params = {}
+        for cls, pts in samples.items():
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            mx, my = statistics.mean(xs), statistics.mean(ys)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 1e-15) if sxx else 1e-15
+            self.params[cls] = (max(my - slope * mx, 0.0), slope)
+        self.latency = latency
+
+    def time(self, cls: str, nbytes: float) -> float:
+        a, s = self.params[cls]
+        return a + s * nbytes if nbytes > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"latency_s": self.latency,
+                **{c: {"a_s": a, "bw_Bps": 1 / s} for c, (a, s) in self.params.items()}}
+
+
+def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: int, *, algo: str,
+                     chunks: int, dtype: str = "float32") -> Dict[str, float]:
+    """Predicted fwd+bwd seconds of one rank's EP MoE layer (see the module docstring)."""
+    from .sim.costs import DTYPE_BYTES
+    from .sim.layers import moe_layer_ops
+    from .sim.traffic import expected_dispatch
+    f, b = moe_layer_ops(T, H, F, E, K, dtype=dtype, experts_per_device=E // WORLD)
+    ops = f + b
+    extra = 1 if algo == "flat" else 2
+    by = {o.name: o for o in ops}
+    ops += [by["permute"], by["unpermute"], by["permute_bwd"], by["unpermute_bwd"]] * extra
+    compute = sum(costs.time(o) for o in ops)
+    bts = DTYPE_BYTES[dtype]
+    tr = expected_dispatch(T, K, E, H, nodes=NODES, local=LOCAL, algo=algo, dtype_bytes=bts)
+    per = 1.0 / chunks
+    if algo == "flat":  # one all-to-all over every rank per exchange (+ the dispatch's header)
+        colls = 3
+        dispatch = links.time("inter", tr["inter_node_bytes"] * per) + links.time("intra", tr["intra_node_bytes"] * per)
+        combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
+                   + links.time("intra", tr["combine_intra_node_bytes"] * per))
+    else:  # header, slots+probs and token rows across nodes, then the intra-node leg
+        colls = 6
+        dispatch = links.time("inter", tr["inter_node_bytes"] * per) + links.time("intra", tr["intra_node_bytes"] * per)
+        combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
+                   + links.time("intra", tr["combine_intra_node_bytes"] * per))
+    comm = chunks * (2 * (dispatch + combine) + 2 * colls * links.latency)
+    total = compute + comm if chunks == 1 else max(compute, comm) + min(compute, comm) / chunks
+    return dict(predicted_s=total, compute_s=compute, comm_s=comm)
+
+
+# ----------------------------------------------------------------------------- worker
+def _worker(a) -> None:
+    import warnings
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=300))
+    from ..benchmark.timing import measure
+    from ..distributed import EPTopology, MoEDispatcher
+    from ..nn import MoELayer
+    from .sim.costs import FittedCosts
+    from .validate import _ops, component_steps
+    cfg = json.loads(a.config)
+    topo = EPTopology(local_size=LOCAL)
+
+    def timed(fn, runs):
+        t = measure(fn, runs=runs, warmup=1, setup=dist.barrier)
+        v = torch.tensor([float(t)], dtype=torch.float64)  # median of the runs
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return float(v)
+
+    def a2a_case(group, n, nbytes):
+        elems = max(1, nbytes // 4)
+        x = torch.randn(n * elems)
+        y = torch.empty_like(x)
+        return lambda: dist.all_to_all_single(y, x, group=group)
+
+    layers = {}
+    inputs = {}
+    for v in cfg["validation"]:
+        T, H, F, E, K = v
+        g = torch.Generator().manual_seed(100 + a.rank)
+        inputs[tuple(v)] = (torch.randn(T, H, generator=g), torch.randn(T, H, generator=g))
+        for algo in ALGOS:
+            torch.manual_seed(7)
+            layers[(tuple(v), algo)] = MoELayer(H, E, F, K, dispatcher=MoEDispatcher(topo, E, algorithm=algo))
+
+    def layer_step(key, algo, chunks):
+        layer = layers[(key, algo)]
+        x, gy = inputs[key]
+
+        def step():
+            layer.overlap_chunks = chunks
+            layer.zero_grad(set_to_none=True)
+            layer(x.detach().requires_grad_()).backward(gy)
+        return step
+
+    out = {"rounds": []}
+    for r in range(cfg["rounds"]):
+        rnd = {"links": {"inter": [], "intra": []}, "compute": [], "layers": {}}
+        for cls, group, n in (("inter", topo.inter_group, NODES), ("intra", topo.intra_group, LOCAL)):
+            for s in cfg["a2a_sizes"]:
+                # bytes this rank sends to the other member(s) of the group: (n-1) * s
+                rnd["links"][cls].append(((n - 1) * s, timed(a2a_case(group, n, s), cfg["runs"])))
+        tiny = torch.zeros(WORLD)
+        small = torch.zeros(1)
+        rnd["latency"] = timed(lambda: dist.all_gather_into_tensor(tiny, small), cfg["runs"])
+        samples = []
+        for (T, H, F, E, K) in cfg["calibration"]:
+            steps = component_steps(T, H, F, E, K, "float32")
+            ops = {op.name: op for op in _ops(T, H, F, E, K, "float32")}
+            for name, fn in steps.items():
+                t = timed(fn, cfg["runs"])
+                samples.append((ops[name], t))
+                rnd["compute"].append(dict(op=name, shape=[T, H, F, E, K], seconds=t))
+        fit = FittedCosts.fit(samples)
+        links = LinkFit(rnd["links"], rnd["latency"])
+        rnd["fit"] = json.loads(fit.to_json())
+        rnd["link_fit"] = links.as_dict()
+        for v in cfg["validation"]:
+            for algo in ALGOS:
+                for c in cfg["chunks"]:
+                    m = timed(layer_step(tuple(v), algo, c), cfg["runs"])
+                    p = predict_ep_layer(fit, links, *v, algo=algo, chunks=c)
+                    rnd["layers"][f"{v}|{algo}|{c}"] = dict(measured_s=m, **p)
+        out["rounds"].append(rnd)
+    if a.rank == 0:
+        Path(a.out).write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- launcher
+def _netns_helpers():
+    """The EP benchmark's namespace helpers (installed as the bench suite, or from a checkout)."""
+    try:
+        return importlib.import_module("ascend_moe_ops.benchmark.suite.bench_ep_dispatcher")
+    except ImportError:
+        path = Path(__file__).resolve().parents[2] / "bench" / "bench_ep_dispatcher.py"
+        if not path.is_file():
+            raise RuntimeError("the EP benchmark module (bench_ep_dispatcher) is not available") from None
+        spec = importlib.util.spec_from_file_location("_amo_bench_ep_dispatcher", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+
+def run_ep(*, rounds: int = 2, runs: int = 3, rate: str = "1gbit", timeout: float = 480,
+           calibration=None, validation=None, a2a_sizes=A2A_SIZES, chunks=CHUNKS, log=print) -> dict:
+    """Run the EP calibration/validation on the emulated two-node cluster; returns the report
+    (``skipped`` with the reason when namespaces are unavailable)."""
+    bench = _netns_helpers()
+    why = bench.netns_unavailable()
+    if why:
+        return dict(skipped=f"the emulated two-node cluster cannot run here: {why}")
+    cfg = dict(rounds=rounds, runs=runs, calibration=calibration or EP_CALIBRATION,
+               validation=validation or EP_VALIDATION, a2a_sizes=list(a2a_sizes), chunks=list(chunks))
+    cal_keys = {tuple(c[:3]) for c in cfg["calibration"]}
+    for v in cfg["validation"]:
+        if tuple(v[:3]) in cal_keys:
+            raise AssertionError(f"EP validation shape {v} shares T, H, F with a calibration shape")
+    fd, out = tempfile.mkstemp(suffix=".json", prefix="amo_ep_validate_")
+    os.close(fd)
+    start = time.monotonic()
+    procs = []
+    try:
+        with bench.two_node_netns(rate) as nodes:
+            init = f"tcp://{nodes[0][2]}:{random.randint(20000, 40000)}"
+            for r in range(WORLD):
+                ns, iface, _ = nodes[r // LOCAL]
+                env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=iface)
+                cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "ascend_moe_ops.perfmodel.validate_ep",
+                       "--worker", "--rank", str(r), "--init", init, "--config", json.dumps(cfg), "--out", out]
+                procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            deadline = time.monotonic() + timeout
+            logs = []
+            for p in procs:
+                try:
+                    logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+                except subprocess.TimeoutExpired:
+                    raise RuntimeError(f"the EP validation did not finish within {timeout} s") from None
+            if any(p.returncode for p in procs):
+                raise RuntimeError("an EP validation rank failed:\n" + "\n".join(
+                    f"--- rank {i} (rc {p.returncode}) ---\n{(lg or '')[-3000:]}"
+                    for i, (p, lg) in enumerate(zip(procs, logs)) if p.returncode))
+        raw = json.loads(Path(out).read_text())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        try:
+            os.unlink(out)
+        except OSError:
+            pass
+    table = []
+    for key in raw["rounds"][0]["layers"]:
+        shape, algo, c = key.split("|")
+        ps = [rd["layers"][key]["predicted_s"] for rd in raw["rounds"]]
+        ms = [rd["layers"][key]["measured_s"] for rd in raw["rounds"]]
+        p, m = statistics.median(ps), statistics.median(ms)
+        T, H, F, E, K = json.loads(shape)
+        table.append(dict(T=T, H=H, F=F, E=E, K=K, algo=algo, overlap_chunks=int(c), predicted_s=p, measured_s=m,
+                          accuracy=1 - abs(p - m) / m, predicted_per_round=ps, measured_per_round=ms,
+                          compute_s=statistics.median(rd["layers"][key]["compute_s"] for rd in raw["rounds"]),
+                          comm_s=statistics.median(rd["layers"][key]["comm_s"] for rd in raw["rounds"])))
+    acc = [r["accuracy"] for r in table]
+    log(f"EP validation done ({time.monotonic() - start:.0f} s)")
+    return dict(rate=rate, nodes=NODES, local=LOCAL, rounds=rounds, seconds=time.monotonic() - start,
+                validation=table, mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc),
+                link_fits=[rd["link_fit"] for rd in raw["rounds"]], calibration_shapes=cfg["calibration"],
+                raw=raw)
+
+
+def format_ep_table(rep: dict) -> str:
+    if "skipped" in rep:
+        return rep["skipped"]
+    lines = ["| T/rank | H | F | E | K | dispatch | overlap_chunks | predicted ms (model) | measured ms | accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rep["validation"]:
+        lines.append(f"| {r['T']} | {r['H']} | {r['F']} | {r['E']} | {r['K']} | {r['algo']} | {r['overlap_chunks']} | "
+                     f"{1e3 * r['predicted_s']:.1f} | {1e3 * r['measured_s']:.1f} | {100 * r['accuracy']:.1f} % |")
+    lines.append(f"\nEP: mean accuracy {100 * rep['mean_accuracy']:.1f} %, worst {100 * rep['worst_accuracy']:.1f} % "
+                 f"({rep['rounds']} rounds, veth {rep['rate']}, {rep['seconds']:.0f} s)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--init", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--config", default="{}", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default="", help="JSON report file")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rate", default="1gbit")
+    a = ap.parse_args(argv)
+    if a.worker:
+        _worker(a)
+        return 0
+    rep = run_ep(rounds=a.rounds, rate=a.rate, log=lambda s: print(s, file=sys.stderr))
+    print(format_ep_table(rep))
+    if a.out:
+        Path(a.out).write_text(json.dumps(rep, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""The training-step simulator: analytic answers (FLOPs, memory, pipeline bubble, traffic, roofline),
+plan ranking on a constructed case, the CLI, and the validation pipeline's plumbing (tiny shapes;
+its accuracy is measured by ``python -m ascend_moe_ops.perfmodel.validate``, not asserted here)."""
+
+import json
+
+import pytest
+import torch
+
+from ascend_moe_ops.perfmodel import load_table
+from ascend_moe_ops.perfmodel.hardware import HardwareTable
+from ascend_moe_ops.perfmodel.sim import (CONVENTIONS, PANGU_ULTRA_MOE, Cluster, FittedCosts, LinkModel,
+                                          ModelSpec, Op, Plan, RooflineCosts, flops_per_token, params,
+                                          pipeline_schedule, search, simulate)
+from ascend_moe_ops.perfmodel.sim import model as M
+from ascend_moe_ops.perfmodel.sim import traffic as TR
+from ascend_moe_ops.perfmodel.sim.audit import REPORTED, audit
+from ascend_moe_ops.perfmodel.sim.clusters import a2_cluster, gpu_cluster
+from ascend_moe_ops.perfmodel.sim.layers import moe_layer_ops
+
+TINY = ModelSpec(name="tiny", layers=4, hidden=16, heads=2, q_lora_rank=0, kv_lora_rank=8, qk_nope_dim=4,
+                 qk_rope_dim=2, v_dim=4, routed_experts=8, shared_experts=1, top_k=2, expert_ffn=6,
+                 dense_layers=1, dense_ffn=12, vocab=32, seq_len=10)
+
+
+def _chip(**over):
+    p = {"cube_cores": 24, "vector_cores": 48, "clock_hz": 1.5e9, "cube_macs_per_cycle_fp16": 4096,
+         "gm_bandwidth": 1.6e12, "hbm_capacity": 64e9}
+    p.update(over)
+    return HardwareTable.from_dict({"name": "chip", "title": "test chip", "version": "t", "params": {
+        k: {"value": v, "unit": "-", "assumption": "a value made up for this test"} for k, v in p.items()}})
+
+
+# ----------------------------------------------------------------------------- model arithmetic
+def test_params_by_hand():
+    H, nh = 16, 2
+    attn = H * nh * 6 + H * (8 + 2) + 8 * nh * (4 + 4) + nh * 4 * H
+    assert M.attention_params(TINY) == attn
+    expert = 3 * H * 6
+    p = params(TINY)
+    moe_active = attn + 8 * H + 2 * expert + expert
+    moe_total = attn + 8 * H + 8 * expert + expert
+    dense = attn + 3 * H * 12
+    assert p["active"] == 3 * moe_active + dense + 32 * H
+    assert p["total"] == 3 * moe_total + dense + 2 * 32 * H
+
+
+def test_pangu_counts_match_the_report():
+    """The dims the report does not print (assumptions in the docs) give its 718B / 39B."""
+    p = params(PANGU_ULTRA_MOE)
+    assert p["total"] == pytest.approx(718e9, rel=0.01)
+    assert p["active"] == pytest.approx(39e9, rel=0.015)
+
+
+def test_flops_conventions():
+    n = params(TINY)["active"]
+    attn_fwd = 2 * TINY.seq_len * TINY.heads * (6 + 4)
+    assert flops_per_token(TINY, "6N") == 6 * n
+    assert flops_per_token(TINY, "6N+attn") == 6 * n + 3 * TINY.layers * attn_fwd / 2
+    assert flops_per_token(TINY, "6N+attn(full)") == 6 * n + 3 * TINY.layers * attn_fwd
+    assert flops_per_token(TINY, "8N+attn(recompute)") == pytest.approx(4 / 3 * flops_per_token(TINY, "6N+attn(full)"))
+    with pytest.raises(ValueError, match="convention must be one of"):
+        flops_per_token(TINY, "7N")
+
+
+def test_activation_bytes_by_hand():
+    b, H, K, F = 2, 16, 2, 6
+    none = M.activation_bytes_per_token(TINY, recompute="none", tp=1, dtype_bytes=b)
+    attn = (H + 0 + 2 * 6 + 8 + 2 + 2 * 8 + 2 * 4) * b + 4 * 2
+    routed = H + K * H + K * 2 * F + K * F + K * H
+    shared = H + 3 * 6
+    assert none == attn + (routed + shared) * b
+    sel = M.activation_bytes_per_token(TINY, recompute="selective", tp=1, dtype_bytes=b)
+    assert none - sel == (2 * 8 + K * H + K * F) * b
+    assert M.activation_bytes_per_token(TINY, recompute="full", tp=2, dtype_bytes=b) == b * H / 2
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        M.activation_bytes_per_token(TINY, recompute="some")
+
+
+def test_model_spec_rejects_bad_fields():
+    with pytest.raises(ValueError, match="ModelSpec.top_k=9 exceeds"):
+        TINY.replace(top_k=9)
+    with pytest.raises(ValueError, match="ModelSpec.hidden must be a positive int"):
+        TINY.replace(hidden=0)
+
+
+def test_moe_layer_ops_flops():
+    T, H, F, E, K = 64, 32, 16, 8, 2
+    fwd, bwd = moe_layer_ops(T, H, F, E, K, dtype="float32")
+    by = {o.name: o for o in fwd + bwd}
+    N = T * K
+    assert by["fc1"].flops == 2 * N * H * 2 * F and by["fc2"].flops == 2 * N * F * H
+    assert by["fc1_bwd"].flops == 2 * by["fc1"].flops and by["fc2_bwd"].flops == 2 * by["fc2"].flops
+    f2, b2 = moe_layer_ops(T, H, F, E, K, dtype="float32", recompute_permute=True, recompute_activation=True)
+    assert [o.name for o in b2 if "recompute" in o.name] == ["swiglu(recompute)", "permute(recompute)"]
+    with pytest.raises(ValueError, match="imbalance must be >= 1"):
+        moe_layer_ops(T, H, F, E, K, imbalance=0.5)
+
+
+# ----------------------------------------------------------------------------- pipeline
+@pytest.mark.parametrize("p, v, m", [(4, 1, 8), (4, 2, 8), (8, 2, 16), (2, 3, 4), (1, 1, 5)])
+def test_pipeline_bubble_is_the_textbook_one(p, v, m):
+    """Equal stages, no send cost: the event simulation gives (p-1)/(v*m+p-1) idle, i.e. 1F1B's
+    (p-1)/(m+p-1) and the interleaved schedule's v-fold smaller bubble."""
+    tf, tb = 1.0 / v, 2.0 / v
+    makespan, events, in_flight = pipeline_schedule(p, v, m, lambda s, c: tf, lambda s, c: tb)
+    ideal = m * 3.0
+    assert 1 - ideal / makespan == pytest.approx((p - 1) / (v * m + p - 1))
+    assert len(events) == 2 * p * v * m
+    assert in_flight[0] == (min(m, p) if v == 1 else min(m * v, (p - 1) * 2 + (v - 1) * p + 1))
+    for s in range(p):  # on one stage no two ops overlap
+        ev = sorted((e for e in events if e["stage"] == s), key=lambda e: e["start"])
+        assert all(a["end"] <= b["start"] + 1e-12 for a, b in zip(ev, ev[1:]))
+
+
+def test_pipeline_interleaved_needs_whole_groups():
+    with pytest.raises(ValueError, match="multiple of pp"):
+        pipeline_schedule(4, 2, 6, lambda s, c: 1, lambda s, c: 1)
+
+
+# ----------------------------------------------------------------------------- traffic
+def _random_ids(world, T, E, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.rand(T, E, generator=g).topk(K, dim=1).indices for _ in range(world)]
+
+
+def test_exact_traffic_flat_vs_hierarchical_small_case():
+    """Rank 0 of 2 nodes x 2 ranks, E=8 (2 per rank), two tokens, counted by hand."""
+    ids = [[[0, 4], [5, 6]], [[0, 1]], [[2, 3]], [[6, 7]]]
+    flat = TR.exact_dispatch(ids, 8, 2, 4, algo="flat", dtype_bytes=2)
+    hier = TR.exact_dispatch(ids, 8, 2, 4, algo="hierarchical", dtype_bytes=2)
+    # rank 0 (node 0): slots on node 1 (experts 4..7): 4, 5, 6 -> 3 inter; none on rank 1 -> 0 intra
+    assert (flat[0]["inter_node_rows"], flat[0]["intra_node_rows"]) == (3, 0)
+    assert flat[0]["inter_node_bytes"] == 3 * 4 * 2
+    # dedup: each token crosses to node 1 once -> 2 rows; forwarding: rank 0 forwards rank 2's
+    # token [2, 3] (node 0? no: experts 2, 3 are on rank 1 of node 0) -> 1 row to rank 1
+    assert (hier[0]["inter_node_rows"], hier[0]["intra_node_rows"]) == (2, 1)
+    assert hier[0]["inter_node_bytes"] == 2 * (4 * 2 + 2 * 4 + 2 * 4)
+    ag = TR.exact_dispatch(ids, 8, 2, 4, algo="allgather")
+    assert ag[0]["inter_node_rows"] == 2 * 1 and ag[1]["inter_node_rows"] == 1
+
+
+def test_expected_traffic_matches_exact_on_average():
+    world, local, E, K, T, H = 8, 2, 32, 6, 3000, 4
+    ids = _random_ids(world, T, E, K, seed=3)
+    for algo in TR.ALGOS:
+        exact = TR.exact_dispatch(ids, E, local, H, algo=algo)
+        exp = TR.expected_dispatch(T, K, E, H, nodes=world // local, local=local, algo=algo)
+        got = sum(r["inter_node_rows"] for r in exact) / world
+        assert got == pytest.approx(exp["inter_node_rows"], rel=0.02), algo
+        got = sum(r["intra_node_rows"] for r in exact) / world
+        assert got == pytest.approx(exp["intra_node_rows"], rel=0.03), algo
+    f = TR.expected_dispatch(T, K, E, H, nodes=4, local=2, algo="flat")
+    h = TR.expected_dispatch(T, K, E, H, nodes=4, local=2, algo="hierarchical")
+    assert h["inter_node_rows"] < f["inter_node_rows"]  # K=6 > N=4: dedup sends fewer rows
+
+
+def _stats_worker(rank, world, local, port, outdir, E, K, H, T):
+    import datetime
+    import os
+    import sys
+    import torch.distributed as dist
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _spawn import dump_results
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        from ascend_moe_ops.distributed import EPTopology, MoEDispatcher
+        topo = EPTopology(local_size=local)
+        ids = _random_ids(world, T, E, K, seed=11)[rank]
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(T, H, generator=g, dtype=torch.bfloat16)
+        p = torch.rand(T, K, generator=g)
+        out = {}
+        for algo in ("flat", "hierarchical", "hierarchical_allgather"):
+            h = MoEDispatcher(topo, E, algorithm=algo).dispatch(x, ids, p)[2]
+            out[algo] = {k: int(v) for k, v in h.stats.items()}
+        dump_results(out, outdir, rank)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # four spawned processes: ~10-30 s on 2 shared cores
+def test_traffic_matches_the_dispatchers_own_counts(tmp_path):
+    """2 nodes x 2 ranks (gloo): the simulator's exact counts equal ``handle.stats``."""
+    from _spawn import free_port, spawn_ranks
+    world, local, E, K, H, T = 4, 2, 16, 5, 8, 12
+    per_rank, hung = spawn_ranks(_stats_worker, world, (world, local, free_port(), str(tmp_path), E, K, H, T),
+                                 str(tmp_path), timeout=120)
+    assert not hung and all(per_rank), per_rank
+    ids = _random_ids(world, T, E, K, seed=11)
+    for algo in ("flat", "hierarchical", "hierarchical_allgather"):
+        ours = TR.exact_dispatch(ids, E, local, H, algo=algo, dtype_bytes=2, probs_bytes=4)
+        for r in range(world):
+            theirs = per_rank[r][algo]
+            for k in ("inter_node_rows", "intra_node_rows", "inter_node_bytes", "intra_node_bytes"):
+                assert ours[r][k] == theirs[k], (algo, r, k, ours[r], theirs)
+
+
+# ----------------------------------------------------------------------------- costs
+def test_roofline_analytic_cases():
+    chip = _chip()
+    c = RooflineCosts(chip, eff_compute=1.0, eff_memory=1.0, launch_s=0.0)
+    peak = 24 * 4096 * 2 * 1.5e9
+    assert c.peak_flops("bfloat16") == peak
+    assert c.time(Op("copy", "copy", 0.0, 3.2e9)) == pytest.approx(3.2e9 / 1.6e12)  # copy = bytes / bw
+    assert c.time(Op("mm", "gemm", 1e12, 1.0)) == pytest.approx(1e12 / peak)        # matmul = flops / peak
+    c2 = c.with_launch_records({"mm": 1.25e-3})
+    assert c2.time(Op("mm", "gemm", 1e12, 1.0)) == 1.25e-3 and "per-launch" in c2.label
+    with pytest.raises(ValueError, match="eff_compute must be in"):
+        RooflineCosts(chip, eff_compute=0.0)
+
+
+def test_fitted_costs_recover_a_known_law():
+    c_true = [2e-5, 1e-11, 5e-11, 3e-6]
+    samples = []
+    for i, (f, b, g) in enumerate([(1e9, 1e6, 4), (4e9, 3e6, 8), (2e8, 8e6, 64), (9e9, 2e7, 16), (5e8, 5e5, 2)]):
+        op = Op(f"g{i}", "grouped_gemm", f, b, "float32", g)
+        samples.append((op, c_true[0] + c_true[1] * f + c_true[2] * b + c_true[3] * g))
+    fit = FittedCosts.fit(samples)
+    for op, t in samples:
+        assert fit.time(op) == pytest.approx(t, rel=1e-6)
+    again = FittedCosts.from_json(fit.to_json())
+    assert again.time(samples[0][0]) == pytest.approx(samples[0][1], rel=1e-6)
+    with pytest.raises(KeyError, match="no calibration for 'permute/float32'"):
+        fit.time(Op("p", "permute", 0, 1e6, "float32"))
+
+
+# ----------------------------------------------------------------------------- simulate / search
+def _cluster(inter_bw=2e9, memory=1e12):
+    chip = _chip()
+    return Cluster("test", RooflineCosts(chip), LinkModel(intra_bw=100e9, inter_bw=inter_bw, devices_per_node=8),
+                   memory, 1.6e12, 10e9)
+
+
+MID = ModelSpec(name="mid", layers=8, hidden=1024, heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_dim=64,
+                qk_rope_dim=32, v_dim=64, routed_experts=64, shared_experts=1, top_k=8, expert_ffn=256,
+                vocab=1000, seq_len=1024)
+
+
+def test_simulate_memory_and_mfu_formula():
+    cl = _cluster()
+    plan = Plan(tp=2, pp=2, ep=4, dp=4, num_microbatches=4)
+    r = simulate(MID, cl, plan)
+    c = M.layer_counts(MID)
+    p_dense = (4 * (c["attention"] + c["router"] + c["shared"]) + MID.vocab * MID.hidden) / 2
+    p_exp = 4 * c["routed_experts"] / (4 * 2)
+    assert r.breakdown["params_dense_per_device"] == pytest.approx(p_dense)
+    assert r.breakdown["params_expert_per_device"] == pytest.approx(p_exp)
+    assert r.memory["weights"] == pytest.approx(2 * (p_dense + p_exp))
+    assert r.memory["optimizer"] == pytest.approx(12 * p_dense / 4 + 12 * p_exp / 1)
+    tokens = 4 * 4 * MID.seq_len
+    assert r.tokens_per_s == pytest.approx(tokens / r.step_s)
+    for name in CONVENTIONS:
+        assert r.mfu[name] == pytest.approx(r.tokens_per_s * flops_per_token(MID, name) / (16 * cl.costs.peak_flops("bfloat16")))
+        assert "tokens/s" in r.mfu_formula[name]
+    assert r.timeline and {e["kind"] for e in r.timeline} == {"F", "B"}
+    with pytest.raises(ValueError, match="ep=3 must divide"):
+        simulate(MID, cl, Plan(tp=1, ep=3, dp=3))
+
+
+def test_plan_options_move_the_prediction_the_right_way():
+    cl = _cluster(inter_bw=2e9)
+    base = Plan(tp=1, pp=1, ep=16, dp=16, num_microbatches=2, a2a="flat", overlap=False)
+    t = {k: simulate(MID, cl, base.replace(**kw)).step_s for k, kw in {
+        "flat": {}, "hier": dict(a2a="hierarchical"), "overlap": dict(overlap=True),
+        "imbalanced": dict(imbalance=1.5), "full": dict(recompute="full")}.items()}
+    assert t["hier"] < t["flat"]          # K=8 > 2 nodes: fewer inter-node rows
+    assert t["overlap"] < t["flat"]
+    assert t["imbalanced"] > t["flat"]
+    assert t["full"] > t["flat"]
+    m = {rc: simulate(MID, cl, base.replace(recompute=rc)).memory["activations"] for rc in ("none", "selective", "full")}
+    assert m["none"] > m["selective"] > m["full"]
+    piped = Plan(tp=1, pp=4, ep=4, dp=4, num_microbatches=8)
+    kept, swapped = simulate(MID, cl, piped), simulate(MID, cl, piped.replace(swap="activations"))
+    assert kept.memory["in_flight_chunks"] == 4  # 1F1B: stage 0 holds p microbatches
+    assert swapped.memory["activations"] == pytest.approx(kept.memory["activations"] / 4)
+    assert swapped.step_s >= kept.step_s
+
+
+def test_search_ranks_plans_on_a_constructed_case():
+    """Slow inter-node links, top-8 over 2 nodes: every hierarchical plan outranks its flat twin,
+    and the ranking is sorted by throughput."""
+    cl = _cluster(inter_bw=1e9)
+    ranked = search(MID, cl, 16, 16, tp=(1,), pp=(1,), vpp=(1,), ep=(16,), recompute=("none",),
+                    a2a=("flat", "hierarchical"), top=10)
+    assert [r.plan.a2a for r in ranked] == ["hierarchical", "flat"]
+    assert ranked[0].tokens_per_s > ranked[1].tokens_per_s
+    small = _cluster(memory=1e6)
+    assert search(MID, small, 16, 16, tp=(1,), pp=(1,), vpp=(1,), ep=(16,)) == []
+
+
+def test_gpu_tables_and_a2_cluster():
+    h = gpu_cluster("h100")
+    assert h.costs.peak_flops("bfloat16") == pytest.approx(989.4e12)
+    assert load_table("h200")["hbm_capacity"] > load_table("h100")["hbm_capacity"]
+    cl = a2_cluster(_chip())
+    assert cl.devices_per_node == 8 and cl.links.inter_bw == load_table("cluster_a2")["inter_node_bandwidth"]
+
+
+def test_shipped_a2_table_if_present():
+    try:
+        chip = load_table("a2")
+    except ValueError:
+        pytest.skip("the a2 hardware table is not in this tree")
+    r = simulate(PANGU_ULTRA_MOE, a2_cluster(chip), Plan(tp=8, pp=16, vpp=2, ep=4, dp=48, num_microbatches=32,
+                                                         recompute="selective"), timeline=False)
+    assert 0 < r.mfu["6N"] < 1
+
+
+def test_audit_implied_peak():
+    rows = audit(PANGU_ULTRA_MOE, 300e12)
+    r = rows[0]
+    assert r["implied_peak"] == pytest.approx(REPORTED[0].tokens_per_s * r["flops_per_token"] / 6144 / 0.30)
+    assert r["mfu"] * 300e12 == pytest.approx(r["implied_peak"] * 0.30)
+    # the report's two figures are consistent with one another: same implied peak within 1 %
+    by = {(x["figure"], x["convention"]): x["implied_peak"] for x in rows}
+    for conv in CONVENTIONS:
+        a, b = by[(REPORTED[0].label, conv)], by[(REPORTED[1].label, conv)]
+        assert a == pytest.approx(b, rel=0.01)
+
+
+def test_cli_writes_json_and_chart(tmp_path, capsys):
+    from ascend_moe_ops.perfmodel.sim.__main__ import main
+    assert main(["--cluster", "h100", "--tp", "8", "--pp", "4", "--vpp", "2", "--ep", "8", "--dp", "8",
+                 "--microbatches", "8", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "(model)" in out and "MFU 6N (model)" in out
+    d = json.loads((tmp_path / "sim.json").read_text())
+    assert d["step_s"] > 0 and d["timeline"]
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "sim.png").stat().st_size > 1000
+
+
+def test_validation_pipeline_plumbing(tmp_path):
+    """The calibrate/validate pipeline end to end on tiny shapes (seconds): a report with one row
+    per configuration, predictions from the fit, measurements from the harness. Accuracy is not
+    asserted (tiny shapes are all overhead)."""
+    from ascend_moe_ops.perfmodel import validate as V
+    rep = V.run(tmp_path, rounds=1, tiny=True, min_run_time=0.01, layer_min_run_time=0.01, log=lambda s: None)
+    assert len(rep["validation"]) == len(V.TINY_VALIDATION)
+    for row in rep["validation"]:
+        assert row["predicted_s"] > 0 and row["measured_s"] > 0
+        assert row["accuracy"] == pytest.approx(1 - abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+    assert json.loads((tmp_path / "validation.json").read_text())["rounds"] == 1
+    assert "accuracy" in V.format_table(rep)
+    cal = {tuple(c) for c in V.CALIBRATION}
+    assert not any(tuple(v[:5]) in cal for v in V.VALIDATION)
+    assert len(V.VALIDATION) >= 12 and {v[5] for v in V.VALIDATION} == {"float32", "bfloat16"}
+
+
+def test_ep_prediction_formula():
+    """The EP layer's prediction: compute + communication without overlap, ``max + min / c`` with
+    ``c`` chunks; the link fit recovers ``a + bytes / bw`` exactly."""
+    from ascend_moe_ops.perfmodel.sim.costs import CostProvider
+    from ascend_moe_ops.perfmodel.validate_ep import LinkFit, predict_ep_layer
+
+    class Flat(CostProvider):
+        def time(self, op):
+            return 1e-3
+
+    lf = LinkFit({"inter": [(1e6, 2e-3 + 1e6 / 1e8), (4e6, 2e-3 + 4e6 / 1e8)],
+                  "intra": [(1e6, 1e-4 + 1e6 / 1e10), (2e6, 1e-4 + 2e6 / 1e10)]}, latency=5e-4)
+    assert lf.as_dict()["inter"]["bw_Bps"] == pytest.approx(1e8)
+    assert lf.time("inter", 3e6) == pytest.approx(2e-3 + 3e-2)
+    one = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="flat", chunks=1)
+    assert one["predicted_s"] == pytest.approx(one["compute_s"] + one["comm_s"])
+    four = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="flat", chunks=4)
+    big, small = max(four["compute_s"], four["comm_s"]), min(four["compute_s"], four["comm_s"])
+    assert four["predicted_s"] == pytest.approx(big + small / 4)
+    hier = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="hierarchical", chunks=1)
+    assert hier["compute_s"] > one["compute_s"]  # the two-stage reordering
