@@ -2,6 +2,8 @@
 ops, predict whole MoE layers (forward + backward), compare with their measured wall time.
 
 ``python -m ascend_moe_ops.perfmodel.validate --out DIR [--rounds 3] [--threads 1] [--tiny] [--no-ep]``
+``python -m ascend_moe_ops.perfmodel.validate --out DIR --device cuda`` (the same on a GPU; adds the
+uncalibrated prediction from the GPU's public spec table, ``--spec h200``, as a second model column)
 
 (then, as root, the expert-parallel layer on the emulated two-node cluster: :mod:`.validate_ep`)
 
@@ -74,7 +76,7 @@ def _routing(T, E, K, gen):
     return torch.rand(T, E, generator=gen).topk(K, dim=1).indices
 
 
-def component_steps(T, H, F, E, K, dtype) -> Dict[str, Callable[[], object]]:
+def component_steps(T, H, F, E, K, dtype, device="cpu") -> Dict[str, Callable[[], object]]:
     """One callable per component op of the MoE layer (forward and backward separately), keyed by
     the op names of :func:`~.sim.layers.moe_layer_ops`. Backward callables re-run one autograd
     node (``torch.autograd.grad(..., retain_graph=True)``) on tensors built once."""
@@ -86,30 +88,30 @@ def component_steps(T, H, F, E, K, dtype) -> Dict[str, Callable[[], object]]:
     dt = _dtype(dtype)
     gen = torch.Generator().manual_seed(T * 7 + H)
     torch.manual_seed(T + H + F)
-    x = torch.randn(T, H, generator=gen).to(dt).requires_grad_()
-    router = TopKRouter(H, E, K, dtype=dt)
-    mlp = GroupedMLP(E, H, F, dtype=dt)
+    x = torch.randn(T, H, generator=gen).to(device=device, dtype=dt).requires_grad_()
+    router = TopKRouter(H, E, K, dtype=dt, device=device)
+    mlp = GroupedMLP(E, H, F, dtype=dt, device=device)
     ids, probs, _ = router(x)
-    gp = torch.randn(probs.shape, generator=gen)
-    ids = _routing(T, E, K, gen)  # uniform routing for the rest (the validation layer's router is random too)
-    pr = torch.rand(T, K, generator=gen).requires_grad_()
+    gp = torch.randn(probs.shape, generator=gen).to(device)
+    ids = _routing(T, E, K, gen).to(device)  # uniform routing for the rest (the validation layer's router is random too)
+    pr = torch.rand(T, K, generator=gen).to(device).requires_grad_()
     xd = x.detach().requires_grad_()
     perm = moe_permute(xd, ids, pr.detach(), num_experts=E)
     rows = perm.tokens.detach().requires_grad_()
     sizes = perm.group_sizes
     N = rows.shape[0]
-    g_rows = torch.randn(N, H, generator=gen).to(dt)
+    g_rows = torch.randn(N, H, generator=gen).to(device=device, dtype=dt)
     w1, w2 = mlp.w1(), mlp.w2()
     h = grouped_gemm(rows, w1, sizes)
-    gh = torch.randn(h.shape, generator=gen).to(dt)
+    gh = torch.randn(h.shape, generator=gen).to(device=device, dtype=dt)
     hd = h.detach().requires_grad_()
     a = swiglu(hd)
-    ga = torch.randn(a.shape, generator=gen).to(dt)
+    ga = torch.randn(a.shape, generator=gen).to(device=device, dtype=dt)
     ad = a.detach().requires_grad_()
     y = grouped_gemm(ad, w2, sizes)
     yd = y.detach().requires_grad_()
     out = moe_unpermute(yd, perm.row_id_map, pr)
-    g_out = torch.randn(T, H, generator=gen).to(dt)
+    g_out = torch.randn(T, H, generator=gen).to(device=device, dtype=dt)
     permuted = moe_permute(xd, ids, pr.detach(), num_experts=E).tokens
     grad = torch.autograd.grad
     return {
@@ -128,17 +130,17 @@ def component_steps(T, H, F, E, K, dtype) -> Dict[str, Callable[[], object]]:
     }
 
 
-def layer_step(T, H, F, E, K, dtype, recompute_permute, recompute_activation) -> Callable[[], None]:
+def layer_step(T, H, F, E, K, dtype, recompute_permute, recompute_activation, device="cpu") -> Callable[[], None]:
     """``nn.MoELayer`` forward + backward (what the simulator predicts), random weights and inputs."""
     import torch
     from ..nn.moe import MoELayer
     dt = _dtype(dtype)
     torch.manual_seed(T + 3 * H)
     layer = MoELayer(H, E, F, K, dtype=dt, recompute_permute=recompute_permute,
-                     recompute_activation=recompute_activation)
+                     recompute_activation=recompute_activation, device=device)
     gen = torch.Generator().manual_seed(T * 3 + H)
-    x = torch.randn(T, H, generator=gen).to(dt)
-    g = torch.randn(T, H, generator=gen).to(dt)
+    x = torch.randn(T, H, generator=gen).to(device=device, dtype=dt)
+    g = torch.randn(T, H, generator=gen).to(device=device, dtype=dt)
 
     def step():
         layer.zero_grad(set_to_none=True)
@@ -153,16 +155,16 @@ def _ops(T, H, F, E, K, dtype, rp=False, ra=False):
     return f + b
 
 
-def calibrate_round(shapes, dtypes, min_run_time, threads) -> Tuple[list, List[dict]]:
+def calibrate_round(shapes, dtypes, min_run_time, threads, device="cpu") -> Tuple[list, List[dict]]:
     """Time every component op at every calibration shape; returns ``(samples, rows)``."""
     from ..benchmark.timing import measure
     samples, rows = [], []
     for dtype in dtypes:
         for (T, H, F, E, K) in shapes:
-            steps = component_steps(T, H, F, E, K, dtype)
+            steps = component_steps(T, H, F, E, K, dtype, device)
             ops = {op.name: op for op in _ops(T, H, F, E, K, dtype)}
             for name, fn in steps.items():
-                t = measure(fn, min_run_time=min_run_time, min_runs=3, warmup=1, threads=threads)
+                t = measure(fn, device=device, min_run_time=min_run_time, min_runs=3, warmup=1, threads=threads)
                 samples.append((ops[name], float(t)))
                 rows.append(dict(op=name, shape=[T, H, F, E, K], dtype=dtype, seconds=float(t), iqr_s=t.iqr, n=t.n))
             del steps
@@ -170,7 +172,8 @@ def calibrate_round(shapes, dtypes, min_run_time, threads) -> Tuple[list, List[d
 
 
 def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float = 0.05,
-        layer_min_run_time: float = 0.3, tiny: bool = False, log=print) -> dict:
+        layer_min_run_time: float = 0.3, tiny: bool = False, log=print, device: str = "cpu",
+        spec: str = None) -> dict:
     """Calibrate and validate in alternating rounds; writes ``validation.json`` (and a chart) in
     ``out_dir`` and returns the report."""
     import torch
@@ -189,7 +192,12 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
         if tuple(v[:5]) in cal_keys:  # never validate on a calibration shape
             raise AssertionError(f"validation shape {v[:5]} is also a calibration shape")
     dtypes = sorted({v[5] for v in val})
-    steps = {v: layer_step(*v) for v in val}
+    steps = {v: layer_step(*v, device=device) for v in val}
+    spec_costs = None
+    if spec:  # an uncalibrated second model: the roofline of a public spec table
+        from .hardware import load_table
+        from .sim.costs import RooflineCosts
+        spec_costs = RooflineCosts(load_table(spec))
     preds = {v: [] for v in val}
     meas = {v: [] for v in val}
     fits, cal_rows = [], []
@@ -198,14 +206,15 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
     start = time.monotonic()
     try:
         for r in range(rounds):
-            samples, rows = calibrate_round(cal, dtypes, min_run_time, threads)
+            samples, rows = calibrate_round(cal, dtypes, min_run_time, threads, device)
             fit = FittedCosts.fit(samples, note=f"round {r}")
             fits.append(json.loads(fit.to_json()))
             cal_rows += [dict(row, round=r) for row in rows]
             for v in val:
                 ops = _ops(*v[:6], rp=v[6], ra=v[7])
                 preds[v].append(sum(fit.time(op) for op in ops))
-                t = measure(steps[v], min_run_time=layer_min_run_time, min_runs=3, warmup=1, threads=threads)
+                t = measure(steps[v], device=device, min_run_time=layer_min_run_time, min_runs=3, warmup=1,
+                            threads=threads)
                 meas[v].append(float(t))
             log(f"round {r + 1}/{rounds} done ({time.monotonic() - start:.0f} s)")
     finally:
@@ -216,17 +225,26 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
         table.append(dict(T=v[0], H=v[1], F=v[2], E=v[3], K=v[4], dtype=v[5], recompute_permute=v[6],
                           recompute_activation=v[7], predicted_s=p, measured_s=m,
                           accuracy=1 - abs(p - m) / m, predicted_per_round=preds[v], measured_per_round=meas[v]))
+        if spec_costs is not None:
+            ps = sum(spec_costs.time(op) for op in _ops(*v[:6], rp=v[6], ra=v[7]))
+            table[-1].update(spec_predicted_s=ps, spec_accuracy=1 - abs(ps - m) / m)
     acc = [row["accuracy"] for row in table]
     report = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         machine=dict(cpu=platform.processor() or platform.machine(), cpus=os.cpu_count(), threads=threads,
-                     torch=torch.__version__, backend={op: active_backend(op, "cpu") for op in
+                     device=str(device), gpu=torch.cuda.get_device_name(device) if str(device).startswith("cuda") else None,
+                     torch=torch.__version__, backend={op: active_backend(op, str(device).split(":")[0]) for op in
                                                        ("grouped_gemm", "moe_permute", "moe_unpermute")}),
         rounds=rounds, seconds=time.monotonic() - start, calibration_shapes=cal, validation=table,
         mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc), fits=fits, calibration=cal_rows,
         note="predicted_s is a model (sum of the layer's ops priced by the per-round fit to the "
              "component microbenchmarks); "
-             "measured_s is nn.MoELayer fwd+bwd timed by the harness")
+             "measured_s is nn.MoELayer fwd+bwd timed by the harness"
+             + (f"; spec_predicted_s is a second, uncalibrated model: {spec_costs.label}" if spec_costs else ""))
+    if spec_costs is not None:
+        sacc = [row["spec_accuracy"] for row in table]
+        report.update(spec=spec_costs.describe(), spec_mean_accuracy=statistics.mean(sacc),
+                      spec_worst_accuracy=min(sacc))
     (out_dir / "validation.json").write_text(json.dumps(report, indent=1))
     _chart(table, out_dir / "validation.png", report)
     return report
@@ -264,6 +282,11 @@ def format_table(report: dict) -> str:
         rc = "+".join(n for n, on in (("permute", r["recompute_permute"]), ("activation", r["recompute_activation"])) if on) or "-"
         lines.append(f"| {r['T']} | {r['H']} | {r['F']} | {r['E']} | {r['K']} | {r['dtype']} | {rc} | "
                      f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['accuracy']:.1f} % |")
+    if "spec" in report:
+        lines.append("\nuncalibrated spec-table roofline (model, " + report["spec"]["label"] + "): "
+                     + ", ".join(f"{1e3 * r['spec_predicted_s']:.2f} ms ({100 * r['spec_accuracy']:.0f} %)"
+                                 for r in report["validation"])
+                     + f"; mean {100 * report['spec_mean_accuracy']:.1f} %, worst {100 * report['spec_worst_accuracy']:.1f} %")
     lines.append(f"\nmean accuracy {100 * report['mean_accuracy']:.1f} %, worst {100 * report['worst_accuracy']:.1f} % "
                  f"({report['rounds']} rounds, {report['machine']['threads']} thread(s), {report['seconds']:.0f} s)")
     return "\n".join(lines)
@@ -277,6 +300,9 @@ def main(argv=None) -> int:
     ap.add_argument("--min-run-time", type=float, default=0.05, help="seconds per component microbenchmark")
     ap.add_argument("--layer-min-run-time", type=float, default=0.3, help="seconds per layer measurement")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks the plumbing in seconds")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the ops and the layer run")
+    ap.add_argument("--spec", default=None,
+                    help="also predict from this hardware table's roofline, uncalibrated (e.g. h200 on an H200)")
     ap.add_argument("--no-ep", action="store_true",
                     help="skip the emulated two-node EP layer (it needs root for network namespaces)")
     ap.add_argument("--ep-rounds", type=int, default=2, help="calibrate/validate rounds of the EP part")
@@ -284,10 +310,10 @@ def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
     rep = run(Path(a.out), rounds=a.rounds, threads=a.threads, min_run_time=a.min_run_time,
-              layer_min_run_time=a.layer_min_run_time, tiny=a.tiny,
+              layer_min_run_time=a.layer_min_run_time, tiny=a.tiny, device=a.device, spec=a.spec,
               log=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(rep))
-    if not (a.no_ep or a.tiny):
+    if not (a.no_ep or a.tiny or a.device != "cpu"):
         from .validate_ep import format_ep_table, run_ep
         rep["ep"] = run_ep(rounds=a.ep_rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
         rep["ep"].pop("raw", None)
