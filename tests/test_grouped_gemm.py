@@ -329,3 +329,15 @@ def test_fine_grained_shape(backend, dtype):
     out = _run(backend, x, w, sizes)
     assert_close_to_ref(out, _run("reference", x.double(), w.double(), sizes), dtype=dtype,
                         torch_lowp=_run("reference", x, w, sizes))
+
+
+def test_gpu_tile_defaults_are_the_sweeps_first_config(monkeypatch):
+    """The Triton kernels' GPU tiles are the ones the GPU sweep lists first (its 'default' rows),
+    so a sweep on the next GPU compares against what really runs."""
+    from ascend_moe_ops.benchmark.suite import gpu_tune_grouped_gemm as tune
+    from ascend_moe_ops.triton_ref import grouped_gemm as tg
+
+    monkeypatch.setattr(tg, "_interpreted", lambda: False)
+    g, d = tg.gemm_config(torch.bfloat16), tg.dw_config(torch.bfloat16)
+    assert tuple(g[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")) == tune.FWD_CONFIGS[0]
+    assert tuple(d[k] for k in ("BLOCK_P", "BLOCK_Q", "BLOCK_M", "num_warps", "num_stages")) == tune.DW_CONFIGS[0]
