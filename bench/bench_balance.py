@@ -256,9 +256,9 @@ def persistence_summary(rows, log=print):
     keys = sorted({(r["trace"], r["interval"]) for r in rows},
                   key=lambda k: (ORACLE_TRACES.index(k[0]) if k[0] in ORACLE_TRACES else 99, k[1]))
     log(f"   {'trace':<15s} {'every':>5s}  {'cut: median / worst over seeds (%)':^60s}  "
-        f"{'ours / oracle':>14s}  {'ours - last':>12s}")
+        f"{'ours / oracle':>14s}  {'ours - last':>12s}  {'ours >= last':>12s}")
     log(f"   {'':<15s} {'':>5s}  {'ours':>14s} {'last (pers.)':>14s} {'prev. truth':>14s} "
-        f"{'next oracle':>14s}  {'median  worst':>14s}  {'worst (pts)':>12s}")
+        f"{'next oracle':>14s}  {'median  worst':>14s}  {'worst (pts)':>12s}  {'seeds':>12s}")
     for kind, interval in keys:
         rs = [r for r in rows if r["trace"] == kind and r["interval"] == interval]
         col = {k: np.array([r[k] for r in rs]) for k in ("cut", "cut_last", "cut_previous", "cut_next")}
@@ -268,13 +268,15 @@ def persistence_summary(rows, log=print):
                  **{f"{k}_median": float(np.median(v)) for k, v in col.items()},
                  **{f"{k}_worst": float(v.min()) for k, v in col.items()},
                  ratio_median=float(np.median(ratio)), ratio_worst=float(ratio.min()),
-                 margin_worst=float(margin.min()), beats_last=bool((margin >= 0).all()),
+                 margin_worst=float(margin.min()), margin_median=float(np.median(margin)),
+                 wins=int((margin >= 0).sum()), beats_last=bool((margin >= 0).all()),
                  oracle_goal=bool(np.median(ratio) >= 0.95))
         out.append(s)
         c = {k: f"{100 * s[k + '_median']:5.1f} / {100 * s[k + '_worst']:4.1f}" for k in col}
         log(f"   {kind:<15s} {interval:5d}  {c['cut']:>14s} {c['cut_last']:>14s} "
             f"{c['cut_previous']:>14s} {c['cut_next']:>14s}  {100 * s['ratio_median']:5.1f} "
-            f"{100 * s['ratio_worst']:5.1f} %  {100 * s['margin_worst']:+8.2f}")
+            f"{100 * s['ratio_worst']:5.1f} %  {100 * s['margin_worst']:+8.2f}      "
+            f"{s['wins']:>4d} / {len(rs)}")
     every = all(s["beats_last"] for s in out)
     median = all(s["oracle_goal"] for s in out)
     log(f"   verdict: cut >= persistence on every trace and seed: {'YES' if every else 'NO'}"
@@ -369,12 +371,17 @@ if __name__ == "__main__":
     ap.add_argument("--method", default=None, help="predictor method (default: the default)")
     ap.add_argument("--kinds", nargs="+", default=list(ORACLE_TRACES), choices=ORACLE_TRACES)
     ap.add_argument("--workers", type=int, default=2, help="processes for --persistence")
+    ap.add_argument("--json", default=None, help="--persistence: also write the rows to this file")
     a = ap.parse_args()
     t0 = time.monotonic()
     if a.persistence:
         rows = persistence_study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval,
                                  seeds=a.seeds or ((0,) if a.quick else PERSISTENCE_SEEDS),
                                  kinds=a.kinds, method=a.method, workers=a.workers)
+        if a.json:
+            import json
+            with open(a.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
         print("\n== median / worst over seeds")
         persistence_summary(rows)
         print(f"\n(took {time.monotonic() - t0:.1f} s)")

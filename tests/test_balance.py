@@ -468,7 +468,7 @@ def test_placement_reaches_its_oracle(kind, interval, goal, ceiling_share, least
 # 85.5 %, lognormal_slow/50 76.2 vs 72.9 %, lognormal_fast/10 64.2 vs 62.5 %); a fixed slow EMA
 # (alpha 0.06) fails the fast-drift case (it lags). On bursty/10 the two tie within 0.1 point and
 # at 50-step intervals on bursty and lognormal_fast persistence is ahead on this small trace (see
-# docs/ops/balance.md section 5b, where the full-size comparison over seeds is reported).
+# docs/ops/balance.md section 6, where the full-size comparison over seeds is reported).
 PERSISTENCE_CASES = [("lognormal_slow", 10), ("lognormal_slow", 50), ("lognormal_fast", 10)]
 
 
