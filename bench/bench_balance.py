@@ -21,7 +21,10 @@ device-level imbalance ``max / mean rank load - 1`` per step under
 ``run(ctx)`` returns one timed row, the planner's time per re-plan (``plan_placement`` on a
 lognormal load, measured by the bench harness), then the simulations' rows: no time of their own
 (``seconds`` is NaN, limit "none"), the study's figures in ``extra``. ``python bench/bench_balance.py``
-prints the full study (``--quick`` for a short one); ``--oracle`` the oracle comparison only.
+prints the full study (``--quick`` for a short one); ``--oracle`` the oracle comparison only;
+``--persistence`` the default predictor against persistence (the same planner fed the counts of the
+last observed step) and the next-step oracle, per trace and seed, with the median / worst over seeds
+and the verdicts of issue 33 item 5 (docs/ops/balance.md section 6).
 The traces and the replay loop are ``ascend_moe_ops.balance.traces``.
 """
 
@@ -316,8 +319,8 @@ def persistence_study(steps=1500, intervals=(10, 50), seeds=PERSISTENCE_SEEDS, k
 
 
 def _log_case(r, log):
-    log(f"   {r['trace']:<15s} every {r['interval']:3d} seed {r['seed']}: cut {100 * r['cut']:5.1f} %  "
-            f"last {100 * r['cut_last']:5.1f} %  previous-step truth {100 * r['cut_previous']:5.1f} %  "
+    log(f"   {r['trace']:<15s} every {r['interval']:3d} seed {r['seed']}: cut {100 * r['cut']:6.2f} %  "
+            f"last {100 * r['cut_last']:6.2f} %  previous-step truth {100 * r['cut_previous']:5.1f} %  "
             f"next-step oracle {100 * r['cut_next']:5.1f} % -> {100 * r['cut'] / r['cut_next']:5.1f} %")
 
 
