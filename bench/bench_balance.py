@@ -320,8 +320,8 @@ def persistence_study(steps=1500, intervals=(10, 50), seeds=PERSISTENCE_SEEDS, k
 
 def _log_case(r, log):
     log(f"   {r['trace']:<15s} every {r['interval']:3d} seed {r['seed']}: cut {100 * r['cut']:6.2f} %  "
-            f"last {100 * r['cut_last']:6.2f} %  previous-step truth {100 * r['cut_previous']:5.1f} %  "
-            f"next-step oracle {100 * r['cut_next']:5.1f} % -> {100 * r['cut'] / r['cut_next']:5.1f} %")
+        f"last {100 * r['cut_last']:6.2f} %  previous-step truth {100 * r['cut_previous']:5.1f} %  "
+        f"next-step oracle {100 * r['cut_next']:5.1f} % -> {100 * r['cut'] / r['cut_next']:5.1f} %")
 
 
 def run(ctx):
