@@ -21,7 +21,10 @@ device-level imbalance ``max / mean rank load - 1`` per step under
 ``run(ctx)`` returns one timed row, the planner's time per re-plan (``plan_placement`` on a
 lognormal load, measured by the bench harness), then the simulations' rows: no time of their own
 (``seconds`` is NaN, limit "none"), the study's figures in ``extra``. ``python bench/bench_balance.py``
-prints the full study (``--quick`` for a short one); ``--oracle`` the oracle comparison only.
+prints the full study (``--quick`` for a short one); ``--oracle`` the oracle comparison only;
+``--persistence`` the default predictor against persistence (the same planner fed the counts of the
+last observed step) and the next-step oracle, per trace and seed, with the median / worst over seeds
+and the verdicts of issue 33 item 5 (docs/ops/balance.md section 6).
 The traces and the replay loop are ``ascend_moe_ops.balance.traces``.
 """
 
@@ -230,6 +233,97 @@ def oracle_study(steps=1500, intervals=(10, 50), seeds=ORACLE_SEEDS, kinds=ORACL
     return out
 
 
+PERSISTENCE_SEEDS = (0, 1, 2, 3, 4, 5)     # evaluation seeds; predictor parameters were chosen on others
+
+
+def _persistence_case(args):
+    """One (trace, interval, seed) of :func:`persistence_study`: the cuts of the default
+    predictor, of persistence (the same planner fed the counts of the last observed step), of the
+    noise-free previous-step truth and of the next-step oracle."""
+    kind, interval, sd, steps, method, min_improvement = args
+    torch.set_num_threads(1)
+    p, counts = make_trace(kind, steps, sd)
+    kw = dict(max_moves=default_max_moves(E), min_improvement=min_improvement, interval=interval)
+    cuts = {name: simulate(p, counts, method=m, **kw)["cut"]
+            for name, m in (("cut", method), ("cut_last", "last"),
+                            ("cut_previous", "previous_step"), ("cut_next", "next_step"))}
+    return dict(trace=kind, interval=interval, seed=sd, method=method, **cuts)
+
+
+def persistence_summary(rows, log=print):
+    """Per (trace, interval): median and worst over seeds of the default predictor's cut, of
+    persistence's, of the previous-step truth's and of the next-step oracle's, the predictor's
+    share of the oracle's cut, and the two verdicts of issue 33 item 5: the predictor's cut >=
+    persistence's on every seed, and >= 95 % of the oracle's on the median over seeds."""
+    out = []
+    keys = sorted({(r["trace"], r["interval"]) for r in rows},
+                  key=lambda k: (ORACLE_TRACES.index(k[0]) if k[0] in ORACLE_TRACES else 99, k[1]))
+    log(f"   {'trace':<15s} {'every':>5s}  {'cut: median / worst over seeds (%)':^60s}  "
+        f"{'ours / oracle':>14s}  {'ours - last':>12s}  {'ours >= last':>12s}")
+    log(f"   {'':<15s} {'':>5s}  {'ours':>14s} {'last (pers.)':>14s} {'prev. truth':>14s} "
+        f"{'next oracle':>14s}  {'median  worst':>14s}  {'worst (pts)':>12s}  {'seeds':>12s}")
+    for kind, interval in keys:
+        rs = [r for r in rows if r["trace"] == kind and r["interval"] == interval]
+        col = {k: np.array([r[k] for r in rs]) for k in ("cut", "cut_last", "cut_previous", "cut_next")}
+        ratio = col["cut"] / col["cut_next"]
+        margin = col["cut"] - col["cut_last"]
+        s = dict(trace=kind, interval=interval, seeds=len(rs),
+                 **{f"{k}_median": float(np.median(v)) for k, v in col.items()},
+                 **{f"{k}_worst": float(v.min()) for k, v in col.items()},
+                 ratio_median=float(np.median(ratio)), ratio_worst=float(ratio.min()),
+                 margin_worst=float(margin.min()), margin_median=float(np.median(margin)),
+                 wins=int((margin >= 0).sum()), beats_last=bool((margin >= 0).all()),
+                 oracle_goal=bool(np.median(ratio) >= 0.95))
+        out.append(s)
+        c = {k: f"{100 * s[k + '_median']:5.1f} / {100 * s[k + '_worst']:4.1f}" for k in col}
+        log(f"   {kind:<15s} {interval:5d}  {c['cut']:>14s} {c['cut_last']:>14s} "
+            f"{c['cut_previous']:>14s} {c['cut_next']:>14s}  {100 * s['ratio_median']:5.1f} "
+            f"{100 * s['ratio_worst']:5.1f} %  {100 * s['margin_worst']:+8.2f}      "
+            f"{s['wins']:>4d} / {len(rs)}")
+    every = all(s["beats_last"] for s in out)
+    median = all(s["oracle_goal"] for s in out)
+    log(f"   verdict: cut >= persistence on every trace and seed: {'YES' if every else 'NO'}"
+        + ("" if every else " (not on: " + ", ".join(f"{s['trace']}/{s['interval']}" for s in out
+                                                   if not s["beats_last"]) + ")"))
+    log(f"   verdict: cut >= 95 % of the next-step oracle on the median over seeds: "
+        f"{'YES' if median else 'NO'}" + ("" if median else " (not on: " + ", ".join(
+            f"{s['trace']}/{s['interval']}" for s in out if not s["oracle_goal"]) + ")"))
+    return out
+
+
+def persistence_study(steps=1500, intervals=(10, 50), seeds=PERSISTENCE_SEEDS, kinds=ORACLE_TRACES,
+                      method=None, min_improvement=0.02, workers=2, log=print):
+    """Issue 33 item 5: the default predictor against persistence (the same planner fed the
+    counts of the last observed step: ``method="last"``) and the next-step oracle, per trace,
+    interval and seed at the default move budget, plus the noise-free previous-step truth for
+    reference. The cases run in ``workers`` processes. Returns one dict per (trace, interval,
+    seed)."""
+    method = method or ExpertLoadPredictor(E).method
+    tasks = [(k, i, sd, steps, method, min_improvement) for i in intervals for k in kinds
+             for sd in seeds]
+    log(f"\n== {method} vs persistence vs next-step oracle: {E} experts on {R} x {S}, "
+        f"<= {default_max_moves(E)} copies per re-plan, {steps} steps, seeds {list(seeds)}")
+    rows = []
+    if workers > 1:
+        import multiprocessing as mp
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for r in pool.imap_unordered(_persistence_case, tasks):
+                rows.append(r)
+                _log_case(r, log)
+    else:
+        for t in tasks:
+            rows.append(_persistence_case(t))
+            _log_case(rows[-1], log)
+    rows.sort(key=lambda r: (kinds.index(r["trace"]), r["interval"], r["seed"]))
+    return rows
+
+
+def _log_case(r, log):
+    log(f"   {r['trace']:<15s} every {r['interval']:3d} seed {r['seed']}: cut {100 * r['cut']:6.2f} %  "
+        f"last {100 * r['cut_last']:6.2f} %  previous-step truth {100 * r['cut_previous']:5.1f} %  "
+        f"next-step oracle {100 * r['cut_next']:5.1f} % -> {100 * r['cut'] / r['cut_next']:5.1f} %")
+
+
 def run(ctx):
     """The planner's time per re-plan (timed), then the oracle comparison's and the study's
     figures (simulations: rows with no time of their own)."""
@@ -275,8 +369,26 @@ if __name__ == "__main__":
     ap.add_argument("--interval", type=int, nargs="+", default=[10, 50])
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
     ap.add_argument("--oracle", action="store_true", help="only the forecast-vs-oracle comparison")
+    ap.add_argument("--persistence", action="store_true",
+                    help="only the predictor vs persistence vs next-step oracle comparison")
+    ap.add_argument("--method", default=None, help="predictor method (default: the default)")
+    ap.add_argument("--kinds", nargs="+", default=list(ORACLE_TRACES), choices=ORACLE_TRACES)
+    ap.add_argument("--workers", type=int, default=2, help="processes for --persistence")
+    ap.add_argument("--json", default=None, help="--persistence: also write the rows to this file")
     a = ap.parse_args()
     t0 = time.monotonic()
+    if a.persistence:
+        rows = persistence_study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval,
+                                 seeds=a.seeds or ((0,) if a.quick else PERSISTENCE_SEEDS),
+                                 kinds=a.kinds, method=a.method, workers=a.workers)
+        if a.json:
+            import json
+            with open(a.json, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        print("\n== median / worst over seeds")
+        persistence_summary(rows)
+        print(f"\n(took {time.monotonic() - t0:.1f} s)")
+        sys.exit(0)
     rows = oracle_study(steps=a.steps or (700 if a.quick else 1500), intervals=a.interval,
                         seeds=a.seeds or ((0,) if a.quick else ORACLE_SEEDS))
     print("\n== min / median over seeds")
