@@ -204,3 +204,23 @@ def test_grouped_gemm_and_flash_attention_record_and_schedule():
     # the fused attention kernels hand tiles between AIC and AIV with cross-core flags
     recs = [r for l in launches if l["kind"] == "mix" for c in l["cores"] for r in c["recs"]]
     assert any(r[0] == tl.SET for r in recs) and any(r[0] == tl.WAIT for r in recs)
+
+
+def test_a2_bench_case_roofline_and_sensitivity():
+    """The 'A2 (model)' table's machinery on a small permute: % of the op's own roofline, the
+    regime, and a sensitivity row per (parameter, factor)."""
+    from ascend_moe_ops.perfmodel import a2_bench as ab
+    T, H, E, K = 64, 512, 8, 2
+    x = torch.randn(T, H, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(E)[:K] for _ in range(T)]).to(torch.int32)
+    nbytes = (T * H + T * K * H) * 2
+    case = ab.Case("moe_permute", "small", lambda: OPS.moe_permute(x, idx, None, E, None, 1, None), 0, nbytes, "bytes")
+    launches = ab.record_case(case)
+    m = ab.model_case(case, launches, A2)
+    assert m.regime == "HBM bandwidth" and m.kernels == ["amo_moe_permute"]
+    assert m.pct_roofline == pytest.approx(100 * nbytes / A2["gm_bandwidth"] / m.predicted_s)
+    assert "MODEL" in ab.format_table([m]) and "A2 (model) us" in ab.format_table([m])
+    rows = ab.sensitivity([(case, launches, m)], A2, keys=["gm_bandwidth", "launch_latency_s"])
+    assert [(k, f) for k, f, _ in rows] == [("gm_bandwidth", 0.7), ("gm_bandwidth", 1.3),
+                                            ("launch_latency_s", 0.7), ("launch_latency_s", 1.3)]
+    assert "parameter" in ab.format_sensitivity(rows)

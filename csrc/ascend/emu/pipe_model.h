@@ -191,6 +191,7 @@ class PipeModel {
   // A DMA access of the current instruction to GM bytes [addr, addr + bytes) (absolute addresses).
   void touch_gm(const void* addr, uint64_t bytes, bool write) {
     if (!on_ || bytes == 0) return;
+    if (tl_ && timeline::skip_compute()) return tl_->touch(bytes, true, "GM", write);  // timing-only: no GM checks
     const uint64_t lo = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(addr));
     gmRanges_ = true;
     touch(gm_, "global memory", "GM", lo, lo + bytes, write);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <array>
+#include <charconv>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -217,17 +218,22 @@ inline void json_str(std::ostringstream& o, const std::string& s) {
 
 // Everything recorded since start() as JSON, and recording off. Per launch: kernel, kind
 // ("vector" | "cube" | "mix"), block_dim, names (the instruction names), and per core its type, block,
-// records [pipe, name index, count, seq, gm bytes, local bytes, macs, flops, L0B bytes, clock x 7] and cross
-// [wait record, set core, set record].
+// records [pipe, name index, count, seq, gm bytes, local bytes, macs, flops, L0B bytes, clock x 7] and
+// cross [wait record, set core, set record].
+inline void json_num(std::string& o, uint64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  o.append(buf, r.ptr);
+}
+
 inline std::string take_json() {
   std::lock_guard<std::mutex> lk(state().mu);
-  std::ostringstream o;
-  o << "{\"launches\":[";
+  std::string o = "{\"launches\":[";
   bool firstL = true;
   for (auto& l : state().launches) {
-    if (!firstL) o << ',';
+    if (!firstL) o += ',';
     firstL = false;
-    std::map<std::string, int> ids;
+    std::map<const char*, int> ids;  // names are string literals: one pointer per name
     std::vector<std::string> names;
     auto id = [&](const char* n) {
       auto it = ids.find(n);
@@ -237,44 +243,62 @@ inline std::string take_json() {
       names.emplace_back(n);
       return k;
     };
-    std::ostringstream cores;
+    std::string cores;
     bool firstC = true;
     for (auto& c : l->cores) {
-      if (!firstC) cores << ',';
+      if (!firstC) cores += ',';
       firstC = false;
-      cores << "{\"type\":\"" << (c->aiv() ? "aiv" : "aic") << "\",\"block\":" << c->block() << ",\"recs\":[";
+      cores += c->aiv() ? "{\"type\":\"aiv\",\"block\":" : "{\"type\":\"aic\",\"block\":";
+      json_num(cores, c->block());
+      cores += ",\"recs\":[";
       bool firstR = true;
       for (const Rec& r : c->recs()) {
-        if (!firstR) cores << ',';
+        cores += firstR ? "[" : ",[";
         firstR = false;
-        cores << '[' << r.pipe << ',' << id(r.name) << ',' << r.count << ',' << r.seq << ',' << r.gm << ',' << r.local
-              << ',' << r.macs << ',' << r.flops << ',' << r.l0b;
-        for (uint32_t v : r.clock) cores << ',' << v;
-        cores << ']';
+        json_num(cores, static_cast<uint64_t>(r.pipe));
+        for (uint64_t v : {static_cast<uint64_t>(id(r.name)), uint64_t(r.count), uint64_t(r.seq), r.gm, r.local, r.macs,
+                           r.flops, r.l0b}) {
+          cores += ',';
+          json_num(cores, v);
+        }
+        for (uint32_t v : r.clock) {
+          cores += ',';
+          json_num(cores, v);
+        }
+        cores += ']';
       }
-      cores << "],\"cross\":[";
+      cores += "],\"cross\":[";
       bool firstX = true;
       for (auto& x : c->cross()) {
-        if (!firstX) cores << ',';
+        cores += firstX ? "[" : ",[";
         firstX = false;
-        cores << '[' << x[0] << ',' << x[1] << ',' << x[2] << ']';
+        json_num(cores, x[0]);
+        cores += ',';
+        json_num(cores, x[1]);
+        cores += ',';
+        json_num(cores, x[2]);
+        cores += ']';
       }
-      cores << "]}";
+      cores += "]}";
     }
-    o << "{\"kernel\":";
-    json_str(o, l->kernel);
-    o << ",\"kind\":\"" << l->kind << "\",\"block_dim\":" << l->blockDim << ",\"names\":[";
+    std::ostringstream h;
+    h << "{\"kernel\":";
+    json_str(h, l->kernel);
+    h << ",\"kind\":\"" << l->kind << "\",\"block_dim\":" << l->blockDim << ",\"names\":[";
     for (size_t i = 0; i < names.size(); ++i) {
-      if (i) o << ',';
-      json_str(o, names[i]);
+      if (i) h << ',';
+      json_str(h, names[i]);
     }
-    o << "],\"cores\":[" << cores.str() << "]}";
+    h << "],\"cores\":[";
+    o += h.str();
+    o += cores;
+    o += "]}";
   }
-  o << "]}";
+  o += "]}";
   state().launches.clear();
   state().on = false;
   state().skip = false;
-  return o.str();
+  return o;
 }
 
 }  // namespace timeline
