@@ -235,6 +235,11 @@ def format_table(models: List[OpModel], title: str = "") -> str:
     return "\n".join(out)
 
 
+def _bound_class(bound: str) -> str:
+    """The bound without its detail ("latency / dependencies (most used: ...)" -> "latency / dependencies")."""
+    return bound.split(" (")[0]
+
+
 def sensitivity(results, table=None, factors=(0.7, 1.3), keys: Optional[List[str]] = None):
     """Re-schedule every recording with each table entry scaled; returns rows
     (key, factor, [(op, case, what flipped)])."""
@@ -249,7 +254,7 @@ def sensitivity(results, table=None, factors=(0.7, 1.3), keys: Optional[List[str
             for c, launches, _ in results:
                 m = model_case(c, launches, s)
                 b = base[(c.op, c.case)]
-                if m.bound != b.bound:
+                if _bound_class(m.bound) != _bound_class(b.bound):
                     flips.append((c.op, c.case, f"bound {b.bound} -> {m.bound}"))
                 if m.meets_target != b.meets_target:
                     flips.append((c.op, c.case, f">= {TARGET_PCT:.0f} % of roofline: {b.meets_target} -> "

@@ -77,6 +77,7 @@ class CoreRec {
   void touch(uint64_t bytes, bool gm, const char* space, bool write) {
     if (recs_.empty()) return;
     Rec& r = recs_.back();
+    if (r.pipe == 3 && !write) return;  // LoadData (MTE1): the bytes it writes; its source range spans the strides
     if (write && space[0] == 'L' && space[1] == '0' && space[2] == 'B') r.l0b += bytes;
     if (gm) {
       r.gm += bytes;
