@@ -224,3 +224,9 @@ def test_a2_bench_case_roofline_and_sensitivity():
     assert [(k, f) for k, f, _ in rows] == [("gm_bandwidth", 0.7), ("gm_bandwidth", 1.3),
                                             ("launch_latency_s", 0.7), ("launch_latency_s", 1.3)]
     assert "parameter" in ab.format_sensitivity(rows)
+
+
+def test_bench_cli_a2_model_says_when_a_preset_has_no_cases(capsys):
+    from ascend_moe_ops.benchmark.cli import _a2_model
+    assert _a2_model("deepseek-v3") is None
+    assert "no AscendC kernel cases for preset 'deepseek-v3'" in capsys.readouterr().out
