@@ -136,6 +136,10 @@ def parse_args(argv=None):
                     help="seconds of runs per measurement (torch.utils.benchmark blocked_autorange)")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity checks")
     ap.add_argument("--out", default=None, help="folder for JSON and PNG (default ./amo-bench)")
+    ap.add_argument("--a2-model", action="store_true",
+                    help="also print the 'A2 (model)' table: every AscendC kernel at this preset's shapes, "
+                    "run on the emulator and scheduled on the Atlas A2 timeline model (a MODEL, not a "
+                    "measurement; ascend_moe_ops.perfmodel.a2_bench; quick and pangu presets)")
     ap.add_argument("--compare", metavar="BASELINE.json", help="JSON of an earlier run to compare with")
     ap.add_argument("--threshold", type=float, default=0.1,
                     help="with --compare: fail (exit 3) when a row is slower by more than this (0.1 = 10%%)")
@@ -189,6 +193,24 @@ def _out_dir(args) -> Path:
     return out
 
 
+def _a2_model(preset: str):
+    """The 'A2 (model)' table of every AscendC kernel at ``preset`` (printed; returned for the JSON)."""
+    from ..perfmodel import a2_bench
+    if preset not in a2_bench.PRESETS:
+        print(f"\nA2 (model): no AscendC kernel cases for preset {preset!r} "
+              f"(have: {', '.join(sorted(a2_bench.PRESETS))})")
+        return None
+    try:
+        res = a2_bench.run(preset, log=lambda *_: None)
+    except RuntimeError as exc:  # the emulated kernels are not built
+        print(f"\nA2 (model): skipped, {exc}")
+        return None
+    models = [m for _, _, m in res]
+    print("\n" + a2_bench.format_table(models, f"A2 (model): AscendC kernels at preset {preset}"))
+    return {"label": "A2 (model), table a2 v" + (models[0].table_version if models else "?"),
+            "models": [dict(vars(m)) for m in models]}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.list:
@@ -234,6 +256,7 @@ def main(argv=None) -> int:
             print(f"  {w}")
     for name in res.failures:
         print(f"\nmodule {name} FAILED (traceback above on stderr)")
+    a2 = _a2_model(args.preset) if args.a2_model else None
 
     out = _out_dir(args)
     out.mkdir(parents=True, exist_ok=True)
@@ -247,6 +270,8 @@ def main(argv=None) -> int:
         "parity": [dict(vars(p), ok=p.ok) for p in res.parity],
         "failed_modules": sorted(res.failures), "noise_warnings": warns,
     }
+    if a2 is not None:
+        payload["a2_model"] = a2
     jpath = out / f"bench-{stamp}.json"
     jpath.write_text(json.dumps(payload, indent=1, default=str))
     ppath = out / f"bench-{stamp}.png"

@@ -55,4 +55,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "AscendC kernels of ascend_moe_ops run on the CPU emulation layer (csrc/ascend/emu); tests only. "
             "Importing it registers them with the dispatcher as namespace ascend_moe_ops_emu";
   m.def("_bind_cpu", &bind_cpu, "register the emulated kernels for namespace ns, dispatch key CPU", pybind11::arg("ns"));
+  // The timeline recorder (emu/timeline.h; ascend_moe_ops/perfmodel/a2_timeline.py reads its JSON).
+  m.def("_timeline_start", &ascend_emu::timeline::start,
+        "record every following launch's instructions for the A2 timeline model; skip_compute: Cube "
+        "instructions skip their arithmetic (timing only, results are garbage)",
+        pybind11::arg("skip_compute") = false);
+  m.def("_timeline_take", &ascend_emu::timeline::take_json,
+        "the launches recorded since _timeline_start as JSON, and recording off");
 }

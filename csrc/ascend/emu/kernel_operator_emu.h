@@ -546,8 +546,12 @@ class TQueBind {
   template <typename T>
   LocalTensor<T> AllocTensor() {
     init_check("AllocTensor");
-    for (auto& s : slots_) {
+    // Buffers are handed out in rotation from the one after the last allocated (a ring, as double
+    // buffering needs: tile i + 1 goes to the other buffer while tile i is still being stored).
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      auto& s = slots_[(cursor_ + k) % slots_.size()];
       if (s->state == ascend_emu::SlotState::kFree) {
+        cursor_ = (cursor_ + k + 1) % slots_.size();
         ascend_emu::ctx().model.acquire(kProducer, s->qsync.freed);  // waits for the FreeTensor's event
         s->state = ascend_emu::SlotState::kAllocated;
         return LocalTensor<T>(s, 0, s->bytes / sizeof(T));
@@ -611,6 +615,7 @@ class TQueBind {
   }
   std::vector<std::shared_ptr<ascend_emu::Slot>> slots_;
   std::deque<std::shared_ptr<ascend_emu::Slot>> fifo_;
+  size_t cursor_ = 0;  // AllocTensor's next buffer
   std::string name_ = "an uninitialized queue";
 };
 
@@ -772,6 +777,7 @@ inline void CrossCoreSetFlag(uint16_t flagId) {
       bump(g.aic[flagId]);
     }
   }
+  if (auto* tl = c.model.tl()) tl->cross_set(int(pipe), c.model.snapshot(int(pipe)), flagId);  // timeline.h
   if (g.switchOnSet) {  // let the others run first: the setter continues when the token comes back
     const int me = c.aic ? 0 : 1 + static_cast<int>(c.sub);
     g.pass(me);
@@ -805,6 +811,7 @@ inline void CrossCoreWaitFlag(uint16_t flagId) {
     if (g.abort) fail("aborted: another block of the AI Core group failed");
   }
   --n;
+  if (auto* tl = c.model.tl()) tl->cross_wait(flagId);  // timeline.h
 }
 
 // ---- data cache maintenance (emu/data_cache.h) ------------------------------------------------------
@@ -1176,6 +1183,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
   T* d = dst.data();
   const T* g = src.GetPhyAddr();
   for (uint64_t r = 0; r < p.nValue; ++r) ascend_emu::ctx().model.touch_gm(g + r * p.srcDValue, uint64_t(p.dValue) * sizeof(T), false);
+  if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording (timeline.h)
   for (uint64_t r = 0; r < p.nValue; ++r)
     for (uint64_t c = 0; c < p.dValue; ++c)
       d[((c / detail::kC0) * p.dstNzC0Stride + r) * detail::kC0 + c % detail::kC0] = g[r * p.srcDValue + c];
@@ -1204,6 +1212,7 @@ void LoadData(const LocalTensor<T>& dst, const LocalTensor<T>& src, const LoadDa
   detail::issue(PIPE_MTE1, "LoadData (L1->L0)");
   src.emu_touch((lastSrc + 1 - p.startIndex) * detail::kFrac * sizeof(T), false, uint64_t(p.startIndex) * detail::kFrac * sizeof(T));
   dst.emu_touch((uint64_t(p.repeatTimes - 1) * (1 + p.dstGap) + 1) * detail::kFrac * sizeof(T), true);
+  if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording (timeline.h)
   const T* s = src.data();
   T* d = dst.data();
   for (uint64_t i = 0; i < p.repeatTimes; ++i) {
@@ -1301,6 +1310,8 @@ void Mmad(const LocalTensor<D>& c, const LocalTensor<A>& a, const LocalTensor<B>
       ascend_emu::ctx().model.mmad(c.slot().get(), c.slot()->owner, lo, lo + M16 * N16 * sizeof(D), !p.cmatrixInitVal,
                                    p.m, p.n);
     }
+    if (auto* tl = ascend_emu::ctx().model.tl()) tl->mmad(M16 * N16 * K16, 2ull * p.m * p.n * p.k);
+    if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording (timeline.h)
     const A* pa = a.data();
     const B* pb = b.data();
     float* pc = c.data();
@@ -1364,6 +1375,7 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
     for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::ctx().model.touch_gm(d + i * p.dstStride, p.nSize * sizeof(D), true);
+    if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording (timeline.h)
     for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::dc_dma_write(ascend_emu::core_id(), d + i * p.dstStride, p.nSize * sizeof(D));
     for (uint64_t i = 0; i < p.mSize; ++i)
       for (uint64_t j = 0; j < p.nSize; ++j) d[i * p.dstStride + j] = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);
@@ -1399,6 +1411,7 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
   if (blockDim == 0) fail("launch with blockDim = 0");
   const bool pipesOn = pipes_enabled();
   const std::string name = kernel_label(kernel);
+  timeline::launch_begin(name, "vector", blockDim);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1447,6 +1460,7 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
   if (blockDim == 0) fail("launch with blockDim = 0");
   const bool pipesOn = pipes_enabled();
   const std::string name = kernel_label(kernel);
+  timeline::launch_begin(name, "cube", blockDim);
   auto& c = ctx();
   if (c.active) fail("nested kernel launch");
   struct Reset {
@@ -1513,6 +1527,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   dc_begin_launch();
   const bool pipesOn = pipes_enabled();
   const std::string name = kernel_label(kernel);
+  timeline::launch_begin(name, "mix", groups);
   for (uint32_t grp = 0; grp < groups; ++grp) {
     MixGroup g;
     std::mutex peakMu;

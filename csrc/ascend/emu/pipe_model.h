@@ -48,6 +48,8 @@
 #include <string>
 #include <vector>
 
+#include "timeline.h"
+
 namespace ascend_emu {
 
 // Defined in kernel_operator_emu.h (throws ascend_emu::EmuError).
@@ -124,10 +126,12 @@ class PipeModel {
     lastMmad_ = nullptr;
     cur_ = Cur{};
     gm_.acc.clear();
+    tl_ = on ? timeline::core_begin(aiv, block) : nullptr;  // the timeline recorder, when asked
   }
   bool on() const { return on_; }
   bool aiv() const { return aiv_; }
   const std::string& kernel() const { return kernel_; }
+  timeline::CoreRec* tl() const { return tl_; }
 
   // A new instruction on pipe p (all its accesses follow until the next begin()).
   void begin(int p, const char* name) {
@@ -137,11 +141,13 @@ class PipeModel {
     cur_.seq = ++count_[p];
     cur_.issue = ++issued_;
     cur_.name = name;
+    if (tl_) tl_->begin(p, name, cur_.seq, vc_[p]);
   }
 
   // An access of the current instruction to bytes [lo, hi) of a buffer.
   void touch(BufferRecords& r, const std::string& owner, const char* space, uint64_t lo, uint64_t hi, bool write) {
     if (!on_ || hi <= lo) return;
+    if (tl_) tl_->touch(hi - lo, gmRanges_, space, write);
     const int q = cur_.pipe;
     auto& list = r.acc;
     // newest first: the closest unordered predecessor is the one reported
@@ -185,6 +191,7 @@ class PipeModel {
   // A DMA access of the current instruction to GM bytes [addr, addr + bytes) (absolute addresses).
   void touch_gm(const void* addr, uint64_t bytes, bool write) {
     if (!on_ || bytes == 0) return;
+    if (tl_ && timeline::skip_compute()) return tl_->touch(bytes, true, "GM", write);  // timing-only: no GM checks
     const uint64_t lo = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(addr));
     gmRanges_ = true;
     touch(gm_, "global memory", "GM", lo, lo + bytes, write);
@@ -194,6 +201,7 @@ class PipeModel {
   void set_flag(int src, int dst, int id, const char* ev) {
     if (!on_) return;
     check_event(id, ev, "SetFlag");
+    if (tl_) tl_->brk();
     Clock c = vc_[src];
     if (src != kPipeS) join(c, vc_[kPipeS]);
     c[src] = count_[src];
@@ -233,6 +241,7 @@ class PipeModel {
 
   // Queue hand-over: snapshot of pipe p (everything issued on it so far), and the wait side.
   Clock snapshot(int p) const {
+    if (tl_) tl_->brk();
     Clock c = vc_[p];
     if (p != kPipeS) join(c, vc_[kPipeS]);
     c[p] = count_[p];
@@ -327,6 +336,7 @@ class PipeModel {
       Clock c = b.known;
       c[p] = b.seq;
       join(vc_[q], c);
+      if (tl_) tl_->join(c);
       return;
     }
     const char* kind = b.write ? (write ? "write-after-write" : "read-after-write") : "write-after-read";
@@ -362,6 +372,7 @@ class PipeModel {
     list.resize(keep);
   }
 
+  timeline::CoreRec* tl_ = nullptr;  // timeline.h: set by reset() while a recording is on
   bool on_ = false, aiv_ = false, scalarAuto_ = false, gmRanges_ = false;
   BufferRecords gm_;  // GM accesses of this block's DMA instructions (absolute byte addresses)
   uint32_t block_ = 0;

@@ -1,0 +1,489 @@
+"""Atlas A2 timeline of AscendC kernel launches (a MODEL), from the emulator's pipe model.
+
+The emulator (csrc/ascend/emu) runs every AscendC kernel of the package on the CPU; its pipe model
+orders every instruction of every core (pipes S, V, M, MTE1, MTE2, MTE3, FIX) by happens-before
+edges (flags, queues, barriers, the compiler's auto-sync). With recording on (csrc/ascend/emu/
+timeline.h) it hands back, per launch and core, each instruction's pipe, what it moves or computes,
+and its predecessors. This module gives each instruction a duration from one hardware table
+(``hardware/a2.json``: every figure cites a public source or is marked as an assumption) and
+schedules all cores of a launch together:
+
+- each pipe of a core runs its instructions in issue order, one at a time;
+- an instruction starts when its predecessors have finished (plus ``flag_latency_cycles`` for an
+  edge from another pipe) and the scalar unit has dispatched it (``issue_cycles`` per instruction;
+  a scalar instruction or a cross-core wait holds dispatch until it completes);
+- a DMA (MTE2 GM -> UB/L1, MTE3 UB -> GM, Fixpipe L0C -> GM) is a flow of its GM bytes through HBM,
+  shared by all cores at ``gm_bandwidth`` (max-min fair share; each flow capped at its pipe's per-core
+  rate); its data are visible ``dma_latency_cycles`` after the flow ends, which does not hold the pipe;
+- Mmad takes MACs / ``cube_macs_per_cycle_fp16`` (operands padded to 16), vector instructions their
+  largest operand / ``vector_bytes_per_cycle``, LoadData its bytes / the L1 -> L0A / L0B rate, each
+  plus a start-up cost per instruction.
+
+Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan plus the launch
+latency), each pipe's busy fraction, the bounding resource, the roofline time for the work recorded
+(max of FLOPs / Cube peak and GM bytes / HBM bandwidth) and its percentage, the table version; and on
+request a Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
+
+Not modelled: L2 cache (every DMA byte is charged to HBM: pessimistic where tiles are re-read), bank
+conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
+alignment and burst efficiency, clock throttling. Every number it produces is labelled "(model)".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import heapq
+import json
+import math
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+from .hardware import HardwareTable, load_table
+
+__all__ = ["PIPES", "LaunchModel", "recording", "record", "simulate", "model_launches", "chrome_trace",
+           "roofline_seconds", "peak_flops"]
+
+PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX")
+S, V, M, MTE1, MTE2, MTE3, FIX = range(7)
+SET, WAIT = 7, 8  # side records of cross-core flags (csrc/ascend/emu/timeline.h)
+_REC_FIELDS = 9   # pipe, name, count, seq, gm, local, macs, flops, l0b; then the clock (7)
+
+
+def _table(table) -> HardwareTable:
+    if table is None:
+        return load_table("a2")
+    if isinstance(table, HardwareTable):
+        return table
+    return load_table(table)
+
+
+def peak_flops(table=None) -> float:
+    """Cube peak of the chip (fp16 / bf16), FLOP/s: cores x MACs/cycle x 2 x clock."""
+    t = _table(table)
+    return t["cube_cores"] * t["cube_macs_per_cycle_fp16"] * 2 * t["clock_hz"]
+
+
+def roofline_seconds(flops: float, gm_bytes: float, table=None) -> float:
+    """The A2 roofline time of a piece of work: max(FLOPs / Cube peak, bytes / HBM bandwidth)."""
+    t = _table(table)
+    return max(flops / peak_flops(t), gm_bytes / t["gm_bandwidth"])
+
+
+# ---- recording ------------------------------------------------------------------------------------------
+
+def _emu():
+    try:
+        from .. import _ascendc_emu
+    except ImportError as e:  # pragma: no cover - depends on the build
+        raise RuntimeError("the A2 timeline needs the emulated AscendC kernels (ascend_moe_ops._ascendc_emu); "
+                           f"build the package's native extensions first ({e})") from None
+    return _ascendc_emu
+
+
+@contextlib.contextmanager
+def recording(skip_compute: bool = False):
+    """Record every AscendC launch of the block (the ``ascendc-emu`` kernels, e.g.
+    ``torch.ops.ascend_moe_ops_emu.<op>``); the yielded list holds the launches (dicts) afterwards.
+
+    ``skip_compute=True``: Cube instructions skip their arithmetic (timing-only; results are garbage),
+    so that Pangu-size GEMMs record in seconds."""
+    emu = _emu()
+    out: list = []
+    emu._timeline_start(bool(skip_compute))
+    try:
+        yield out
+    finally:
+        data = json.loads(emu._timeline_take())
+        out.extend(data["launches"])
+
+
+def record(fn: Callable, *args, skip_compute: bool = False, **kwargs):
+    """``fn(*args, **kwargs)`` with recording on: returns (result, launches)."""
+    with recording(skip_compute) as launches:
+        res = fn(*args, **kwargs)
+    return res, launches
+
+
+def load_recording(text: str) -> List[dict]:
+    """The launches of a recording printed by a C++ driver (``timeline::take_json()``)."""
+    return json.loads(text)["launches"]
+
+
+# ---- the model -------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class LaunchModel:
+    """The modelled A2 execution of one kernel launch. Every time here is a model, not a measurement."""
+
+    kernel: str
+    kind: str
+    blocks: int
+    predicted_s: float
+    busy: Dict[str, float]          # pipe -> busy fraction (busy time / (cores having it x makespan))
+    utilization: Dict[str, float]   # resource -> fraction of the whole chip's capacity used
+    bound: str
+    roofline_s: float
+    pct_roofline: float
+    gm_bytes: int
+    flops: int
+    instructions: int
+    records: int
+    table_version: str
+    trace: Optional[dict] = None
+
+    @property
+    def label(self) -> str:
+        return f"A2 (model, table a2 v{self.table_version})"
+
+    def summary(self) -> str:
+        return (f"{self.kernel}: {self.predicted_s * 1e6:.1f} us (model), bound {self.bound}, "
+                f"{self.pct_roofline:.0f} % of roofline, table v{self.table_version}")
+
+
+class _Flows:
+    """HBM shared by all cores: max-min fair share of ``bw`` among active flows, each capped at its
+    class's per-core rate. Flows of one class progress at one rate, so each class keeps a virtual
+    clock (bytes served per flow) and a heap of finishing virtual times."""
+
+    def __init__(self, bw: float):
+        self.bw = bw
+        self.cls: Dict[float, list] = {}  # cap -> [virtual bytes, rate, heap of (vfinish, id)]
+
+    def add(self, cap: float, nbytes: float, fid: int):
+        c = self.cls.setdefault(cap, [0.0, 0.0, []])
+        heapq.heappush(c[2], (c[0] + nbytes, fid))
+
+    def rates(self):
+        left_bw = self.bw
+        left_n = sum(len(c[2]) for c in self.cls.values())
+        for cap in sorted(self.cls):
+            c = self.cls[cap]
+            n = len(c[2])
+            if n == 0:
+                c[1] = 0.0
+                continue
+            fair = left_bw / left_n
+            c[1] = min(cap, fair)
+            left_bw -= c[1] * n
+            left_n -= n
+
+    def next_finish(self, now: float) -> float:
+        best = math.inf
+        for c in self.cls.values():
+            if c[2] and c[1] > 0:
+                best = min(best, now + max(0.0, c[2][0][0] - c[0]) / c[1])
+        return best
+
+    def advance(self, dt: float):
+        if dt > 0:
+            for c in self.cls.values():
+                if c[2]:
+                    c[0] += c[1] * dt
+
+    def pop_done(self) -> List[int]:
+        done = []
+        for c in self.cls.values():
+            h = c[2]
+            while h and h[0][0] - c[0] <= 1e-9 * max(1.0, h[0][0]):
+                done.append(heapq.heappop(h)[1])
+        return done
+
+
+class _Core:
+    __slots__ = ("type", "block", "recs", "n", "deps", "xdeps", "end", "start", "busy_end", "ip", "t_issue",
+                 "issue", "fifo", "head", "pipe_free", "pipe_open", "waiters")
+
+    def __init__(self, c: dict):
+        self.type = c["type"]
+        self.block = c["block"]
+        self.recs = c["recs"]
+        self.n = len(self.recs)
+        self.end = [None] * self.n
+        self.start = [0.0] * self.n
+        self.busy_end = [0.0] * self.n
+        self.issue = [0.0] * self.n
+        self.ip = 0
+        self.t_issue = 0.0
+        self.fifo = [[] for _ in range(9)]
+        self.head = [0] * 9
+        self.pipe_free = [0.0] * 9
+        self.pipe_open = [True] * 9   # False while a DMA flow of that pipe is in flight
+        self.xdeps: Dict[int, list] = {}
+        for w, core, rec in c.get("cross", ()):
+            self.xdeps.setdefault(w, []).append((core, rec))
+        # happens-before predecessors: the record holding seq clock[q] of each other pipe q
+        seqrec = [[] for _ in range(7)]
+        for i, r in enumerate(self.recs):
+            p = r[0]
+            if p < 7:
+                seqrec[p].extend([i] * r[2])
+        deps = []
+        for r in self.recs:
+            p = r[0]
+            d = []
+            for q in range(7):
+                k = r[_REC_FIELDS + q]
+                if k > 0 and q != p and k <= len(seqrec[q]):
+                    d.append(seqrec[q][k - 1])
+            deps.append(d)
+        self.deps = deps
+
+
+class _Sim:
+    def __init__(self, launch: dict, t: HardwareTable, want_trace: bool):
+        self.t = t
+        hz = t["clock_hz"]
+        self.cyc = 1.0 / hz
+        self.cores = [_Core(c) for c in launch["cores"]]
+        self.names = launch.get("names", [])
+        self.flows = _Flows(t["gm_bandwidth"])
+        self.caps = {MTE2: t["mte2_gm_bytes_per_cycle"] * hz, MTE3: t["mte3_gm_bytes_per_cycle"] * hz,
+                     FIX: t["fixpipe_gm_bytes_per_cycle"] * hz}
+        self.flag_lat = t["flag_latency_cycles"] * self.cyc
+        self.x_lat = t["cross_core_flag_latency_cycles"] * self.cyc
+        self.dma_lat = t["dma_latency_cycles"] * self.cyc
+        self.issue_dt = t["issue_cycles"] * self.cyc
+        self.events: list = []   # (time, counter, core, rec): a DMA's flow enters HBM
+        self.counter = 0
+        self.flow_of: Dict[int, tuple] = {}
+        self.now = 0.0
+        # who waits on a cross-core set: (core, rec) -> waiting cores
+        self.set_waiters: Dict[tuple, set] = {}
+        for ci, c in enumerate(self.cores):
+            for w, lst in c.xdeps.items():
+                for key in lst:
+                    self.set_waiters.setdefault(tuple(key), set()).add(ci)
+        self.want_trace = want_trace
+
+    # duration of the non-GM part of a record (seconds)
+    def fixed(self, r) -> float:
+        t, p, cnt = self.t, r[0], r[2]
+        if p == S:
+            cyc = cnt * t["scalar_instr_cycles"]
+        elif p == V:
+            cyc = cnt * t["vector_instr_cycles"] + r[5] / t["vector_bytes_per_cycle"]
+        elif p == M:
+            cyc = cnt * t["mmad_instr_cycles"] + r[6] / t["cube_macs_per_cycle_fp16"]
+        elif p == MTE1:
+            l0b = min(r[8], r[5])
+            cyc = cnt * t["mte1_instr_cycles"] + (r[5] - l0b) / t["l1_to_l0a_bytes_per_cycle"] \
+                + l0b / t["l1_to_l0b_bytes_per_cycle"]
+        elif p in (MTE2, MTE3, FIX):
+            cyc = cnt * t["dma_instr_cycles"]
+            if r[4] == 0:  # a local-only transfer (an L1 fill on MTE2)
+                cyc += r[5] / t["mte2_gm_bytes_per_cycle"]
+        else:
+            cyc = 0.0
+        return cyc * self.cyc
+
+    def deps_ready(self, c: _Core, i: int) -> Optional[float]:
+        """Latest predecessor end (+ flag latency) or None while one is unknown."""
+        p = c.recs[i][0]
+        ready = 0.0
+        for j in c.deps[i]:
+            e = c.end[j]
+            if e is None:
+                return None
+            if c.recs[j][0] != p:
+                e += self.flag_lat
+            ready = e if e > ready else ready
+        for core, rec in c.xdeps.get(i, ()):
+            e = self.cores[core].end[rec]
+            if e is None:
+                return None
+            ready = max(ready, e)
+        return ready
+
+    def advance(self, ci: int) -> List[int]:
+        """Place whatever core ci can place now; returns the cores waiting on sets placed here."""
+        c = self.cores[ci]
+        woken = []
+        progress = True
+        while progress:
+            progress = False
+            # the scalar unit's dispatch
+            while c.ip < c.n:
+                i = c.ip
+                r = c.recs[i]
+                p = r[0]
+                if p == S or p == WAIT:
+                    ready = self.deps_ready(c, i)
+                    if ready is None:
+                        break
+                    st = max(c.t_issue, ready, c.pipe_free[p])
+                    en = st + self.fixed(r)
+                    c.start[i], c.end[i], c.busy_end[i] = st, en, en
+                    c.pipe_free[p] = en
+                    c.t_issue = en
+                    c.ip += 1
+                    progress = True
+                else:
+                    c.issue[i] = c.t_issue
+                    c.t_issue += self.issue_dt * r[2]
+                    c.fifo[p].append(i)
+                    c.ip += 1
+                    progress = True
+            # the pipes, in order
+            for p in (V, M, MTE1, MTE2, MTE3, FIX, SET):
+                q = c.fifo[p]
+                while c.head[p] < len(q) and c.pipe_open[p]:
+                    i = q[c.head[p]]
+                    ready = self.deps_ready(c, i)
+                    if ready is None:
+                        break
+                    r = c.recs[i]
+                    st = max(c.issue[i], ready, c.pipe_free[p] if p != SET else 0.0)
+                    c.head[p] += 1
+                    progress = True
+                    if p == SET:
+                        c.start[i] = st
+                        c.end[i] = c.busy_end[i] = st + self.x_lat
+                        woken.extend(self.set_waiters.get((ci, i), ()))
+                        continue
+                    fx = self.fixed(r)
+                    if r[4] > 0 and p in self.caps:  # a DMA: its GM bytes go through HBM after the issue cost
+                        c.start[i] = st
+                        c.pipe_open[p] = False
+                        self.counter += 1
+                        heapq.heappush(self.events, (max(st + fx, self.now), self.counter, ci, i))
+                        break
+                    en = st + fx
+                    c.start[i], c.end[i], c.busy_end[i] = st, en, en
+                    c.pipe_free[p] = en
+        return woken
+
+    def run(self) -> float:
+        todo = list(range(len(self.cores)))
+        while todo:
+            nxt = []
+            for ci in todo:
+                nxt.extend(self.advance(ci))
+            todo = sorted(set(nxt))
+        fid = 0
+        while True:
+            te = self.events[0][0] if self.events else math.inf
+            tf = self.flows.next_finish(self.now)
+            if te == math.inf and tf == math.inf:
+                break
+            if tf <= te:
+                self.flows.advance(tf - self.now)
+                self.now = tf
+                touched = set()
+                for f in self.flows.pop_done():
+                    ci, i = self.flow_of.pop(f)
+                    c = self.cores[ci]
+                    p = c.recs[i][0]
+                    c.busy_end[i] = self.now
+                    c.end[i] = self.now + self.dma_lat
+                    c.pipe_free[p] = self.now
+                    c.pipe_open[p] = True
+                    touched.add(ci)
+            else:
+                self.flows.advance(te - self.now)
+                self.now = te
+                touched = set()
+                while self.events and self.events[0][0] <= self.now:
+                    _, _, ci, i = heapq.heappop(self.events)
+                    c = self.cores[ci]
+                    r = c.recs[i]
+                    fid += 1
+                    self.flow_of[fid] = (ci, i)
+                    self.flows.add(self.caps[r[0]], float(r[4]), fid)
+            todo = sorted(touched)
+            while todo:
+                nxt = []
+                for ci in todo:
+                    nxt.extend(self.advance(ci))
+                todo = sorted(set(nxt))
+            self.flows.rates()
+        for ci, c in enumerate(self.cores):
+            if c.ip < c.n or any(c.head[p] < len(c.fifo[p]) for p in range(9)):
+                raise RuntimeError(f"a2_timeline: core {ci} ({c.type} block {c.block}) could not finish its "
+                                   f"schedule (a wait whose set was never recorded?)")
+        return max((max(e for e in c.end if e is not None) if c.n else 0.0) for c in self.cores) \
+            if self.cores else 0.0
+
+
+def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events: int = 200_000) -> LaunchModel:
+    """Schedule one recorded launch on the A2 model (see the module docstring)."""
+    t = _table(table)
+    sim = _Sim(launch, t, trace)
+    makespan = sim.run()
+    predicted = makespan + t["launch_latency_s"]
+    ntype = {"aiv": t["vector_cores"], "aic": t["cube_cores"]}
+    busy_t = [0.0] * 7
+    have = [0] * 7
+    used_types = {}
+    gm = flops = instr = nrec = 0
+    for c in sim.cores:
+        used_types[c.type] = used_types.get(c.type, 0) + 1
+        pipes_here = (S, V, MTE2, MTE3) if c.type == "aiv" else (S, M, MTE1, MTE2, FIX)
+        for p in pipes_here:
+            have[p] += 1
+        for i, r in enumerate(c.recs):
+            nrec += 1
+            if r[0] < 7:
+                busy_t[r[0]] += c.busy_end[i] - c.start[i]
+                instr += r[2]
+            gm += r[4]
+            flops += r[7]
+    span = makespan if makespan > 0 else 1.0
+    busy = {PIPES[p]: busy_t[p] / (have[p] * span) for p in range(7) if have[p]}
+    # what fraction of the whole chip's capacity each resource used
+    util = {"HBM bandwidth": gm / (t["gm_bandwidth"] * span)}
+    chip_aic, chip_aiv = t["cube_cores"], t["vector_cores"]
+    util["Cube (M)"] = busy_t[M] / (chip_aic * span)
+    util["vector (V)"] = busy_t[V] / (chip_aiv * span)
+    util["L1->L0 (MTE1)"] = busy_t[MTE1] / (chip_aic * span)
+    util["scalar (S)"] = busy_t[S] / ((chip_aiv if used_types.get("aiv") else chip_aic) * span)
+    bound = max(util, key=util.get)
+    if util[bound] < 0.5:
+        bound = "latency / dependencies" + (f" (most used: {bound} {util[bound]:.0%})" if util[bound] > 0 else "")
+    roof = roofline_seconds(flops, gm, t)
+    tr = chrome_trace(sim, launch, max_trace_events) if trace else None
+    return LaunchModel(kernel=launch["kernel"], kind=launch["kind"], blocks=len(sim.cores), predicted_s=predicted,
+                       busy=busy, utilization=util, bound=bound, roofline_s=roof,
+                       pct_roofline=100.0 * roof / predicted if predicted > 0 else 0.0, gm_bytes=gm, flops=flops,
+                       instructions=instr, records=nrec, table_version=t.version, trace=tr)
+
+
+def model_launches(launches: Iterable[dict], table=None, *, trace: bool = False) -> List[LaunchModel]:
+    return [simulate(l, table, trace=trace) for l in launches]
+
+
+def chrome_trace(sim: "_Sim", launch: dict, max_events: int = 200_000) -> dict:
+    """The schedule as Chrome trace-event JSON (one process per core, one thread per pipe; times in
+    microseconds of MODELLED A2 time). Launches with more records than ``max_events`` keep the first
+    ones and say so in ``metadata``."""
+    ev = []
+    names = launch.get("names", [])
+    pipe_names = PIPES + ("cross-core set", "cross-core wait")
+    total = 0
+    for ci, c in enumerate(sim.cores):
+        ev.append({"ph": "M", "name": "process_name", "pid": ci, "args": {"name": f"{c.type.upper()} block {c.block}"}})
+        for p in range(9):
+            ev.append({"ph": "M", "name": "thread_name", "pid": ci, "tid": p, "args": {"name": pipe_names[p]}})
+        for i, r in enumerate(c.recs):
+            total += 1
+            if len(ev) >= max_events:
+                continue
+            nm = names[r[1]] if r[1] < len(names) else "?"
+            dur = (c.end[i] if r[0] in (SET,) else c.busy_end[i]) - c.start[i]
+            args = {"count": r[2]}
+            if r[4]:
+                args["gm_bytes"] = r[4]
+            if r[6]:
+                args["macs"] = r[6]
+            ev.append({"ph": "X", "name": nm, "pid": ci, "tid": r[0], "ts": c.start[i] * 1e6,
+                       "dur": max(dur, 0.0) * 1e6, "args": args})
+    return {"traceEvents": ev, "displayTimeUnit": "ns",
+            "metadata": {"kernel": launch["kernel"], "model": f"A2 (model, table a2 v{sim.t.version})",
+                         "records": total, "truncated": total + 10 * len(sim.cores) > max_events}}
+
+
+def write_trace(path: str, model: LaunchModel):
+    """Write a LaunchModel's trace (simulate(..., trace=True)) to a .json file Perfetto opens."""
+    if model.trace is None:
+        raise ValueError("write_trace: the model has no trace; simulate it with trace=True")
+    with open(path, "w") as f:
+        json.dump(model.trace, f)

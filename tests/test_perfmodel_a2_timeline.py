@@ -1,0 +1,232 @@
+"""The Atlas A2 timeline model (ascend_moe_ops/perfmodel/a2_timeline.py) pinned on cases whose answer
+is known analytically, with the small kernels of tests/cpp/emu_timeline_driver.cpp (recorded by the
+emulator's pipe model, csrc/ascend/emu/timeline.h): a pure copy costs bytes / HBM bandwidth, a chain
+of Mmads FLOPs / Cube peak, a double-buffered load -> vector -> store pipeline the max of its stages
+and a single-buffered one their sum; a missing flag is rejected (never modelled faster), a redundant
+one changes nothing, an extra barrier never speeds a kernel up. Then the real AscendC kernels at small
+shapes through the emulated backend. Every time here is a MODEL of A2, not a measurement."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from _ascend_cxx import ROOT, compile_cached, run_case
+from ascend_moe_ops.perfmodel import a2_timeline as tl
+from ascend_moe_ops.perfmodel import load_table
+
+A2 = load_table("a2")
+HZ = A2["clock_hz"]
+
+
+@pytest.fixture(scope="module")
+def driver():
+    return compile_cached("emu_timeline_driver", [os.path.join(ROOT, "tests", "cpp", "emu_timeline_driver.cpp")])
+
+
+_cache = {}
+
+
+def launch(driver, case):
+    if case not in _cache:
+        out = run_case(driver, case, timeout=300)
+        assert not out.startswith("EmuError"), out
+        launches = tl.load_recording(out)
+        assert len(launches) == 1
+        _cache[case] = launches[0]
+    return _cache[case]
+
+
+def makespan(m, table=A2):
+    return m.predicted_s - table["launch_latency_s"]
+
+
+# latencies that are not part of the stage arithmetic, made negligible (x 1e-9)
+NO_LATENCY = {"dma_latency_cycles": 1e-9, "flag_latency_cycles": 1e-9, "issue_cycles": 1e-9}
+
+
+def test_table_has_the_chip_level_keys_the_step_simulator_reads():
+    for key in ("cube_cores", "vector_cores", "clock_hz", "cube_macs_per_cycle_fp16", "gm_bandwidth",
+                "hbm_capacity"):
+        assert A2[key] > 0, key
+    assert A2["vector_cores"] == 2 * A2["cube_cores"]  # one AIC and two AIVs per AI Core
+    # the peak the roofline uses: cores x 16^3 MACs x 2 x clock
+    assert tl.peak_flops(A2) == pytest.approx(A2["cube_cores"] * 4096 * 2 * HZ)
+
+
+def test_copy_costs_bytes_over_bandwidth(driver):
+    rec = launch(driver, "copy")
+    assert rec["kind"] == "vector" and len(rec["cores"]) == 48
+    m = tl.simulate(rec)
+    nbytes = 2 * 48 * 256 * 1024 * 4  # read + written
+    assert m.gm_bytes == nbytes
+    expect = nbytes / A2["gm_bandwidth"]
+    assert expect <= makespan(m) <= 1.05 * expect, (makespan(m), expect)
+    assert m.bound == "HBM bandwidth"
+    # bandwidth-bound: half the bandwidth, twice the time
+    half = A2.scaled({"gm_bandwidth": 0.5})
+    assert makespan(tl.simulate(rec, half), half) == pytest.approx(2 * makespan(m), rel=0.05)
+
+
+def test_mmad_chain_costs_flops_over_peak(driver):
+    rec = launch(driver, "mmad_chain")
+    assert rec["kind"] == "cube" and len(rec["cores"]) == 24
+    m = tl.simulate(rec)
+    assert m.flops == 24 * 200 * 2 * 128 ** 3
+    expect = m.flops / tl.peak_flops(A2)
+    assert expect <= makespan(m) <= 1.08 * expect, (makespan(m), expect)
+    assert m.bound == "Cube (M)" and m.busy["M"] > 0.9
+    fast = A2.scaled({"cube_macs_per_cycle_fp16": 2.0})
+    assert makespan(tl.simulate(rec, fast), fast) == pytest.approx(makespan(m) / 2, rel=0.08)
+
+
+def _stages(table):
+    tile = 4096 * 4
+    load = (table["dma_instr_cycles"] + tile / table["mte2_gm_bytes_per_cycle"]) / HZ
+    vec = (table["vector_instr_cycles"] + tile / table["vector_bytes_per_cycle"]) / HZ
+    store = (table["dma_instr_cycles"] + tile / table["mte3_gm_bytes_per_cycle"]) / HZ
+    return load, vec, store
+
+
+def test_double_buffering_costs_the_max_of_its_stages(driver):
+    t = A2.scaled(NO_LATENCY)
+    load, vec, store = _stages(t)
+    assert load > vec + store / 2  # the load is the longest stage and two buffers hide the others
+    m = tl.simulate(launch(driver, "pipe_double"), t)
+    assert makespan(m, t) == pytest.approx(64 * max(load, vec, store), rel=0.05)
+    assert m.busy["MTE2"] > 0.9
+
+
+def test_single_buffering_costs_the_sum_of_its_stages(driver):
+    t = A2.scaled(NO_LATENCY)
+    m = tl.simulate(launch(driver, "pipe_single"), t)
+    assert makespan(m, t) == pytest.approx(64 * sum(_stages(t)), rel=0.02)
+    # and double buffering is the faster one, with or without the latencies
+    for table in (t, A2):
+        assert tl.simulate(launch(driver, "pipe_double"), table).predicted_s < \
+            tl.simulate(launch(driver, "pipe_single"), table).predicted_s
+
+
+def test_a_missing_flag_is_rejected_not_modelled_faster(driver):
+    out = run_case(driver, "pipe_missing_flag")
+    assert out.startswith("EmuError") and "missing sync MTE2->V" in out, out
+
+
+def test_a_redundant_flag_changes_nothing_and_an_extra_barrier_never_helps(driver):
+    for table in (A2, A2.scaled(NO_LATENCY)):
+        single = tl.simulate(launch(driver, "pipe_single"), table).predicted_s
+        redundant = tl.simulate(launch(driver, "pipe_single_redundant"), table).predicted_s
+        assert redundant == pytest.approx(single, rel=1e-9)
+        double = tl.simulate(launch(driver, "pipe_double"), table).predicted_s
+        barrier = tl.simulate(launch(driver, "pipe_double_barrier"), table).predicted_s
+        assert barrier >= double * 1.2  # the barrier serializes the pipes again
+
+
+def test_longer_latencies_never_speed_a_kernel_up(driver):
+    for case in ("copy", "pipe_double", "pipe_single"):
+        base = tl.simulate(launch(driver, case)).predicted_s
+        for key in ("dma_latency_cycles", "flag_latency_cycles", "dma_instr_cycles", "vector_instr_cycles"):
+            slow = A2.scaled({key: 1.3})
+            assert tl.simulate(launch(driver, case), slow).predicted_s >= base * (1 - 1e-9), (case, key)
+
+
+def test_perfetto_trace(driver, tmp_path):
+    m = tl.simulate(launch(driver, "pipe_double"), trace=True)
+    path = tmp_path / "pipe_double.json"
+    tl.write_trace(str(path), m)
+    tr = json.loads(path.read_text())
+    xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    assert {e["name"] for e in xs} == {"DataCopy (GM->UB)", "Muls", "DataCopy (UB->GM)"}
+    assert "model" in tr["metadata"]["model"] and not tr["metadata"]["truncated"]
+    names = {e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"MTE2", "V", "MTE3"} <= names
+    # one pipe runs one instruction at a time
+    for tid in {e["tid"] for e in xs}:
+        ev = sorted((e for e in xs if e["tid"] == tid), key=lambda e: e["ts"])
+        for a, b in zip(ev, ev[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-6
+    # the schedule ends when the last store's data has landed: its busy end + the DMA latency
+    last = max(e["ts"] + e["dur"] for e in xs)
+    assert last + A2["dma_latency_cycles"] / HZ * 1e6 == pytest.approx(makespan(m) * 1e6, rel=1e-6)
+    with pytest.raises(ValueError, match="trace=True"):
+        tl.write_trace(str(path), tl.simulate(launch(driver, "pipe_double")))
+
+
+# ---- the real kernels through the emulated backend ------------------------------------------------------
+
+emu = pytest.importorskip("ascend_moe_ops._ascendc_emu", reason="the emulated AscendC kernels are not built")
+OPS = torch.ops.ascend_moe_ops_emu
+
+
+def test_recording_is_off_unless_asked():
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
+    idx = torch.randint(0, 4, (16, 2), dtype=torch.int32)
+    OPS.moe_permute(x, idx, None, 4, None, 1, None)
+    assert json.loads(emu._timeline_take())["launches"] == []
+
+
+def test_permute_and_unpermute_record_and_schedule():
+    T, H, E, K = 64, 256, 8, 2
+    x = torch.randn(T, H, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(E)[:K] for _ in range(T)]).to(torch.int32)
+    with tl.recording() as launches:
+        perm, _, row_map, _, _ = OPS.moe_permute(x, idx, None, E, None, 1, None)
+        OPS.moe_unpermute(perm, row_map, None)
+    kernels = [l["kernel"] for l in launches]
+    assert kernels == ["amo_moe_permute", "amo_moe_unpermute"], kernels
+    for l in tl.model_launches(launches):
+        assert l.gm_bytes >= 2 * T * K * H  # every permuted row read or written once, at least
+        assert 0 < l.predicted_s and 0 < l.pct_roofline <= 100
+        assert "model" in l.label and l.table_version == A2.version
+
+
+def test_grouped_gemm_and_flash_attention_record_and_schedule():
+    M, K, N, E = 96, 64, 80, 3
+    x = torch.randn(M, K, dtype=torch.bfloat16)
+    w = torch.randn(E, K, N, dtype=torch.bfloat16)
+    gs = torch.tensor([40, 0, 56])
+    q = torch.randn(128, 2, 64, dtype=torch.bfloat16)
+    kv = torch.randn(128, 2, 64, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 128], dtype=torch.int32)
+    with tl.recording() as launches:
+        y = OPS.grouped_gemm(x, w, gs, False)
+        OPS.grouped_gemm_dw(x, y, gs)
+        out, lse = OPS.flash_attention_fwd(q, kv, kv, None, cu, cu, 128, 128, True, 0.125)
+        OPS.flash_attention_bwd(out, q, kv, kv, None, out, lse, cu, cu, 128, 128, True, 0.125)
+    kinds = {l["kind"] for l in launches}
+    assert "cube" in kinds and "mix" in kinds, kinds
+    models = tl.model_launches(launches)
+    gemm = models[0]
+    assert gemm.flops == 2 * 96 * K * N  # the useful FLOPs of the recorded Mmads
+    mix = [m for m, l in zip(models, launches) if l["kind"] == "mix"]
+    assert mix and all(m.predicted_s > 0 for m in mix)
+    # the fused attention kernels hand tiles between AIC and AIV with cross-core flags
+    recs = [r for l in launches if l["kind"] == "mix" for c in l["cores"] for r in c["recs"]]
+    assert any(r[0] == tl.SET for r in recs) and any(r[0] == tl.WAIT for r in recs)
+
+
+def test_a2_bench_case_roofline_and_sensitivity():
+    """The 'A2 (model)' table's machinery on a small permute: % of the op's own roofline, the
+    regime, and a sensitivity row per (parameter, factor)."""
+    from ascend_moe_ops.perfmodel import a2_bench as ab
+    T, H, E, K = 64, 512, 8, 2
+    x = torch.randn(T, H, dtype=torch.bfloat16)
+    idx = torch.stack([torch.randperm(E)[:K] for _ in range(T)]).to(torch.int32)
+    nbytes = (T * H + T * K * H) * 2
+    case = ab.Case("moe_permute", "small", lambda: OPS.moe_permute(x, idx, None, E, None, 1, None), 0, nbytes, "bytes")
+    launches = ab.record_case(case)
+    m = ab.model_case(case, launches, A2)
+    assert m.regime == "HBM bandwidth" and m.kernels == ["amo_moe_permute"]
+    assert m.pct_roofline == pytest.approx(100 * nbytes / A2["gm_bandwidth"] / m.predicted_s)
+    assert "MODEL" in ab.format_table([m]) and "A2 (model) us" in ab.format_table([m])
+    rows = ab.sensitivity([(case, launches, m)], A2, keys=["gm_bandwidth", "launch_latency_s"])
+    assert [(k, f) for k, f, _ in rows] == [("gm_bandwidth", 0.7), ("gm_bandwidth", 1.3),
+                                            ("launch_latency_s", 0.7), ("launch_latency_s", 1.3)]
+    assert "parameter" in ab.format_sensitivity(rows)
+
+
+def test_bench_cli_a2_model_says_when_a_preset_has_no_cases(capsys):
+    from ascend_moe_ops.benchmark.cli import _a2_model
+    assert _a2_model("deepseek-v3") is None
+    assert "no AscendC kernel cases for preset 'deepseek-v3'" in capsys.readouterr().out
