@@ -26,6 +26,18 @@ static GlobalTensor<T> gt(T* p, uint64_t n) {
   return g;
 }
 
+// Fixpipe of rows x cols floats of an NZ L0C tile (16-row aligned) to g_f, row-major, unconverted.
+static GlobalTensor<float> fixpipe_to_gf(const LocalTensor<float>& c, uint16_t rows, uint16_t cols) {
+  FixpipeParamsV220 f;
+  f.nSize = cols;
+  f.mSize = rows;
+  f.srcStride = static_cast<uint16_t>((rows + 15) / 16 * 16);
+  f.dstStride = cols;
+  auto out = gt(g_f, 1024);
+  Fixpipe(out, c, f);
+  return out;
+}
+
 template <typename T>
 static void dcci(const GlobalTensor<T>& g) {
   DataCacheCleanAndInvalid<T, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g);
@@ -79,13 +91,7 @@ static void fill(TPosition pos, uint16_t blockNum) {
   Mmad(tc, ta, tb, mm);
   SetFlag<HardEvent::M_FIX>(EVENT_ID0);  // L0C (M) -> Fixpipe (FIX)
   WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
-  FixpipeParamsV220 f;
-  f.nSize = 32;
-  f.mSize = 32;
-  f.srcStride = 32;
-  f.dstStride = 32;
-  auto out = gt(g_f, 1024);
-  Fixpipe(out, tc, f);
+  auto out = fixpipe_to_gf(tc, 32, 32);
   PipeBarrier<PIPE_ALL>();  // the Fixpipe store completes before the scalar reads of GM
   for (uint32_t i = 0; i < 32 * 32; ++i)
     if (out.GetValue(i) != 0.0f) g_result = "not zeroed";
@@ -149,13 +155,7 @@ static void gemv_case(uint16_t m) {
   Mmad(c, a2, b2, mm);
   SetFlag<HardEvent::M_FIX>(EVENT_ID0);  // pipe model: L0C (M) -> Fixpipe (FIX)
   WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
-  FixpipeParamsV220 f;  // row 0 of C to GM (the scalar unit cannot read L0C)
-  f.nSize = 16;
-  f.mSize = 1;
-  f.srcStride = 16;
-  f.dstStride = 16;
-  auto out = gt(g_f, 1024);
-  Fixpipe(out, c, f);
+  auto out = fixpipe_to_gf(c, 1, 16);  // row 0 of C to GM (the scalar unit cannot read L0C)
   PipeBarrier<PIPE_ALL>();  // pipe model: the Fixpipe store completes before the scalar read of GM
   float want = 0.0f;
   for (int kk = 0; kk < 32; ++kk) want += static_cast<float>(g_a[kk]);

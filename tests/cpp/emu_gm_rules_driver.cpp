@@ -141,7 +141,8 @@ static std::map<std::string, std::function<void()>> vec_cases() {
 
 // ---- rule: CrossCoreSetFlag honours its pipe (mixed launch, 1 AI Core) ---------------------------
 // The AIC stores a 16 x 16 float tile of L0C to g_slot with Fixpipe and signals the AIVs, which read it.
-static void aic_store_then_set(bool onFix) {
+// A 16 x 16 float tile of L0C (never computed: its contents do not matter here) to g_slot.
+static void fixpipe_tile_to_slot() {
   TPipe pipe;
   TBuf<TPosition::CO1> c;
   pipe.InitBuffer(c, 16 * 16 * 4);
@@ -151,6 +152,9 @@ static void aic_store_then_set(bool onFix) {
   f.srcStride = 16;
   f.dstStride = 16;
   Fixpipe(gt(g_slot, 256), c.Get<float>(), f);
+}
+static void aic_store_then_set(bool onFix) {
+  fixpipe_tile_to_slot();
   if (onFix) CrossCoreSetFlag<2, PIPE_FIX>(0);
   else CrossCoreSetFlag<2, PIPE_M>(0);  // PIPE_M has nothing to do with the Fixpipe store
 }
@@ -176,15 +180,7 @@ static void aiv_load_then_set(bool order) {
 }
 static void aic_wait_then_store() {
   CrossCoreWaitFlag(1);
-  TPipe pipe;
-  TBuf<TPosition::CO1> c;
-  pipe.InitBuffer(c, 16 * 16 * 4);
-  FixpipeParamsV220 f;
-  f.nSize = 16;
-  f.mSize = 16;
-  f.srcStride = 16;
-  f.dstStride = 16;
-  Fixpipe(gt(g_slot, 256), c.Get<float>(), f);
+  fixpipe_tile_to_slot();
 }
 
 static std::map<std::string, std::function<void()>> mix_cases() {
