@@ -135,10 +135,14 @@ inline void gm_touch(const PipeModel& model, int core, const void* p, uint64_t b
     const uint64_t glo = g << GmState::kGranBits, ghi = glo + (uint64_t(1) << GmState::kGranBits);
     const uint64_t clo = lo > glo ? lo : glo, chi = hi < ghi ? hi : ghi;
     auto& v = s.gran[g];
-    GmRec* mine = nullptr;
+    GmRec* mine = nullptr;  // a record of this very instruction to extend
+    bool covers = false;    // an earlier record of this core, pipe and kind that this access covers
     for (auto& r : v) {
       if (r.core == core) {
-        if (!mine && r.pipe == pipe && r.write == write && r.atomic == atomic && r.lo <= chi && clo <= r.hi) mine = &r;
+        if (r.pipe == pipe && r.write == write && r.atomic == atomic) {
+          if (!mine && r.seq == seq && r.lo <= chi && clo <= r.hi) mine = &r;
+          else if (clo <= r.lo && r.hi <= chi) covers = true;
+        }
         continue;
       }
       if (!(r.lo < chi && clo < r.hi) || !(r.write || write)) continue;
@@ -165,11 +169,23 @@ inline void gm_touch(const PipeModel& model, int core, const void* p, uint64_t b
         << "that made the first access (CrossCoreSetFlag<2, " << pipe_name(r.pipe) << "> -> CrossCoreWaitFlag)";
       fail(o.str());
     }
+    if (covers) {  // superseded: a later access must be ordered after this one, hence after those
+      size_t keep = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        const GmRec& r = v[i];
+        const bool drop = &r != mine && r.core == core && r.pipe == pipe && r.write == write && r.atomic == atomic &&
+                          clo <= r.lo && r.hi <= chi;
+        if (!drop) {
+          if (mine == &v[i]) mine = &v[keep];
+          if (keep != i) v[keep] = v[i];
+          ++keep;
+        }
+      }
+      v.resize(keep);
+    }
     if (mine) {
       mine->lo = mine->lo < clo ? mine->lo : clo;
       mine->hi = mine->hi > chi ? mine->hi : chi;
-      mine->seq = seq;
-      mine->instr = model.cur_name();
     } else {
       GmRec r;
       r.lo = clo;
