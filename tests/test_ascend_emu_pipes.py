@@ -39,13 +39,15 @@ CAUGHT = [
     ("bad_l1_fill_nd2nz", r"same-pipe overlap in kernel bad_l1_fill_nd2nz, block 0: InitConstValue \(L1\) \(issue #1\) "
                           r"and DataCopy \(GM->L1, ND2NZ\) \(issue #2\) both write L1 bytes \[0, 512\) of TBuf #0 on "
                           r"PIPE_MTE2 with no PipeBarrier<PIPE_MTE2>\(\)"),
+    ("bad_v_mte3_no_auto_sync", r"pipe race \(read-after-write, missing sync V->MTE3\) in kernel bad_v_mte3_no_auto_sync.*"
+                                r"Adds on PIPE_V .* DataCopy \(UB->GM\) on PIPE_MTE3"),
     ("bad_pipe_m", r"PIPE_M rule in kernel bad_pipe_m, block 0: Mmad \(issue #2, m=32 n=64: 8 < 10 L0C fractals\) "
                    r"accumulates into L0C bytes \[0, 8192\) of TBuf #3 right after the Mmad of issue #1 with no "
                    r"PipeBarrier<PIPE_M>\(\)"),
 ]
 
 CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_mte3_mte2", "ok_gm_mte3_mte2", "ok_pipe_all", "ok_scalar_wait", "ok_queues",
-         "ok_auto_sync_vector_side", "ok_event_ids", "ok_cube_path", "ok_l0_fill_mmad", "ok_l1_fill_nd2nz", "ok_pipe_m",
+         "ok_auto_sync_scalar_side", "ok_event_ids", "ok_cube_path", "ok_l0_fill_mmad", "ok_l1_fill_nd2nz", "ok_pipe_m",
          "ok_pipe_m_large"]
 
 
@@ -72,13 +74,19 @@ def test_pipe_model_env_switch_turns_it_off(pipes_driver):
     assert run_case(pipes_driver, "bad_v_mte2", env=env).startswith("EmuError")
 
 
-def test_pipe_model_narrow_auto_sync_option(pipes_driver):
-    """ASCEND_MOE_OPS_EMU_AUTOSYNC=scalar: only the S <-> V/MTE2/MTE3 pairs are compiler-inserted, so
-    a vector result stored from a TBuf without V -> MTE3 is a race; the default accepts it."""
-    env = dict(os.environ, ASCEND_MOE_OPS_EMU_AUTOSYNC="scalar")
-    assert_emu_error(run_case(pipes_driver, "ok_auto_sync_vector_side", env=env), "narrow auto-sync",
+def test_pipe_model_auto_sync_default_is_the_documented_set(pipes_driver):
+    """By default only the scalar-related pairs (S <-> V/MTE2/MTE3) are compiler-inserted, as the public
+    documentation lists them: a vector result stored from a TBuf without V -> MTE3 is a race.
+    ASCEND_MOE_OPS_EMU_AUTOSYNC=wide (explicit option only) accepts it; `scalar` names the default."""
+    env = dict(os.environ)
+    env.pop("ASCEND_MOE_OPS_EMU_AUTOSYNC", None)
+    assert run_case(pipes_driver, "bad_v_mte3_no_auto_sync", env=env).startswith("EmuError")
+    env["ASCEND_MOE_OPS_EMU_AUTOSYNC"] = "scalar"
+    assert_emu_error(run_case(pipes_driver, "bad_v_mte3_no_auto_sync", env=env), "documented auto-sync",
                      r"read-after-write, missing sync V->MTE3")
-    assert run_case(pipes_driver, "ok_v_mte2", env=env) == "ok"
+    env["ASCEND_MOE_OPS_EMU_AUTOSYNC"] = "wide"
+    assert run_case(pipes_driver, "bad_v_mte3_no_auto_sync", env=env) == "ok"
+    assert run_case(pipes_driver, "bad_v_mte2", env=env).startswith("EmuError"), "V -> MTE2 is never inserted"
 
 
 def test_strict_model_is_on_in_this_run():

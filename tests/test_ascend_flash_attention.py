@@ -542,11 +542,12 @@ def test_emulator_mixed_launch_ids_and_ping_pong(mix_driver):
 
 
 def test_emulator_schedules_expose_a_missing_handshake(mix_driver):
-    """A producer that rewrites its slot without waiting for the consumers' flag: the default schedule
-    (run until blocked) lets it run ahead and the consumers read overwritten data; the "switch"
-    schedule happens to hide it -- which is why the fused kernels are tested under both."""
-    assert _mix(mix_driver, "racy_no_ack") == "wrong"
-    assert _mix(mix_driver, "racy_no_ack", "switch") == "ok"
+    """A producer that rewrites its slot without waiting for the consumers' flag. The schedules alone
+    would show it only under the default one (run until blocked: the consumers read overwritten data;
+    "switch" happens to hide it); the cross-core GM model (emu/gm_model.h) names the race under both."""
+    for schedule in (None, "switch"):
+        assert_emu_error(_mix(mix_driver, "racy_no_ack", schedule), "racy_no_ack",
+                         r"GM race between cores \((read-after-write|write-after-read)\) .* on AIC 0 \(PIPE_S\)")
 
 
 @needs_emu
@@ -561,18 +562,38 @@ def test_emu_fused_kernels_equal_phase_kernels(monkeypatch, rope, causal, schedu
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE", schedule)
     Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
-    q, k, v, kr, cu = _fa_inputs([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, seed=4)
-    do = torch.randn(q.shape[0], 2, Dv, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    _assert_fused_equals_phases(monkeypatch, [1, 17, 40, 0, 5], 2, Dk, Dr, Dv, causal=causal, seeds=(4, 9), scale=0.17)
+
+
+def _assert_fused_equals_phases(monkeypatch, lens, H, Dk, Dr, Dv, causal, seeds, scale=0.2):
+    """Forward and backward with the fused and with the phase kernels (bf16): bitwise equal outputs."""
+    q, k, v, kr, cu = _fa_inputs(lens, H, Dk, Dr, Dv, seed=seeds[0])
+    do = torch.randn(q.shape[0], H, Dv, generator=torch.Generator().manual_seed(seeds[1])).to(torch.bfloat16)
     qkv = tuple(None if t is None else t.to(torch.bfloat16) for t in (q, k, v, kr))
+    m = max(lens)
     res = {}
     for mode in ("fused", "phases"):
         monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", mode)
         with amo.use_backend(EMU):
-            out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*qkv, cu, cu, 40, 40, causal, 0.17)
-            grads = torch.ops.ascend_moe_ops.flash_attention_bwd(do, *qkv, out, lse, cu, cu, 40, 40, causal, 0.17)
+            out, lse = torch.ops.ascend_moe_ops.flash_attention_fwd(*qkv, cu, cu, m, m, causal, scale)
+            grads = torch.ops.ascend_moe_ops.flash_attention_bwd(do, *qkv, out, lse, cu, cu, m, m, causal, scale)
         res[mode] = (out, lse) + tuple(grads)
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv", "dk_rope"), res["fused"], res["phases"]):
         assert torch.equal(a, b), f"{name}: fused and phase kernels differ"
+
+
+@needs_emu
+@pytest.mark.parametrize("schedule", ["run-to-block", "switch"])
+def test_emu_fused_bwd_kv_pass_short_last_query_block(monkeypatch, schedule):
+    """Issue 30: in the KV pass an AIV whose half of a query block is empty (40 queries = blocks of 16,
+    16 and 8 rows, baseM 16: AIV 1 has no row of the last block) sets CrossCoreSetFlag<2, PIPE_MTE3>
+    with no store pending; the flag must still cover its part-slot loads (MTE2) of the block before
+    last, which the AIC then overwrites. The kernel orders MTE2 -> MTE3 before the set; without it the
+    cross-core GM model raises "GM race between cores (write-after-read)". Fused == phases bitwise."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "1")
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_MIX_SCHEDULE", schedule)
+    _assert_fused_equals_phases(monkeypatch, [40], 1, 24, 0, 24, causal=False, seeds=(11, 12))
 
 
 @needs_emu

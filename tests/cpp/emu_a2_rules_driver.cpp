@@ -26,37 +26,79 @@ static GlobalTensor<T> gt(T* p, uint64_t n) {
   return g;
 }
 
+// Fixpipe of rows x cols floats of an NZ L0C tile (16-row aligned) to g_f, row-major, unconverted.
+static GlobalTensor<float> fixpipe_to_gf(const LocalTensor<float>& c, uint16_t rows, uint16_t cols) {
+  FixpipeParamsV220 f;
+  f.nSize = cols;
+  f.mSize = rows;
+  f.srcStride = static_cast<uint16_t>((rows + 15) / 16 * 16);
+  f.dstStride = cols;
+  auto out = gt(g_f, 1024);
+  Fixpipe(out, c, f);
+  return out;
+}
+
 template <typename T>
 static void dcci(const GlobalTensor<T>& g) {
   DataCacheCleanAndInvalid<T, CacheLine::SINGLE_CACHE_LINE, DcciDst::CACHELINE_OUT>(g);
 }
 
 // ---- rule 1: InitConstValue units (512 B on L0A/L0B, 32 B on L1) ---------------------------------
+// The scalar unit cannot read L1/L0 (GetValue is for UB positions only), so the fill is checked the
+// way the hardware can: the filled 32 x 32 tile times a tile of ones through the Cube, Fixpipe to GM,
+// every element 0 (an unfilled element is 0xFFFF = NaN and spreads into its row of the product).
 static void fill(TPosition pos, uint16_t blockNum) {
   TPipe pipe;
   TQue<TPosition::A1, 1> l1;
   TQue<TPosition::A2, 1> l0a;
   TQue<TPosition::B2, 1> l0b;
+  TQue<TPosition::CO1, 1> l0c;
   pipe.InitBuffer(l1, 1, 32 * 32 * 2);
   pipe.InitBuffer(l0a, 1, 32 * 32 * 2);
   pipe.InitBuffer(l0b, 1, 32 * 32 * 2);
+  pipe.InitBuffer(l0c, 1, 32 * 32 * 4);
   auto t1 = l1.AllocTensor<half>();
   auto ta = l0a.AllocTensor<half>();
   auto tb = l0b.AllocTensor<half>();
+  auto tc = l0c.AllocTensor<float>();
   InitConstValueParams<half> z;
   z.repeatTimes = 1;
   z.blockNum = blockNum;
-  if (pos == TPosition::A1) InitConstValue(t1, z);
-  else if (pos == TPosition::A2) InitConstValue(ta, z);
-  else InitConstValue(tb, z);
-  PipeBarrier<PIPE_ALL>();  // pipe model: the fill (MTE1 / MTE2) completes before the scalar reads below
-  // check the fill: every element of the 2 KiB buffer is 0
-  const LocalTensor<half>& t = pos == TPosition::A1 ? t1 : pos == TPosition::A2 ? ta : tb;
+  InitConstValueParams<half> ones;  // the other Cube operand: 4 fractals of 1.0
+  ones.repeatTimes = 1;
+  ones.blockNum = 4;
+  ones.initValue = half(1.0f);
+  if (pos == TPosition::A1) {
+    InitConstValue(t1, z);
+    SetFlag<HardEvent::MTE2_MTE1>(EVENT_ID0);  // L1 fill (MTE2) -> LoadData (MTE1)
+    WaitFlag<HardEvent::MTE2_MTE1>(EVENT_ID0);
+    LoadData2DParams l;
+    l.repeatTimes = 4;
+    l.srcStride = 1;
+    LoadData(ta, t1, l);
+    InitConstValue(tb, ones);
+  } else if (pos == TPosition::A2) {
+    InitConstValue(ta, z);
+    InitConstValue(tb, ones);
+  } else {
+    InitConstValue(ta, ones);
+    InitConstValue(tb, z);
+  }
+  SetFlag<HardEvent::MTE1_M>(EVENT_ID0);  // L0A/L0B (MTE1) -> Mmad (M)
+  WaitFlag<HardEvent::MTE1_M>(EVENT_ID0);
+  MmadParams mm;
+  mm.m = mm.n = mm.k = 32;
+  Mmad(tc, ta, tb, mm);
+  SetFlag<HardEvent::M_FIX>(EVENT_ID0);  // L0C (M) -> Fixpipe (FIX)
+  WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
+  auto out = fixpipe_to_gf(tc, 32, 32);
+  PipeBarrier<PIPE_ALL>();  // the Fixpipe store completes before the scalar reads of GM
   for (uint32_t i = 0; i < 32 * 32; ++i)
-    if (static_cast<float>(t.GetValue(i)) != 0.0f) g_result = "not zeroed";
+    if (out.GetValue(i) != 0.0f) g_result = "not zeroed";
   l1.FreeTensor(t1);
   l0a.FreeTensor(ta);
   l0b.FreeTensor(tb);
+  l0c.FreeTensor(tc);
 }
 
 // ---- rule 2: Mmad with m = 1 is GEMV (L0A read as ND) ------------------------------------------------
@@ -111,10 +153,13 @@ static void gemv_case(uint16_t m) {
   mm.n = 16;
   mm.k = 32;
   Mmad(c, a2, b2, mm);
-  PipeBarrier<PIPE_ALL>();  // pipe model: the Mmad completes before the scalar read of L0C
+  SetFlag<HardEvent::M_FIX>(EVENT_ID0);  // pipe model: L0C (M) -> Fixpipe (FIX)
+  WaitFlag<HardEvent::M_FIX>(EVENT_ID0);
+  auto out = fixpipe_to_gf(c, 1, 16);  // row 0 of C to GM (the scalar unit cannot read L0C)
+  PipeBarrier<PIPE_ALL>();  // pipe model: the Fixpipe store completes before the scalar read of GM
   float want = 0.0f;
   for (int kk = 0; kk < 32; ++kk) want += static_cast<float>(g_a[kk]);
-  if (c.GetValue(0) != want) g_result = "wrong";
+  if (out.GetValue(0) != want) g_result = "wrong";
   a1q.FreeTensor(a1);
   b1q.FreeTensor(b1);
   a2q.FreeTensor(a2);
@@ -204,6 +249,8 @@ static std::map<std::string, std::function<void()>> vec_cases() {
            TBuf<TPosition::VECCALC> buf;
            pipe.InitBuffer(buf, 32);
            Duplicate(buf.Get<float>(), 5.0f, 8);
+           SetFlag<HardEvent::V_MTE3>(EVENT_ID0);  // pipe model: V -> MTE3 is not compiler-inserted
+           WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
            DataCopy(g, buf.Get<float>(), 8);
          } else {
            g.SetValue(9, 2.0f);
@@ -238,6 +285,8 @@ static std::map<std::string, std::function<void()>> vec_cases() {
          TBuf<TPosition::VECCALC> buf;
          pipe.InitBuffer(buf, 32);
          Duplicate(buf.Get<float>(), 1.0f, 8);
+         SetFlag<HardEvent::V_MTE3>(EVENT_ID0);  // pipe model: V -> MTE3 is not compiler-inserted
+         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
          DataCopy(g, buf.Get<float>(), 8);
        }},
   };

@@ -64,7 +64,9 @@ static void store_then_reload(bool mte3_mte2) {
   pipe.InitBuffer(b, 256);
   auto t = b.Get<float>();
   Duplicate(t, 3.0f, 64);
-  DataCopy(gt(g_out), t, 64);  // V -> MTE3: inserted by the compiler's auto-sync on AIV
+  SetFlag<HardEvent::V_MTE3>(EVENT_ID0);  // V -> MTE3: not in the documented auto-sync set
+  WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+  DataCopy(gt(g_out), t, 64);
   if (mte3_mte2) {
     SetFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
     WaitFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
@@ -82,6 +84,8 @@ static void gm_store_then_load(bool mte3_mte2) {
   auto ta = a.Get<float>();
   auto tb = b.Get<float>();
   Duplicate(ta, 3.0f, 64);
+  SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+  WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
   DataCopy(gt(g_out)[32], ta, 64);  // GM floats [32, 96)
   if (mte3_mte2) {
     SetFlag<HardEvent::MTE3_MTE2>(EVENT_ID0);
@@ -263,13 +267,24 @@ static std::map<std::string, std::function<void()>> vector_cases() {
            out.FreeTensor(y);
          }
        }},
-      {"ok_auto_sync_vector_side", [] {  // V -> MTE3 and S -> V are inserted by the compiler on AIV
+      {"bad_v_mte3_no_auto_sync", [] {  // S -> V is compiler-inserted on AIV; V -> MTE3 is not documented
          TPipe pipe;
          TBuf<TPosition::VECCALC> b;
          pipe.InitBuffer(b, 256);
          auto t = b.Get<float>();
          t.SetValue(0, 5.0f);
          Adds(t, t, 1.0f, 8);
+         DataCopy(gt(g_out), t, 8);
+       }},
+      {"ok_auto_sync_scalar_side", [] {  // the twin: S -> V left to the compiler, V -> MTE3 written out
+         TPipe pipe;
+         TBuf<TPosition::VECCALC> b;
+         pipe.InitBuffer(b, 256);
+         auto t = b.Get<float>();
+         t.SetValue(0, 5.0f);
+         Adds(t, t, 1.0f, 8);
+         SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+         WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
          DataCopy(gt(g_out), t, 8);
        }},
       {"bad_wait_without_set", [] { WaitFlag<HardEvent::MTE2_V>(EVENT_ID0); }},

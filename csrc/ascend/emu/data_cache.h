@@ -23,8 +23,10 @@
 //   * STALE LINE: a scalar read or write that hits a line cached by an earlier launch and not
 //     invalidated since, or a line that another core wrote (DMA or write-back) after this core cached
 //     it: the cached copy may not be what GM holds.
+// The kernels' tiling structs are read through GlobalTensor::GetValue after a clean + invalidate of
+// their lines (kernels/kernel_common.h CopyTiling), so they go through this model too.
 // Not modelled: capacity and eviction (nothing is evicted, which only makes the stale-line check
-// stricter), the tiling structs read through raw GM pointers (CopyTiling), the instruction cache.
+// stricter), the instruction cache.
 #pragma once
 
 #include <cstdint>

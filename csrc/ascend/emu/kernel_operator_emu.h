@@ -35,7 +35,12 @@
 //     (emu/data_cache.h): lost writes between cores, DMA over a dirty line and stale lines (cached by
 //     an earlier launch, or written after caching) are errors; DataCacheCleanAndInvalid cleans/drops;
 //   * ReduceMax work buffer: ceil(2 * repeats / 8) * 8 floats;
-//   * cross-core flag ids 0..15, of which 11..14 belong to SyncAll.
+//   * cross-core flag ids 0..15, of which 11..14 belong to SyncAll; CrossCoreSetFlag<mode, pipe> with
+//     PIPE_S / PIPE_ALL is rejected (modes 0..2), and the set covers only `pipe`'s earlier work;
+//   * LocalTensor GetValue / SetValue (the scalar unit) on UB positions only, not L1/L0A/L0B/L0C;
+//   * GM between cores (gm_model.h): two cores of one launch touching the same GM bytes, one writing,
+//     with no cross-core flag ordering them and not both SetAtomicAdd<T> of the same T, is an error;
+//     SetAtomicAdd<T> makes later DMA stores to GM add in T, SetAtomicNone / DisableDmaAtomic end it.
 //
 //   * Intra-core ordering (pipe_model.h): every instruction is issued on its A2 pipe (DataCopy
 //     GM->UB/L1 MTE2, UB->GM MTE3, LoadData MTE1, Mmad M, Fixpipe FIX, vector ops V, LocalTensor
@@ -46,12 +51,10 @@
 //     pipe, small accumulating Mmads without PipeBarrier<PIPE_M>, event ids outside 0..7 and a
 //     WaitFlag with no pending SetFlag. ASCEND_MOE_OPS_EMU_PIPES=off disables it (debugging only).
 //
-// WHAT IT DOES NOT CHECK: timing and performance; the ORDER of GM accesses inside a core (GM is not
-// tracked by the pipe model; the instructions still run one after another in program order);
-// UB bank conflicts; blocks running concurrently (blocks of
-// single-type launches run one after another, mixed launches under the deterministic scheduler below,
-// so races between cores on GM are not observed as such -- the kernels avoid them by construction:
-// every output element has exactly one writer); the hardware's exact rounding of fused
+// WHAT IT DOES NOT CHECK: timing and performance; UB bank conflicts; blocks running concurrently
+// (blocks of single-type launches run one after another, mixed launches under the deterministic
+// scheduler below; races between cores on GM are named by gm_model.h instead); SyncAll (not in the
+// emulated subset); the hardware's exact rounding of fused
 // operations (Axpy rounds the product and the sum separately here; ReduceSum follows the documented
 // A2 order: binary tree inside a 256-byte repeat, repeats summed in order); GM address alignment and
 // burst efficiency.
@@ -122,6 +125,7 @@
 
 #include "emu/data_cache.h"
 #include "pipe_model.h"
+#include "gm_model.h"
 
 #define __aicore__
 #define __global__
@@ -211,6 +215,8 @@ struct MixGroup {
   int aic[kFlags] = {};        // pending releases of the AIC's waits
   int aiv[2][kFlags] = {};     // pending releases of each AIV's waits
   int fromAiv[2][kFlags] = {}; // AIV sets not yet matched by the other AIV's set
+  // cross-core GM model (gm_model.h): what each pending set tells the waiter, in set order
+  std::deque<GmKnown> aicMsg[kFlags], aivMsg[2][kFlags], fromAivMsg[2][kFlags];
   int* waitingOn[3] = {nullptr, nullptr, nullptr};  // the counter each block (AIC, AIV0, AIV1) waits on
   bool done[3] = {false, false, false};
   int turn = 0;                // the block holding the run token
@@ -290,6 +296,22 @@ constexpr EventPipes event_pipes(HardEvent e) {
 }
 // Pipe model: the current instruction's pipe and name, and an access of it.
 inline void issue(int pipe, const char* name) { ascend_emu::ctx().model.begin(pipe, name); }
+// A DMA access of the current instruction to GM: the core's pipe model (intra-core order) and the
+// cross-core GM model (gm_model.h; writes carry the core's atomic mode).
+inline void gm_touch(const void* p, uint64_t bytes, bool write) {
+  auto& c = ascend_emu::ctx();
+  c.model.touch_gm(p, bytes, write);
+  if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording: no GM race model either
+  ascend_emu::gm_touch(c.model, ascend_emu::core_id(), p, bytes, write,
+                       write ? ascend_emu::gm_atomic() : ascend_emu::AtomicKind::kNone);
+}
+// A scalar GM access (GlobalTensor::GetValue / SetValue): a PIPE_S instruction for the GM model.
+inline void scalar_gm(const void* p, uint64_t bytes, bool write, const char* name) {
+  auto& c = ascend_emu::ctx();
+  if (!c.model.on()) return;
+  c.model.begin(ascend_emu::kPipeS, name);
+  ascend_emu::gm_touch(c.model, ascend_emu::core_id(), p, bytes, write, ascend_emu::AtomicKind::kNone);
+}
 }  // namespace detail
 
 // ---- 16-bit float storage types (conversions round to nearest even, like torch) -----------------
@@ -353,6 +375,64 @@ template <typename T> constexpr const char* type_name() {
   else return "T";
 }
 
+// ---- atomic accumulate of GM writes (SetAtomicAdd<T> / SetAtomicNone; gm_model.h) -------------------
+namespace detail {
+template <typename A>
+void atomic_add_n(uint8_t* dst, const uint8_t* src, uint64_t n) {
+  for (uint64_t i = 0; i + sizeof(A) <= n; i += sizeof(A)) {
+    A a, b;
+    std::memcpy(&a, dst + i, sizeof(A));
+    std::memcpy(&b, src + i, sizeof(A));
+    A r;
+    if constexpr (std::is_integral_v<A>)
+      r = static_cast<A>(static_cast<int64_t>(a) + static_cast<int64_t>(b));  // wraps like the DMA's adder (assumption)
+    else
+      r = static_cast<A>(static_cast<float>(static_cast<double>(static_cast<float>(a)) + static_cast<float>(b)));
+    std::memcpy(dst + i, &r, sizeof(A));
+  }
+}
+// A DMA store of n bytes to GM: a copy, or with an atomic mode set, GM = GM + src in the mode's type.
+inline void gm_store(void* dst, const void* src, uint64_t n, const char* what) {
+  const ascend_emu::AtomicKind k = ascend_emu::gm_atomic();
+  if (k == ascend_emu::AtomicKind::kNone) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  if (n % ascend_emu::atomic_size(k))
+    fail(std::string(what) + " with SetAtomicAdd<" + ascend_emu::atomic_name(k) + ">: " + std::to_string(n) +
+         " B is not a whole number of " + ascend_emu::atomic_name(k) + " elements");
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+  switch (k) {
+    case ascend_emu::AtomicKind::kF32: atomic_add_n<float>(d, s, n); break;
+    case ascend_emu::AtomicKind::kF16: atomic_add_n<half>(d, s, n); break;
+    case ascend_emu::AtomicKind::kBF16: atomic_add_n<bfloat16_t>(d, s, n); break;
+    case ascend_emu::AtomicKind::kI8: atomic_add_n<int8_t>(d, s, n); break;
+    case ascend_emu::AtomicKind::kI16: atomic_add_n<int16_t>(d, s, n); break;
+    case ascend_emu::AtomicKind::kI32: atomic_add_n<int32_t>(d, s, n); break;
+    default: break;
+  }
+}
+}  // namespace detail
+
+// API reference, SetAtomicAdd: later DMA transfers to GM (from UB, L0C or L1) add to what GM holds, in
+// type T (A2: int8_t, int16_t, half, bfloat16_t, int32_t, float); SetAtomicNone / DisableDmaAtomic end it.
+template <typename T>
+inline void SetAtomicAdd() {
+  using K = ascend_emu::AtomicKind;
+  K k = K::kNone;
+  if constexpr (std::is_same_v<T, float>) k = K::kF32;
+  else if constexpr (std::is_same_v<T, half>) k = K::kF16;
+  else if constexpr (std::is_same_v<T, bfloat16_t>) k = K::kBF16;
+  else if constexpr (std::is_same_v<T, int8_t>) k = K::kI8;
+  else if constexpr (std::is_same_v<T, int16_t>) k = K::kI16;
+  else if constexpr (std::is_same_v<T, int32_t>) k = K::kI32;
+  else fail(std::string("SetAtomicAdd<") + type_name<T>() + ">: A2 accumulates int8_t, int16_t, half, bfloat16_t, int32_t or float only");
+  ascend_emu::gm_atomic() = k;
+}
+inline void SetAtomicNone() { ascend_emu::gm_atomic() = ascend_emu::AtomicKind::kNone; }
+inline void DisableDmaAtomic() { SetAtomicNone(); }
+
 // ---- Global memory ---------------------------------------------------------------------------------
 template <typename T>
 class GlobalTensor {
@@ -374,14 +454,22 @@ class GlobalTensor {
   T GetValue(uint64_t i) const {
     check(i, 1, "GetValue");
     T v;
-    if (ascend_emu::ctx().active) ascend_emu::dc_read(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
-    else v = base_[i];
+    if (ascend_emu::ctx().active) {
+      detail::scalar_gm(base_ + i, sizeof(T), false, "GlobalTensor::GetValue");
+      ascend_emu::dc_read(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
+    } else {
+      v = base_[i];
+    }
     return v;
   }
   void SetValue(uint64_t i, T v) {
     check(i, 1, "SetValue");
-    if (ascend_emu::ctx().active) ascend_emu::dc_write(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
-    else base_[i] = v;
+    if (ascend_emu::ctx().active) {
+      detail::scalar_gm(base_ + i, sizeof(T), true, "GlobalTensor::SetValue");
+      ascend_emu::dc_write(ascend_emu::core_id(), base_ + i, &v, sizeof(T), type_name<T>(), i);
+    } else {
+      base_[i] = v;
+    }
   }
   uint64_t GetSize() const { return size_; }
   T* GetPhyAddr() const { return base_; }
@@ -421,6 +509,7 @@ class LocalTensor {
   }
   T GetValue(uint64_t i) const {
     live("GetValue");
+    scalar_position("GetValue");
     if (i >= size_) fail("LocalTensor GetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
     detail::issue(PIPE_S, "LocalTensor::GetValue");
     emu_touch(sizeof(T), false, i * sizeof(T));
@@ -430,6 +519,7 @@ class LocalTensor {
   }
   void SetValue(uint64_t i, T v) const {
     live("SetValue");
+    scalar_position("SetValue");
     if (i >= size_) fail("LocalTensor SetValue(" + std::to_string(i) + ") past its " + std::to_string(size_) + " elements");
     detail::issue(PIPE_S, "LocalTensor::SetValue");
     emu_touch(sizeof(T), true, i * sizeof(T));
@@ -459,6 +549,13 @@ class LocalTensor {
     return reinterpret_cast<T*>(base + ub_addr());
   }
   int space() const { return slot_ ? slot_->space : ascend_emu::kUB; }
+  // API reference, LocalTensor GetValue / SetValue: only for the VECIN / VECCALC / VECOUT positions (UB).
+  void scalar_position(const char* what) const {
+    if (slot_->space != ascend_emu::kUB)
+      fail(std::string("scalar ") + what + " on a LocalTensor of " + slot_->owner + " in " +
+           ascend_emu::space_name(slot_->space) + ": the scalar unit reaches UB only (VECIN/VECCALC/VECOUT); move " +
+           "the data to GM (Fixpipe / DataCopy) and read it there");
+  }
   // Cube-side operand check: live, in one of the allowed memories, holds n elements, aligned.
   void need_in(uint64_t n, const char* what, int s1, int s2, uint64_t align) const {
     live(what);
@@ -758,10 +855,17 @@ inline void check_flag(uint16_t id, const char* what) {
 // AIV sets together release one wait on the AIC.
 template <uint8_t modeId, pipe_t pipe>
 inline void CrossCoreSetFlag(uint16_t flagId) {
+  // API reference, CrossCoreSetFlag: `pipe` is the pipe the set is issued on (the flag fires once that
+  // pipe's earlier work is done); PIPE_S and PIPE_ALL are not allowed on A2 (modes 0..2).
+  if (modeId <= 2 && (pipe == PIPE_S || pipe == PIPE_ALL))
+    fail(std::string("CrossCoreSetFlag<") + std::to_string(modeId) + ", " + (pipe == PIPE_S ? "PIPE_S" : "PIPE_ALL") +
+         ">: the set is issued on a transfer or compute pipe; PIPE_S and PIPE_ALL are not allowed for modes 0..2 on A2");
   if (modeId != 2) fail("CrossCoreSetFlag: only mode 2 (AIC <-> AIV of one AI Core) is emulated");
   detail::check_flag(flagId, "CrossCoreSetFlag");
   auto& c = ascend_emu::ctx();
   auto& g = detail::mix_group("CrossCoreSetFlag");
+  // cross-core GM model: the set covers what `pipe` has completed (not the other pipes' pending work)
+  ascend_emu::GmKnown msg = ascend_emu::gm_message(ascend_emu::core_id(), c.model.flag_clock(int(pipe)));
   std::unique_lock<std::mutex> lk(g.m);
   auto bump = [&](int& n) {
     if (++n > 15) fail("CrossCoreSetFlag: flag " + std::to_string(flagId) + " set more than 15 times without a wait");
@@ -769,12 +873,20 @@ inline void CrossCoreSetFlag(uint16_t flagId) {
   if (c.aic) {
     bump(g.aiv[0][flagId]);
     bump(g.aiv[1][flagId]);
+    g.aivMsg[0][flagId].push_back(msg);
+    g.aivMsg[1][flagId].push_back(msg);
   } else {
     bump(g.fromAiv[c.sub][flagId]);
+    g.fromAivMsg[c.sub][flagId].push_back(msg);
     if (g.fromAiv[0][flagId] > 0 && g.fromAiv[1][flagId] > 0) {
       --g.fromAiv[0][flagId];
       --g.fromAiv[1][flagId];
       bump(g.aic[flagId]);
+      ascend_emu::GmKnown both = g.fromAivMsg[0][flagId].front();
+      for (auto& kv : g.fromAivMsg[1][flagId].front()) ascend_emu::gm_join(both, kv.first, kv.second);
+      g.fromAivMsg[0][flagId].pop_front();
+      g.fromAivMsg[1][flagId].pop_front();
+      g.aicMsg[flagId].push_back(std::move(both));
     }
   }
   if (auto* tl = c.model.tl()) tl->cross_set(int(pipe), c.model.snapshot(int(pipe)), flagId);  // timeline.h
@@ -812,6 +924,14 @@ inline void CrossCoreWaitFlag(uint16_t flagId) {
   }
   --n;
   if (auto* tl = c.model.tl()) tl->cross_wait(flagId);  // timeline.h
+  // cross-core GM model: the waiter learns what the matching set covered (the wait is taken as PIPE_S)
+  auto& q = c.aic ? g.aicMsg[flagId] : g.aivMsg[c.sub][flagId];
+  if (!q.empty()) {
+    ascend_emu::GmKnown msg = std::move(q.front());
+    q.pop_front();
+    lk.unlock();
+    ascend_emu::gm_acquire(ascend_emu::core_id(), msg);
+  }
 }
 
 // ---- data cache maintenance (emu/data_cache.h) ------------------------------------------------------
@@ -884,7 +1004,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, uint32_t co
   src.check(0, count, "DataCopy (GM->UB)");
   detail::issue(PIPE_MTE2, "DataCopy (GM->UB)");
   dst.emu_touch(uint64_t(count) * sizeof(T), true);
-  ascend_emu::ctx().model.touch_gm(src.GetPhyAddr(), uint64_t(count) * sizeof(T), false);
+  detail::gm_touch(src.GetPhyAddr(), uint64_t(count) * sizeof(T), false);
   std::memcpy(dst.data(), src.GetPhyAddr(), uint64_t(count) * sizeof(T));
 }
 
@@ -895,9 +1015,9 @@ void DataCopy(const GlobalTensor<T>& dst, const LocalTensor<T>& src, uint32_t co
   dst.check(0, count, "DataCopy (UB->GM)");
   detail::issue(PIPE_MTE3, "DataCopy (UB->GM)");
   src.emu_touch(uint64_t(count) * sizeof(T), false);
-  ascend_emu::ctx().model.touch_gm(dst.GetPhyAddr(), uint64_t(count) * sizeof(T), true);
+  detail::gm_touch(dst.GetPhyAddr(), uint64_t(count) * sizeof(T), true);
   ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr(), uint64_t(count) * sizeof(T));
-  std::memcpy(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T));
+  detail::gm_store(dst.GetPhyAddr(), src.data(), uint64_t(count) * sizeof(T), "DataCopy (UB->GM)");
 }
 
 template <typename T>
@@ -920,7 +1040,7 @@ void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Da
     uint8_t* row = ub + b * rowUb;
     std::memset(row, 0xFF, ascend_emu::align32(pad.leftPadding * sizeof(T) + p.blockLen));  // undefined bytes
     T* r = reinterpret_cast<T*>(row);
-    ascend_emu::ctx().model.touch_gm(src.GetPhyAddr() + b * gmStride, p.blockLen, false);
+    detail::gm_touch(src.GetPhyAddr() + b * gmStride, p.blockLen, false);
     std::memcpy(r + pad.leftPadding, src.GetPhyAddr() + b * gmStride, p.blockLen);
     if (pad.isPad) {
       for (uint32_t i = 0; i < pad.leftPadding; ++i) r[i] = pad.paddingValue;
@@ -942,9 +1062,9 @@ void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor<T>& src, const Da
   if (p.blockCount) src.emu_touch(uint64_t(p.blockCount - 1) * rowUb + p.blockLen, false);
   const uint8_t* ub = reinterpret_cast<const uint8_t*>(src.data());
   for (uint32_t b = 0; b < p.blockCount; ++b) {
-    ascend_emu::ctx().model.touch_gm(dst.GetPhyAddr() + b * gmStride, p.blockLen, true);
+    detail::gm_touch(dst.GetPhyAddr() + b * gmStride, p.blockLen, true);
     ascend_emu::dc_dma_write(ascend_emu::core_id(), dst.GetPhyAddr() + b * gmStride, p.blockLen);
-    std::memcpy(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen);
+    detail::gm_store(dst.GetPhyAddr() + b * gmStride, ub + b * rowUb, p.blockLen, "DataCopyPad (UB->GM)");
   }
 }
 
@@ -1182,7 +1302,7 @@ void DataCopy(const LocalTensor<T>& dst, const GlobalTensor<T>& src, const Nd2Nz
   dst.emu_touch(((blocks - 1) * p.dstNzC0Stride * detail::kC0 + uint64_t(p.nValue) * detail::kC0) * sizeof(T), true);
   T* d = dst.data();
   const T* g = src.GetPhyAddr();
-  for (uint64_t r = 0; r < p.nValue; ++r) ascend_emu::ctx().model.touch_gm(g + r * p.srcDValue, uint64_t(p.dValue) * sizeof(T), false);
+  for (uint64_t r = 0; r < p.nValue; ++r) detail::gm_touch(g + r * p.srcDValue, uint64_t(p.dValue) * sizeof(T), false);
   if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording (timeline.h)
   for (uint64_t r = 0; r < p.nValue; ++r)
     for (uint64_t c = 0; c < p.dValue; ++c)
@@ -1374,11 +1494,16 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
     src.emu_touch(((blocks - 1) * p.srcStride * 16 + detail::up16(p.mSize) * 16) * sizeof(S), false);
     const float* s = src.data();
     D* d = dst.GetPhyAddr();
-    for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::ctx().model.touch_gm(d + i * p.dstStride, p.nSize * sizeof(D), true);
+    for (uint64_t i = 0; i < p.mSize; ++i) detail::gm_touch(d + i * p.dstStride, p.nSize * sizeof(D), true);
     if (ascend_emu::timeline::skip_compute()) return;  // timing-only recording (timeline.h)
     for (uint64_t i = 0; i < p.mSize; ++i) ascend_emu::dc_dma_write(ascend_emu::core_id(), d + i * p.dstStride, p.nSize * sizeof(D));
+    const bool atomic = ascend_emu::gm_atomic() != ascend_emu::AtomicKind::kNone;
     for (uint64_t i = 0; i < p.mSize; ++i)
-      for (uint64_t j = 0; j < p.nSize; ++j) d[i * p.dstStride + j] = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);
+      for (uint64_t j = 0; j < p.nSize; ++j) {
+        const D v = static_cast<D>(s[((j / 16) * p.srcStride + i) * 16 + j % 16]);
+        if (atomic) detail::gm_store(d + i * p.dstStride + j, &v, sizeof(D), "Fixpipe (L0C->GM)");
+        else d[i * p.dstStride + j] = v;
+      }
   }
 }
 
@@ -1422,6 +1547,7 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     }
   } reset;
   dc_begin_launch();
+  gm_begin_launch(pipesOn);
   for (uint32_t b = 0; b < blockDim; ++b) {
     c.blockIdx = b;
     c.blockNum = blockDim;
@@ -1431,6 +1557,7 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     c.pipe.reset();
     c.active = true;
     c.model.reset(pipesOn, true, b, name);
+    gm_begin_block(core_id());
     kernel(args...);
     dc_end_block(core_id());
     if (c.pipe) {
@@ -1474,6 +1601,7 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
   } reset;
   const uint64_t cap[kNumSpaces] = {0, caps.l1, caps.l0a, caps.l0b, caps.l0c};
   dc_begin_launch();
+  gm_begin_launch(pipesOn);
   for (uint32_t b = 0; b < blockDim; ++b) {
     c.blockIdx = b;
     c.blockNum = blockDim;
@@ -1487,6 +1615,7 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     c.pipe.reset();
     c.active = true;
     c.model.reset(pipesOn, false, b, name);
+    gm_begin_block(core_id());
     kernel(args...);
     dc_end_block(core_id());
     if (c.pipe) {
@@ -1526,6 +1655,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
   } resetName;
   dc_begin_launch();
   const bool pipesOn = pipes_enabled();
+  gm_begin_launch(pipesOn);
   const std::string name = kernel_label(kernel);
   timeline::launch_begin(name, "mix", groups);
   for (uint32_t grp = 0; grp < groups; ++grp) {
@@ -1558,6 +1688,7 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
       c.pipe.reset();
       c.active = true;
       c.model.reset(pipesOn, !aic, c.blockIdx, name + (aic ? " (AIC)" : " (AIV)"));
+      gm_begin_block(core_id());
       try {
         kernel(args...);
         dc_end_block(core_id());

@@ -22,8 +22,9 @@
 //     that buffer the wait on the producer pipe (VECIN: MTE2 -> V, VECOUT: V -> MTE3, VECIN->VECOUT:
 //     MTE2 -> MTE3, A1/B1: MTE2 -> MTE1, A2/B2: MTE1 -> M, CO1: M -> FIX). TBuf carries no sync;
 //   * on vector (AIV) cores only, the syncs the compiler's automatic synchronization inserts for a
-//     conflicting pair of accesses: every ordered pair of S, V, MTE2, MTE3 EXCEPT V -> MTE2,
-//     MTE3 -> MTE2 and MTE2 -> V, which the kernel has to write itself. Cube (AIC) cores get none.
+//     conflicting pair of accesses: the pairs the public BiSheng / AscendC documentation lists, i.e.
+//     the scalar-related ones (S <-> V, S <-> MTE2, S <-> MTE3; V -> V is program order here).
+//     V <-> MTE2, V <-> MTE3, MTE2 <-> MTE3 need a flag or a queue. Cube (AIC) cores get none.
 // Also checked: two writes to overlapping bytes on the same data-movement pipe (MTE1, MTE2, MTE3,
 // FIX) need a PipeBarrier of that pipe (or any sync chain) between them; consecutive Mmads that
 // accumulate into one L0C tile need PipeBarrier<PIPE_M> between them when ceil(m/16)*ceil(n/16) < 10.
@@ -36,8 +37,9 @@
 // (the data-cache model, data_cache.h, and the cross-core flags cover those).
 //
 // ASCEND_MOE_OPS_EMU_PIPES=off turns the model off (for debugging a kernel only; CI runs it on).
-// ASCEND_MOE_OPS_EMU_AUTOSYNC=scalar narrows the AIV auto-sync to the pairs the BiSheng guide lists
-// (S <-> V, S <-> MTE2, S <-> MTE3): V <-> MTE3 and MTE2 -> MTE3 then need a flag or a queue too.
+// ASCEND_MOE_OPS_EMU_AUTOSYNC=wide widens the AIV auto-sync to every ordered pair of S, V, MTE2, MTE3
+// except V -> MTE2, MTE3 -> MTE2 and MTE2 -> V (issue 12's reading; an explicit option only, not
+// documented behaviour); `scalar` (or unset) is the documented set above.
 #pragma once
 
 #include <array>
@@ -92,9 +94,10 @@ struct BufferRecords {
   std::vector<Access> acc;
 };
 
+// Default: the documented (scalar-related) set; "wide" is the explicit opt-in to the wider one.
 inline bool autosync_scalar_only() {
   const char* e = std::getenv("ASCEND_MOE_OPS_EMU_AUTOSYNC");
-  return e && std::string(e) == "scalar";
+  return !(e && std::string(e) == "wide");
 }
 
 inline bool pipes_enabled() {
@@ -247,6 +250,13 @@ class PipeModel {
     c[p] = count_[p];
     return c;
   }
+  // What a cross-core flag set on pipe p covers: p's snapshot plus every scalar instruction issued so
+  // far (the scalar unit runs in order and dispatches the set after them).
+  Clock flag_clock(int p) const {
+    Clock c = snapshot(p);
+    c[kPipeS] = count_[kPipeS];
+    return c;
+  }
   void acquire(int p, const Clock& c) {
     if (on_) join(vc_[p], c);
   }
@@ -271,6 +281,12 @@ class PipeModel {
     lastSeq_ = cur_.seq;
     lastIssue_ = cur_.issue;
   }
+
+  // The current instruction (cross-core GM model, gm_model.h).
+  int cur_pipe() const { return cur_.pipe; }
+  uint32_t cur_seq() const { return cur_.seq; }
+  const char* cur_name() const { return cur_.name; }
+  uint32_t block() const { return block_; }
 
   bool ordered(int from, uint32_t seq, int to) const { return vc_[to][from] >= seq || vc_[kPipeS][from] >= seq; }
 

@@ -80,6 +80,11 @@ class FabFused {
       CrossCoreWaitFlag(kFabFlagS + slot);
       for (int64_t r = r0; r < r1; ++r)
         rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
+      // The set fires after MTE3's earlier work only. When this AIV's half of the block is empty there
+      // is no store before it, so MTE3 first waits for MTE2: the flag then also covers the part-slot
+      // loads of AccBlock(n - 2), whose slot the AIC overwrites once it has this flag (issue 30).
+      SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
+      WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
       CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP + slot);
       if (n > 0) AccBlock(nth(n - 1), (n - 1) % 2);  // overlaps the AIC's products of block n
     }

@@ -32,13 +32,22 @@ __aicore__ inline uint32_t Up8(int64_t x) { return static_cast<uint32_t>((x + 7)
 __aicore__ inline uint32_t ReduceMaxWorkFloats(int64_t count) { return Up8(2 * CeilDiv(count, 64)); }
 
 // Tiling structs are passed as a GM pointer (the host copies the POD struct to device memory) and
-// read word by word through the scalar unit.
+// read word by word through the scalar unit. A2 rule (data cache, docs/ascend.md): scalar GM reads go
+// through the core's data cache, and the host uploads a new tiling per step, possibly at an address
+// an earlier launch read, so every 64-byte line of the struct is cleaned and invalidated before it is
+// read (no public statement says lines do not survive a launch).
 template <typename Tiling>
 __aicore__ inline void CopyTiling(Tiling* dst, GM_ADDR src) {
   static_assert(sizeof(Tiling) % sizeof(uint32_t) == 0, "tiling structs are whole 32-bit words");
+  constexpr uint32_t n = sizeof(Tiling) / sizeof(uint32_t);
+  constexpr uint32_t wordsPerLine = 64 / sizeof(uint32_t);
+  AscendC::GlobalTensor<uint32_t> s;
+  s.SetGlobalBuffer(reinterpret_cast<__gm__ uint32_t*>(src), n);
+  for (uint32_t i = 0; i < n; i += wordsPerLine)  // one word in every line (a line holds 16 words)
+    AscendC::DataCacheCleanAndInvalid<uint32_t, AscendC::CacheLine::SINGLE_CACHE_LINE, AscendC::DcciDst::CACHELINE_OUT>(s[i]);
+  AscendC::DataCacheCleanAndInvalid<uint32_t, AscendC::CacheLine::SINGLE_CACHE_LINE, AscendC::DcciDst::CACHELINE_OUT>(s[n - 1]);
   uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-  __gm__ uint32_t* s = reinterpret_cast<__gm__ uint32_t*>(src);
-  for (uint32_t i = 0; i < sizeof(Tiling) / sizeof(uint32_t); ++i) d[i] = s[i];
+  for (uint32_t i = 0; i < n; ++i) d[i] = s.GetValue(i);
 }
 
 // Device twin of amo_ascend::block_rows (tiling_common.cpp): rows [first, first + count) of block b.
