@@ -304,7 +304,7 @@ class Trainer:
         if (step + 1) % cfg.rebalance_every == 0:
             moved = self.rebalance()
         dt = time.perf_counter() - t0
-        return dict(step=step, loss=float(scalars[0]) / n_global, aux_loss=float(scalars[1]) / W,
+        return dict(step=step + 1, loss=float(scalars[0]) / n_global, aux_loss=float(scalars[1]) / W,
                     imbalance=sum(ib) / len(ib), imbalance_per_layer=ib, moved_experts=moved,
                     tokens_per_s=n_global / dt, seconds=dt)
 
