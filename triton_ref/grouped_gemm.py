@@ -111,6 +111,11 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _on_amd() -> bool:
+    """A ROCm build of torch (AMD GPU): tiles sized for 64 KiB of LDS."""
+    return getattr(torch.version, "hip", None) is not None
+
+
 def _num_programs(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -123,9 +128,17 @@ def gemm_config(dtype: torch.dtype) -> dict:
     GPU: the best of ``bench/gpu_tune_grouped_gemm.py``'s sweep on one H200 (2026-12-04, bf16,
     pangu shapes; docs/benchmarks-history.md): 128 x 256 x 64, 8 warps, 3 stages took 0.33 / 0.26 ms
     (fwd balanced / Zipf) and 0.38 / 0.25 ms (dX) where the earlier 64 x 128 x 32, 4 warps took
-    0.44 / 0.48 and 0.53 / 0.46 ms; the fine-grained shape moved within +-6 %."""
+    0.44 / 0.48 and 0.53 / 0.46 ms; the fine-grained shape moved within +-6 %.
+    AMD GPUs keep the earlier 64 x 128 x 32 tile (Triton's default warps and stages), fp32
+    inputs take 64 x 64 x 32: the compile check (``aot_check``) finds the 128 x 256 x 64 tile needs
+    96 KiB of LDS on MI300 (limit 64 KiB) and, in fp32, 192 KiB of shared memory (over an A100's
+    163 KiB); in fp32 even 64 x 128 x 32 spilled (32 B on sm_90, 552 B on sm_80)."""
     if _interpreted():
         return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+    if dtype == torch.float32:
+        return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    if _on_amd():
+        return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=32)
     return dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
 
 
@@ -133,9 +146,12 @@ def dw_config(dtype: torch.dtype) -> dict:
     """Tile sizes of the weight-gradient kernel (``BLOCK_P x BLOCK_Q`` outputs, ``BLOCK_M`` rows a step).
 
     GPU: 128 x 128 x 64, 4 warps, 3 stages, the best of the same H200 sweep: 0.30 / 0.31 / 0.20 ms
-    (balanced / Zipf / fine) where 64 x 64 x 64 took 0.65 / 0.38 / 0.21 ms."""
+    (balanced / Zipf / fine) where 64 x 64 x 64 took 0.65 / 0.38 / 0.21 ms; fp32 and AMD keep
+    64 x 64 x 64."""
     if _interpreted():
         return dict(BLOCK_P=32, BLOCK_Q=32, BLOCK_M=32)
+    if dtype == torch.float32 or _on_amd():
+        return dict(BLOCK_P=64, BLOCK_Q=64, BLOCK_M=64)
     return dict(BLOCK_P=128, BLOCK_Q=128, BLOCK_M=64, num_warps=4, num_stages=3)
 
 
