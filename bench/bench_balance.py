@@ -31,15 +31,11 @@ The traces and the replay loop are ``ascend_moe_ops.balance.traces``.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import numpy as np
 import torch
-
-if __name__ == "__main__":  # `python bench/bench_balance.py` from a checkout that is not installed
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ascend_moe_ops.balance import ExpertLoadPredictor, Placement, plan_placement
 

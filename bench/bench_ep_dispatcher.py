@@ -45,7 +45,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 PYTEST_CASES = False  # run() starts 4 processes: not a pytest-benchmark case (see the single-rank one)
 ALGOS = ("flat", "hierarchical", "hierarchical_allgather")
 # (T tokens per rank, H hidden): the issue's target range is T, H in 1024..4096
@@ -230,7 +229,6 @@ STAT_KEYS = ("inter_node_rows", "inter_node_bytes", "intra_node_rows", "intra_no
 
 
 def _worker(a) -> None:
-    sys.path.insert(0, str(REPO))
     import warnings
     warnings.filterwarnings("ignore")
     import torch
@@ -389,12 +387,14 @@ def _launch(specs, world, local_size, init, cfg, timeout, threads=1):
     procs = []
     try:
         for rank, prefix, extra in specs:
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), **extra)
+            # the workers import the package the way this process did (its sys.path), from any cwd
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads),
+                       PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **extra)
             cmd = list(prefix) + [sys.executable, str(Path(__file__).resolve()), "--worker",
                                   "--rank", str(rank), "--world", str(world), "--local-size",
                                   str(local_size), "--init", init, "--config", json.dumps(cfg),
                                   "--out", out, "--threads", str(threads)]
-            procs.append(subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=subprocess.PIPE,
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         deadline = time.monotonic() + timeout
         logs = []
@@ -676,7 +676,6 @@ def test_bench_ep_dispatcher_single_rank(benchmark):
     """pytest-benchmark: dispatch+combine fwd+bwd on a 1-rank gloo group (local work only)."""
     import torch
     import torch.distributed as dist
-    sys.path.insert(0, str(REPO))
     from ascend_moe_ops.distributed import EPTopology, MoEDispatcher
     if dist.is_initialized():
         import pytest

@@ -7,7 +7,7 @@ Run by ``python -m ascend_moe_ops.bench`` through :func:`run`, or alone:
 Layer: megatron-core's own ``MoELayer`` (``TopKRouter``, token dispatcher, experts), world size 1
 over gloo, bf16, T=2048 tokens (seq 1024 x batch 2), H=1024, E=64, top-8, SwiGLU experts with
 F=256 (the fine-grained ratio F/H ~ 1/4 of DeepSeek-V3 / Pangu Ultra MoE); ``--quick`` halves T.
-Megatron's CPU obstacles are neutralized by ``tests/_megatron_cpu.py`` (docs/integrations.md).
+Megatron's CPU obstacles are neutralized by ``bench/_megatron_cpu.py`` (docs/integrations.md).
 
 Configurations (all with the same weights and inputs, timed round-robin so that the load of a
 shared machine hits them alike; the reported time is the median of the repeats):
@@ -23,7 +23,6 @@ shared machine hits them alike; the reported time is the median of the repeats):
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 import warnings
 
@@ -40,10 +39,7 @@ FORMULA = "flops = 3 GEMMs x 2*T*K*H*F forward, x3 for forward+backward (expert 
 
 
 def _cpu_helpers():
-    tests = pathlib.Path(__file__).resolve().parents[1] / "tests"
-    if str(tests) not in sys.path:
-        sys.path.insert(0, str(tests))
-    import _megatron_cpu
+    from ascend_moe_ops.benchmark.suite import _megatron_cpu
     return _megatron_cpu
 
 
@@ -290,10 +286,7 @@ def pangu_rows(ctx, repeats=5, routings=("balanced", "skewed")):
         warnings.simplefilter("ignore")
         from megatron.core.transformer.moe import moe_utils as mcore
     from ascend_moe_ops.integrations import megatron as mg
-    bench_dir = pathlib.Path(__file__).resolve().parent
-    if str(bench_dir) not in sys.path:
-        sys.path.insert(0, str(bench_dir))
-    from bench_moe_permute import make_inputs
+    from ascend_moe_ops.benchmark.suite.bench_moe_permute import make_inputs
     T, H, E, K = (PANGU[k] for k in "THEK")
     rows = []
     for routing in routings:

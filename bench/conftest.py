@@ -3,13 +3,6 @@
 big shapes, ``--amo-ops moe_permute grouped_gemm`` for some modules), so ``--benchmark-autosave``
 and ``--benchmark-compare`` work on exactly the table's rows."""
 
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # a checkout that is not installed
-    sys.path.insert(0, ROOT)
-
 
 def pytest_addoption(parser):
     g = parser.getgroup("ascend_moe_ops bench")

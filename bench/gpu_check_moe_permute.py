@@ -212,7 +212,6 @@ def main(argv=None):
     args = parse_args(argv)
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first triton import
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run(args)
     return 0
 

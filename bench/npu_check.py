@@ -72,7 +72,6 @@ import datetime as _dt
 import importlib.util
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -780,7 +779,6 @@ class Run:
 
 def main(argv=None):
     args = parse_args(argv)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.device == "npu":
         if importlib.util.find_spec("torch_npu") is None:
             print("npu_check: torch_npu is not installed; nothing to check "

@@ -108,7 +108,7 @@ def test_forced_backend_that_cannot_run_raises(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with amo.use_backend("triton"):
         with pytest.raises(amo.BackendUnavailableError, match="triton"):
-            amo.moe_permute(torch.randn(2, 3), torch.zeros(2, 1, dtype=torch.int64), num_experts=1)
+            amo.moe_permute(torch.randn(2, 3), torch.zeros(2, 1, dtype=torch.int64), num_experts=1, map_type="index")
     with pytest.raises(ValueError, match="unknown backend"):
         with amo.use_backend("bogus"):
             pass

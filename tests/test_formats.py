@@ -25,7 +25,7 @@ def _permuted(dtype, mode, T=40, H=32, E=6, K=2, seed=0):
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
     ids[ids == 3] = 4  # expert 3 gets no tokens: a zero-size group
     probs = torch.rand(T, K, generator=g)
-    return amo.moe_permute(tokens, ids, probs, num_experts=E, **mode)
+    return amo.moe_permute(tokens, ids, probs, num_experts=E, **mode, map_type="index")
 
 
 def _loop_mm(x, w, group_sizes):

@@ -2,7 +2,7 @@
 
 The layer is megatron-core's own ``MoELayer`` (router, token dispatcher, SequentialMLP or
 GroupedMLP) on CPU with world size 1 over gloo; Megatron's own CUDA-only calls are neutralized by
-``tests/_megatron_cpu.py`` (documented in docs/integrations.md). Every path checked here is a pure
+``bench/_megatron_cpu.py`` (documented in docs/integrations.md). Every path checked here is a pure
 data movement or a fixed-order fp32 sum that Megatron's CPU path also produces, so outputs and
 every gradient must be bitwise equal (measured: they are, in fp32 and bf16, top-2 and top-4) --
 except with the "activation" target, whose fused SwiGLU x probs rounds once where Megatron rounds
@@ -33,7 +33,7 @@ except Exception as exc:  # not installed
 pytestmark = pytest.mark.skipif(moe_utils is None, reason=str(MCORE))
 
 if moe_utils is not None:
-    from _megatron_cpu import make_layer, megatron_world, run_layer
+    from ascend_moe_ops.benchmark.suite._megatron_cpu import make_layer, megatron_world, run_layer
     ORIG = {n: getattr(moe_utils, n) for n in ("permute", "unpermute", "sort_chunks_by_idxs")}
 # every target but "activation" (the fused activation rounds once: close, not bitwise)
 BITWISE = tuple(t for t in mg.PATCHABLE if t != "activation")

@@ -4,11 +4,13 @@ torch.compile graphs and other libraries call), asserting the error type and tha
 the argument; and the valid edge cases (B = 0, H = 0, T = 0, empty groups) giving empty or zero
 results instead of errors."""
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple, Type
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ascend_moe_ops as amo
 from conftest import backends, ops_of
@@ -387,3 +389,210 @@ def test_capacity_factor_must_be_positive(factor):
     layer = amo.nn.MoELayer(8, 4, 16, 2, capacity_factor=factor)
     with pytest.raises(ValueError, match="capacity_factor"):
         layer(torch.randn(3, 8))
+
+
+# ------------------------------------------- one rule, two languages: the Python/C++ pair agrees
+def _cpp_checks():
+    if "native" not in backends("moe_permute"):
+        pytest.skip("the native extension is not built")
+    from ascend_moe_ops import _C
+    return _C
+
+
+def _raised(fn, args):
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e).splitlines()[0]
+    return None
+
+
+VALID = {  # a valid argument list per op (the cases above each change one argument of these)
+    "moe_permute": _perm_direct, "moe_unpermute": lambda: tuple(_unp().values()),
+    "moe_unpermute_backward": lambda: (_f(3, 8), _f(8, 8), torch.tensor([[0, 1], [2, 3], [4, -1]]), None),
+    "grouped_gemm": lambda: tuple(_gg().values()),
+    "grouped_gemm_dw": lambda: (_f(6, 4), _f(6, 3), torch.tensor([1, 2, 3])),
+    "flash_attention_fwd": lambda: tuple(_fa().values()), "flash_attention_bwd": _fa_bwd,
+    "mla_attention_fwd": lambda: tuple(_mla().values()),
+}
+DUPLICATE_ROWS = [  # a tampered row map: row 1 from two slots (the backward's scatter is ill-defined)
+    Case("duplicate_rows", "moe_unpermute", lambda: tuple(_unp(row_id_map=torch.tensor([[0, 1], [2, 1], [4, -1]])).values()),
+         None, ValueError, "row_id_map refers to row 1 from more than one slot, at \\(0, 1\\) and \\(1, 1\\)"),
+    Case("bwd_duplicate_rows", "moe_unpermute_backward",
+         lambda: (_f(3, 8), _f(8, 8), torch.tensor([[5, 1], [2, 3], [5, -1]]), None), None, ValueError,
+         "row_id_map refers to row 5 from more than one slot, at \\(0, 0\\) and \\(2, 0\\)"),
+]
+
+
+def _pair_cases():
+    for case in CATALOGUE + DUPLICATE_ROWS:
+        if case.direct is not None and case.exc_direct is None:  # not a schema (argument-type) error
+            yield pytest.param(case.op, case.direct, case.exc, case.names, id=f"{case.op}-{case.id}")
+    for op, args in VALID.items():
+        yield pytest.param(op, args, None, None, id=f"{op}-valid")
+
+
+@pytest.mark.parametrize("op,args,exc,names", list(_pair_cases()))
+def test_python_and_cpp_checks_agree(op, args, exc, names):
+    """The Python contract (_contracts.FULL) and its C++ twin (common/checks.h, called alone through
+    _C._check_<op>) accept and refuse the same inputs, with the same error type and message."""
+    from ascend_moe_ops.ops import _contracts
+    C = _cpp_checks()
+    a = args()
+    py, cpp = _raised(_contracts.FULL[op], a), _raised(getattr(C, f"_check_{op}"), a)
+    assert py == cpp
+    if exc is None:
+        assert py is None
+    else:
+        assert py is not None and issubclass(py[0], exc) and re.search(names, py[1])
+
+
+@pytest.mark.parametrize("case", DUPLICATE_ROWS, ids=lambda c: c.id)
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+def test_duplicate_rows_are_refused(case, backend):
+    with pytest.raises(case.exc, match=case.names):
+        ops_of(backend)(case.op)(*case.direct())
+
+
+# ------------------------------------------------- no host synchronization on device tensors
+class HostSync(AssertionError):
+    pass
+
+
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that reports a non-CPU device ("lazy": a device type built into torch with a
+    device guard and no runtime to initialize). Every op on it runs inside :class:`_NoHostSync` on
+    the CPU data."""
+
+    @staticmethod
+    def __new__(cls, data):
+        t = torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype,
+                                                device=torch.device("lazy", 0))
+        t.data_ = data
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise HostSync(f"{func} ran outside the device-like mode")
+
+
+_aten = torch.ops.aten
+_SYNCS = {_aten._local_scalar_dense.default, _aten.nonzero.default, _aten.is_nonzero.default, _aten.equal.default,
+          _aten.masked_select.default, _aten.item.default}
+
+
+class _NoHostSync(TorchDispatchMode):
+    """Runs ops on :class:`_OnDevice` tensors and fails on anything that would read device values on
+    the host: ``.item()``/``bool()``/``int()``, ``.tolist()``, ``nonzero`` and boolean indexing, a copy
+    to the CPU. Device-side asserts are recorded in ``asserts`` as (holds, message), not raised."""
+
+    def __init__(self):
+        super().__init__()
+        self.asserts = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_map
+        kwargs = kwargs or {}
+        if func in _SYNCS:
+            raise HostSync(f"host synchronization: {func}")
+        if func is _aten._to_copy.default and args and isinstance(args[0], _OnDevice) and \
+                torch.device(kwargs.get("device") or "lazy").type == "cpu":
+            raise HostSync("host synchronization: a copy of device values to the CPU")
+        if func in (_aten._assert_async.msg, _aten._assert_async.default):
+            self.asserts.append((bool(args[0].data_), args[1] if len(args) > 1 else ""))
+            return None
+
+        def unwrap(x):
+            if isinstance(x, _OnDevice):
+                return x.data_
+            if isinstance(x, torch.device) and x.type == "lazy":
+                return torch.device("cpu")
+            return x
+        kw = {k: ("cpu" if k == "device" and v is not None and torch.device(v).type == "lazy" else unwrap(v))
+              for k, v in kwargs.items()}
+        out = func(*tree_map(unwrap, args), **kw)
+        return tree_map(lambda x: _OnDevice(x) if isinstance(x, torch.Tensor) else x, out)
+
+
+def _on_device(args):
+    return tuple(_OnDevice(a) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _check_fns(op):
+    from ascend_moe_ops.ops import _contracts
+    fns = [pytest.param(_contracts.FULL[op], id="python")]
+    if "native" in backends("moe_permute"):
+        from ascend_moe_ops import _C
+        fns.append(pytest.param(getattr(_C, f"_check_{op}"), id="cpp"))
+    return fns
+
+
+def _sync_params():
+    for op in VALID:
+        for fn in _check_fns(op):
+            yield pytest.param(op, fn.values[0], id=f"{op}-{fn.id}")
+
+
+@pytest.mark.parametrize("op,check", list(_sync_params()))
+def test_checks_never_copy_device_values_to_the_host(op, check):
+    """Every op's check, Python and C++, on device tensors: no host copy of values; the value checks
+    are device-side asserts, which hold for valid input."""
+    args, mode = _on_device(VALID[op]()), _NoHostSync()
+    with mode:
+        check(*args)
+    assert all(ok for ok, _ in mode.asserts), mode.asserts
+
+
+BAD_VALUES = [  # a bad value per value check: caught by a device-side assert that names the argument
+    ("moe_permute", lambda: _perm_direct(routing=torch.tensor([[0, 1], [2, 3], [0, 0], [1, 1]])), "routing"),
+    ("moe_unpermute", lambda: tuple(_unp(row_id_map=torch.tensor([[0, 1], [2, 9], [4, -1]])).values()), "row_id_map"),
+    ("moe_unpermute", DUPLICATE_ROWS[0].direct, "row_id_map refers to a row from more than one slot"),
+    ("moe_unpermute_backward", DUPLICATE_ROWS[1].direct, "row_id_map refers to a row from more than one slot"),
+    ("grouped_gemm", lambda: tuple(_gg(group_sizes=torch.tensor([4, 2, 3])).values()), "group_sizes"),
+    ("grouped_gemm_dw", lambda: (_f(6, 4), _f(6, 3), torch.tensor([1, -2, 3])), "group_sizes"),
+    ("flash_attention_fwd", lambda: tuple(_fa(cu_seqlens=torch.tensor([0, 5, 4])).values()), "cu_seqlens_q"),
+    ("mla_attention_fwd", lambda: tuple(_mla(cu_seqlens=torch.tensor([0, 4])).values()), "cu_seqlens"),
+]
+
+
+@pytest.mark.parametrize("op,args,names", BAD_VALUES, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_VALUES)])
+def test_device_value_checks_are_asynchronous_asserts(op, args, names):
+    for check in _check_fns(op):
+        a, mode = _on_device(args()), _NoHostSync()
+        with mode:
+            check.values[0](*a)
+        failed = [m for ok, m in mode.asserts if not ok]
+        assert failed and re.search(names, failed[0]), (check.id, mode.asserts)
+
+
+@pytest.mark.parametrize("op,args", [
+    ("moe_permute", _perm_direct), ("moe_permute", lambda: _perm_direct(capacity=2)),
+    ("moe_permute", lambda: _perm_direct(num_out_tokens=3, align=2)),
+    ("moe_permute", lambda: _perm_direct(routing=torch.rand(4, 3) > 0.5, num_experts=3, probs=torch.rand(4, 3))),
+    ("moe_unpermute", VALID["moe_unpermute"]), ("moe_unpermute_backward", VALID["moe_unpermute_backward"]),
+    ("moe_unpermute_backward", lambda: (_f(3, 8), _f(8, 8), torch.tensor([[0, 1], [2, 3], [4, -1]]),
+                                        torch.rand(3, 2, dtype=F16))),
+], ids=["ids", "capacity", "num_out_align", "mask", "unpermute", "unpermute_bwd", "unpermute_bwd_probs"])
+def test_permute_ops_run_without_host_sync(op, args):
+    """moe_permute / moe_unpermute promise no host synchronization: their check and their
+    specification (the reference, which is also what runs on a device without a faster backend)
+    together, on device tensors."""
+    from ascend_moe_ops import _library
+    kernel = _library.python_kernel("reference", op, "ascend_moe_ops_ref")
+    a = args()
+    want = kernel(*a)
+    on_device, mode = _on_device(a), _NoHostSync()
+    with mode:
+        got = kernel(*on_device)
+    assert all(ok for ok, _ in mode.asserts)
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert torch.equal(g.data_, w)
+
+
+def test_no_kernel_is_reachable_without_its_check():
+    """The extension exposes no raw kernel entry (they once accepted what the contract refuses):
+    only internal helpers (``_bind_cpu``, ``_check_<op>``, the large-block cache)."""
+    C = _cpp_checks()
+    assert [n for n in dir(C) if not n.startswith("_")] == []
+    assert {f"_check_{op}" for op in VALID} <= set(dir(C))

@@ -2,6 +2,7 @@
 under the package namespace (checked on the files, without building anything)."""
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -27,3 +28,16 @@ def test_setup_maps_source_folders_into_the_package():
     for src in mapping.values():
         assert (ROOT / src / "__init__.py").is_file()
     assert '"triton_ref.*"' not in (ROOT / "setup.py").read_text()  # no top-level triton_ref package
+
+
+def test_shipped_code_stands_alone():
+    """What an install ships (the package, triton_ref/ and bench/, installed as
+    ascend_moe_ops.benchmark.suite) imports nothing from tests/ and never walks up the source tree
+    (``parents[n]``, nested ``dirname``) or edits ``sys.path`` to find its own code."""
+    bad = re.compile(r"parents\[|os\.path\.dirname\(os\.path\.dirname\(|sys\.path\.(insert|append)"
+                     r"|^\s*(from|import)\s+(tests|conftest|_megatron_cpu)\b|/ \"tests\"", re.M)
+    hits = [f"{f.relative_to(ROOT)}: {m.group(0)}"
+            for folder in ("ascend_moe_ops", "triton_ref", "bench")
+            for f in sorted((ROOT / folder).rglob("*.py"))
+            for m in bad.finditer(f.read_text())]
+    assert hits == []

@@ -170,7 +170,7 @@ def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tenso
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:
         return out
-    gs = group_sizes.to(device=x.device, dtype=torch.int64)
+    gs = group_sizes.to(device=x.device, dtype=torch.int64).contiguous()  # the kernel reads gs[e] at gs_ptr + e
     # B(k, n) = weight[e, k, n] (trans_b=False) or weight[e, n, k] (trans_b=True)
     s_k, s_n = (weight.stride(2), weight.stride(1)) if trans_b else (weight.stride(1), weight.stride(2))
     cfg = gemm_config(x.dtype)
@@ -189,7 +189,7 @@ def grouped_gemm_dw(a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor)
     out = torch.empty((E, P, Q), dtype=a.dtype, device=a.device)
     if out.numel() == 0:
         return out
-    gs = group_sizes.to(device=a.device, dtype=torch.int64)
+    gs = group_sizes.to(device=a.device, dtype=torch.int64).contiguous()
     offs = torch.cumsum(gs, 0) - gs
     cfg = dw_config(a.dtype)
     grid = (E * triton.cdiv(P, cfg["BLOCK_P"]) * triton.cdiv(Q, cfg["BLOCK_Q"]),)

@@ -187,7 +187,8 @@ def parse_args(argv=None):
 
 def _out_dir(args) -> Path:
     out = Path(args.out) if args.out else Path.cwd() / "amo-bench"
-    pkg = Path(__file__).resolve().parents[1]
+    import ascend_moe_ops
+    pkg = Path(ascend_moe_ops.__file__).resolve().parent
     if args.out is None and (out.resolve() == pkg or pkg in out.resolve().parents):
         raise SystemExit("refusing to write results inside the installed package; pass --out")
     return out

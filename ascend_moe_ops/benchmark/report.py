@@ -76,10 +76,19 @@ def noise_warnings(records: List[dict]) -> List[str]:
 
 # ------------------------------------------------------------------------------- environment
 def _git_commit() -> Optional[str]:
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists() or not shutil.which("git"):
+    """The commit of the source tree the package runs from (a checkout or an editable install), or
+    None for an installed copy: git finds the work tree around the package folder, and it counts only
+    if that tree holds this very package (nothing here walks up the folders itself)."""
+    import ascend_moe_ops
+    pkg = Path(ascend_moe_ops.__file__).resolve().parent
+    if not shutil.which("git"):
         return None
     try:
+        top = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=5)
+        if top.returncode or (Path(top.stdout.strip()) / pkg.name).resolve() != pkg:
+            return None
+        root = pkg.parent
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],

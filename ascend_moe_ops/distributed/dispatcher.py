@@ -383,7 +383,7 @@ class MoEDispatcher:
             pending.wait()
         if L == 0:
             return rows, torch.zeros(0, dtype=torch.int64, device=rows.device), None
-        res = moe_permute(rows, keys.unsqueeze(1), None, num_experts=L * W)
+        res = moe_permute(rows, keys.unsqueeze(1), None, num_experts=L * W, map_type="index")
         tpe = res.tokens_per_expert.view(L, W).sum(1)
         return res.tokens, tpe, res.row_id_map
 
@@ -410,7 +410,8 @@ class MoEDispatcher:
         send, recv = rows[me].tolist(), rows[:, me].tolist()
         # moe_permute writes the rank-major rows straight into the all-to-all's send buffer (at
         # least one row: moe_permute's backward cannot unpermute from zero rows)
-        perm = moe_permute(tokens, key, None, num_experts=E, num_out_tokens=max(sum(send), 1))
+        perm = moe_permute(tokens, key, None, num_experts=E, num_out_tokens=max(sum(send), 1),
+                           map_type="index")
         pending = Pending() if async_op else None
         received = C.all_to_all(_first_rows(perm.tokens, sum(send)), send, recv, topo.group, pending=pending,
                                 debug=self.debug, what="dispatch: all-to-all of token rows (EP group)")
@@ -509,7 +510,7 @@ class MoEDispatcher:
         key = torch.where(ids2 >= 0, (ids2 - lo) * W + ns["recv_src"].view(-1, 1),
                           torch.full_like(ids2, -1))
         n = int((ids2 >= 0).sum())
-        res = moe_permute(tok2, key, None, num_experts=L * W, num_out_tokens=max(n, 1))
+        res = moe_permute(tok2, key, None, num_experts=L * W, num_out_tokens=max(n, 1), map_type="index")
         tpe = res.tokens_per_expert.view(L, W).sum(1)
         return _first_rows(res.tokens, n), tpe, res.row_id_map, rmap, probs2
 

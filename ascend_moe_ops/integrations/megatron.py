@@ -248,7 +248,7 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
             slot_probs = probs.gather(1, ids) if probs is not None else None
         else:
             slot_probs = _slot_probs(probs, ids)
-        res = moe_permute(tokens, ids, slot_probs, num_experts=E, num_out_tokens=used)
+        res = moe_permute(tokens, ids, slot_probs, num_experts=E, num_out_tokens=used, map_type="index")
         # sorted_indices from the kernel's row map by one scatter (a stable argsort of the ids,
         # as before 2026-12-02, cost ~350 us at T=256)
         si = _sorted_indices_of_map(res.row_id_map, used)

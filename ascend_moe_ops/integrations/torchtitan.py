@@ -130,10 +130,12 @@ def _patched_forward(self, x: Tensor) -> Tensor:
     E = self.experts.num_experts
     call_counts["moe_permute"] += 1
     if self.score_before_experts:
-        res = amo.moe_permute(x, selected, top_scores, num_experts=E, num_out_tokens=selected.numel())
+        res = amo.moe_permute(x, selected, top_scores, num_experts=E, num_out_tokens=selected.numel(),
+                                  map_type="index")
         routed = (res.tokens.to(torch.float32) * res.probs.reshape(-1, 1)).to(x.dtype)
     else:
-        res = amo.moe_permute(x, selected, num_experts=E, num_out_tokens=selected.numel())
+        res = amo.moe_permute(x, selected, num_experts=E, num_out_tokens=selected.numel(),
+                                  map_type="index")
         routed = res.tokens
     routed_out = _run_experts(self.experts, routed, res.group_sizes)
     out = self.shared_experts(x) if self.shared_experts is not None else None

@@ -377,7 +377,8 @@ class MoELayer(nn.Module):
         cap = self.capacity(tokens.shape[0])
         plain = not (self.score_before_experts or self.recompute_permute or self.recompute_activation)
         if plain and not self.offload_activations:
-            perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap)
+            perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap,
+                               map_type="index")
             return moe_unpermute(self.experts(perm.tokens, perm.group_sizes), perm.row_id_map, probs), perm
         offload = self.offload_activations and tokens.device.type != "cpu"
         if self.offload_activations and not offload and not self._warned_offload:
@@ -387,17 +388,20 @@ class MoELayer(nn.Module):
         ctx = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else _nullcontext()
         with ctx:
             if plain:
-                perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap)
+                perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap,
+                               map_type="index")
                 return moe_unpermute(self.experts(perm.tokens, perm.group_sizes), perm.row_id_map, probs), perm
             sizes = perm_sizes = None
             w1, w2 = self.experts.w1(), self.experts.w2()
             if self.recompute_permute:
-                perm = moe_permute(tokens.detach(), ids, probs, num_experts=self.num_experts, capacity=cap)
+                perm = moe_permute(tokens.detach(), ids, probs, num_experts=self.num_experts, capacity=cap,
+                                   map_type="index")
                 perm_sizes = perm.group_sizes
                 row_probs = perm.probs if self.score_before_experts else None
                 h = _PermutedFc1.apply(tokens, perm.tokens.detach(), perm.row_id_map, w1, perm_sizes, row_probs)
             else:
-                perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap)
+                perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts, capacity=cap,
+                               map_type="index")
                 perm_sizes = perm.group_sizes
                 x_in = _scale_rows(perm.tokens, perm.probs if self.score_before_experts else None)
                 h = grouped_gemm(x_in, w1, perm_sizes)
@@ -447,7 +451,7 @@ class MoELayer(nn.Module):
             self.scores = scores
             return out.reshape(shape)
         perm = moe_permute(tokens, ids, probs, num_experts=self.num_experts,
-                           capacity=self.capacity(tokens.shape[0]))
+                           capacity=self.capacity(tokens.shape[0]), map_type="index")
         expert_out = self.experts(perm.tokens, perm.group_sizes)
         out = moe_unpermute(expert_out, perm.row_id_map, probs)
         if self.shared_experts is not None:

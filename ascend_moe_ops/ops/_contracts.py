@@ -89,6 +89,42 @@ def index_range(op: Optional[str], name, idx: Tensor, low: int, high: int) -> No
         torch._assert_async(~bad.any(), f"{prefix}{name} has values outside [{low}, {high})")
 
 
+def unique_rows(op: str, name: str, rows: Tensor, num_rows: int) -> None:
+    """Every row in ``[0, num_rows)`` is referenced by at most one slot of ``rows`` (a row map from
+    moe_permute never repeats a row; a repeated one makes the backward's scatter ill-defined). Run
+    after :func:`index_range`. On the CPU a ValueError naming the first slot (in flat order) whose row
+    an earlier slot already references, and that earlier slot; elsewhere per-row counts and a
+    device-side assert. O(T*K + N): less than the ``[N, H]`` rows themselves."""
+    if rows.numel() < 2 or num_rows == 0 or is_fake(rows):
+        return
+    flat = rows.reshape(-1).to(torch.int64)
+    # slots not kept (and, on a device where the range assert does not stop the host, rows out of
+    # range) go to a spare bin
+    bins = torch.where((flat >= 0) & (flat < num_rows), flat, num_rows)
+    if rows.device.type == "cpu":
+        if bool((torch.bincount(bins, minlength=num_rows + 1)[:num_rows] > 1).any()):
+            first = {}
+            for i, r in enumerate(flat.tolist()):
+                if r >= 0 and r in first:
+                    raise ValueError(f"{op}: {name} refers to row {r} from more than one slot, at "
+                                     f"{_unravel(first[r], rows.shape)} and {_unravel(i, rows.shape)}; each "
+                                     "row may be referenced at most once (the map moe_permute returns)")
+                first.setdefault(r, i)
+    else:
+        counts = torch.zeros(num_rows + 1, dtype=torch.int32, device=rows.device)
+        counts.scatter_add_(0, bins, torch.ones_like(bins, dtype=torch.int32))
+        torch._assert_async((counts[:num_rows] <= 1).all(), f"{op}: {name} refers to a row from more than one "
+                            "slot; each row may be referenced at most once (the map moe_permute returns)")
+
+
+def _unravel(i: int, shape) -> tuple:
+    where = []
+    for d in reversed(shape):
+        where.append(i % d)
+        i //= d
+    return tuple(reversed(where))
+
+
 # ------------------------------------------------------------------------------------ moe_permute
 def output_rows(num_tokens: int, slots: int, num_experts: int, capacity: Optional[int], align: int,
                 num_out_tokens: Optional[int]) -> int:
@@ -155,6 +191,39 @@ def moe_permute_meta(tokens, routing, probs, num_experts, capacity, align, num_o
     return output_rows(T, S, num_experts, capacity, align, num_out_tokens)
 
 
+MAP_TYPES = ("index", "mask")
+
+
+def routing_kind(routing: Tensor, num_experts: Optional[int], map_type: Optional[str]) -> Tensor:
+    """The public ``moe_permute``'s reading of ``routing``: a bool ``[T, E]`` mask, or integer
+    expert ids. ``map_type="mask"`` takes a ``[T, E]`` 0/1 routing map of any integer (or bool)
+    dtype, TransformerEngine's format, and returns it as a bool mask; an integer ``[T, E]`` tensor
+    with ``num_experts = E`` columns and no ``map_type`` is refused as ambiguous (ids with
+    top-K = E, or a 0/1 map), never silently read as ids."""
+    op = "moe_permute"
+    if map_type is not None and map_type not in MAP_TYPES:
+        raise ValueError(f"{op}: map_type must be 'index' (expert ids) or 'mask' (a [T, E] routing map), "
+                         f"got {map_type!r}")
+    if routing.dtype == torch.bool:
+        if map_type == "index":
+            raise ValueError(f"{op}: map_type='index' needs integer expert ids, but routing is a bool [T, E] mask")
+        return routing
+    if map_type == "mask":
+        if routing.is_floating_point() or routing.is_complex():
+            raise TypeError(f"{op}: routing with map_type='mask' must have an integer or bool dtype (1 = routed, "
+                            f"0 = not), got {_name(routing.dtype)}")
+        ndim(op, "routing", routing, 2, "[T, E] (a routing map)")
+        index_range(op, "routing (a 0/1 routing map)", routing, 0, 2)
+        return routing != 0
+    if (map_type is None and routing.dim() == 2 and num_experts is not None and routing.shape[1] == num_experts
+            and not routing.is_floating_point()):
+        raise ValueError(
+            f"{op}: routing is an integer tensor of shape {_shape(routing.shape)} with num_experts={num_experts} "
+            "columns: that is either expert ids with top-K = num_experts or a [T, E] 0/1 routing map "
+            "(TransformerEngine's format). Say which: map_type='mask' (or pass a bool mask) or map_type='index'")
+    return routing
+
+
 def moe_permute(tokens, routing, probs, num_experts, capacity, align, num_out_tokens) -> None:
     op = "moe_permute"
     moe_permute_meta(tokens, routing, probs, num_experts, capacity, align, num_out_tokens)
@@ -180,6 +249,7 @@ def moe_unpermute_meta(permuted, row_id_map, probs) -> None:
 def moe_unpermute(permuted, row_id_map, probs) -> None:
     moe_unpermute_meta(permuted, row_id_map, probs)
     index_range("moe_unpermute", "row_id_map", row_id_map, -1, permuted.shape[0])
+    unique_rows("moe_unpermute", "row_id_map", row_id_map, permuted.shape[0])
 
 
 def moe_unpermute_backward_meta(grad_out, permuted, row_id_map, probs) -> None:
@@ -205,6 +275,7 @@ def moe_unpermute_backward_meta(grad_out, permuted, row_id_map, probs) -> None:
 def moe_unpermute_backward(grad_out, permuted, row_id_map, probs) -> None:
     moe_unpermute_backward_meta(grad_out, permuted, row_id_map, probs)
     index_range("moe_unpermute_backward", "row_id_map", row_id_map, -1, permuted.shape[0])
+    unique_rows("moe_unpermute_backward", "row_id_map", row_id_map, permuted.shape[0])
 
 
 # ----------------------------------------------------------------------------------- grouped_gemm

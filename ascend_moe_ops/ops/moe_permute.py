@@ -74,13 +74,13 @@ _library.register_op(OP, fake=_fake, check_meta=_contracts.moe_permute_meta, che
 
 def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None, *,
                 num_experts: Optional[int] = None, capacity: Optional[int] = None, align: int = 1,
-                num_out_tokens: Optional[int] = None) -> PermuteResult:
+                num_out_tokens: Optional[int] = None, map_type: Optional[str] = None) -> PermuteResult:
     """Group token rows by expert.
 
     Args:
         tokens: ``[T, H]`` fp32/fp16/bf16 activations (non-contiguous input is copied).
         routing: ``[T, K]`` int32/int64 expert ids (``-1`` = empty slot; duplicates allowed), or a
-            ``[T, E]`` bool routing mask.
+            ``[T, E]`` bool routing mask (``True`` = routed).
         probs: optional router weights, same shape as ``routing``, any float dtype.
         num_experts: ``E``; required for id routing, ``routing.shape[1]`` for a mask.
         capacity: ``C`` rows per expert (drop-and-pad: lowest prob dropped first, ties by position;
@@ -93,6 +93,11 @@ def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None,
             experts is dropped (``row_id_map = -1``, not counted in ``tokens_per_expert``); above
             it the extra rows are zero. Without it the row count is the static bound
             ``T*K + E*(align-1)`` (``E*C`` with capacity). No host synchronization either way.
+        map_type: how to read an integer ``routing``: ``"index"`` (expert ids) or ``"mask"`` (a
+            ``[T, E]`` 0/1 routing map of any integer dtype, TransformerEngine's
+            ``map_type='mask'`` format; 1 = routed). ``None`` (default): a bool tensor is a mask,
+            an integer one is ids, except that an integer ``[T, E]`` tensor with
+            ``num_experts = E`` columns is refused as ambiguous rather than guessed.
 
     Returns:
         :class:`PermuteResult`. Rows are expert-major; inside an expert they follow
@@ -102,10 +107,12 @@ def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None,
     _checks.check_tensor("routing", routing)
     if probs is not None:
         _checks.check_tensor("probs", probs)
+    routing = _contracts.routing_kind(routing, num_experts, map_type)
     if routing.dtype == torch.bool and num_experts is None:
         num_experts = routing.shape[-1] if routing.dim() else 0  # the mask's E (shape checked at the op)
     elif num_experts is None:
-        raise ValueError("num_experts is required when routing holds expert ids")
+        raise ValueError("num_experts is required when routing holds expert ids (for a [T, E] 0/1 routing "
+                         "map pass map_type='mask' or a bool mask)")
     _checks.check_int("num_experts", num_experts)
     _checks.check_int("align", align)
     if capacity is not None:

@@ -61,6 +61,8 @@ def moe_unpermute_backward(grad_out: Tensor, permuted: Tensor, row_id_map: Tenso
     grad_permuted = grad_permuted[:N].to(permuted.dtype)
     if probs is None:
         return grad_permuted, torch.empty(0, dtype=torch.float32, device=grad_out.device)
+    if N == 0:  # no permuted row: no slot is kept, nothing to gather
+        return grad_permuted, torch.zeros(T, S, dtype=probs.dtype, device=grad_out.device)
     x = permuted.index_select(0, rows.reshape(-1)).to(acc_t).reshape(T, S, H)
     dots = (x * g.unsqueeze(1)).sum(-1)
     grad_probs = torch.where(kept, dots, torch.zeros_like(dots)).to(probs.dtype)

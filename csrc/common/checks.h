@@ -9,12 +9,19 @@
 // Errors: a wrong dtype raises TypeError (TORCH_CHECK_TYPE); a wrong shape, device, size or value
 // raises ValueError (TORCH_CHECK_VALUE). Every message starts with the op and names the argument.
 // Sizes are checked for overflow BEFORE anything is allocated.
+//
+// No host synchronization: values are read here only for host (CPU) tensors. For device tensors
+// (the NPU glue) a value check is a device-side assert (at::_assert_async, the twin of the Python
+// side's torch._assert_async, with the same message): nothing is copied to the host, the launch
+// is not delayed, and a bad value fails the stream asynchronously. tests/test_op_contracts.py runs
+// these checks on device-like tensors that fail on any host copy.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/safe_numerics.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -23,6 +30,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace amo {
@@ -110,28 +118,67 @@ inline void like_tensor(const char* op, const char* name, const Tensor& t, const
   same_device(op, name, t, like);
 }
 
-// All values of an index tensor in [low, high): the first one outside is reported with its position.
+// Position of flat index i in a tensor of shape s, spelled as a Python tuple.
+inline std::string where_str(int64_t i, at::IntArrayRef s) {
+  std::vector<int64_t> where(s.size());
+  for (int64_t d = static_cast<int64_t>(s.size()) - 1; d >= 0; --d) {
+    where[d] = i % s[d];
+    i /= s[d];
+  }
+  return shape_str(where);
+}
+
+// A device-side assert that `ok` (a 0-d bool tensor on the device) holds: no host synchronization.
+inline void assert_async(const Tensor& ok, const std::string& msg) { at::_assert_async(ok, msg); }
+
+// All values of an index tensor in [low, high): the first one outside is reported with its position
+// (host tensors); a device-side assert for device tensors.
 inline void index_range(const char* op, const char* name, const Tensor& idx, int64_t low, int64_t high) {
   if (idx.numel() == 0) return;
-  const Tensor v = idx.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
+  if (!idx.device().is_cpu()) {
+    std::ostringstream m;
+    m << op << ": " << name << " has values outside [" << low << ", " << high << ")";
+    assert_async(at::logical_or(idx < low, idx >= high).any().logical_not(), m.str());
+    return;
+  }
+  const Tensor v = idx.to(at::kLong).contiguous();
   const int64_t* p = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    if (p[i] < low || p[i] >= high) {
-      std::vector<int64_t> where(v.dim());
-      int64_t r = i;
-      for (int64_t d = v.dim() - 1; d >= 0; --d) {
-        where[d] = r % v.size(d);
-        r /= v.size(d);
-      }
-      std::ostringstream o;
-      o << "(";
-      for (size_t j = 0; j < where.size(); ++j) o << (j ? ", " : "") << where[j];
-      if (where.size() == 1) o << ",";
-      o << ")";
-      TORCH_CHECK_VALUE(false, op, ": ", name, " has value ", p[i], " at index ", o.str(), ", outside the valid range [",
-                        low, ", ", high, ")");
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK_VALUE(p[i] >= low && p[i] < high, op, ": ", name, " has value ", p[i], " at index ",
+                      where_str(i, v.sizes()), ", outside the valid range [", low, ", ", high, ")");
+}
+
+// Every row in [0, num_rows) referenced by at most one slot of `rows` (a row map from moe_permute never
+// repeats a row; a repeated one makes the backward's scatter ill-defined). Run after index_range. Host
+// tensors: the first slot (in flat order) whose row an earlier slot already references is reported,
+// with that earlier slot; device tensors: per-row counts and a device-side assert. O(T*K + N) time,
+// N bits (host) or N ints (device) of memory: less than the [N, H] rows themselves.
+inline void unique_rows(const char* op, const char* name, const Tensor& rows, int64_t num_rows) {
+  if (rows.numel() < 2 || num_rows == 0) return;
+  const std::string tail = "; each row may be referenced at most once (the map moe_permute returns)";
+  if (!rows.device().is_cpu()) {
+    const Tensor flat = rows.reshape({-1}).to(at::kLong);
+    // slots not kept (and rows out of range: the range assert does not stop the host) go to a spare bin
+    const Tensor bins = at::where(at::logical_and(flat >= 0, flat < num_rows), flat, num_rows);
+    const Tensor counts = at::zeros({num_rows + 1}, flat.options().dtype(at::kInt))
+                              .scatter_add_(0, bins, at::ones_like(bins, bins.options().dtype(at::kInt)));
+    assert_async((counts.slice(0, 0, num_rows) <= 1).all(),
+                 std::string(op) + ": " + name + " refers to a row from more than one slot" + tail);
+    return;
+  }
+  const Tensor v = rows.to(at::kLong).contiguous();
+  const int64_t* p = v.data_ptr<int64_t>();
+  std::vector<bool> seen(static_cast<size_t>(num_rows), false);
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    if (p[i] < 0) continue;
+    if (seen[p[i]]) {
+      int64_t first = 0;
+      while (p[first] != p[i]) ++first;
+      TORCH_CHECK_VALUE(false, op, ": ", name, " refers to row ", p[i], " from more than one slot, at ",
+                        where_str(first, v.sizes()), " and ", where_str(i, v.sizes()), tail);
     }
+    seen[p[i]] = true;
   }
 }
 
@@ -217,6 +264,7 @@ inline void moe_unpermute(const Tensor& permuted, const Tensor& row_id_map, cons
     shape_is(op, "probs", *probs, row_id_map.sizes(), "the shape of row_id_map");
   }
   index_range(op, "row_id_map", row_id_map, -1, permuted.size(0));
+  unique_rows(op, "row_id_map", row_id_map, permuted.size(0));
 }
 
 inline void moe_unpermute_backward(const Tensor& grad_out, const Tensor& permuted, const Tensor& row_id_map,
@@ -239,6 +287,7 @@ inline void moe_unpermute_backward(const Tensor& grad_out, const Tensor& permute
                       ") with probs (the hidden size of grad_out), got ", shape_str(permuted.sizes()));
   }
   index_range(op, "row_id_map", row_id_map, -1, permuted.size(0));
+  unique_rows(op, "row_id_map", row_id_map, permuted.size(0));
 }
 
 // --------------------------------------------------------------------------------------- grouped_gemm
@@ -256,11 +305,21 @@ inline void group_sizes(const char* op, const Tensor& gs, std::optional<int64_t>
     TORCH_CHECK_VALUE(gs.size(0) == *groups, op, ": group_sizes must have one entry per expert: weight has ", *groups,
                       " experts, group_sizes has shape ", shape_str(gs.sizes()));
   if (!values || gs.numel() == 0) return;
-  const Tensor v = gs.to(at::kCPU, at::kLong).contiguous();
+  if (!gs.device().is_cpu()) {
+    const Tensor g = gs.to(at::kLong);
+    std::ostringstream m;
+    m << op << ": group_sizes must be in [0, " << rows << "]";
+    assert_async(at::logical_and(g >= 0, g <= rows).all(), m.str());
+    assert_async(g.sum() <= rows, std::string(op) + ": sum(group_sizes) exceeds the number of input rows");
+    return;
+  }
+  const Tensor v = gs.to(at::kLong).contiguous();
   const int64_t* p = v.data_ptr<int64_t>();
+  // the first negative entry, then the first one above rows (the Python twin's order)
+  for (int64_t e = 0; e < v.numel(); ++e)
+    TORCH_CHECK_VALUE(p[e] >= 0, op, ": group_sizes must be non-negative, got ", p[e], " for group ", e);
   int64_t total = 0;
   for (int64_t e = 0; e < v.numel(); ++e) {
-    TORCH_CHECK_VALUE(p[e] >= 0, op, ": group_sizes must be non-negative, got ", p[e], " for group ", e);
     TORCH_CHECK_VALUE(p[e] <= rows, op, ": sum(group_sizes) exceeds the ", rows, " rows of the input (group ", e,
                       " alone has ", p[e], ")");
     total += p[e];
@@ -306,7 +365,19 @@ inline void cu_seqlens(const char* op, const char* name, const char* max_name, c
                     " must have B+1 >= 2 entries (one entry only for B = 0 and no tokens), got shape ",
                     shape_str(cu.sizes()), " for T=", T, " tokens");
   TORCH_CHECK_VALUE(max_seqlen >= 0, op, ": ", max_name, " must be >= 0, got ", max_seqlen);
-  const Tensor v = cu.to(at::kCPU, at::kLong).contiguous();  // a host copy for device tensors (NPU glue)
+  if (!cu.device().is_cpu()) {
+    const int64_t n = cu.numel();
+    const Tensor d = cu.slice(0, 1, n) - cu.slice(0, 0, n - 1);
+    const Tensor longest = n > 1 ? d.max() : cu.select(0, 0);
+    std::ostringstream m;
+    m << op << ": " << name << " must start at 0, be non-decreasing, end at the tokens of " << of
+      << " and have no sequence longer than " << max_name;
+    assert_async(at::logical_and(at::logical_and(cu.select(0, 0) == 0, cu.select(0, n - 1) == T),
+                                 at::logical_and((d >= 0).all(), longest <= max_seqlen)),
+                 m.str());
+    return;
+  }
+  const Tensor v = cu.to(at::kLong).contiguous();
   const int64_t* c = v.data_ptr<int64_t>();
   const int64_t n = v.numel();
   TORCH_CHECK_VALUE(c[0] == 0, op, ": ", name, " must start at 0, got ", c[0]);

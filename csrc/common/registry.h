@@ -9,8 +9,10 @@
 // native backend is chosen): the dispatcher then calls the C++ kernel directly, no Python in between.
 // Every registered kernel starts with its op's check from common/checks.h.
 //
-// AMO_REGISTER(name) { m.def(...); } adds plain pybind11 functions to ascend_moe_ops._C; the op
-// files use it only for internal entry points (the raw kernels, for tests of their own guards).
+// AMO_REGISTER(name) { m.def(...); } adds plain pybind11 functions to ascend_moe_ops._C, for internal
+// entry points only: the large-output block cache (cpu/large_blocks.cpp) and the op checks alone
+// (cpu/checks_bindings.cpp). No kernel has a raw entry: every one is reached through its dispatcher
+// kernel, after its op's check.
 #pragma once
 
 #include <torch/extension.h>

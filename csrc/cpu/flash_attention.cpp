@@ -138,20 +138,6 @@ std::vector<int64_t> bounds_of(const at::Tensor& cu_seqlens) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-// Internal invariants (the arguments were checked at the op boundary, common/checks.h).
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_q, const at::Tensor& cu_k) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "flash_attention: q, k, v must be [T, H, D]");
-  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1), "flash_attention: k and v must share [Tk, Hkv]");
-  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "flash_attention: Hkv must divide Hq");
-  const int64_t dr = k_rope ? k_rope->size(-1) : 0;
-  TORCH_CHECK(k.size(2) + dr == q.size(2), "flash_attention: q head dim ", q.size(2),
-              " must equal k head dim ", k.size(2), " + k_rope dim ", dr);
-  if (k_rope) TORCH_CHECK(k_rope->dim() == 2 && k_rope->size(0) == k.size(0), "flash_attention: k_rope must be [Tk, Dr]");
-  TORCH_CHECK(cu_q.dim() == 1 && cu_q.numel() >= 2 && cu_k.sizes() == cu_q.sizes(),
-              "flash_attention: cu_seqlens_q and cu_seqlens_k must be [B+1]");
-}
-
 // Keys visible to the query at local position i of a sequence with Lq queries and Lk keys: all Lk,
 // or with causal (bottom-right aligned) the first clamp(i + Lk - Lq + 1, 0, Lk).
 inline int64_t visible_keys(bool causal, int64_t i, int64_t Lq, int64_t Lk) {
@@ -244,7 +230,7 @@ struct Grad {
 
 template <typename acc_t>
 Grad<acc_t> grad_of(at::Tensor& t) {
-  TORCH_CHECK(t.stride(-1) == 1, "flash_attention: gradient buffers need a unit last stride");
+  TORCH_INTERNAL_ASSERT(t.stride(-1) == 1, "flash_attention: gradient buffers need a unit last stride");
   return {t.data_ptr<acc_t>(), t.stride(0), t.stride(1)};
 }
 
@@ -345,7 +331,6 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_cpu(
     const std::optional<at::Tensor>& k_rope, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, bool causal,
     double softmax_scale) {
-  check_inputs(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k);
   const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), Dv = v.size(2);
   const auto acc = acc_type(q.scalar_type());
   auto out = at::zeros({T, H, Dv}, q.options());
@@ -370,14 +355,11 @@ at::Tensor flash_attention_bwd_into(
     const std::optional<at::Tensor>& k_rope, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, bool causal,
     double softmax_scale, at::Tensor dq, at::Tensor dk, at::Tensor dv) {
-  check_inputs(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k);
-  TORCH_CHECK(grad_out.sizes() == out.sizes() && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
-              out.size(2) == v.size(2), "flash_attention: grad_out and out must be [Tq, Hq, Dv]");
   const int64_t T = q.size(0), H = q.size(1), Hkv = k.size(1), Tk = k.size(0);
   const int64_t Dr = k_rope ? k_rope->size(1) : 0;
   const auto acc = acc_type(q.scalar_type());
-  TORCH_CHECK(dq.scalar_type() == acc && dk.scalar_type() == acc && dv.scalar_type() == acc,
-              "flash_attention: gradient buffers must have the accumulation dtype");
+  TORCH_INTERNAL_ASSERT(dq.scalar_type() == acc && dk.scalar_type() == acc && dv.scalar_type() == acc,
+                        "flash_attention: gradient buffers must have the accumulation dtype");
   auto dkr_part = at::zeros({Dr ? H : 0, Tk, Dr}, q.options().dtype(acc));
   dq.zero_();
   // GQA/MQA: each q head writes its own [Tk, D] part of dk / dv (item (sequence, q head) owns it),
@@ -440,15 +422,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_c
 }
 
 }  // namespace amo
-
-AMO_REGISTER(flash_attention) {
-  m.def("flash_attention_fwd", &amo::flash_attention_fwd_cpu,
-        "flash attention forward (q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, "
-        "max_seqlen_k, causal, softmax_scale)");
-  m.def("flash_attention_bwd", &amo::flash_attention_bwd_cpu,
-        "flash attention backward (grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, "
-        "max_seqlen_q, max_seqlen_k, causal, softmax_scale)");
-}
 
 // ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty cases
 // (Tq = 0, B = 0, Hq = 0: no kernel launch; Tk = 0: zeros), then the kernels ----

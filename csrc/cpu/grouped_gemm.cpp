@@ -109,20 +109,11 @@ void run_typed(at::ScalarType dt, const std::vector<Item>& items, MakeArgs make_
   else body(c10::BFloat16{});
 }
 
-std::vector<int64_t> host_sizes(const at::Tensor& group_sizes, int64_t rows, const char* what) {
-  TORCH_CHECK(group_sizes.dim() == 1, what, ": group_sizes must be 1-D, got ", group_sizes.sizes());
-  TORCH_CHECK(group_sizes.scalar_type() == at::kInt || group_sizes.scalar_type() == at::kLong,
-              what, ": group_sizes must be int32 or int64, got ", group_sizes.scalar_type());
+// group_sizes as host values (the kernel runs on the host; the op's check, common/checks.h, has
+// already bounded every entry and the sum).
+std::vector<int64_t> host_sizes(const at::Tensor& group_sizes) {
   at::Tensor gs = group_sizes.to(at::kCPU, at::kLong).contiguous();
-  std::vector<int64_t> v(gs.data_ptr<int64_t>(), gs.data_ptr<int64_t>() + gs.numel());
-  int64_t total = 0;
-  for (size_t e = 0; e < v.size(); ++e) {
-    TORCH_CHECK(v[e] >= 0, what, ": group_sizes must be non-negative, got ", v[e], " for group ", e);
-    total += v[e];
-  }
-  TORCH_CHECK(total <= rows, what, ": sum(group_sizes) = ", total, " exceeds the ", rows,
-              " rows of the input");
-  return v;
+  return std::vector<int64_t>(gs.data_ptr<int64_t>(), gs.data_ptr<int64_t>() + gs.numel());
 }
 
 // Smallest mean rows per non-empty group for the per-group mm path of bf16 (see mm_path).
@@ -194,19 +185,10 @@ void for_groups(const std::vector<int64_t>& gs, Body body) {
 
 at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at::Tensor& group_sizes,
                             bool trans_b) {
-  TORCH_CHECK(x_.device().is_cpu() && w_.device().is_cpu(), "grouped_gemm (native): x and weight must be cpu tensors");
-  TORCH_CHECK(x_.dim() == 2 && w_.dim() == 3, "grouped_gemm: x must be 2-D and weight 3-D, got ",
-              x_.sizes(), " and ", w_.sizes());
-  TORCH_CHECK(x_.scalar_type() == w_.scalar_type(), "grouped_gemm: x and weight dtypes differ: ",
-              x_.scalar_type(), " vs ", w_.scalar_type());
   const at::Tensor x = x_.contiguous(), w = w_.contiguous();
   const int64_t M = x.size(0), K = x.size(1), E = w.size(0);
   const int64_t N = trans_b ? w.size(1) : w.size(2);
-  TORCH_CHECK((trans_b ? w.size(2) : w.size(1)) == K, "grouped_gemm: weight ", w.sizes(),
-              " (trans_b=", trans_b, ") does not match x's K=", K);
-  TORCH_CHECK(group_sizes.numel() == E, "grouped_gemm: group_sizes has ", group_sizes.numel(),
-              " entries but weight has ", E, " experts");
-  const std::vector<int64_t> gs = host_sizes(group_sizes, M, "grouped_gemm");
+  const std::vector<int64_t> gs = host_sizes(group_sizes);
   at::Tensor out = amo::empty_large({M, N}, x.options());
   int64_t total = 0;
   for (int64_t g : gs) total += g;
@@ -227,8 +209,8 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
     });
     return out;
   }
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
-              "grouped_gemm: unsupported dtype ", x.scalar_type());
+  TORCH_INTERNAL_ASSERT(x.scalar_type() == at::kFloat || x.scalar_type() == at::kHalf ||
+                        x.scalar_type() == at::kBFloat16);  // fp64 took the mm path above
 
   const bool amx = amx_wanted(x.scalar_type()) && K % 32 == 0;  // x rows in whole 16-pair steps
   // items ordered (group, N-tile, M-tile): threads that work at the same time share the B tile.
@@ -259,14 +241,9 @@ at::Tensor grouped_gemm_cpu(const at::Tensor& x_, const at::Tensor& w_, const at
 }
 
 at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const at::Tensor& group_sizes) {
-  TORCH_CHECK(a_.device().is_cpu() && b_.device().is_cpu(), "grouped_gemm_dw (native): a and b must be cpu tensors");
-  TORCH_CHECK(a_.dim() == 2 && b_.dim() == 2 && a_.size(0) == b_.size(0),
-              "grouped_gemm_dw: a and b must be 2-D with the same rows, got ", a_.sizes(), " and ", b_.sizes());
-  TORCH_CHECK(a_.scalar_type() == b_.scalar_type(), "grouped_gemm_dw: a and b dtypes differ: ",
-              a_.scalar_type(), " vs ", b_.scalar_type());
   const at::Tensor a = a_.contiguous(), b = b_.contiguous();
   const int64_t M = a.size(0), P = a.size(1), Q = b.size(1);
-  const std::vector<int64_t> gs = host_sizes(group_sizes, M, "grouped_gemm_dw");
+  const std::vector<int64_t> gs = host_sizes(group_sizes);
   const int64_t E = static_cast<int64_t>(gs.size());
   at::Tensor out = amo::empty_large({E, P, Q}, a.options());
   if (out.numel() == 0) return out;
@@ -283,8 +260,8 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
     });
     return out;
   }
-  TORCH_CHECK(a.scalar_type() == at::kFloat || a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16,
-              "grouped_gemm_dw: unsupported dtype ", a.scalar_type());
+  TORCH_INTERNAL_ASSERT(a.scalar_type() == at::kFloat || a.scalar_type() == at::kHalf ||
+                        a.scalar_type() == at::kBFloat16);  // fp64 took the mm path above
   // items: (group, P-tile, Q-tile); the reduction runs over the group's rows (empty -> zeros)
   std::vector<Item> items;
   std::vector<int64_t> offs(E);
@@ -314,13 +291,6 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
 
 }  // namespace grouped_gemm_cpu
 }  // namespace amo
-
-AMO_REGISTER(grouped_gemm) {
-  m.def("grouped_gemm", &amo::grouped_gemm_cpu::grouped_gemm_cpu,
-        "grouped_gemm(x [M,K], weight [E,K,N] | [E,N,K], group_sizes [E], trans_b) -> [M,N]");
-  m.def("grouped_gemm_dw", &amo::grouped_gemm_cpu::grouped_gemm_dw_cpu,
-        "grouped_gemm_dw(a [M,P], b [M,Q], group_sizes [E]) -> [E,P,Q], out[e] = a_e^T b_e");
-}
 
 // ---- dispatcher kernels: the op-boundary checks (common/checks.h), then the kernels ----
 namespace {

@@ -19,7 +19,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_attention_fwd_cpu(
     const at::Tensor& q, const at::Tensor& c_kv, const at::Tensor& k_pe, const at::Tensor& w,
     const at::Tensor& cu_seqlens, int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv,
     double softmax_scale, bool causal, bool save_kv) {
-  TORCH_CHECK(w.size(0) == H * (Dn + Dv), "mla_attention: w_kv_up must have H*(Dn+Dv) rows");
   auto kv = at::linear(c_kv, w);
   auto [k_nope, v] = split_kv(kv, H, Dn, Dv);
   auto [out, lse] = flash_attention_fwd_cpu(q, k_nope, v, k_pe, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
@@ -52,15 +51,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_cpu
 
 }  // namespace
 }  // namespace amo
-
-AMO_REGISTER(mla_attention) {
-  m.def("mla_attention_fwd", &amo::mla_attention_fwd_cpu,
-        "MLA forward (q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, "
-        "v_dim, softmax_scale, causal, save_kv)");
-  m.def("mla_attention_bwd", &amo::mla_attention_bwd_cpu,
-        "MLA backward (grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen, "
-        "num_heads, qk_nope_dim, v_dim, softmax_scale, causal)");
-}
 
 // ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty case (T = 0),
 // then the kernels ----

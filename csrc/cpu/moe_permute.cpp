@@ -42,10 +42,6 @@ constexpr int64_t kSerialCopyBytes = int64_t(8) << 20;
 // ... and, when the token matrix is at most this large (it stays in L2), in destination-row order.
 constexpr int64_t kGatherTokenBytes = int64_t(1) << 20;
 
-bool is_float_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
-}
-
 // Expert id of every slot of `routing` ([T, S] ids or bool mask), -1 when empty or out of [0, E).
 std::vector<int32_t> slot_experts(const Tensor& routing, int64_t E) {
   const int64_t S = routing.size(1);
@@ -72,7 +68,7 @@ std::vector<int32_t> slot_experts(const Tensor& routing, int64_t E) {
     case at::kBool: fill(routing.data_ptr<bool>()); break;
     case at::kInt: fill(routing.data_ptr<int32_t>()); break;
     case at::kLong: fill(routing.data_ptr<int64_t>()); break;
-    default: TORCH_CHECK(false, "moe_permute: routing must be bool, int32 or int64, got ", routing.scalar_type());
+    default: TORCH_INTERNAL_ASSERT(false, "moe_permute: routing dtype ", routing.scalar_type());  // checked at the op
   }
   return eid;
 }
@@ -87,37 +83,9 @@ std::vector<float> slot_probs_f32(const Tensor& probs) {
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
     const Tensor& tokens_in, const Tensor& routing_in, const c10::optional<Tensor>& probs_opt,
     int64_t num_experts, std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> num_out_tokens) {
-  // ---- argument checks (the Python wrapper checks too; this guards direct calls) ----
-  TORCH_CHECK(tokens_in.device().is_cpu(), "moe_permute: tokens must be a CPU tensor, got ", tokens_in.device());
-  TORCH_CHECK(tokens_in.dim() == 2, "moe_permute: tokens must be 2-D [T, H], got shape ", tokens_in.sizes());
-  TORCH_CHECK(is_float_dtype(tokens_in.scalar_type()),
-              "moe_permute: tokens must be float32/float16/bfloat16/float64, got ", tokens_in.scalar_type());
-  TORCH_CHECK(routing_in.device().is_cpu(), "moe_permute: routing must be a CPU tensor, got ", routing_in.device());
-  TORCH_CHECK(routing_in.dim() == 2, "moe_permute: routing must be 2-D [T, K] or [T, E], got shape ",
-              routing_in.sizes());
-  TORCH_CHECK(routing_in.size(0) == tokens_in.size(0), "moe_permute: routing must have one row per token: tokens has ",
-              tokens_in.size(0), " rows, routing has shape ", routing_in.sizes());
+  // The op's check (common/checks.h: amo::checks::moe_permute) ran first: the kernel is reached
+  // only through moe_permute_op below.
   const bool has_probs = probs_opt.has_value() && probs_opt->defined();
-  if (has_probs) {
-    const Tensor& p = *probs_opt;
-    TORCH_CHECK(p.device().is_cpu(), "moe_permute: probs must be a CPU tensor, got ", p.device());
-    TORCH_CHECK(is_float_dtype(p.scalar_type()), "moe_permute: probs must be a float tensor, got ", p.scalar_type());
-    TORCH_CHECK(p.sizes() == routing_in.sizes(), "moe_permute: probs must have the shape of routing ",
-                routing_in.sizes(), ", got ", p.sizes());
-  }
-  TORCH_CHECK(num_experts >= 0, "moe_permute: num_experts must be >= 0, got ", num_experts);
-  TORCH_CHECK(align >= 1, "moe_permute: align must be >= 1, got ", align);
-  TORCH_CHECK(!capacity || *capacity >= 0, "moe_permute: capacity must be >= 0 (or None = dropless), got ",
-              capacity.value_or(0));
-  TORCH_CHECK(!num_out_tokens || *num_out_tokens >= 0,
-              "moe_permute: num_out_tokens must be >= 0 (or None = the static bound), got ", num_out_tokens.value_or(0));
-
-  constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
-  TORCH_CHECK(num_experts <= kI32Max && capacity.value_or(0) <= kI32Max && align <= kI32Max &&
-                  num_out_tokens.value_or(0) <= kI32Max,
-              "moe_permute: num_experts, capacity, align and num_out_tokens must be < 2^31 (row_id_map is int32), got ",
-              num_experts, ", ", capacity.value_or(0), ", ", align, ", ", num_out_tokens.value_or(0));
-
   // Non-contiguous inputs are copied, never misread.
   const Tensor tokens = tokens_in.contiguous();
   const Tensor routing = routing_in.contiguous();
@@ -128,9 +96,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
   const int64_t E = num_experts;
   const int64_t n_slots = T * S;
   const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity, align, num_out_tokens);
-  TORCH_CHECK(N <= kI32Max && n_slots <= kI32Max,
-              "moe_permute: the output has ", N, " rows and routing ", n_slots,
-              " slots; row_id_map is int32, so both must be < 2^31");
 
   Tensor out = amo::empty_large({N, H}, tokens.options());
   Tensor out_probs = has_probs ? at::zeros({N}, probs.options()) : at::empty({0}, tokens.options().dtype(at::kFloat));
@@ -314,14 +279,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
 }
 
 }  // namespace
-
-AMO_REGISTER(moe_permute) {
-  m.def("moe_permute", &moe_permute_cpu,
-        "moe_permute(tokens, routing, probs, num_experts, capacity, align, num_out_tokens) -> "
-        "(tokens, probs, row_id_map, tokens_per_expert, group_sizes); see ascend_moe_ops.moe_permute",
-        pybind11::arg("tokens"), pybind11::arg("routing"), pybind11::arg("probs"), pybind11::arg("num_experts"),
-        pybind11::arg("capacity"), pybind11::arg("align"), pybind11::arg("num_out_tokens"));
-}
 
 // ---- dispatcher kernel: the op-boundary check (common/checks.h), then the kernel ----
 namespace {

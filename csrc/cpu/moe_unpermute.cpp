@@ -31,25 +31,11 @@ namespace {
 using at::Tensor;
 namespace V = amo::vec;
 
-bool is_float_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
-}
-
-void check_map(const char* op, const Tensor& row_id_map) {
-  TORCH_CHECK(row_id_map.device().is_cpu(), op, ": row_id_map must be a CPU tensor, got ", row_id_map.device());
-  TORCH_CHECK(row_id_map.dim() == 2, op, ": row_id_map must be 2-D [T, K], got shape ", row_id_map.sizes());
-  TORCH_CHECK(row_id_map.scalar_type() == at::kInt || row_id_map.scalar_type() == at::kLong, op,
-              ": row_id_map must be int32 or int64, got ", row_id_map.scalar_type());
-}
-
-// probs as contiguous fp32 [T, S] (the reference weights by probs.float()), or undefined.
-Tensor check_probs(const char* op, const c10::optional<Tensor>& probs, const Tensor& row_id_map) {
+// probs as contiguous fp32 [T, S] (the reference weights by probs.float()), or undefined. The kernels
+// below are reached only through the dispatcher kernels at the end of this file, after the op's check
+// (common/checks.h): shapes, dtypes, devices, row range and unique rows.
+Tensor fp32_probs(const c10::optional<Tensor>& probs) {
   if (!probs.has_value() || !probs->defined()) return Tensor();
-  TORCH_CHECK(probs->device().is_cpu(), op, ": probs must be a CPU tensor, got ", probs->device());
-  TORCH_CHECK(is_float_dtype(probs->scalar_type()), op, ": probs must be a float tensor, got ",
-              probs->scalar_type());
-  TORCH_CHECK(probs->sizes() == row_id_map.sizes(), op, ": probs must have the shape of row_id_map ",
-              row_id_map.sizes(), ", got ", probs->sizes());
   return probs->to(at::kFloat).contiguous();
 }
 
@@ -130,13 +116,7 @@ bool rows_stream_aligned(const T* base, int64_t H) {
 }
 
 Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in, const c10::optional<Tensor>& probs_opt) {
-  constexpr const char* op = "moe_unpermute";
-  TORCH_CHECK(permuted_in.device().is_cpu(), op, ": permuted must be a CPU tensor, got ", permuted_in.device());
-  TORCH_CHECK(permuted_in.dim() == 2, op, ": permuted must be 2-D [N, H], got shape ", permuted_in.sizes());
-  TORCH_CHECK(is_float_dtype(permuted_in.scalar_type()),
-              op, ": permuted must be float32/float16/bfloat16/float64, got ", permuted_in.scalar_type());
-  check_map(op, row_id_map_in);
-  const Tensor probs = check_probs(op, probs_opt, row_id_map_in);
+  const Tensor probs = fp32_probs(probs_opt);
   const Tensor permuted = permuted_in.contiguous();
   const Tensor rows = row_id_map_in.to(at::kLong).contiguous();
   const int64_t N = permuted.size(0), H = permuted.size(1);
@@ -246,25 +226,8 @@ float backward_slot(P* d, const G* g, const P* p, float w, int64_t H) {
 std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in, const Tensor& permuted_in,
                                                       const Tensor& row_id_map_in,
                                                       const c10::optional<Tensor>& probs_opt) {
-  constexpr const char* op = "moe_unpermute_backward";
-  TORCH_CHECK(grad_out_in.device().is_cpu(), op, ": grad_out must be a CPU tensor, got ", grad_out_in.device());
-  TORCH_CHECK(grad_out_in.dim() == 2, op, ": grad_out must be 2-D [T, H], got shape ", grad_out_in.sizes());
-  TORCH_CHECK(is_float_dtype(grad_out_in.scalar_type()), op, ": grad_out must be a float tensor, got ",
-              grad_out_in.scalar_type());
-  TORCH_CHECK(permuted_in.device().is_cpu(), op, ": permuted must be a CPU tensor, got ", permuted_in.device());
-  TORCH_CHECK(permuted_in.dim() == 2, op, ": permuted must be 2-D [N, H] (or an [N, 0] stand-in without probs), got shape ",
-              permuted_in.sizes());
-  TORCH_CHECK(is_float_dtype(permuted_in.scalar_type()), op, ": permuted must be a float tensor, got ",
-              permuted_in.scalar_type());
-  check_map(op, row_id_map_in);
-  TORCH_CHECK(grad_out_in.size(0) == row_id_map_in.size(0), op, ": grad_out must have one row per row of row_id_map (",
-              row_id_map_in.size(0), "), got shape ", grad_out_in.sizes());
-  const Tensor probs = check_probs(op, probs_opt, row_id_map_in);
+  const Tensor probs = fp32_probs(probs_opt);
   const int64_t H = grad_out_in.size(1);
-  if (probs.defined()) {
-    TORCH_CHECK(permuted_in.size(1) == H, op, ": permuted must have shape [N, ", H,
-                "] (the hidden size of grad_out) when probs is given, got ", permuted_in.sizes());
-  }
   const Tensor grad_out = grad_out_in.contiguous();
   const Tensor permuted = probs.defined() ? permuted_in.contiguous() : permuted_in;
   const Tensor rows = row_id_map_in.to(at::kLong).contiguous();
@@ -345,15 +308,6 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
 }
 
 }  // namespace
-
-AMO_REGISTER(moe_unpermute) {
-  m.def("moe_unpermute", &moe_unpermute_cpu,
-        "moe_unpermute(permuted, row_id_map, probs) -> [T, H]; see ascend_moe_ops.moe_unpermute",
-        pybind11::arg("permuted"), pybind11::arg("row_id_map"), pybind11::arg("probs"));
-  m.def("moe_unpermute_backward", &moe_unpermute_backward_cpu,
-        "moe_unpermute_backward(grad_out, permuted, row_id_map, probs) -> (grad_permuted, grad_probs)",
-        pybind11::arg("grad_out"), pybind11::arg("permuted"), pybind11::arg("row_id_map"), pybind11::arg("probs"));
-}
 
 // ---- dispatcher kernels: the op-boundary checks (common/checks.h), then the kernels ----
 namespace {

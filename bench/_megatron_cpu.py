@@ -1,5 +1,6 @@
-"""Running a real megatron-core ``MoELayer`` on CPU (world size 1, gloo), for the integration tests
-and bench/bench_moe_layer.py.
+"""Running a real megatron-core ``MoELayer`` on CPU (world size 1, gloo), for bench_moe_layer.py and
+the integration tests (``ascend_moe_ops.benchmark.suite._megatron_cpu``: shipped with the bench
+suite, so the installed benchmarks import nothing from tests/).
 
 Megatron-Core 0.16.1 has CPU obstacles of its own; they are worked around here, in test/bench code
 only, never in the package (docs/integrations.md lists them):
