@@ -33,7 +33,7 @@ def _capture(layer):
 
 
 def _run(layer, x, go):
-    from _megatron_cpu import run_layer
+    from ascend_moe_ops.benchmark.suite._megatron_cpu import run_layer
     seen, hooks = _capture(layer)
     try:
         out = run_layer(layer, x, go)
@@ -78,7 +78,7 @@ def _probs_follow_rows(rank, x, expert_in, router, local_experts):
 def ep_worker(rank, port, out_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from _megatron_cpu import make_layer, megatron_world
+        from ascend_moe_ops.benchmark.suite._megatron_cpu import make_layer, megatron_world
         from ascend_moe_ops.integrations import megatron as mg
     torch.set_num_threads(1)
     targets = tuple(t for t in mg.PATCHABLE if t != "activation")

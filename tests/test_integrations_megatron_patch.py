@@ -458,7 +458,7 @@ def test_expert_parallel_probs_reach_the_experts(tmp_path):
     router prob for that row's global expert (tests/_megatron_ep.py)."""
     import multiprocessing
 
-    from _megatron_cpu import _free_port
+    from ascend_moe_ops.benchmark.suite._megatron_cpu import _free_port
     from _megatron_ep import CASES, ep_worker
     ctx = multiprocessing.get_context("spawn")
     port = _free_port()
