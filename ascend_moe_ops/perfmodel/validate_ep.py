@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import importlib.util
+import importlib
 import json
 import os
 import random
@@ -190,17 +190,8 @@ def _worker(a) -> None:
 
 # ----------------------------------------------------------------------------- launcher
 def _netns_helpers():
-    """The EP benchmark's namespace helpers (installed as the bench suite, or from a checkout)."""
-    try:
-        return importlib.import_module("ascend_moe_ops.benchmark.suite.bench_ep_dispatcher")
-    except ImportError:
-        path = Path(__file__).resolve().parents[2] / "bench" / "bench_ep_dispatcher.py"
-        if not path.is_file():
-            raise RuntimeError("the EP benchmark module (bench_ep_dispatcher) is not available") from None
-        spec = importlib.util.spec_from_file_location("_amo_bench_ep_dispatcher", path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
+    """The EP benchmark's namespace helpers (the bench suite, installed with the package)."""
+    return importlib.import_module("ascend_moe_ops.benchmark.suite.bench_ep_dispatcher")
 
 
 def run_ep(*, rounds: int = 2, runs: int = 3, rate: str = "1gbit", timeout: float = 480,

@@ -110,6 +110,9 @@ static void pipeline_kernel(PipeVariant v) {
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
     }
     Muls(x, x, 2.0f, kPipeTile);
+    // the documented auto-sync set does not order V -> MTE3, and the VECIN->VECOUT queue orders MTE2 -> MTE3
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID2);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID2);
     q.EnQue(x);
     auto y = q.DeQue<float>();
     DataCopy(gt(g_pout, uint64_t(t) * kPipeTile), y, kPipeTile);
