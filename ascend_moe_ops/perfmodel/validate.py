@@ -96,7 +96,7 @@ def component_steps(T, H, F, E, K, dtype, device="cpu") -> Dict[str, Callable[[]
     ids = _routing(T, E, K, gen).to(device)  # uniform routing for the rest (the validation layer's router is random too)
     pr = torch.rand(T, K, generator=gen).to(device).requires_grad_()
     xd = x.detach().requires_grad_()
-    perm = moe_permute(xd, ids, pr.detach(), num_experts=E)
+    perm = moe_permute(xd, ids, pr.detach(), num_experts=E, map_type="index")
     rows = perm.tokens.detach().requires_grad_()
     sizes = perm.group_sizes
     N = rows.shape[0]
@@ -112,12 +112,12 @@ def component_steps(T, H, F, E, K, dtype, device="cpu") -> Dict[str, Callable[[]
     yd = y.detach().requires_grad_()
     out = moe_unpermute(yd, perm.row_id_map, pr)
     g_out = torch.randn(T, H, generator=gen).to(device=device, dtype=dt)
-    permuted = moe_permute(xd, ids, pr.detach(), num_experts=E).tokens
+    permuted = moe_permute(xd, ids, pr.detach(), num_experts=E, map_type="index").tokens
     grad = torch.autograd.grad
     return {
         "router": lambda: router(x),
         "router_bwd": lambda: grad(probs, [x, router.weight], gp, retain_graph=True),
-        "permute": lambda: moe_permute(xd, ids, pr, num_experts=E),
+        "permute": lambda: moe_permute(xd, ids, pr, num_experts=E, map_type="index"),
         "permute_bwd": lambda: grad(permuted, xd, g_rows, retain_graph=True),
         "fc1": lambda: grouped_gemm(rows, w1, sizes),
         "fc1_bwd": lambda: grad(h, [rows, w1], gh, retain_graph=True),
