@@ -379,6 +379,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_group(procs, timeout, what):
+    """Wait for every process of a group (one shared deadline of ``timeout`` seconds); raise naming
+    the ranks that failed, with the tail of their output. The caller kills what is left."""
+    deadline = time.monotonic() + timeout
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{what} group did not finish within {timeout} s") from None
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a {what} rank failed:\n" + "\n".join(
+            f"--- rank {i} (rc {p.returncode}) ---\n{(lg or '')[-3000:]}"
+            for i, (p, lg) in enumerate(zip(procs, logs)) if p.returncode))
+    return logs
+
+
 def _launch(specs, world, local_size, init, cfg, timeout, threads=1):
     """Start one worker per entry of ``specs`` (``(rank, command prefix, extra env)``) and return
     rank 0's JSON. Every process is killed if the group does not finish within ``timeout``."""
@@ -396,17 +413,7 @@ def _launch(specs, world, local_size, init, cfg, timeout, threads=1):
                                   "--out", out, "--threads", str(threads)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
-        deadline = time.monotonic() + timeout
-        logs = []
-        for p in procs:
-            try:
-                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"benchmark group did not finish within {timeout} s")
-        if any(p.returncode for p in procs):
-            raise RuntimeError("a benchmark rank failed:\n" + "\n".join(
-                f"--- rank {i} (rc {p.returncode}) ---\n{(l or '')[-3000:]}"
-                for i, (p, l) in enumerate(zip(procs, logs)) if p.returncode))
+        wait_group(procs, timeout, "benchmark")
         with open(out) as f:
             return json.load(f)
     finally:

@@ -221,17 +221,7 @@ def run_ep(*, rounds: int = 2, runs: int = 3, rate: str = "1gbit", timeout: floa
                 cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "ascend_moe_ops.perfmodel.validate_ep",
                        "--worker", "--rank", str(r), "--init", init, "--config", json.dumps(cfg), "--out", out]
                 procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-            deadline = time.monotonic() + timeout
-            logs = []
-            for p in procs:
-                try:
-                    logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-                except subprocess.TimeoutExpired:
-                    raise RuntimeError(f"the EP validation did not finish within {timeout} s") from None
-            if any(p.returncode for p in procs):
-                raise RuntimeError("an EP validation rank failed:\n" + "\n".join(
-                    f"--- rank {i} (rc {p.returncode}) ---\n{(lg or '')[-3000:]}"
-                    for i, (p, lg) in enumerate(zip(procs, logs)) if p.returncode))
+            bench.wait_group(procs, timeout, "EP validation")
         raw = json.loads(Path(out).read_text())
     finally:
         for p in procs:
