@@ -322,6 +322,7 @@ def test_gpu_tile_defaults_are_the_sweeps_first_config(monkeypatch):
     from ascend_moe_ops.triton_ref import grouped_gemm as tg
 
     monkeypatch.setattr(tg, "_interpreted", lambda: False)
+    monkeypatch.setattr(tg, "_on_amd", lambda: False)  # the sweep ran on an NVIDIA GPU
     g, d = tg.gemm_config(torch.bfloat16), tg.dw_config(torch.bfloat16)
     assert tuple(g[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")) == tune.FWD_CONFIGS[0]
     assert tuple(d[k] for k in ("BLOCK_P", "BLOCK_Q", "BLOCK_M", "num_warps", "num_stages")) == tune.DW_CONFIGS[0]
