@@ -490,6 +490,10 @@ def test_unsupported_version_is_named_with_what_to_install(monkeypatch):
     monkeypatch.setattr(tt, "_REGISTERED", [])
     with pytest.raises(RuntimeError, match=r"supports torchtitan 0\.3\.0 and 0\.2\.2 only"):
         tt.register()
+    tt._register_on_import()  # imported by a user's script: the refusal waits for the first call
+    monkeypatch.setitem(sys.modules, "torchtitan.trainer", sys.modules.get("torchtitan.trainer", torchtitan))
+    with pytest.raises(RuntimeError, match=r"torchtitan 0\.1\.0 is installed"):
+        tt._register_on_import()  # imported by torchtitan's trainer (--override.imports): at once
     monkeypatch.setattr(torchtitan, "__version__", version)
     assert tt.register() == version
 
