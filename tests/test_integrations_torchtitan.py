@@ -490,8 +490,11 @@ def test_unsupported_version_is_named_with_what_to_install(monkeypatch):
     monkeypatch.setattr(tt, "_REGISTERED", [])
     with pytest.raises(RuntimeError, match=r"supports torchtitan 0\.3\.0 and 0\.2\.2 only"):
         tt.register()
+    trainer = sys.modules.get("torchtitan.trainer", torchtitan)
+    for name in ("torchtitan.train", "torchtitan.trainer"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
     tt._register_on_import()  # imported by a user's script: the refusal waits for the first call
-    monkeypatch.setitem(sys.modules, "torchtitan.trainer", sys.modules.get("torchtitan.trainer", torchtitan))
+    monkeypatch.setitem(sys.modules, "torchtitan.trainer", trainer)
     with pytest.raises(RuntimeError, match=r"torchtitan 0\.1\.0 is installed"):
         tt._register_on_import()  # imported by torchtitan's trainer (--override.imports): at once
     monkeypatch.setattr(torchtitan, "__version__", version)

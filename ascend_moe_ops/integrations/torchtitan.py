@@ -262,7 +262,9 @@ class AscendMoEConverter:
                                "parallelism only (torchtitan 0.3.0's override supports EP)")
 
     def convert(self, model) -> None:
-        patch_moe(model)
+        n = patch_moe(model)
+        from torchtitan.tools.logging import logger
+        logger.info(f"{CONVERTER_NAME}: {n} MoE layer(s) on moe_permute / grouped_gemm / moe_unpermute")
 
     def post_optimizer_hook(self, model) -> None:
         return None
