@@ -283,6 +283,25 @@ def test_v022_fsdp2_either_order(cpu_histc, gloo_world, order):
     _assert_same_run(got, want)
 
 
+def test_v022_sharded_weights_at_run_time_and_ep_are_refused_with_the_reason(cpu_histc, gloo_world):
+    """Expert weights still sharded when the experts run (a DTensor no FSDP2 unit gathers) stop
+    with the order FSDP2 needs; weights on an ``ep`` mesh dimension are refused at patch time."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    mod = _titan()
+    m = _make_moe(mod, torch.float32, score_before_experts=True)
+    tt.patch_moe(m)
+    m.experts.w1 = torch.nn.Parameter(distribute_tensor(m.experts.w1.detach(), gloo_world, [Shard(0)]))
+    with pytest.raises(RuntimeError, match="still sharded DTensors when the experts run.*fully_shard"):
+        m(torch.randn(1, 4, 16))
+    ep = init_device_mesh("cpu", (1,), mesh_dim_names=("ep",))
+    m2 = _make_moe(mod, torch.float32, score_before_experts=True)
+    m2.experts.w2 = torch.nn.Parameter(distribute_tensor(m2.experts.w2.detach(), ep, [Shard(0)]))
+    with pytest.raises(RuntimeError, match=r"mesh dimension\(s\) \['ep'\] \(expert/tensor parallelism\)"):
+        tt.patch_moe(m2)
+    assert not tt.is_patched(m2)
+
+
 # ---------------------------------------------------------------------------------------------
 # torchtitan 0.3.0: torchtitan.models.common.moe through its @override route
 # ---------------------------------------------------------------------------------------------
@@ -525,5 +544,5 @@ def test_v022_cases_in_their_own_process():
     assert proc.returncode == 0, tail
     last = proc.stdout.strip().splitlines()[-1]
     m = re.search(r"(\d+) passed", last)
-    # the 11 v022 cases and the version refusal, none skipped
-    assert m and int(m.group(1)) >= 12 and "skipped" not in last, tail
+    # the 12 v022 cases and the version refusal, none skipped
+    assert m and int(m.group(1)) >= 13 and "skipped" not in last, tail
