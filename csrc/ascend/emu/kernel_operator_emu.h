@@ -18,6 +18,8 @@
 //     out at 32-byte aligned strides. GM accesses stay inside the GlobalTensor's buffer (SetGlobalBuffer
 //     size) and UB accesses inside the LocalTensor.
 //   * Vector ops (Add, Sub, Mul, Max, Muls, Adds, Axpy, Exp, Ln, Duplicate, Cast, ReduceSum, ReduceMax): operands 32-byte aligned, count
+//     (Add, Sub, Mul, Max, Muls, Adds, Exp, Ln, Duplicate also in their tensor high-dimension form:
+//     repeatTimes, continuous / bit mask, block and repeat strides; WholeReduceMax / WholeReduceSum, Brcb)
 //     within every operand, no partial overlap of source and destination (identical = in place is
 //     fine), element types the A2 vector unit supports (no bf16 arithmetic: Cast to float first),
 //     Cast only between the supported pairs and narrowing casts with an explicit rounding mode
@@ -1259,6 +1261,326 @@ void ReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const Local
   float m = src.data()[0];
   for (int32_t i = 1; i < count; ++i) m = src.data()[i] > m ? src.data()[i] : m;
   dst.data()[0] = m;
+}
+
+// ---- vector unit: the tensor high-dimension forms (repeatTimes, mask, block / repeat strides) ------
+// API reference (CANN 8.x, "Ascend C API > basic API > vector compute", the "高维切分" / tensor
+// high-dimension calling form, e.g. Add, Exp, Muls, Duplicate, WholeReduceMax, WholeReduceSum, Brcb
+// pages): one instruction runs repeatTimes (0..255) repeats; a repeat covers 8 data blocks of 32 B
+// (256 B: 64 fp32 or 128 fp16 elements); inside a repeat, block b of an operand starts blkStride
+// blocks after block b-1, and repeat r starts repStride blocks after repeat r-1 (both in 32-byte
+// blocks). The mask selects the elements of each repeat that take part: the "continuous" form counts
+// the first `mask` elements (1..64 for 32-bit, 1..128 for 16-bit types); the bit form mask[0] (bits of
+// elements 0..63) and mask[1] (elements 64..127, 16-bit types only; must be 0 for 32-bit types).
+// Elements outside the mask are left as they were in the destination. Checked: repeatTimes and mask
+// ranges, every accessed element inside its operand, operands 32-byte aligned.
+struct BinaryRepeatParams {
+  BinaryRepeatParams() = default;
+  BinaryRepeatParams(uint8_t dB, uint8_t s0B, uint8_t s1B, uint8_t dR, uint8_t s0R, uint8_t s1R)
+      : dstBlkStride(dB), src0BlkStride(s0B), src1BlkStride(s1B), dstRepStride(dR), src0RepStride(s0R), src1RepStride(s1R) {}
+  uint8_t dstBlkStride = 1, src0BlkStride = 1, src1BlkStride = 1;
+  uint8_t dstRepStride = 8, src0RepStride = 8, src1RepStride = 8;
+};
+struct UnaryRepeatParams {
+  UnaryRepeatParams() = default;
+  UnaryRepeatParams(uint16_t dB, uint16_t sB, uint8_t dR, uint8_t sR)
+      : dstBlkStride(dB), srcBlkStride(sB), dstRepStride(dR), srcRepStride(sR) {}
+  uint16_t dstBlkStride = 1, srcBlkStride = 1;
+  uint8_t dstRepStride = 8, srcRepStride = 8;
+};
+// Brcb (API reference, Brcb): each repeat takes 8 consecutive elements of src and writes each one
+// broadcast over one 32-byte block of dst; blocks dstBlkStride apart, repeats dstRepStride apart.
+struct BrcbRepeatParams {
+  BrcbRepeatParams() = default;
+  BrcbRepeatParams(uint16_t dB, uint16_t dR) : dstRepStride(dR), dstBlkStride(dB) {}
+  uint16_t dstRepStride = 8;
+  uint16_t dstBlkStride = 1;
+};
+// WholeReduceMax / WholeReduceMin result layout (API reference, WholeReduceMax: ORDER_VALUE_INDEX
+// default); the emulator implements ORDER_ONLY_VALUE (value only; index forms are not emulated).
+enum class ReduceOrder { ORDER_VALUE_INDEX, ORDER_INDEX_VALUE, ORDER_ONLY_VALUE, ORDER_ONLY_INDEX };
+
+namespace detail {
+// The elements of one repeat that the mask selects.
+struct RepMask {
+  uint64_t bits[2] = {0, 0};
+  int per = 0;  // elements per repeat
+  bool on(int i) const { return (bits[i / 64] >> (i % 64)) & 1u; }
+  int last() const {  // highest selected element + 1
+    for (int i = per; i-- > 0;)
+      if (on(i)) return i + 1;
+    return 0;
+  }
+};
+template <typename T>
+RepMask cont_mask(uint64_t mask, const char* what) {
+  RepMask m;
+  m.per = 256 / sizeof(T);
+  if (mask < 1 || mask > uint64_t(m.per))
+    fail(std::string(what) + ": continuous mask " + std::to_string(mask) + " outside [1, " + std::to_string(m.per) +
+         "] for " + type_name<T>());
+  for (uint64_t i = 0; i < mask; ++i) m.bits[i / 64] |= uint64_t(1) << (i % 64);
+  return m;
+}
+template <typename T>
+RepMask bit_mask(const uint64_t mask[], const char* what) {
+  RepMask m;
+  m.per = 256 / sizeof(T);
+  m.bits[0] = mask[0];
+  m.bits[1] = m.per > 64 ? mask[1] : 0;
+  if (m.per == 64 && mask[1] != 0)
+    fail(std::string(what) + ": bit mask[1] must be 0 for the 32-bit type " + type_name<T>() + " (64 elements per repeat)");
+  if (!m.bits[0] && !m.bits[1]) fail(std::string(what) + ": bit mask selects no element");
+  return m;
+}
+inline void check_repeat(int64_t repeat, const char* what) {
+  if (repeat < 0 || repeat > 255) fail(std::string(what) + ": repeatTimes " + std::to_string(repeat) + " outside [0, 255]");
+}
+// Element offset of element i of repeat r for an operand with block / repeat strides (32-byte blocks).
+template <typename T>
+inline uint64_t rep_off(int64_t r, int i, uint32_t blk, uint32_t rep) {
+  constexpr int perBlk = 32 / sizeof(T);
+  return uint64_t(r) * rep * perBlk + uint64_t(i / perBlk) * blk * perBlk + i % perBlk;
+}
+// Highest element offset + 1 an operand is accessed at (0 without repeats).
+template <typename T>
+inline uint64_t rep_span(int64_t repeat, const RepMask& m, uint32_t blk, uint32_t rep) {
+  if (repeat == 0) return 0;
+  const int last = m.last();
+  uint64_t hi = 0;
+  for (int i = 0; i < last; ++i)
+    if (m.on(i)) hi = std::max<uint64_t>(hi, rep_off<T>(repeat - 1, i, blk, rep) + 1);
+  return hi;
+}
+// Charge / order the span of an operand for the pipe model; its bytes touched.
+template <typename T>
+inline void rep_touch(const LocalTensor<T>& t, uint64_t span, bool write) {
+  t.emu_touch(span * sizeof(T), write);
+}
+template <typename T, typename F>
+void binary_hd(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
+               const RepMask& m, uint8_t repeat, const BinaryRepeatParams& p, F f) {
+  arith_type<T>(name);
+  check_repeat(repeat, name);
+  const uint64_t sd = rep_span<T>(repeat, m, p.dstBlkStride, p.dstRepStride),
+                 sa = rep_span<T>(repeat, m, p.src0BlkStride, p.src0RepStride),
+                 sb = rep_span<T>(repeat, m, p.src1BlkStride, p.src1RepStride);
+  dst.need(sd, name); a.need(sa, name); b.need(sb, name);
+  issue(PIPE_V, name);
+  rep_touch(a, sa, false);
+  rep_touch(b, sb, false);
+  rep_touch(dst, sd, true);
+  // read every source element before writing (in-place forms with different strides stay defined)
+  std::vector<std::pair<uint64_t, T>> out;
+  out.reserve(size_t(repeat) * m.per);
+  for (int64_t r = 0; r < repeat; ++r)
+    for (int i = 0; i < m.per; ++i) {
+      if (!m.on(i)) continue;
+      const float x = static_cast<float>(a.data()[rep_off<T>(r, i, p.src0BlkStride, p.src0RepStride)]);
+      const float y = static_cast<float>(b.data()[rep_off<T>(r, i, p.src1BlkStride, p.src1RepStride)]);
+      out.emplace_back(rep_off<T>(r, i, p.dstBlkStride, p.dstRepStride), static_cast<T>(f(x, y)));
+    }
+  for (auto& e : out) dst.data()[e.first] = e.second;
+}
+template <typename T, typename F>
+void unary_hd(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& src, const RepMask& m, uint8_t repeat,
+              const UnaryRepeatParams& p, F f) {
+  arith_type<T>(name);
+  check_repeat(repeat, name);
+  const uint64_t sd = rep_span<T>(repeat, m, p.dstBlkStride, p.dstRepStride),
+                 ss = rep_span<T>(repeat, m, p.srcBlkStride, p.srcRepStride);
+  dst.need(sd, name); src.need(ss, name);
+  issue(PIPE_V, name);
+  rep_touch(src, ss, false);
+  rep_touch(dst, sd, true);
+  std::vector<std::pair<uint64_t, T>> out;
+  out.reserve(size_t(repeat) * m.per);
+  for (int64_t r = 0; r < repeat; ++r)
+    for (int i = 0; i < m.per; ++i) {
+      if (!m.on(i)) continue;
+      const float x = static_cast<float>(src.data()[rep_off<T>(r, i, p.srcBlkStride, p.srcRepStride)]);
+      out.emplace_back(rep_off<T>(r, i, p.dstBlkStride, p.dstRepStride), static_cast<T>(f(x)));
+    }
+  for (auto& e : out) dst.data()[e.first] = e.second;
+}
+}  // namespace detail
+
+#define AMO_EMU_BINARY_HD(NAME, EXPR)                                                                        \
+  template <typename T, bool isSetMask = true>                                                               \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, uint64_t mask,        \
+            const uint8_t repeatTimes, const BinaryRepeatParams& p) {                                        \
+    detail::binary_hd(#NAME, dst, a, b, detail::cont_mask<T>(mask, #NAME), repeatTimes, p,                   \
+                      [](float x, float y) { return EXPR; });                                                \
+  }                                                                                                          \
+  template <typename T, bool isSetMask = true>                                                               \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b, const uint64_t mask[], \
+            const uint8_t repeatTimes, const BinaryRepeatParams& p) {                                        \
+    detail::binary_hd(#NAME, dst, a, b, detail::bit_mask<T>(mask, #NAME), repeatTimes, p,                   \
+                      [](float x, float y) { return EXPR; });                                                \
+  }
+AMO_EMU_BINARY_HD(Add, x + y)
+AMO_EMU_BINARY_HD(Mul, x * y)
+AMO_EMU_BINARY_HD(Sub, x - y)
+AMO_EMU_BINARY_HD(Max, (x > y || std::isnan(x)) ? x : y)
+#undef AMO_EMU_BINARY_HD
+
+#define AMO_EMU_UNARY_HD(NAME, EXPR)                                                                          \
+  template <typename T, bool isSetMask = true>                                                                \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, uint64_t mask, const uint8_t repeatTimes,    \
+            const UnaryRepeatParams& p) {                                                                     \
+    detail::unary_hd(#NAME, dst, src, detail::cont_mask<T>(mask, #NAME), repeatTimes, p,                      \
+                     [](float x) { return EXPR; });                                                           \
+  }                                                                                                           \
+  template <typename T, bool isSetMask = true>                                                                \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint64_t mask[], const uint8_t repeatTimes, \
+            const UnaryRepeatParams& p) {                                                                     \
+    detail::unary_hd(#NAME, dst, src, detail::bit_mask<T>(mask, #NAME), repeatTimes, p,                       \
+                     [](float x) { return EXPR; });                                                           \
+  }
+AMO_EMU_UNARY_HD(Exp, std::exp(x))
+AMO_EMU_UNARY_HD(Ln, std::log(x))
+#undef AMO_EMU_UNARY_HD
+
+#define AMO_EMU_SCALAR_HD(NAME, OP)                                                                           \
+  template <typename T, bool isSetMask = true>                                                                \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, uint64_t mask,                   \
+            const uint8_t repeatTimes, const UnaryRepeatParams& p) {                                          \
+    const float sv = static_cast<float>(s);                                                                   \
+    detail::unary_hd(#NAME, dst, src, detail::cont_mask<T>(mask, #NAME), repeatTimes, p,                      \
+                     [sv](float x) { return x OP sv; });                                                      \
+  }                                                                                                           \
+  template <typename T, bool isSetMask = true>                                                                \
+  void NAME(const LocalTensor<T>& dst, const LocalTensor<T>& src, const T& s, const uint64_t mask[],           \
+            const uint8_t repeatTimes, const UnaryRepeatParams& p) {                                          \
+    const float sv = static_cast<float>(s);                                                                   \
+    detail::unary_hd(#NAME, dst, src, detail::bit_mask<T>(mask, #NAME), repeatTimes, p,                       \
+                     [sv](float x) { return x OP sv; });                                                      \
+  }
+AMO_EMU_SCALAR_HD(Muls, *)
+AMO_EMU_SCALAR_HD(Adds, +)
+#undef AMO_EMU_SCALAR_HD
+
+namespace detail {
+template <typename T>
+void duplicate_hd(const LocalTensor<T>& dst, const T& v, const RepMask& m, uint8_t repeat, uint16_t blk, uint8_t rep) {
+  check_repeat(repeat, "Duplicate");
+  const uint64_t sd = rep_span<T>(repeat, m, blk, rep);
+  dst.need(sd, "Duplicate");
+  issue(PIPE_V, "Duplicate");
+  rep_touch(dst, sd, true);
+  for (int64_t r = 0; r < repeat; ++r)
+    for (int i = 0; i < m.per; ++i)
+      if (m.on(i)) dst.data()[rep_off<T>(r, i, blk, rep)] = v;
+}
+}  // namespace detail
+// API reference, Duplicate (high-dimension form): dst elements selected by the mask in each repeat = v.
+template <typename T, bool isSetMask = true>
+void Duplicate(const LocalTensor<T>& dst, const T& v, uint64_t mask, const uint8_t repeatTimes, const uint16_t dstBlockStride,
+               const uint8_t dstRepeatStride) {
+  detail::duplicate_hd(dst, v, detail::cont_mask<T>(mask, "Duplicate"), repeatTimes, dstBlockStride, dstRepeatStride);
+}
+template <typename T, bool isSetMask = true>
+void Duplicate(const LocalTensor<T>& dst, const T& v, const uint64_t mask[], const uint8_t repeatTimes,
+               const uint16_t dstBlockStride, const uint8_t dstRepeatStride) {
+  detail::duplicate_hd(dst, v, detail::bit_mask<T>(mask, "Duplicate"), repeatTimes, dstBlockStride, dstRepeatStride);
+}
+
+namespace detail {
+// WholeReduceMax / WholeReduceSum: one result per repeat, at dst[r * dstRepStride] (units: one result
+// element for ORDER_ONLY_VALUE / the sum). Sum order inside a repeat: the binary tree over the repeat's
+// lanes the API reference describes for the reduction instructions (masked-off lanes count as 0), the
+// same order as ReduceSum's per-repeat step above.
+template <typename T, bool kMax>
+void whole_reduce(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& src, const RepMask& m, int32_t repeat,
+                  int32_t dstRepStride, int32_t srcBlkStride, int32_t srcRepStride) {
+  static_assert(std::is_same_v<T, float>, "emulator: WholeReduceMax / WholeReduceSum are emulated for float only");
+  check_repeat(repeat, name);
+  if (dstRepStride < 0 || srcBlkStride < 0 || srcRepStride < 0) fail(std::string(name) + ": negative stride");
+  const uint64_t ss = rep_span<T>(repeat, m, srcBlkStride, srcRepStride);
+  const uint64_t sd = repeat ? uint64_t(repeat - 1) * dstRepStride + 1 : 0;
+  src.need(ss, name);
+  dst.live(name);
+  if (sd > dst.GetSize()) fail(std::string(name) + ": " + std::to_string(sd) + " result elements past the destination's " + std::to_string(dst.GetSize()));
+  if (dst.ub_addr() % sizeof(T) || dst.space() != ascend_emu::kUB) fail(std::string(name) + ": destination must be in UB, element aligned");
+  issue(PIPE_V, name);
+  rep_touch(src, ss, false);
+  rep_touch(dst, sd, true);
+  std::vector<float> res(static_cast<size_t>(repeat));
+  constexpr int per = 256 / sizeof(T);
+  for (int32_t r = 0; r < repeat; ++r) {
+    if constexpr (kMax) {
+      bool any = false;
+      float v = 0.0f;
+      for (int i = 0; i < per; ++i) {
+        if (!m.on(i)) continue;
+        const float x = src.data()[rep_off<T>(r, i, srcBlkStride, srcRepStride)];
+        if (!any || x > v || std::isnan(x)) v = (any && std::isnan(v)) ? v : x;
+        any = true;
+      }
+      res[r] = v;
+    } else {
+      float lane[per];
+      for (int i = 0; i < per; ++i) lane[i] = m.on(i) ? src.data()[rep_off<T>(r, i, srcBlkStride, srcRepStride)] : 0.0f;
+      for (int w = per / 2; w >= 1; w /= 2)
+        for (int i = 0; i < w; ++i) lane[i] = lane[2 * i] + lane[2 * i + 1];
+      res[r] = lane[0];
+    }
+  }
+  for (int32_t r = 0; r < repeat; ++r) dst.data()[uint64_t(r) * dstRepStride] = res[r];
+}
+}  // namespace detail
+
+template <typename T, bool isSetMask = true>
+void WholeReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t mask, const int32_t repeatTimes,
+                    const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride,
+                    ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX) {
+  if (order != ReduceOrder::ORDER_ONLY_VALUE)
+    fail("WholeReduceMax: only ReduceOrder::ORDER_ONLY_VALUE is emulated (the index forms are not)");
+  detail::whole_reduce<T, true>("WholeReduceMax", dst, src, detail::cont_mask<T>(uint64_t(mask), "WholeReduceMax"),
+                                repeatTimes, dstRepStride, srcBlkStride, srcRepStride);
+}
+template <typename T, bool isSetMask = true>
+void WholeReduceMax(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint64_t mask[], const int32_t repeatTimes,
+                    const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride,
+                    ReduceOrder order = ReduceOrder::ORDER_VALUE_INDEX) {
+  if (order != ReduceOrder::ORDER_ONLY_VALUE)
+    fail("WholeReduceMax: only ReduceOrder::ORDER_ONLY_VALUE is emulated (the index forms are not)");
+  detail::whole_reduce<T, true>("WholeReduceMax", dst, src, detail::bit_mask<T>(mask, "WholeReduceMax"), repeatTimes,
+                                dstRepStride, srcBlkStride, srcRepStride);
+}
+template <typename T, bool isSetMask = true>
+void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const int32_t mask, const int32_t repeatTimes,
+                    const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride) {
+  detail::whole_reduce<T, false>("WholeReduceSum", dst, src, detail::cont_mask<T>(uint64_t(mask), "WholeReduceSum"),
+                                 repeatTimes, dstRepStride, srcBlkStride, srcRepStride);
+}
+template <typename T, bool isSetMask = true>
+void WholeReduceSum(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint64_t mask[], const int32_t repeatTimes,
+                    const int32_t dstRepStride, const int32_t srcBlkStride, const int32_t srcRepStride) {
+  detail::whole_reduce<T, false>("WholeReduceSum", dst, src, detail::bit_mask<T>(mask, "WholeReduceSum"), repeatTimes,
+                                 dstRepStride, srcBlkStride, srcRepStride);
+}
+
+template <typename T>
+void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t repeatTimes, const BrcbRepeatParams& p) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "emulator: Brcb on 16- or 32-bit types");
+  detail::check_repeat(repeatTimes, "Brcb");
+  constexpr int perBlk = 32 / sizeof(T);
+  const uint64_t ss = uint64_t(repeatTimes) * 8;
+  const uint64_t sd = repeatTimes ? (uint64_t(repeatTimes - 1) * p.dstRepStride + 7ull * p.dstBlkStride + 1) * perBlk : 0;
+  src.need(ss, "Brcb");
+  dst.need(sd, "Brcb");
+  if (src.slot() == dst.slot() && src.ub_addr() < dst.ub_addr() + sd * sizeof(T) && dst.ub_addr() < src.ub_addr() + ss * sizeof(T))
+    fail("Brcb: source and destination overlap (the API reference excludes src0 and dst at the same memory)");
+  detail::issue(PIPE_V, "Brcb");
+  src.emu_touch(ss * sizeof(T), false);
+  dst.emu_touch(sd * sizeof(T), true);
+  for (int64_t r = 0; r < repeatTimes; ++r)
+    for (int b = 0; b < 8; ++b) {
+      const T v = src.data()[r * 8 + b];
+      T* blk = dst.data() + (uint64_t(r) * p.dstRepStride + uint64_t(b) * p.dstBlkStride) * perBlk;
+      for (int i = 0; i < perBlk; ++i) blk[i] = v;
+    }
 }
 
 // ---- Cube unit (AIC) ---------------------------------------------------------------------------------
