@@ -81,9 +81,12 @@ def check_budgets(t, Dk, Dr, Dv):
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(M / 2), "two AIVs per AIC split the query block"
-    # fused kernel, per AIV: S row, P row, work, 8 fp32, O accumulator, O_partial row, output row,
-    # m, l and the alpha of the two blocks in flight
-    fused = N * 4 + N * 2 + work(N) + 32 + R * u8(Dv) * 4 + u8(Dv) * 4 + u16(Dv) * 2 + 4 * u8(R) * 4
+    # fused kernel, per AIV, tile-wise: S tile, P tile, O and O_partial tiles, output tile (row stride
+    # u8(Dv) when that is whole 32-byte blocks in bf16/fp16, else u16(Dv)), per-row broadcast blocks,
+    # 10 state vectors, EmptyRow's 8 fp32 and output row
+    ostride = u8(Dv) if u8(Dv) * 2 % 32 == 0 else u16(Dv)
+    fused = R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + R * ostride * 2 + u8(R) * 8 * 4 + 10 * u8(R) * 4 + 32 + \
+        u16(Dv) * 2
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
@@ -114,12 +117,15 @@ def test_few_items_few_cores(driver):
 
 
 def test_empty_and_refusals(driver):
-    empty, f32, huge = driver([(4, 64, 0, 64, False, F16, 0, 24, [0, 0, 0]),
-                               (4, 64, 0, 64, False, F32, 0, 24, [0, 8]),
-                               (4, 4000, 0, 4000, False, F16, 0, 24, [0, 8])])
+    empty, f32, huge, wide = driver([(4, 64, 0, 64, False, F16, 0, 24, [0, 0, 0]),
+                                     (4, 64, 0, 64, False, F32, 0, 24, [0, 8]),
+                                     (4, 4000, 0, 4000, False, F16, 0, 24, [0, 8]),
+                                     (4, 1024, 0, 1024, False, F16, 0, 24, [0, 8])])
     assert empty["ok"] and empty["key"] == 0 and empty["items"] == 0
     assert not f32["ok"] and "fp16 and bf16" in f32["error"]
     assert not huge["ok"] and "too large" in huge["error"]
+    # below the Mmad limit, but a gradient row of 2048 fp32 is past the vector tiles' row stride
+    assert not wide["ok"] and "Dk=1024, Dr=0, Dv=1024" in wide["error"] and "2040" in wide["error"]
 
 
 # seqlen_q != seqlen_k: (name, H, Dk, Dr, Dv, lens_q, lens_k). Per sequence more keys, no keys, no
@@ -191,8 +197,12 @@ def check_bwd_budgets(t, Dk, Dr, Dv):
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(b / 2)
-    # fused pass kernel, per AIV: softmax-grad rows, running sums of its R gradient rows, a product row, output row
-    fused = 2 * b * 4 + 2 * b * 2 + R * gc * 4 + gc * 4 + u16(max(Dk, Dr, Dv)) * 2
+    # fused pass kernel, per AIV, in chunks of c = min(R, 16) rows: S, dP (fp32), P, dS tiles, the running
+    # sums of its R gradient rows, a chunk of product rows (fp32) and of output rows, lse and delta,
+    # delta as loaded and the broadcast blocks, the row-wise output row
+    c = min(R, 16)
+    fused = 2 * c * b * 4 + 2 * c * b * 2 + R * gc * 4 + c * gc * 4 + c * gc * 2 + 2 * u8(c) * 4 + 2 * u8(c) * 8 * 4 + \
+        u16(max(Dk, Dr, Dv)) * 2
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 

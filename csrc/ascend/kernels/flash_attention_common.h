@@ -111,6 +111,36 @@ __aicore__ inline void FaSetCu(GlobalTensor<int64_t>& cu, GlobalTensor<int64_t>&
   cuK.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cuK), static_cast<uint64_t>(t.B + 1));
 }
 
+// ---- Tile helpers of the fused kernels' vector side (repeat-form vector instructions) -----------------
+// Columns [from, n) of `rows` rows (row stride n elements) starting at row u0 of x := v: bit masks per
+// 256-byte repeat, one repeat per row. E: int32_t (fp32 bits) or int16_t (16-bit bits).
+template <typename E>
+__aicore__ inline void FaMaskCols(const LocalTensor<E>& x, int64_t n, int64_t u0, int64_t rows, int64_t from, E v) {
+  constexpr int64_t per = 256 / sizeof(E);
+  const uint8_t rep = static_cast<uint8_t>(n * static_cast<int64_t>(sizeof(E)) / 32);
+  for (int64_t c0 = (from / per) * per; c0 < n; c0 += per) {
+    const int64_t lo = from > c0 ? from - c0 : 0, hi = Min64(per, n - c0);
+    uint64_t mask[2] = {0, 0};
+    for (int64_t i = lo; i < hi; ++i) mask[i / 64] |= uint64_t(1) << (i % 64);
+    Duplicate(x[u0 * n + c0], v, mask, static_cast<uint8_t>(rows), 1, rep);
+  }
+}
+
+// x[u, c] = x[u, c] - v[u] (kSub) or x[u, c] * v[u], for the R rows (row stride `width` fp32) and
+// columns [0, cols) of x; v is broadcast one 32-byte block per row by Brcb into b (up8(R) x 8 fp32).
+template <bool kSub>
+__aicore__ inline void FaRowScalar(const LocalTensor<float>& x, const LocalTensor<float>& v, const LocalTensor<float>& b,
+                                   int64_t R, int64_t width, int64_t cols) {
+  Brcb(b, v, static_cast<uint8_t>(CeilDiv(R, 8)), BrcbRepeatParams(1, 8));
+  const uint8_t rep = static_cast<uint8_t>(width / 8);
+  for (int64_t c0 = 0; c0 < cols; c0 += 64) {
+    const uint64_t mask = static_cast<uint64_t>(Min64(64, cols - c0));
+    const BinaryRepeatParams p(1, 1, 0, rep, rep, 1);
+    if (kSub) Sub(x[c0], x[c0], b, mask, static_cast<uint8_t>(R), p);
+    else Mul(x[c0], x[c0], b, mask, static_cast<uint8_t>(R), p);
+  }
+}
+
 // ---- Cube phases ------------------------------------------------------------------------------------
 template <typename T>
 class FaCube {

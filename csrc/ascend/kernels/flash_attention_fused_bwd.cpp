@@ -46,9 +46,18 @@ class FabFused {
     if (aic_) {
       cube_.InitBwd(t, &pipe);
     } else {
+      const uint32_t c = Chunk(), c8 = Up8(c), b = t.baseM;
       pipe.InitBuffer(accBuf_, t.vecRows * t.gradCols * sizeof(float));
-      pipe.InitBuffer(partBuf_, t.gradCols * sizeof(float));
-      rows_.Init(pipe, t, &g_, true, true);
+      pipe.InitBuffer(partBuf_, c * t.gradCols * sizeof(float));
+      pipe.InitBuffer(sT_, c * b * sizeof(float));
+      pipe.InitBuffer(dpT_, c * b * sizeof(float));
+      pipe.InitBuffer(pT_, c * b * sizeof(T));
+      pipe.InitBuffer(dsT_, c * b * sizeof(T));
+      pipe.InitBuffer(outT_, c * t.gradCols * sizeof(T));
+      pipe.InitBuffer(vecs_, 2 * c8 * sizeof(float));    // lse, delta of the chunk's rows
+      pipe.InitBuffer(deltaBlk_, c8 * 8 * sizeof(float));  // delta as loaded: one 32-byte row each
+      pipe.InitBuffer(bcast_, c8 * 8 * sizeof(float));
+      rows_.Init(pipe, t, &g_, false, true);  // the output row of WriteZeroGrads / the row-wise WriteGrad
     }
     FabWalkItems(t, g_.cu, g_.cuK, group_, GetBlockNum(), *this);
   }
@@ -78,8 +87,7 @@ class FabFused {
       const int64_t slot = n % 2, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
       const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
       CrossCoreWaitFlag(kFabFlagS + slot);
-      for (int64_t r = r0; r < r1; ++r)
-        rows_.GradRow(it, r, g_.s[ws + r * b], g_.dp[ws + r * b], g_.p[ws + r * b], g_.ds[ws + r * b]);
+      for (int64_t c0 = r0; c0 < r1; c0 += Chunk()) GradChunk(it, ws, b, c0, Min64(Chunk(), r1 - c0));
       // The set fires after MTE3's earlier work only. When this AIV's half of the block is empty there
       // is no store before it, so MTE3 first waits for MTE2: the flag then also covers the part-slot
       // loads of AccBlock(n - 2), whose slot the AIC overwrites once it has this flag (issue 30).
@@ -97,25 +105,162 @@ class FabFused {
     CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS + slot);
   }
 
-  // Running sums of this AIV's half of the gradient rows += the block's products; written out at the
-  // item's last block.
+  // ---- vector side, tile-wise: chunks of up to Chunk() rows per DMA / vector instruction -------------
+  // The same fp32 operations per element, in the same order, as FabRows::GradRow / FabAcc / WriteGrad of
+  // the phase kernels (bitwise equal results): columns a row does not see are -inf before the exp (P = 0),
+  // Sub(x, v) is Adds(x, -v), and the dS columns (and rows) the row form leaves zero are zeroed.
+  static constexpr uint32_t kChunk = 16;
+  __aicore__ inline uint32_t Chunk() const { return t_.vecRows < kChunk ? t_.vecRows : kChunk; }
+
+  __aicore__ inline void GradChunk(const FabItem& it, int64_t ws, int64_t b, int64_t c0, int64_t R) {
+    const int32_t cnt = static_cast<int32_t>(R * b);
+    const bool causal = t_.mask == FlashAttentionMask::kCausal;
+    LocalTensor<float> s = sT_.Get<float>(), dp = dpT_.Get<float>(), lse = vecs_.Get<float>(),
+                       delta = vecs_.Get<float>()[Up8(Chunk())], dblk = deltaBlk_.Get<float>(), bc = bcast_.Get<float>();
+    LocalTensor<T> p = pT_.Get<T>(), ds = dsT_.Get<T>();
+    const int64_t tok0 = it.seqStart + it.qPos0 + c0;
+    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous chunk's vector reads of s / dp / lse are done
+    WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
+    SetFlag<HardEvent::S_MTE2>(EVENT_ID0);  // and the scalar reads of dblk
+    WaitFlag<HardEvent::S_MTE2>(EVENT_ID0);
+    DataCopy(s, g_.s[ws + c0 * b], static_cast<uint32_t>(cnt));
+    DataCopy(dp, g_.dp[ws + c0 * b], static_cast<uint32_t>(cnt));
+    DataCopyPadExtParams<float> none;
+    DataCopyPad(lse, g_.lse[it.head * t_.T + tok0], DataCopyExtParams{1, static_cast<uint32_t>(R * 4), 0, 0, 0}, none);
+    DataCopyPad(dblk, g_.delta[tok0 * t_.H + it.head],
+                DataCopyExtParams{static_cast<uint16_t>(R), 4, static_cast<uint32_t>((t_.H - 1) * 4), 0, 0}, none);
+    SetFlag<HardEvent::MTE2_S>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_S>(EVENT_ID0);
+    SetFlag<HardEvent::V_S>(EVENT_ID0);  // the previous chunk's vector reads of delta are done
+    WaitFlag<HardEvent::V_S>(EVENT_ID0);
+    for (int64_t u = 0; u < R; ++u) delta.SetValue(u, dblk.GetValue(u * 8));  // delta rows are H apart in GM
+    SetFlag<HardEvent::S_V>(EVENT_ID0);
+    WaitFlag<HardEvent::S_V>(EVENT_ID0);
+    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    Muls(s, s, t_.softmaxScale, cnt);
+    LocalTensor<int32_t> si = s.template ReinterpretCast<int32_t>();
+    const int32_t negInf = static_cast<int32_t>(0xFF800000u);
+    if (!causal) {
+      if (it.cols < b) FaMaskCols(si, b, 0, R, it.cols, negInf);
+    } else {
+      for (int64_t u = 0; u < R; ++u) {
+        const int64_t v = Valid(it, c0 + u);
+        if (v < b) FaMaskCols(si, b, u, 1, v > 0 ? v : 0, negInf);
+      }
+    }
+    FaRowScalar<true>(s, lse, bc, R, b, b);  // scale * S - lse
+    Exp(s, s, cnt);                           // P in fp32
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID1);    // the previous chunk's P / dS stores are done
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID1);
+    Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
+    FaRowScalar<true>(dp, delta, bc, R, b, b);  // dP - delta
+    Mul(dp, dp, s, cnt);                        // dS = P * (dP - delta)
+    Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
+    // zeros of the row form: dS past a row's visible columns; P and dS of a row without a visible key
+    // (its lse may be -inf); dS of a row that sees one key only (see GradRow)
+    LocalTensor<int16_t> pi = p.template ReinterpretCast<int16_t>(), di = ds.template ReinterpretCast<int16_t>();
+    for (int64_t u = 0; u < R; ++u) {
+      const int64_t v = causal ? Valid(it, c0 + u) : it.cols;
+      if (v <= 0) {
+        ZeroFill(p[u * b], static_cast<uint32_t>(b));
+        ZeroFill(ds[u * b], static_cast<uint32_t>(b));
+      } else if (Visible(it, c0 + u) <= 1) {
+        ZeroFill(ds[u * b], static_cast<uint32_t>(b));
+      } else if (v < b && causal) {
+        FaMaskCols(di, b, u, 1, v, static_cast<int16_t>(0));
+      }
+    }
+    if (!causal && it.cols < b) FaMaskCols(di, b, 0, R, it.cols, static_cast<int16_t>(0));
+    (void)pi;
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(g_.p[ws + c0 * b], p, static_cast<uint32_t>(cnt));
+    DataCopy(g_.ds[ws + c0 * b], ds, static_cast<uint32_t>(cnt));
+  }
+
+  // Columns of block it that query row r of the block sees (causal: up to its last key), and keys it
+  // sees in all (GradRow's `valid` and `visible`).
+  __aicore__ inline int64_t Valid(const FabItem& it, int64_t r) const {
+    const int64_t lastKey = it.qPos0 + r + it.lenK - it.lenQ;
+    return Min64(it.cols, lastKey - it.k0 + 1);
+  }
+  __aicore__ inline int64_t Visible(const FabItem& it, int64_t r) const {
+    if (t_.mask != FlashAttentionMask::kCausal) return it.lenK;
+    return Min64(it.lenK, it.qPos0 + r + it.lenK - it.lenQ + 1);
+  }
+
+  // Running sums of this AIV's half of the gradient rows += the block's products, Chunk() rows per DMA
+  // and vector instruction (all gradCols columns: those past AccCols() are never written out); written
+  // out at the item's last block.
   __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
     CrossCoreWaitFlag(kFabFlagG + slot);
-    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows);
-    const int32_t n = rows_.AccCols();
-    const int64_t base = slot * static_cast<int64_t>(t_.baseM) * t_.gradCols;
+    const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows), gc = t_.gradCols;
+    const int64_t base = slot * static_cast<int64_t>(t_.baseM) * gc;
     LocalTensor<float> part = partBuf_.Get<float>();
-    for (int64_t r = g0; r < g1; ++r) {
-      LocalTensor<float> acc = accBuf_.Get<float>()[(r - g0) * t_.gradCols];
-      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // part is reloaded: the previous row's Add / Muls read it
+    for (int64_t c0 = g0; c0 < g1; c0 += Chunk()) {
+      const int64_t R = Min64(Chunk(), g1 - c0);
+      const int32_t cnt = static_cast<int32_t>(R * gc);
+      LocalTensor<float> acc = accBuf_.Get<float>()[(c0 - g0) * gc];
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // part is reloaded: the previous chunk's Add / Muls read it
       WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-      DataCopy(part, g_.part[base + r * t_.gradCols], static_cast<uint32_t>(n));
+      DataCopy(part, g_.part[base + c0 * gc], static_cast<uint32_t>(cnt));
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      if (it.first) Muls(acc, part, 1.0f, n);  // start the running sum (x * 1 is exact)
-      else Add(acc, acc, part, n);
-      if (it.last) rows_.WriteGrad(it, r, acc);
+      if (it.first) Muls(acc, part, 1.0f, cnt);  // start the running sum (x * 1 is exact)
+      else Add(acc, acc, part, cnt);
     }
+    if (!it.last) return;
+    if (!TileOut()) {
+      for (int64_t r = g0; r < g1; ++r) rows_.WriteGrad(it, r, accBuf_.Get<float>()[(r - g0) * gc]);
+      return;
+    }
+    for (int64_t c0 = g0; c0 < g1; c0 += Chunk()) WriteChunk(it, c0, Min64(Chunk(), g1 - c0), accBuf_.Get<float>()[(c0 - g0) * gc]);
+  }
+
+  // The gradient rows leave as whole chunks when every segment starts on a 32-byte boundary of the
+  // input-dtype tile (gradCols, the rope and the v column multiples of 16); else row by row.
+  __aicore__ inline bool TileOut() const {
+    return t_.gradCols % 16 == 0 && FabRopeCol(t_) % 16 == 0 && FabVCol(t_) % 16 == 0;
+  }
+
+  __aicore__ inline void WriteChunk(const FabItem& it, int64_t c0, int64_t R, const LocalTensor<float>& acc) {
+    const int64_t gc = t_.gradCols, vcol = FabVCol(t_), rcol = FabRopeCol(t_);
+    LocalTensor<T> o = outT_.Get<T>();
+    // dK / dQ and dK_rope carry the scale: columns [0, vcol) of each row
+    const uint8_t rep = static_cast<uint8_t>(gc / 8);
+    for (int64_t cc = 0; cc < vcol; cc += 64)
+      Muls(acc[cc], acc[cc], t_.softmaxScale, static_cast<uint64_t>(Min64(64, vcol - cc)), static_cast<uint8_t>(R),
+           UnaryRepeatParams(1, 1, rep, rep));
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);  // the previous chunk's stores of o are done
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    Cast(o, acc, RoundMode::CAST_RINT, static_cast<uint32_t>(R * gc));
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    const int64_t e = sizeof(T);
+    if (t_.pass == FlashAttentionPass::kBackwardKV) {
+      const int64_t tok0 = it.kvStart + it.k0 + c0;
+      StoreRows(g_.dko[(tok0 * t_.H + it.head) * t_.Dk], o, R, t_.Dk, gc, (t_.H - 1) * t_.Dk * e);
+      StoreRows(g_.dvo[(tok0 * t_.H + it.head) * t_.Dv], o[vcol], R, t_.Dv, gc, (t_.H - 1) * t_.Dv * e);
+      if (t_.Dr) StoreRows(g_.dkrh[(it.head * t_.Tk + tok0) * t_.Dr], acc[rcol], R, t_.Dr, gc, 0);
+    } else {
+      const int64_t tok0 = it.seqStart + it.qPos0 + c0, dq = t_.Dk + t_.Dr;
+      StoreRows(g_.dqo[(tok0 * t_.H + it.head) * dq], o, R, t_.Dk, gc, (t_.H * dq - t_.Dk) * e);
+      if (t_.Dr) StoreRows(g_.dqo[(tok0 * t_.H + it.head) * dq + t_.Dk], o[rcol], R, t_.Dr, gc, (t_.H * dq - t_.Dr) * e);
+    }
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+  }
+
+  // R rows of `cols` elements, `ubStride` elements apart in UB, to GM rows gapBytes apart.
+  template <typename E>
+  __aicore__ inline void StoreRows(const GlobalTensor<E>& dst, const LocalTensor<E>& src, int64_t R, int64_t cols,
+                                   int64_t ubStride, int64_t gapBytes) {
+    const uint32_t len = static_cast<uint32_t>(cols * sizeof(E));
+    DataCopyExtParams p{static_cast<uint16_t>(R), len,
+                        static_cast<uint32_t>((ubStride * sizeof(E) - (len + 31) / 32 * 32) / 32),
+                        static_cast<uint32_t>(gapBytes), 0};
+    DataCopyPad(dst, src, p);
   }
 
   FlashAttentionTiling t_;
@@ -127,7 +272,7 @@ class FabFused {
   FabQkMath<T> qk_;
   FabGradMath<T> grad_;
   FabRows<T> rows_;
-  TBuf<TPosition::VECCALC> accBuf_, partBuf_;
+  TBuf<TPosition::VECCALC> accBuf_, partBuf_, sT_, dpT_, pT_, dsT_, outT_, vecs_, deltaBlk_, bcast_;
 };
 
 }  // namespace kernels

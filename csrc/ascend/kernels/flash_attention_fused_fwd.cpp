@@ -51,10 +51,14 @@ class FaFused {
       if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.Tk * t.Dr));
     } else {
       const uint32_t r8 = Up8(t.vecRows);
-      rows_.Init(pipe, t, true, true);
+      rows_.Init(pipe, t, false, true);  // EmptyRow's buffers (items without keys)
+      pipe.InitBuffer(sT_, t.vecRows * t.baseN * sizeof(float));
+      pipe.InitBuffer(pT_, t.vecRows * t.baseN * sizeof(T));
       pipe.InitBuffer(oAcc_, t.vecRows * dva_ * sizeof(float));
-      pipe.InitBuffer(pv_, dva_ * sizeof(float));
-      pipe.InitBuffer(state_, 4 * r8 * sizeof(float));  // m, l, alpha of the two blocks in flight
+      pipe.InitBuffer(part_, t.vecRows * dva_ * sizeof(float));
+      pipe.InitBuffer(outT_, t.vecRows * OutStride() * sizeof(T));
+      pipe.InitBuffer(bcast_, r8 * 8 * sizeof(float));
+      pipe.InitBuffer(state_, 10 * r8 * sizeof(float));  // m, l, alpha x 2 slots, max, sum, tmp, m_old, 1/l, lse
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
@@ -91,6 +95,14 @@ class FaFused {
     CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
   }
 
+  // ---- vector side: tile-wise, this AIV's rows [r0, r1) of the item as one [R x baseN] tile --------
+  // Per key block: one DMA of the S tile, the online softmax of all R rows with repeat-form vector
+  // instructions (per-row operands laid out one 32-byte block per row by Brcb; row reductions by
+  // WholeReduceMax / WholeReduceSum over 64-column chunks), one DMA of the P tile. The same fp32
+  // operations per element, in the same order, as the phase kernels' SoftmaxRow / UpdateRow / FinishRow
+  // (bitwise equal results): masked columns are -inf before the max (so they add exp(-inf) = 0 to a
+  // row sum, as ReduceSum's lanes past its count do), Sub(s, m) is Adds(s, -m), and the scalar state
+  // update l = l_old * alpha + rowsum is a Mul then an Add.
   __aicore__ inline void VecItem(const FaItem& it) {
     // both AIVs take part in every flag exchange, also one whose half of the rows is empty
     const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
@@ -101,66 +113,190 @@ class FaFused {
       }
       return;
     }
-    const uint32_t r8 = Up8(t_.vecRows);
-    LocalTensor<float> st = state_.Get<float>();
-    LocalTensor<float> m = st, l = st[r8];
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
       const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
       CrossCoreWaitFlag(kFaFlagS + slot);
-      for (int64_t r = r0; r < r1; ++r) SoftmaxRow(it, r, r - r0, j, k0, cols, m, l, st[(2 + slot) * r8]);
+      if (r1 > r0) SoftmaxTile(it, r0, r1, j, k0, cols);
       CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
-      if (j > 0) UpdateBlock(it, j - 1, r0, r1, m, l);  // overlaps the AIC's P_j V_j
+      if (j > 0) UpdateTile(it, j - 1, r0, r1);  // overlaps the AIC's P_j V_j
     }
-    UpdateBlock(it, it.keyBlocks - 1, r0, r1, m, l);
+    UpdateTile(it, it.keyBlocks - 1, r0, r1);
   }
 
-  __aicore__ inline void UpdateBlock(const FaItem& it, int64_t j, int64_t r0, int64_t r1, const LocalTensor<float>& m,
-                                     const LocalTensor<float>& l) {
-    const int64_t slot = j % 2;
-    const uint32_t r8 = Up8(t_.vecRows);
-    CrossCoreWaitFlag(kFaFlagO + slot);
-    LocalTensor<float> alpha = state_.Get<float>()[(2 + slot) * r8];
-    for (int64_t r = r0; r < r1; ++r) UpdateRow(it, r, r - r0, j, j + 1 == it.keyBlocks, m, l, alpha);
+  // State vectors (up8(vecRows) fp32 each) in state_: m, l, alpha of slot 0 / 1, row max, row sum (and
+  // chunk partials), m_old, 1 / l, lse; per-row broadcast blocks (8 fp32 per row) in bcast_.
+  __aicore__ inline LocalTensor<float> St(uint32_t k) const { return state_.Get<float>()[k * Up8(t_.vecRows)]; }
+  static constexpr uint32_t kM = 0, kL = 1, kAlpha = 2, kMax = 4, kSum = 5, kTmp = 6, kMOld = 7, kRl = 8, kLse = 9;
+
+  __aicore__ inline void VS() {
+    SetFlag<HardEvent::V_S>(EVENT_ID0);
+    WaitFlag<HardEvent::V_S>(EVENT_ID0);
+  }
+  __aicore__ inline void SV() {
+    SetFlag<HardEvent::S_V>(EVENT_ID0);
+    WaitFlag<HardEvent::S_V>(EVENT_ID0);
   }
 
-  __aicore__ inline void SoftmaxRow(const FaItem& it, int64_t r, int64_t u, int64_t j, int64_t k0, int64_t cols,
-                                    const LocalTensor<float>& m, const LocalTensor<float>& l,
-                                    const LocalTensor<float>& alpha) {
-    FaRowState old{0.0f, 0.0f, 0.0f};
-    if (j != 0) {
-      old.m = m.GetValue(u);
-      old.l = l.GetValue(u);
+  // Columns [from, N) of `rows` tile rows starting at row u0 of the S tile := -inf
+  __aicore__ inline void MaskCols(const LocalTensor<float>& s, int64_t u0, int64_t rows, int64_t from) {
+    FaMaskCols(s.template ReinterpretCast<int32_t>(), t_.baseN, u0, rows, from, static_cast<int32_t>(0xFF800000u));
+  }
+
+  // Per-row reduction of the R x N tile over its 64-column chunks into dst (R values): max or sum
+  // (chunk partials added in chunk order, as ReduceSum adds its repeats).
+  template <bool kIsMax>
+  __aicore__ inline void RowReduce(const LocalTensor<float>& dst, const LocalTensor<float>& s, int64_t R) {
+    const int64_t n = t_.baseN;
+    const int32_t rep = static_cast<int32_t>(n / 8);
+    LocalTensor<float> tmp = St(kTmp);
+    for (int64_t c0 = 0; c0 < n; c0 += 64) {
+      const int32_t mask = static_cast<int32_t>(Min64(64, n - c0));
+      const LocalTensor<float>& d = c0 == 0 ? dst : tmp;
+      if (kIsMax) WholeReduceMax(d, s[c0], mask, static_cast<int32_t>(R), 1, 1, rep, ReduceOrder::ORDER_ONLY_VALUE);
+      else WholeReduceSum(d, s[c0], mask, static_cast<int32_t>(R), 1, 1, rep);
+      if (c0 == 0) continue;
+      if (kIsMax) Max(dst, dst, tmp, static_cast<int32_t>(R));
+      else Add(dst, dst, tmp, static_cast<int32_t>(R));
     }
-    const int64_t row = (j % 2) * score_ + r * t_.baseN;
-    const FaRowState st = rows_.SoftmaxRow(s_[row], p_[row], it.qPos0 + r + it.off, k0, cols, j == 0, old);
-    m.SetValue(u, st.m);
-    l.SetValue(u, st.l);
-    alpha.SetValue(u, st.alpha);
   }
 
-  __aicore__ inline void UpdateRow(const FaItem& it, int64_t r, int64_t u, int64_t j, bool last,
-                                   const LocalTensor<float>& m, const LocalTensor<float>& l,
-                                   const LocalTensor<float>& alpha) {
-    LocalTensor<float> o = oAcc_.Get<float>()[u * dva_], pv = pv_.Get<float>();
-    const int32_t dva = static_cast<int32_t>(dva_);
-    const GlobalTensor<float> part = o_[(j % 2) * rowsSlot_ + r * dva_];
-    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // o / pv are reloaded: earlier vector reads of them are done
+  // x[u, :] op= v[u] for the R rows of a tile of `width` fp32 columns (v broadcast by Brcb).
+  template <bool kSub>
+  __aicore__ inline void RowScalar(const LocalTensor<float>& x, const LocalTensor<float>& v, int64_t R, int64_t width) {
+    FaRowScalar<kSub>(x, v, bcast_.Get<float>(), R, width, width);
+  }
+
+  __aicore__ inline void SoftmaxTile(const FaItem& it, int64_t r0, int64_t r1, int64_t j, int64_t k0, int64_t cols) {
+    const int64_t R = r1 - r0, n = t_.baseN, slot = j % 2;
+    const int32_t cnt = static_cast<int32_t>(R * n), rc = static_cast<int32_t>(R);
+    const bool first = j == 0, causal = t_.mask == FlashAttentionMask::kCausal;
+    LocalTensor<float> s = sT_.Get<float>(), m = St(kM), l = St(kL), alpha = St(kAlpha + slot), rmax = St(kMax),
+                       rsum = St(kSum), mOld = St(kMOld);
+    LocalTensor<T> p = pT_.Get<T>();
+    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous block's vector reads of the S tile are done
     WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-    if (j == 0) {
-      DataCopy(o, part, dva_);
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    DataCopy(s, s_[slot * score_ + r0 * n], static_cast<uint32_t>(R * n));
+    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    Muls(s, s, t_.softmaxScale, cnt);
+    // columns a row does not see (past the block's keys, or causal past the row's last key) := -inf
+    int64_t empty = 0;  // rows that see no key of this block
+    if (!causal) {
+      if (cols < n) MaskCols(s, 0, R, cols);
     } else {
-      DataCopy(pv, part, dva_);
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      Muls(o, o, alpha.GetValue(u), dva);
-      Add(o, o, pv, dva);
+      for (int64_t u = 0; u < R; ++u) {
+        const int64_t valid = Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1);
+        if (valid <= 0) ++empty;
+        if (valid < n) MaskCols(s, u, 1, valid > 0 ? valid : 0);
+      }
     }
-    if (!last) return;
-    const int64_t tok = it.seqStart + it.qPos0 + r;
-    rows_.FinishRow(o, m.GetValue(u), l.GetValue(u), out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
+    RowReduce<true>(rmax, s, R);
+    if (first) {
+      Muls(m, rmax, 1.0f, rc);  // m = rowmax (exact copy)
+      Duplicate(alpha, 0.0f, rc);
+    } else {
+      Muls(mOld, m, 1.0f, rc);
+      Max(m, mOld, rmax, rc);  // m = m_old > rowmax ? m_old : rowmax
+      Sub(alpha, mOld, m, rc);
+      Exp(alpha, alpha, rc);  // alpha = exp(m_old - m)
+    }
+    RowScalar<true>(s, m, R, n);  // s - m
+    Exp(s, s, cnt);
+    RowReduce<false>(rsum, s, R);
+    if (first) {
+      Muls(l, rsum, 1.0f, rc);
+    } else {
+      Mul(l, l, alpha, rc);
+      Add(l, l, rsum, rc);  // l = l_old * alpha + rowsum
+    }
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID1);  // the previous P tile's store is done before the cast rewrites it
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID1);
+    Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
+    if (first && empty) FixEmptyRows(it, r0, R, k0, cols);
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    DataCopy(p_[slot * score_ + r0 * n], p, static_cast<uint32_t>(cnt));
   }
+
+  // Rows that see no key at all (causal, the item's first block): a zero P row, m = l = 0, alpha = 1,
+  // as SoftmaxRow does (their -inf row max made the tile arithmetic NaN). On later blocks a row without
+  // a key of the block needs no fix: m = max(m_old, -inf) = m_old, alpha = exp(0) = 1, P = exp(-inf) = 0
+  // and l = l_old * 1 + 0 = l_old, exactly SoftmaxRow's state.
+  __aicore__ inline void FixEmptyRows(const FaItem& it, int64_t r0, int64_t R, int64_t k0, int64_t cols) {
+    LocalTensor<float> m = St(kM), l = St(kL), alpha = St(kAlpha);
+    LocalTensor<T> p = pT_.Get<T>();
+    VS();
+    for (int64_t u = 0; u < R; ++u) {
+      if (Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1) > 0) continue;
+      m.SetValue(u, 0.0f);
+      l.SetValue(u, 0.0f);
+      alpha.SetValue(u, 1.0f);
+    }
+    SV();
+    for (int64_t u = 0; u < R; ++u)
+      if (Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1) <= 0) ZeroFill(p[u * t_.baseN], t_.baseN);
+  }
+
+  __aicore__ inline void UpdateTile(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
+    const int64_t slot = j % 2, R = r1 - r0;
+    CrossCoreWaitFlag(kFaFlagO + slot);
+    if (R <= 0) return;
+    const int32_t cnt = static_cast<int32_t>(R * dva_);
+    LocalTensor<float> o = oAcc_.Get<float>(), part = part_.Get<float>();
+    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // o / part are reloaded: earlier vector reads of them are done
+    WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
+    DataCopy(j == 0 ? o : part, o_[slot * rowsSlot_ + r0 * dva_], static_cast<uint32_t>(cnt));
+    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    if (j > 0) {
+      RowScalar<false>(o, St(kAlpha + slot), R, dva_);  // o * alpha
+      Add(o, o, part, cnt);
+    }
+    if (j + 1 == it.keyBlocks) FinishTile(it, r0, R);
+  }
+
+  // out = O / l in the input dtype, lse = m + ln(l); rows with l = 0 (no key seen): out 0, lse -inf.
+  __aicore__ inline void FinishTile(const FaItem& it, int64_t r0, int64_t R) {
+    LocalTensor<float> o = oAcc_.Get<float>(), m = St(kM), l = St(kL), rl = St(kRl), lse = St(kLse);
+    LocalTensor<T> outT = outT_.Get<T>();
+    const int32_t rc = static_cast<int32_t>(R);
+    Ln(lse, l, rc);
+    Add(lse, lse, m, rc);
+    VS();
+    for (int64_t u = 0; u < R; ++u) {
+      const float lv = l.GetValue(u);
+      const bool seen = lv > 0.0f;
+      rl.SetValue(u, seen ? 1.0f / lv : 0.0f);
+      if (!seen) lse.template ReinterpretCast<int32_t>().SetValue(u, static_cast<int32_t>(0xFF800000u));
+    }
+    SV();
+    RowScalar<false>(o, rl, R, dva_);
+    const uint32_t ostride = OutStride();
+    if (ostride == dva_) {
+      Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(R * dva_));
+    } else {
+      for (int64_t u = 0; u < R; ++u)
+        Cast(outT[u * ostride], o[u * dva_], RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
+    }
+    SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    const int64_t tok = it.seqStart + it.qPos0 + r0;
+    const uint32_t rowBytes = static_cast<uint32_t>(t_.Dv * sizeof(T));
+    DataCopyExtParams po{static_cast<uint16_t>(R), rowBytes,
+                         static_cast<uint32_t>((ostride * sizeof(T) - (rowBytes + 31) / 32 * 32) / 32), 0, 0};
+    po.dstStride = static_cast<uint32_t>((t_.H - 1) * t_.Dv * sizeof(T));
+    DataCopyPad(out_[(tok * t_.H + it.head) * t_.Dv], outT, po);
+    DataCopyExtParams pl{1, static_cast<uint32_t>(R * sizeof(float)), 0, 0, 0};
+    DataCopyPad(lse_[it.head * t_.T + tok], lse, pl);
+    SetFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    SetFlag<HardEvent::MTE3_S>(EVENT_ID0);  // the next item's scalar writes of rl / lse
+    WaitFlag<HardEvent::MTE3_S>(EVENT_ID0);
+  }
+
+  // UB row stride (elements) of the output tile: up8(Dv) when its rows are whole 32-byte blocks in the
+  // input dtype, else up16(Dv).
+  __aicore__ inline uint32_t OutStride() const { return (dva_ * sizeof(T)) % 32 == 0 ? dva_ : Up16(t_.Dv); }
 
   FlashAttentionTiling t_;
   uint32_t dva_ = 0, sub_ = 0;
@@ -169,7 +305,7 @@ class FaFused {
   bool aic_ = false;
   FaCube<T> cube_;
   FaRows<T> rows_;
-  TBuf<TPosition::VECCALC> oAcc_, pv_, state_;
+  TBuf<TPosition::VECCALC> oAcc_, part_, state_, sT_, pT_, outT_, bcast_;
   GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
   GlobalTensor<float> s_, o_, lse_;

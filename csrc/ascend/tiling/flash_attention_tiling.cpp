@@ -20,8 +20,12 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   t.l0cBytes = t.l0cBuffers * M * std::max<uint64_t>(N, dv) * 4;
   const uint64_t R = t.vecRows, dv8 = align_up(t.Dv, 8), r8 = align_up(R, 8);
   t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + reduce_max_work_bytes(N) + 32;
-  t.ubFusedBytes = static_cast<uint32_t>(N * 4 + N * e + reduce_max_work_bytes(N) + 32 + R * dv8 * 4 +
-                                         dv8 * 4 + align_up(t.Dv, 16) * e + 4 * r8 * 4);
+  // fused: the S tile (R x N fp32), the P tile (R x N), O and O_partial (R x up8(Dv) fp32 each), the
+  // output tile (R x its row stride), per-row broadcast blocks (8 fp32 per row), 10 state vectors, and
+  // EmptyRow's 8 fp32 + output row
+  const uint64_t outStride = (dv8 * e) % 32 == 0 ? dv8 : align_up(t.Dv, 16);
+  t.ubFusedBytes = static_cast<uint32_t>(R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 +
+                                         10 * r8 * 4 + 32 + align_up(t.Dv, 16) * e);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
@@ -46,10 +50,14 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t rowDim = align_up(std::max<int64_t>(t.Dv, t.Dr), 16);
   const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + reduce_max_work_bytes(rowDim) + 32;
   t.ubBytes = std::max({softmax, acc, reduce});
-  // fused pass kernel amo_fab_fused, per AIV: the softmax-grad rows, the running sums of its vecRows
-  // gradient rows (fp32, kept in UB for the whole item), one product row and the output row
-  t.ubFusedBytes = static_cast<uint32_t>(softmax + uint64_t(t.vecRows) * t.gradCols * 4 + uint64_t(t.gradCols) * 4 +
-                                         dmax * e);
+  // fused pass kernel amo_fab_fused, per AIV, tile-wise in chunks of c = min(vecRows, 16) rows: S and
+  // dP (c x b fp32 each), P and dS (c x b, input dtype), the running sums of its vecRows gradient rows
+  // (fp32, kept in UB for the whole item), a chunk of product rows (c x gradCols fp32) and of output
+  // rows (c x gradCols, input dtype), lse and delta (2 x up8(c) fp32), delta as loaded and the per-row
+  // broadcast blocks (2 x up8(c) x 8 fp32), and the output row of the row-wise path
+  const uint64_t c = std::min<uint64_t>(t.vecRows, 16), c8 = align_up(c, 8), gc = t.gradCols;
+  t.ubFusedBytes = static_cast<uint32_t>(2 * c * b * 4 + 2 * c * b * e + uint64_t(t.vecRows) * gc * 4 + c * gc * 4 +
+                                         c * gc * e + 2 * c8 * 4 + 2 * c8 * 8 * 4 + dmax * e);
 }
 
 uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {
@@ -75,6 +83,13 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64
     throw std::invalid_argument("flash_attention on the Ascend Cube path supports fp16 and bf16 inputs only");
   if (chip.aicNum == 0) throw std::invalid_argument("flash_attention tiling: aicNum must be >= 1");
   if (Dk + Dr > 4095 || Dv > 4095) throw std::invalid_argument("flash_attention tiling: head dim above the Mmad limit 4095");
+  // the fused kernels' vector tiles step from row to row with 8-bit repeat strides (32-byte blocks):
+  // a row of up8(Dv) fp32 (forward O tile) or up8(Dk) + up8(Dr) + up8(Dv) fp32 (backward gradient
+  // rows) must stay within 255 blocks
+  if (align_up(Dv, 8) > 2040 || align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8) > 2040)
+    throw std::invalid_argument("flash_attention tiling: head dims too large for the fused kernels' vector tiles (Dk=" +
+                                std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) +
+                                "): up8(Dk) + up8(Dr) + up8(Dv) must be <= 2040, the row stride limit of 255 x 32 B");
   FlashAttentionTiling t{};
   t.key = dtype == DType::kF16 ? FlashAttentionTilingKey::kF16 : FlashAttentionTilingKey::kBF16;
   t.mask = causal ? FlashAttentionMask::kCausal : FlashAttentionMask::kNone;

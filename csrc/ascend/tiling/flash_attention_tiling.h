@@ -23,10 +23,12 @@
 //   L0A : l0Buffers x baseM x max(up16(Dk), up16(Dr), baseN)           (Q parts, then P)
 //   L0B : l0Buffers x max(baseN x up16(Dk), baseN x up16(Dr), baseN x up16(Dv))   (K^T parts, then V)
 //   L0C : l0cBuffers x baseM x max(baseN, up16(Dv)) fp32                (S, then O_partial)
-//   UB of the fused kernel amo_fa_fused (ubFusedBytes): S row (baseN fp32), P row (baseN, input dtype),
-//         ReduceMax/ReduceSum work, 8 fp32, the O accumulator (vecRows x up8(Dv) fp32), one O_partial row,
-//         the output row (up16(Dv), input dtype) and m, l and the alpha of the two blocks in flight
-//         (4 x up8(vecRows) fp32).
+//   UB of the fused kernel amo_fa_fused (ubFusedBytes), tile-wise: the S tile (vecRows x baseN fp32),
+//         the P tile (vecRows x baseN, input dtype), the O accumulator and O_partial tiles (vecRows x
+//         up8(Dv) fp32 each), the output tile (vecRows x up8(Dv) or up16(Dv), input dtype), per-row
+//         broadcast blocks (up8(vecRows) x 8 fp32), 10 state vectors of up8(vecRows) fp32 (m, l, alpha of
+//         the two blocks in flight, row max, row sum, chunk partial, m_old, 1 / l, lse), and 8 fp32 +
+//         one output row for items without keys.
 //   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
 //         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
 //         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
