@@ -230,3 +230,91 @@ def test_bench_cli_a2_model_says_when_a_preset_has_no_cases(capsys):
     from ascend_moe_ops.benchmark.cli import _a2_model
     assert _a2_model("deepseek-v3") is None
     assert "no AscendC kernel cases for preset 'deepseek-v3'" in capsys.readouterr().out
+
+
+# ---- the L2 model, on synthetic recordings with a known answer ------------------------------------------
+
+def _dma_launch(cores, passes, nbytes, base=1 << 32, write_back=False):
+    """``cores`` AIVs, each reading its own ``nbytes`` of GM ``passes`` times (one MTE2 DataCopy per
+    pass, in pipe order) and, with ``write_back``, writing it once (MTE3) after the last read."""
+    names = ["DataCopy GM->UB", "DataCopy UB->GM"]
+    out = []
+    for b in range(cores):
+        addr = base + b * (nbytes + 4096)
+        recs, gmr = [], []
+        for k in range(passes):
+            recs.append([tl.MTE2, 0, 1, k + 1, nbytes, nbytes, 0, 0, 0] + [0] * 7)
+            gmr.append([k, addr, nbytes, 0, 1, 0])
+        if write_back:
+            clock = [0] * 7
+            clock[tl.MTE2] = passes
+            recs.append([tl.MTE3, 1, 1, 1, nbytes, nbytes, 0, 0, 0] + clock)
+            gmr.append([passes, addr + (1 << 30), nbytes, 0, 1, 1])
+        out.append({"type": "aiv", "block": b, "recs": recs, "cross": [], "gmr": gmr})
+    return {"kernel": "synthetic", "kind": "vector", "block_dim": cores, "names": names, "cores": out}
+
+
+def test_table_l2_parameters_cite_the_platform_file():
+    for key in ("l2_bytes", "l2_read_bytes_per_cycle"):
+        assert "Ascend910B2C.ini" in A2.params[key].source, key
+    assert A2["l2_bytes"] == 192 * 2 ** 20 and A2["l2_read_bytes_per_cycle"] == 110
+    assert A2.params["l2_line_bytes"].assumption  # not published: marked as an assumption
+
+
+def test_l2_lru_known_answers():
+    l2 = tl.L2Cache(4 * 128, 128)
+    assert l2.access([(0, 512, 0, 1, 0)]) == (0, 512, 0)         # cold: every byte misses
+    assert l2.access([(0, 512, 0, 1, 0)]) == (512, 0, 0)         # a re-read of what fits hits
+    assert l2.access([(64, 100, 0, 1, 0)]) == (100, 0, 0)        # parts of lines 0, 1: only those bytes
+    assert l2.access([(512, 128, 0, 1, 1)]) == (0, 0, 128)       # a write allocates, evicting line 2 (LRU)
+    assert l2.access([(256, 128, 0, 1, 0)]) == (0, 128, 0)       # the least recently used line left
+    assert l2.access([(0, 256, 0, 1, 0)]) == (256, 0, 0)         # lines 0, 1 stayed
+    # a strided run: 3 rows of 64 B, 1 KiB apart
+    assert l2.access([(4096, 64, 1024, 3, 0)]) == (0, 192, 0)
+    assert l2.access([(4096, 64, 1024, 3, 0)]) == (192, 0, 0)
+
+
+def test_a_reread_of_a_small_buffer_hits_l2():
+    nbytes = 1 << 20
+    m = tl.simulate(_dma_launch(1, 2, nbytes), A2)
+    assert m.l2_hit_bytes == nbytes and m.hbm_bytes == nbytes
+    # one core: the first pass at the per-core MTE2 rate from HBM, the second at the L2 read rate
+    expect = nbytes / (A2["mte2_gm_bytes_per_cycle"] * HZ) + nbytes / (A2["l2_read_bytes_per_cycle"] * HZ)
+    assert expect <= makespan(m) <= expect * 1.02 + 2 * A2["dma_latency_cycles"] / HZ, (makespan(m), expect)
+    # without the L2 (capacity below the buffer) the re-read misses and costs the HBM pass again
+    no_l2 = A2.scaled({"l2_bytes": 0.001})
+    m0 = tl.simulate(_dma_launch(1, 2, nbytes), no_l2)
+    assert m0.l2_hit_bytes == 0 and m0.hbm_bytes == 2 * nbytes
+    assert makespan(m0, no_l2) == pytest.approx(2 * nbytes / (A2["mte2_gm_bytes_per_cycle"] * HZ), rel=0.02)
+
+
+def test_a_stream_larger_than_l2_costs_hbm_bandwidth():
+    # 48 cores each stream 64 KiB twice (3 MiB a pass); with a 1 MiB L2 the LRU keeps nothing useful
+    small = A2.scaled({"l2_bytes": 2 ** 20 / A2["l2_bytes"]})
+    rec = _dma_launch(48, 2, 64 * 1024)
+    m = tl.simulate(rec, small)
+    total = 2 * 48 * 64 * 1024
+    assert m.l2_hit_bytes == 0 and m.hbm_bytes == total
+    expect = total / A2["gm_bandwidth"]
+    assert expect <= makespan(m, small) <= 1.05 * expect + 2 * A2["dma_latency_cycles"] / HZ
+    assert m.bound == "HBM bandwidth"
+    # with the chip's 192 MiB the second pass hits, and only the first pass uses HBM
+    full = tl.simulate(rec, A2)
+    assert full.l2_hit_bytes == total // 2 and full.hbm_bytes == total // 2
+    assert makespan(full) < makespan(m, small)
+    # writes are charged to HBM whether or not their lines are resident
+    w = tl.simulate(_dma_launch(4, 2, 64 * 1024, write_back=True), A2)
+    assert w.hbm_bytes == 4 * 64 * 1024 * 2 and w.l2_hit_bytes == 4 * 64 * 1024
+
+
+def test_l2_capacity_and_rate_sensitivity_is_monotone():
+    rec = _dma_launch(48, 3, 64 * 1024)  # 3 MiB a pass
+    def t(**f):
+        tab = A2.scaled(f)
+        return makespan(tl.simulate(rec, tab), tab)
+    caps = [t(l2_bytes=c / 192) for c in (0.5, 1, 2, 4, 192)]  # MiB
+    assert all(a >= b * (1 - 1e-9) for a, b in zip(caps, caps[1:])), caps
+    assert caps[0] > 1.5 * caps[-1]
+    rates = [t(l2_read_bytes_per_cycle=f) for f in (0.5, 0.7, 1.0, 1.3, 2.0)]
+    assert all(a >= b * (1 - 1e-9) for a, b in zip(rates, rates[1:])), rates
+    assert rates[0] > rates[-1]

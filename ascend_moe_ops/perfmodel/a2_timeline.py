@@ -12,9 +12,14 @@ schedules all cores of a launch together:
 - an instruction starts when its predecessors have finished (plus ``flag_latency_cycles`` for an
   edge from another pipe) and the scalar unit has dispatched it (``issue_cycles`` per instruction;
   a scalar instruction or a cross-core wait holds dispatch until it completes);
-- a DMA (MTE2 GM -> UB/L1, MTE3 UB -> GM, Fixpipe L0C -> GM) is a flow of its GM bytes through HBM,
-  shared by all cores at ``gm_bandwidth`` (max-min fair share; each flow capped at its pipe's per-core
-  rate); its data are visible ``dma_latency_cycles`` after the flow ends, which does not hold the pipe;
+- a DMA (MTE2 GM -> UB/L1, MTE3 UB -> GM, Fixpipe L0C -> GM) first goes through the **L2 model**: one
+  L2 of ``l2_bytes`` shared by all cores, LRU over GM lines of ``l2_line_bytes``, looked up in the
+  order the DMAs start in the schedule (cold at the start of each launch). Every byte a read DMA
+  moves passes the core's L2 port at ``l2_read_bytes_per_cycle``; read misses and all writes
+  (write-allocate, written back) are also a flow through HBM, shared by all cores at ``gm_bandwidth``
+  (max-min fair share; each flow capped at its pipe's per-core rate), concurrently with the L2 part
+  (the DMA's requests are pipelined: an assumption); the DMA ends when both have; its data are visible
+  ``dma_latency_cycles`` later, which does not hold the pipe. A recording without GM address runs charges every byte to HBM;
 - Mmad takes MACs / ``cube_macs_per_cycle_fp16`` (operands padded to 16), vector instructions their
   largest operand / ``vector_bytes_per_cycle``, LoadData its bytes / the L1 -> L0A / L0B rate, each
   plus a start-up cost per instruction.
@@ -24,8 +29,8 @@ latency), each pipe's busy fraction, the bounding resource, the roofline time fo
 (max of FLOPs / Cube peak and GM bytes / HBM bandwidth) and its percentage, the table version; and on
 request a Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
 
-Not modelled: L2 cache (every DMA byte is charged to HBM: pessimistic where tiles are re-read), bank
-conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
+Not modelled: the L2's partitions and set associativity (one fully associative LRU), L2 write rate
+(writes are charged to HBM), bank conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
 alignment and burst efficiency, clock throttling. Every number it produces is labelled "(model)".
 """
 
@@ -36,6 +41,7 @@ import dataclasses
 import heapq
 import json
 import math
+from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from .hardware import HardwareTable, load_table
@@ -130,6 +136,8 @@ class LaunchModel:
     records: int
     table_version: str
     trace: Optional[dict] = None
+    hbm_bytes: int = 0              # GM bytes charged to HBM (L2 read misses + writes)
+    l2_hit_bytes: int = 0           # GM read bytes served by L2
 
     @property
     def label(self) -> str:
@@ -138,6 +146,50 @@ class LaunchModel:
     def summary(self) -> str:
         return (f"{self.kernel}: {self.predicted_s * 1e6:.1f} us (model), bound {self.bound}, "
                 f"{self.pct_roofline:.0f} % of roofline, table v{self.table_version}")
+
+
+class L2Cache:
+    """The timeline's L2: one LRU over GM lines of ``line`` bytes, ``capacity`` bytes in all.
+
+    :meth:`access` takes a record's GM runs (address, bytes, stride, count, write) and returns
+    (read bytes that hit, read bytes that missed, bytes written). A read moves only the bytes it
+    touches (sectored lines); a write allocates its lines (write-allocate) and counts as written."""
+
+    def __init__(self, capacity: float, line: float):
+        self.line = max(1, int(round(line)))
+        self.cap = max(0, int(capacity // self.line))
+        self.lines: "OrderedDict[int, None]" = OrderedDict()
+
+    def access(self, runs) -> tuple:
+        hit = miss = wr = 0
+        L, lines, cap = self.line, self.lines, self.cap
+        for addr, n, stride, count, write in runs:
+            for k in range(count):
+                a = addr + k * stride
+                e = a + n
+                ln = a // L
+                while True:
+                    lo = ln * L
+                    if lo >= e:
+                        break
+                    ov = min(e, lo + L) - max(a, lo)
+                    if ln in lines:
+                        lines.move_to_end(ln)
+                        if write:
+                            wr += ov
+                        else:
+                            hit += ov
+                    else:
+                        if write:
+                            wr += ov
+                        else:
+                            miss += ov
+                        if cap:
+                            lines[ln] = None
+                            if len(lines) > cap:
+                                lines.popitem(last=False)
+                    ln += 1
+        return hit, miss, wr
 
 
 class _Flows:
@@ -190,7 +242,7 @@ class _Flows:
 
 
 class _Core:
-    __slots__ = ("type", "block", "recs", "n", "deps", "xdeps", "end", "start", "busy_end", "ip", "t_issue",
+    __slots__ = ("type", "block", "recs", "gmr", "n", "deps", "xdeps", "end", "start", "busy_end", "ip", "t_issue",
                  "issue", "fifo", "head", "pipe_free", "pipe_open", "waiters")
 
     def __init__(self, c: dict):
@@ -198,6 +250,11 @@ class _Core:
         self.block = c["block"]
         self.recs = c["recs"]
         self.n = len(self.recs)
+        self.gmr: Optional[Dict[int, list]] = None  # record -> GM runs (recordings that have them)
+        if "gmr" in c:
+            self.gmr = {}
+            for ri, addr, n, stride, count, write in c["gmr"]:
+                self.gmr.setdefault(ri, []).append((addr, n, stride, count, write))
         self.end = [None] * self.n
         self.start = [0.0] * self.n
         self.busy_end = [0.0] * self.n
@@ -237,13 +294,16 @@ class _Sim:
         self.cores = [_Core(c) for c in launch["cores"]]
         self.names = launch.get("names", [])
         self.flows = _Flows(t["gm_bandwidth"])
+        self.l2 = L2Cache(t["l2_bytes"], t["l2_line_bytes"])
+        self.l2_rate = t["l2_read_bytes_per_cycle"] * hz
+        self.l2_hit = self.hbm = 0
         self.caps = {MTE2: t["mte2_gm_bytes_per_cycle"] * hz, MTE3: t["mte3_gm_bytes_per_cycle"] * hz,
                      FIX: t["fixpipe_gm_bytes_per_cycle"] * hz}
         self.flag_lat = t["flag_latency_cycles"] * self.cyc
         self.x_lat = t["cross_core_flag_latency_cycles"] * self.cyc
         self.dma_lat = t["dma_latency_cycles"] * self.cyc
         self.issue_dt = t["issue_cycles"] * self.cyc
-        self.events: list = []   # (time, counter, core, rec): a DMA's flow enters HBM
+        self.events: list = []   # (time, counter, core, rec, phase): 0 the DMA starts (L2 lookup), 1 it ends
         self.counter = 0
         self.flow_of: Dict[int, tuple] = {}
         self.now = 0.0
@@ -345,12 +405,20 @@ class _Sim:
                         c.start[i] = st
                         c.pipe_open[p] = False
                         self.counter += 1
-                        heapq.heappush(self.events, (max(st + fx, self.now), self.counter, ci, i))
+                        heapq.heappush(self.events, (max(st + fx, self.now), self.counter, ci, i, 0))
                         break
                     en = st + fx
                     c.start[i], c.end[i], c.busy_end[i] = st, en, en
                     c.pipe_free[p] = en
         return woken
+
+    def _dma_done(self, ci: int, i: int):
+        c = self.cores[ci]
+        p = c.recs[i][0]
+        c.busy_end[i] = self.now
+        c.end[i] = self.now + self.dma_lat
+        c.pipe_free[p] = self.now
+        c.pipe_open[p] = True
 
     def run(self) -> float:
         todo = list(range(len(self.cores)))
@@ -360,35 +428,56 @@ class _Sim:
                 nxt.extend(self.advance(ci))
             todo = sorted(set(nxt))
         fid = 0
+        self.l2_end: Dict[tuple, float] = {}
         while True:
             te = self.events[0][0] if self.events else math.inf
             tf = self.flows.next_finish(self.now)
             if te == math.inf and tf == math.inf:
                 break
+            touched = set()
             if tf <= te:
                 self.flows.advance(tf - self.now)
                 self.now = tf
-                touched = set()
                 for f in self.flows.pop_done():
                     ci, i = self.flow_of.pop(f)
-                    c = self.cores[ci]
-                    p = c.recs[i][0]
-                    c.busy_end[i] = self.now
-                    c.end[i] = self.now + self.dma_lat
-                    c.pipe_free[p] = self.now
-                    c.pipe_open[p] = True
+                    l2_end = self.l2_end.pop((ci, i))
+                    if l2_end > self.now * (1 + 1e-12):  # the L2 part of the DMA is still running
+                        self.counter += 1
+                        heapq.heappush(self.events, (l2_end, self.counter, ci, i, 1))
+                        continue
+                    self._dma_done(ci, i)
                     touched.add(ci)
             else:
                 self.flows.advance(te - self.now)
                 self.now = te
-                touched = set()
                 while self.events and self.events[0][0] <= self.now:
-                    _, _, ci, i = heapq.heappop(self.events)
+                    _, _, ci, i, phase = heapq.heappop(self.events)
                     c = self.cores[ci]
                     r = c.recs[i]
-                    fid += 1
-                    self.flow_of[fid] = (ci, i)
-                    self.flows.add(self.caps[r[0]], float(r[4]), fid)
+                    if phase == 0:  # the L2 lookup, in schedule order
+                        runs = c.gmr.get(i) if c.gmr is not None else None
+                        if runs:
+                            hit, miss, wr = self.l2.access(runs)
+                        else:
+                            hit, miss, wr = 0, r[4], 0
+                        self.l2_hit += hit
+                        nb = miss + wr
+                        self.hbm += nb
+                        # every read byte passes the core's L2 port; the misses also flow through HBM
+                        # (concurrently: the DMA's requests are pipelined)
+                        l2_end = self.now + (hit + miss) / self.l2_rate if r[0] == MTE2 else self.now
+                        if nb > 0:
+                            fid += 1
+                            self.flow_of[fid] = (ci, i)
+                            self.l2_end[(ci, i)] = l2_end
+                            self.flows.add(self.caps[r[0]], float(nb), fid)
+                            continue
+                        if l2_end > self.now:
+                            self.counter += 1
+                            heapq.heappush(self.events, (l2_end, self.counter, ci, i, 1))
+                            continue
+                    self._dma_done(ci, i)
+                    touched.add(ci)
             todo = sorted(touched)
             while todo:
                 nxt = []
@@ -430,8 +519,11 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     span = makespan if makespan > 0 else 1.0
     busy = {PIPES[p]: busy_t[p] / (have[p] * span) for p in range(7) if have[p]}
     # what fraction of the whole chip's capacity each resource used
-    util = {"HBM bandwidth": gm / (t["gm_bandwidth"] * span)}
+    util = {"HBM bandwidth": sim.hbm / (t["gm_bandwidth"] * span)}
     chip_aic, chip_aiv = t["cube_cores"], t["vector_cores"]
+    # the L2's read rate of every core of the chip that has an MTE2 in this launch's core types
+    l2_cores = (chip_aiv if used_types.get("aiv") else 0) + (chip_aic if used_types.get("aic") else 0)
+    util["L2 read"] = sim.l2_hit / (sim.l2_rate * l2_cores * span)
     util["Cube (M)"] = busy_t[M] / (chip_aic * span)
     util["vector (V)"] = busy_t[V] / (chip_aiv * span)
     util["L1->L0 (MTE1)"] = busy_t[MTE1] / (chip_aic * span)
@@ -444,7 +536,8 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     return LaunchModel(kernel=launch["kernel"], kind=launch["kind"], blocks=len(sim.cores), predicted_s=predicted,
                        busy=busy, utilization=util, bound=bound, roofline_s=roof,
                        pct_roofline=100.0 * roof / predicted if predicted > 0 else 0.0, gm_bytes=gm, flops=flops,
-                       instructions=instr, records=nrec, table_version=t.version, trace=tr)
+                       instructions=instr, records=nrec, table_version=t.version, trace=tr,
+                       hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit))
 
 
 def model_launches(launches: Iterable[dict], table=None, *, trace: bool = False) -> List[LaunchModel]:
