@@ -382,6 +382,15 @@ def test_validation_pipeline_plumbing(tmp_path):
         assert row["accuracy"] == pytest.approx(1 - abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert json.loads((tmp_path / "validation.json").read_text())["rounds"] == 1
     assert "accuracy" in V.format_table(rep)
+    for row in rep["validation"]:  # components + glue, the glue fitted on the calibration layers
+        assert row["predicted_s"] == pytest.approx(row["components_s"] + row["glue_s"])
+    assert set(rep["glue"]) == {"float32"} and len(rep["calibration_layers"]) == len(V.TINY_CALIBRATION)
+    cpu = V.run(tmp_path / "cpu", rounds=1, tiny=True, min_run_time=0.01, layer_min_run_time=0.01,
+                log=lambda s: None, clock="process", glue=False)
+    assert cpu["clock"] == "process" and cpu["glue"] is None
+    assert all(r["glue_s"] == 0 and r["predicted_s"] == r["components_s"] for r in cpu["validation"])
+    with pytest.raises(ValueError, match="clock must be one of"):
+        V.run(tmp_path, tiny=True, clock="gpu")
     cal = {tuple(c) for c in V.CALIBRATION}
     assert not any(tuple(v[:5]) in cal for v in V.VALIDATION)
     assert len(V.VALIDATION) >= 12 and {v[5] for v in V.VALIDATION} == {"float32", "bfloat16"}
