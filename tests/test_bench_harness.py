@@ -44,6 +44,24 @@ def test_measure_fixed_runs_with_setup_before_each_run():
     assert calls["setup"] == 6
 
 
+def test_measure_reads_the_given_clock():
+    """``clock=``: every run is the difference of two reads of that clock (a fake clock that
+    advances 0.25 s per read gives runs of exactly 0.25 s); a non-callable or a non-CPU device is
+    refused with the argument named."""
+    state = {"t": 0.0}
+
+    def fake():
+        state["t"] += 0.25
+        return state["t"]
+
+    t = measure(lambda: None, runs=5, warmup=1, clock=fake)
+    assert t.n == 5 and all(x == pytest.approx(0.25) for x in t.times) and t.median == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="clock must be callable"):
+        measure(lambda: None, runs=1, clock=3.0)
+    with pytest.raises(ValueError, match="clock is for the CPU only"):
+        measure(lambda: None, runs=1, clock=fake, device="cuda")
+
+
 def test_noise_flags():
     sliced = Timing(0.032, 0.0, 6, [0.016, 0.032, 0.032, 0.048, 0.032, 0.0161])
     assert any("16 ms" in f for f in noise_flags(sliced))

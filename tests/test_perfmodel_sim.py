@@ -226,6 +226,44 @@ def test_fitted_costs_recover_a_known_law():
         fit.time(Op("p", "permute", 0, 1e6, "float32"))
 
 
+def test_layer_glue_recovers_a_known_law():
+    """The per-dtype layer glue ``g0 + g2*bytes`` is recovered exactly from whole layers whose
+    measured time is the summed ops plus that law (a negative g0 included); a single sample gives
+    ``g0`` only; unknown dtypes and bad samples are refused."""
+    from ascend_moe_ops.perfmodel.sim.costs import LayerGlue
+    law = {"float32": (3e-3, 2e-11), "bfloat16": (-1e-3, 5e-11)}
+    samples = []
+    for dtype, (g0, g2) in law.items():
+        for s, b in ((0.05, 1e8), (0.2, 6e8), (0.11, 3e8), (0.4, 2e9)):
+            samples.append((dtype, s, b, s + g0 + g2 * b))
+    glue = LayerGlue.fit(samples)
+    for dtype, (g0, g2) in law.items():
+        assert glue.coefs[dtype][0] == pytest.approx(g0, rel=1e-6, abs=1e-12)
+        assert glue.coefs[dtype][1] == pytest.approx(g2, rel=1e-6)
+        assert glue.time(dtype, 1e9) == pytest.approx(g0 + g2 * 1e9, rel=1e-6)
+    ops = [Op("a", "permute", 0.0, 4e8, "float32"), Op("b", "permute", 0.0, 6e8, "float32")]
+
+    class Half(FittedCosts):
+        def time(self, op):
+            return 0.5e-3
+    assert glue.layer_time(Half(), ops) == pytest.approx(1e-3 + 3e-3 + 2e-11 * 1e9, rel=1e-6)
+    one = LayerGlue.fit([("float32", 0.1, 1e8, 0.125)])
+    assert one.coefs["float32"] == pytest.approx([0.025, 0.0])
+    with pytest.raises(KeyError, match="no calibration for dtype 'float16'"):
+        glue.time("float16", 1.0)
+    with pytest.raises(ValueError, match="bad sample"):
+        LayerGlue.fit([("float32", 0.1, 1e8, 0.0)])
+
+
+def test_calibration_layers_cover_recompute_and_stay_off_validation():
+    from ascend_moe_ops.perfmodel import validate as V
+    layers = V.calibration_layers(V.CALIBRATION, ["bfloat16", "float32"])
+    assert len(layers) == 2 * len(V.CALIBRATION)
+    assert {(c[6], c[7]) for c in layers} == {(False, False), (True, False), (False, True), (True, True)}
+    val = {tuple(v[:5]) for v in V.VALIDATION}
+    assert not any(tuple(c[:5]) in val for c in layers)
+
+
 # ----------------------------------------------------------------------------- simulate / search
 def _cluster(inter_bw=2e9, memory=1e12):
     chip = _chip()
@@ -344,6 +382,15 @@ def test_validation_pipeline_plumbing(tmp_path):
         assert row["accuracy"] == pytest.approx(1 - abs(row["predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert json.loads((tmp_path / "validation.json").read_text())["rounds"] == 1
     assert "accuracy" in V.format_table(rep)
+    for row in rep["validation"]:  # components + glue, the glue fitted on the calibration layers
+        assert row["predicted_s"] == pytest.approx(row["components_s"] + row["glue_s"])
+    assert set(rep["glue"]) == {"float32"} and len(rep["calibration_layers"]) == len(V.TINY_CALIBRATION)
+    cpu = V.run(tmp_path / "cpu", rounds=1, tiny=True, min_run_time=0.01, layer_min_run_time=0.01,
+                log=lambda s: None, clock="process", glue=False)
+    assert cpu["clock"] == "process" and cpu["glue"] is None
+    assert all(r["glue_s"] == 0 and r["predicted_s"] == r["components_s"] for r in cpu["validation"])
+    with pytest.raises(ValueError, match="clock must be one of"):
+        V.run(tmp_path, tiny=True, clock="gpu")
     cal = {tuple(c) for c in V.CALIBRATION}
     assert not any(tuple(v[:5]) in cal for v in V.VALIDATION)
     assert len(V.VALIDATION) >= 12 and {v[5] for v in V.VALIDATION} == {"float32", "bfloat16"}
@@ -370,3 +417,41 @@ def test_ep_prediction_formula():
     assert four["predicted_s"] == pytest.approx(big + small / 4)
     hier = predict_ep_layer(Flat(), lf, 256, 64, 32, 16, 4, algo="hierarchical", chunks=1)
     assert hier["compute_s"] > one["compute_s"]  # the two-stage reordering
+    assert four["comm_s"] > one["comm_s"]  # every chunk pays the collectives' latency again
+
+
+def test_ep_overlap_terms_known_answers():
+    """``t(c) = C(1+rho) + comm - eta*min(C, comm)(1 - 1/c)``: rho scales the compute only, eta=0
+    is no overlap at all (C(1+rho) + comm), eta=1 the ideal pipeline; :func:`fit_overlap` recovers
+    rho and eta exactly from layers built with them, and eta stays 1 with one chunk only."""
+    from ascend_moe_ops.perfmodel.sim.costs import CostProvider
+    from ascend_moe_ops.perfmodel.validate_ep import EP_FIT_SHAPE, EP_VALIDATION, LinkFit, fit_overlap, predict_ep_layer
+
+    class Flat(CostProvider):
+        def time(self, op):
+            return 1e-3
+
+    lf = LinkFit({"inter": [(1e6, 1e6 / 1e8), (4e6, 4e6 / 1e8)], "intra": [(1e6, 1e6 / 1e10), (2e6, 2e6 / 1e10)]},
+                 latency=5e-4)
+    args = (Flat(), lf, 256, 64, 32, 16, 4)
+    base = predict_ep_layer(*args, algo="flat", chunks=4)
+    C, comm = base["compute_s"], base["comm_s"]
+    assert base["hideable_s"] == pytest.approx(min(C, comm) * 0.75)
+    none = predict_ep_layer(*args, algo="flat", chunks=4, rho=0.2, eta=0.0)
+    assert none["predicted_s"] == pytest.approx(1.2 * C + comm)
+    half = predict_ep_layer(*args, algo="flat", chunks=4, rho=0.2, eta=0.5)
+    assert half["predicted_s"] == pytest.approx(1.2 * C + comm - 0.5 * min(C, comm) * 0.75)
+    pts = []
+    for algo in ("flat", "hierarchical"):
+        for c in (1, 2, 4):
+            p = predict_ep_layer(*args, algo=algo, chunks=c, rho=0.3, eta=0.6)
+            pts.append((p["predicted_s"], p["compute_s"], p["comm_s"], p["hideable_s"]))
+    got = fit_overlap(pts)
+    assert got["rho"] == pytest.approx(0.3, rel=1e-6) and got["eta"] == pytest.approx(0.6, rel=1e-6)
+    ones = [q for q in pts if q[3] == 0]
+    assert fit_overlap(ones)["eta"] == 1.0 and fit_overlap(ones)["rho"] == pytest.approx(0.3, rel=1e-6)
+    with pytest.raises(ValueError, match="chunks must be >= 1"):
+        predict_ep_layer(*args, algo="flat", chunks=0)
+    with pytest.raises(ValueError, match="algo must be one of"):
+        predict_ep_layer(*args, algo="ring", chunks=1)
+    assert tuple(EP_FIT_SHAPE) not in {tuple(v) for v in EP_VALIDATION}

@@ -83,7 +83,8 @@ def _quartiles(times: List[float]):
 
 def measure(fn: Callable[[], object], *, device=None, min_run_time: float = 0.2, min_runs: int = 3,
             warmup: int = 1, threads: Optional[int] = None, runs: Optional[int] = None,
-            slow_s: float = 1.0, setup: Optional[Callable[[], object]] = None) -> Timing:
+            slow_s: float = 1.0, setup: Optional[Callable[[], object]] = None,
+            clock: Optional[Callable[[], float]] = None) -> Timing:
     """Time ``fn()``.
 
     * ``runs=None``: ``warmup`` untimed calls, then ``Timer.blocked_autorange(min_run_time)``; if
@@ -93,10 +94,18 @@ def measure(fn: Callable[[], object], *, device=None, min_run_time: float = 0.2,
       the same calls).
     ``threads``: torch threads pinned for the measurement (default: the current count).
     ``setup``: called, untimed, before every run (e.g. a barrier so that all ranks start together).
+    ``clock``: the clock read around the runs (default: wall time, after a device synchronize);
+    e.g. ``time.process_time`` for the CPU seconds of this process (CPU only), which a shared
+    machine's time slicing does not inflate.
     """
+    if clock is not None and not callable(clock):
+        raise ValueError(f"measure: clock must be callable, got {clock!r}")
+    if clock is not None and device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"measure: clock is for the CPU only (device={device!r} needs its own synchronize)")
+    read = clock or clock_for(device)
     nthreads = int(threads or torch.get_num_threads())
     timer = _tb.Timer(stmt="fn()", setup="setup()" if setup else "pass",
-                      globals={"fn": fn, "setup": setup}, num_threads=nthreads, timer=clock_for(device))
+                      globals={"fn": fn, "setup": setup}, num_threads=nthreads, timer=read)
     prev = torch.get_num_threads()
     torch.set_num_threads(nthreads)
     try:
@@ -108,7 +117,7 @@ def measure(fn: Callable[[], object], *, device=None, min_run_time: float = 0.2,
         torch.set_num_threads(prev)
     if runs is not None:
         # torch's Timer.timeit adds 2 warm-up calls per call; the stdlib Timer it wraps does not
-        fixed = timeit.Timer(stmt=fn, setup=setup or "pass", timer=clock_for(device))
+        fixed = timeit.Timer(stmt=fn, setup=setup or "pass", timer=read)
         torch.set_num_threads(nthreads)
         try:
             times = fixed.repeat(repeat=int(runs), number=1)

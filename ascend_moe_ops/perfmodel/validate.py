@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
-__all__ = ["CALIBRATION", "VALIDATION", "component_steps", "layer_step", "run", "main"]
+__all__ = ["CALIBRATION", "VALIDATION", "calibration_layers", "component_steps", "layer_step", "run", "main"]
 
 #: (T, H, F, E, K) of the calibration microbenchmarks, each in both dtypes
 CALIBRATION = [(512, 256, 128, 8, 2), (2048, 256, 256, 32, 8), (512, 1024, 512, 8, 2),
@@ -155,7 +155,12 @@ def _ops(T, H, F, E, K, dtype, rp=False, ra=False):
     return f + b
 
 
-def calibrate_round(shapes, dtypes, min_run_time, threads, device="cpu") -> Tuple[list, List[dict]]:
+#: ``--clock``: wall seconds (the goal's figure), or this process's CPU seconds (what a shared
+#: machine's time slicing does not inflate; equal to wall time for one thread on an idle core)
+CLOCKS = {"wall": None, "process": time.process_time}
+
+
+def calibrate_round(shapes, dtypes, min_run_time, threads, device="cpu", clock=None) -> Tuple[list, List[dict]]:
     """Time every component op at every calibration shape; returns ``(samples, rows)``."""
     from ..benchmark.timing import measure
     samples, rows = [], []
@@ -164,26 +169,50 @@ def calibrate_round(shapes, dtypes, min_run_time, threads, device="cpu") -> Tupl
             steps = component_steps(T, H, F, E, K, dtype, device)
             ops = {op.name: op for op in _ops(T, H, F, E, K, dtype)}
             for name, fn in steps.items():
-                t = measure(fn, device=device, min_run_time=min_run_time, min_runs=3, warmup=1, threads=threads)
+                t = measure(fn, device=device, min_run_time=min_run_time, min_runs=3, warmup=1, threads=threads,
+                            clock=clock)
                 samples.append((ops[name], float(t)))
                 rows.append(dict(op=name, shape=[T, H, F, E, K], dtype=dtype, seconds=float(t), iqr_s=t.iqr, n=t.n))
             del steps
     return samples, rows
 
 
-def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float = 0.05,
-        layer_min_run_time: float = 0.3, tiny: bool = False, log=print, device: str = "cpu",
-        spec: str = None) -> dict:
+def calibration_layers(cal, dtypes) -> list:
+    """Whole layers at the calibration shapes (each dtype; the recompute options cycled through
+    the shapes so the glue sees every code path): what :class:`~.sim.costs.LayerGlue` is fitted on."""
+    flags = [(False, False), (True, False), (False, True), (True, True)]
+    out = []
+    for d, dtype in enumerate(dtypes):
+        for i, shape in enumerate(cal):
+            rp, ra = flags[(i + d) % len(flags)]
+            out.append((*shape, dtype, rp, ra))
+    return out
+
+
+def _spread(xs) -> float:
+    """``(max - min) / median`` of the per-round values: how much the rounds disagreed."""
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else 0.0
+
+
+def run(out_dir: Path, *, rounds: int = 5, threads: int = 1, min_run_time: float = 0.04,
+        layer_min_run_time: float = 0.2, tiny: bool = False, log=print, device: str = "cpu",
+        spec: str = None, glue: bool = True, clock: str = "wall") -> dict:
     """Calibrate and validate in alternating rounds; writes ``validation.json`` (and a chart) in
     ``out_dir`` and returns the report."""
+    import random
     import torch
     from .. import active_backend
-    from .sim.costs import FittedCosts
+    from .sim.costs import FittedCosts, LayerGlue
     from ..benchmark.timing import measure
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    if clock != "wall" and str(device) != "cpu":
+        raise ValueError(f"clock={clock!r} is for device='cpu' only, got device={device!r}")
+    clk = CLOCKS[clock]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cal, val = (TINY_CALIBRATION, TINY_VALIDATION) if tiny else (CALIBRATION, VALIDATION)
@@ -192,54 +221,78 @@ def run(out_dir: Path, *, rounds: int = 3, threads: int = 1, min_run_time: float
         if tuple(v[:5]) in cal_keys:  # never validate on a calibration shape
             raise AssertionError(f"validation shape {v[:5]} is also a calibration shape")
     dtypes = sorted({v[5] for v in val})
-    steps = {v: layer_step(*v, device=device) for v in val}
+    cal_layers = calibration_layers(cal, dtypes) if glue else []
+    everything = list(val) + [c for c in cal_layers if c not in val]
+    steps = {v: layer_step(*v, device=device) for v in everything}
     spec_costs = None
     if spec:  # an uncalibrated second model: the roofline of a public spec table
         from .hardware import load_table
         from .sim.costs import RooflineCosts
         spec_costs = RooflineCosts(load_table(spec))
-    preds = {v: [] for v in val}
-    meas = {v: [] for v in val}
+    summed = {v: [] for v in everything}  # per round: the layer's ops priced by that round's fit
+    meas = {v: [] for v in everything}
     fits, cal_rows = [], []
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     start = time.monotonic()
+    rng = random.Random(31)
     try:
         for r in range(rounds):
-            samples, rows = calibrate_round(cal, dtypes, min_run_time, threads, device)
+            samples, rows = calibrate_round(cal, dtypes, min_run_time, threads, device, clk)
             fit = FittedCosts.fit(samples, note=f"round {r}")
             fits.append(json.loads(fit.to_json()))
             cal_rows += [dict(row, round=r) for row in rows]
-            for v in val:
-                ops = _ops(*v[:6], rp=v[6], ra=v[7])
-                preds[v].append(sum(fit.time(op) for op in ops))
+            order = list(everything)
+            rng.shuffle(order)  # interleaved: no layer always sits at the same point of a round
+            for v in order:
+                summed[v].append(sum(fit.time(op) for op in _ops(*v[:6], rp=v[6], ra=v[7])))
                 t = measure(steps[v], device=device, min_run_time=layer_min_run_time, min_runs=3, warmup=1,
-                            threads=threads)
+                            threads=threads, clock=clk)
                 meas[v].append(float(t))
             log(f"round {r + 1}/{rounds} done ({time.monotonic() - start:.0f} s)")
     finally:
         torch.set_num_threads(prev)
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    layer_bytes = {v: sum(o.bytes for o in _ops(*v[:6], rp=v[6], ra=v[7])) for v in everything}
+    glue_fit = LayerGlue.fit([(v[5], med(summed[v]), layer_bytes[v], med(meas[v])) for v in cal_layers]) \
+        if glue else None
     table = []
     for v in val:
-        p, m = statistics.median(preds[v]), statistics.median(meas[v])
+        s, m = med(summed[v]), med(meas[v])
+        g = glue_fit.time(v[5], layer_bytes[v]) if glue_fit else 0.0
+        p = s + g
         table.append(dict(T=v[0], H=v[1], F=v[2], E=v[3], K=v[4], dtype=v[5], recompute_permute=v[6],
                           recompute_activation=v[7], predicted_s=p, measured_s=m,
-                          accuracy=1 - abs(p - m) / m, predicted_per_round=preds[v], measured_per_round=meas[v]))
+                          accuracy=1 - abs(p - m) / m, components_s=s, glue_s=g,
+                          components_accuracy=1 - abs(s - m) / m,
+                          measured_spread=_spread(meas[v]), predicted_spread=_spread(summed[v]),
+                          components_per_round=summed[v], measured_per_round=meas[v]))
         if spec_costs is not None:
             ps = sum(spec_costs.time(op) for op in _ops(*v[:6], rp=v[6], ra=v[7]))
             table[-1].update(spec_predicted_s=ps, spec_accuracy=1 - abs(ps - m) / m)
     acc = [row["accuracy"] for row in table]
+    cacc = [row["components_accuracy"] for row in table]
     report = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         machine=dict(cpu=platform.processor() or platform.machine(), cpus=os.cpu_count(), threads=threads,
                      device=str(device), gpu=torch.cuda.get_device_name(device) if str(device).startswith("cuda") else None,
-                     torch=torch.__version__, backend={op: active_backend(op, str(device).split(":")[0]) for op in
-                                                       ("grouped_gemm", "moe_permute", "moe_unpermute")}),
-        rounds=rounds, seconds=time.monotonic() - start, calibration_shapes=cal, validation=table,
-        mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc), fits=fits, calibration=cal_rows,
-        note="predicted_s is a model (sum of the layer's ops priced by the per-round fit to the "
-             "component microbenchmarks); "
-             "measured_s is nn.MoELayer fwd+bwd timed by the harness"
+                     torch=torch.__version__, load_average=os.getloadavg() if hasattr(os, "getloadavg") else None,
+                     backend={op: active_backend(op, str(device).split(":")[0]) for op in
+                              ("grouped_gemm", "moe_permute", "moe_unpermute")}),
+        rounds=rounds, clock=clock, seconds=time.monotonic() - start, calibration_shapes=cal, validation=table,
+        mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc),
+        components_mean_accuracy=statistics.mean(cacc), components_worst_accuracy=min(cacc),
+        mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
+        glue=glue_fit.coefs if glue_fit else None,
+        calibration_layers=[dict(T=c[0], H=c[1], F=c[2], E=c[3], K=c[4], dtype=c[5], recompute_permute=c[6],
+                                 recompute_activation=c[7], components_s=med(summed[c]), measured_s=med(meas[c]),
+                                 measured_spread=_spread(meas[c])) for c in cal_layers],
+        fits=fits, calibration=cal_rows,
+        note="predicted_s is a model: the median over rounds of the layer's ops priced by each round's fit "
+             "to the component microbenchmarks (components_s), plus the per-dtype layer glue g0 + g2*bytes "
+             "fitted on whole layers at the calibration shapes (glue_s); measured_s is the median over "
+             "rounds of nn.MoELayer fwd+bwd timed by the harness; measured_spread is (max - min) / median "
+             "over the rounds"
              + (f"; spec_predicted_s is a second, uncalibrated model: {spec_costs.label}" if spec_costs else ""))
     if spec_costs is not None:
         sacc = [row["spec_accuracy"] for row in table]
@@ -276,41 +329,54 @@ def _chart(table, path, report) -> None:
 
 
 def format_table(report: dict) -> str:
-    lines = ["| T | H | F | E | K | dtype | recompute | predicted ms (model) | measured ms | accuracy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T | H | F | E | K | dtype | recompute | components ms (model) | + glue ms (model) | "
+             "predicted ms (model) | measured ms | spread over rounds | accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["validation"]:
         rc = "+".join(n for n, on in (("permute", r["recompute_permute"]), ("activation", r["recompute_activation"])) if on) or "-"
         lines.append(f"| {r['T']} | {r['H']} | {r['F']} | {r['E']} | {r['K']} | {r['dtype']} | {rc} | "
-                     f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | {100 * r['accuracy']:.1f} % |")
+                     f"{1e3 * r['components_s']:.2f} | {1e3 * r['glue_s']:+.2f} | "
+                     f"{1e3 * r['predicted_s']:.2f} | {1e3 * r['measured_s']:.2f} | "
+                     f"{100 * r['measured_spread']:.0f} % | {100 * r['accuracy']:.1f} % |")
     if "spec" in report:
         lines.append("\nuncalibrated spec-table roofline (model, " + report["spec"]["label"] + "): "
                      + ", ".join(f"{1e3 * r['spec_predicted_s']:.2f} ms ({100 * r['spec_accuracy']:.0f} %)"
                                  for r in report["validation"])
                      + f"; mean {100 * report['spec_mean_accuracy']:.1f} %, worst {100 * report['spec_worst_accuracy']:.1f} %")
     lines.append(f"\nmean accuracy {100 * report['mean_accuracy']:.1f} %, worst {100 * report['worst_accuracy']:.1f} % "
-                 f"({report['rounds']} rounds, {report['machine']['threads']} thread(s), {report['seconds']:.0f} s)")
+                 f"(components only: {100 * report['components_mean_accuracy']:.1f} % / "
+                 f"{100 * report['components_worst_accuracy']:.1f} %; mean spread of the measurements over "
+                 f"rounds {100 * report['mean_measured_spread']:.0f} %; {report.get('clock', 'wall')} clock; "
+                 f"{report['rounds']} rounds, "
+                 f"{report['machine']['threads']} thread(s), {report['seconds']:.0f} s)")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for validation.json and validation.png")
-    ap.add_argument("--rounds", type=int, default=3, help="calibrate/validate rounds (default 3)")
+    ap.add_argument("--rounds", type=int, default=5, help="calibrate/validate rounds (default 5)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--min-run-time", type=float, default=0.05, help="seconds per component microbenchmark")
-    ap.add_argument("--layer-min-run-time", type=float, default=0.3, help="seconds per layer measurement")
+    ap.add_argument("--min-run-time", type=float, default=0.04, help="seconds per component microbenchmark")
+    ap.add_argument("--layer-min-run-time", type=float, default=0.2, help="seconds per layer measurement")
+    ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                    help="wall (default: the goal's figure) or process (CPU seconds of this process: "
+                         "robust to other jobs on a shared machine; CPU only)")
+    ap.add_argument("--no-glue", action="store_true",
+                    help="components only: no layer-glue term (and no whole layers at calibration shapes)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks the plumbing in seconds")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the ops and the layer run")
     ap.add_argument("--spec", default=None,
                     help="also predict from this hardware table's roofline, uncalibrated (e.g. h200 on an H200)")
     ap.add_argument("--no-ep", action="store_true",
                     help="skip the emulated two-node EP layer (it needs root for network namespaces)")
-    ap.add_argument("--ep-rounds", type=int, default=2, help="calibrate/validate rounds of the EP part")
+    ap.add_argument("--ep-rounds", type=int, default=3, help="calibrate/validate rounds of the EP part (default 3)")
     a = ap.parse_args(argv)
     import warnings
     warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
     rep = run(Path(a.out), rounds=a.rounds, threads=a.threads, min_run_time=a.min_run_time,
               layer_min_run_time=a.layer_min_run_time, tiny=a.tiny, device=a.device, spec=a.spec,
+              glue=not a.no_glue, clock=a.clock,
               log=lambda s: print(s, file=sys.stderr, flush=True))
     print(format_table(rep))
     if not (a.no_ep or a.tiny or a.device != "cpu"):

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
-import importlib
 import json
 import os
 import random
@@ -39,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "predict_ep_layer", "run_ep", "LinkFit"]
+__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "predict_ep_layer", "fit_overlap", "run_ep",
+           "LinkFit"]
 
 NODES, LOCAL = 2, 2
 WORLD = NODES * LOCAL
@@ -47,6 +47,11 @@ WORLD = NODES * LOCAL
 EP_CALIBRATION = [(256, 256, 128, 4, 4), (768, 320, 96, 4, 2), (512, 384, 192, 4, 3)]
 #: validation shapes (T per rank, H, F, E global, K); each with flat/hierarchical x chunks 1/4
 EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
+#: the one whole-layer shape (T per rank, H, F, E global, K) the overlap terms rho and eta are
+#: fitted on (flat and hierarchical, every chunk count); not a validation shape
+EP_FIT_SHAPE = (448, 320, 160, 16, 4)
+#: back-to-back tiny all-gathers timed as one run: the per-collective latency is the run / BURST
+BURST = 16
 A2A_SIZES = (64 << 10, 256 << 10, 1 << 20)
 CHUNKS = (1, 4)
 ALGOS = ("flat", "hierarchical")
@@ -75,11 +80,23 @@ class LinkFit:
 
 
 def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: int, *, algo: str,
-                     chunks: int, dtype: str = "float32") -> Dict[str, float]:
-    """Predicted fwd+bwd seconds of one rank's EP MoE layer (see the module docstring)."""
+                     chunks: int, dtype: str = "float32", rho: float = 0.0, eta: float = 1.0) -> Dict[str, float]:
+    """Predicted fwd+bwd seconds of one rank's EP MoE layer (see the module docstring):
+    ``t(c) = C*(1 + rho) + comm(c) - eta * min(C, comm(c)) * (1 - 1/c)``.
+
+    ``C``: the layer's ops on this rank priced by ``costs``; ``comm(c)``: per chunk and exchange
+    the collectives' latency, plus the bytes of each link class over its fitted bandwidth (the
+    bytes do not grow with ``c``, the latencies do). ``rho``: the layer's compute beyond its
+    microbenchmarked ops (fitted); ``eta``: the fraction of the ideal overlap the chunked pipeline
+    achieves (fitted). ``rho=0, eta=1`` is the ideal pipeline: ``C + comm`` for one chunk,
+    ``max + min/c`` for ``c``."""
     from .sim.costs import DTYPE_BYTES
     from .sim.layers import moe_layer_ops
     from .sim.traffic import expected_dispatch
+    if chunks < 1:
+        raise ValueError(f"chunks must be >= 1, got {chunks!r}")
+    if algo not in ALGOS:
+        raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
     f, b = moe_layer_ops(T, H, F, E, K, dtype=dtype, experts_per_device=E // WORLD)
     ops = f + b
     extra = 1 if algo == "flat" else 2
@@ -89,19 +106,31 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
     bts = DTYPE_BYTES[dtype]
     tr = expected_dispatch(T, K, E, H, nodes=NODES, local=LOCAL, algo=algo, dtype_bytes=bts)
     per = 1.0 / chunks
-    if algo == "flat":  # one all-to-all over every rank per exchange (+ the dispatch's header)
-        colls = 3
-        dispatch = links.time("inter", tr["inter_node_bytes"] * per) + links.time("intra", tr["intra_node_bytes"] * per)
-        combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
-                   + links.time("intra", tr["combine_intra_node_bytes"] * per))
-    else:  # header, slots+probs and token rows across nodes, then the intra-node leg
-        colls = 6
-        dispatch = links.time("inter", tr["inter_node_bytes"] * per) + links.time("intra", tr["intra_node_bytes"] * per)
-        combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
-                   + links.time("intra", tr["combine_intra_node_bytes"] * per))
+    # flat: header + one all-to-all over every rank per exchange; hierarchical: header, slots+probs
+    # and token rows across nodes, then the intra-node leg
+    colls = 3 if algo == "flat" else 6
+    dispatch = links.time("inter", tr["inter_node_bytes"] * per) + links.time("intra", tr["intra_node_bytes"] * per)
+    combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
+               + links.time("intra", tr["combine_intra_node_bytes"] * per))
     comm = chunks * (2 * (dispatch + combine) + 2 * colls * links.latency)
-    total = compute + comm if chunks == 1 else max(compute, comm) + min(compute, comm) / chunks
-    return dict(predicted_s=total, compute_s=compute, comm_s=comm)
+    hidden = min(compute, comm) * (1.0 - 1.0 / chunks)
+    total = compute * (1.0 + rho) + comm - eta * hidden
+    return dict(predicted_s=total, compute_s=compute, comm_s=comm, hideable_s=hidden)
+
+
+def fit_overlap(points) -> Dict[str, float]:
+    """``rho`` and ``eta`` of :func:`predict_ep_layer` from ``(measured, compute, comm, hideable)``
+    per layer (least squares in relative error; ``m - C - comm = rho*C - eta*hideable`` is linear
+    in both). With no chunked layer among the points ``eta`` stays 1 (the ideal)."""
+    import torch
+    pts = [tuple(map(float, p)) for p in points]
+    if not pts:
+        raise ValueError("fit_overlap: no points")
+    has_chunks = any(p[3] > 0 for p in pts)
+    A = torch.tensor([[c / m, -h / m] if has_chunks else [c / m] for m, c, k, h in pts], dtype=torch.float64)
+    y = torch.tensor([(m - c - k) / m for m, c, k, h in pts], dtype=torch.float64)
+    sol = torch.linalg.lstsq(A, y.unsqueeze(1), driver="gelsd").solution.squeeze(1)
+    return dict(rho=float(sol[0]), eta=float(sol[1]) if has_chunks else 1.0)
 
 
 # ----------------------------------------------------------------------------- worker
@@ -135,7 +164,7 @@ def _worker(a) -> None:
 
     layers = {}
     inputs = {}
-    for v in cfg["validation"]:
+    for v in cfg["validation"] + [cfg["fit_shape"]]:
         T, H, F, E, K = v
         g = torch.Generator().manual_seed(100 + a.rank)
         inputs[tuple(v)] = (torch.randn(T, H, generator=g), torch.randn(T, H, generator=g))
@@ -162,7 +191,11 @@ def _worker(a) -> None:
                 rnd["links"][cls].append(((n - 1) * s, timed(a2a_case(group, n, s), cfg["runs"])))
         tiny = torch.zeros(WORLD)
         small = torch.zeros(1)
-        rnd["latency"] = timed(lambda: dist.all_gather_into_tensor(tiny, small), cfg["runs"])
+
+        def burst():
+            for _ in range(BURST):
+                dist.all_gather_into_tensor(tiny, small)
+        rnd["latency"] = timed(burst, cfg["runs"]) / BURST
         samples = []
         for (T, H, F, E, K) in cfg["calibration"]:
             steps = component_steps(T, H, F, E, K, "float32")
@@ -175,12 +208,13 @@ def _worker(a) -> None:
         links = LinkFit(rnd["links"], rnd["latency"])
         rnd["fit"] = json.loads(fit.to_json())
         rnd["link_fit"] = links.as_dict()
-        for v in cfg["validation"]:
-            for algo in ALGOS:
-                for c in cfg["chunks"]:
-                    m = timed(layer_step(tuple(v), algo, c), cfg["runs"])
-                    p = predict_ep_layer(fit, links, *v, algo=algo, chunks=c)
-                    rnd["layers"][f"{v}|{algo}|{c}"] = dict(measured_s=m, **p)
+        cases = [(tuple(v), algo, c) for v in cfg["validation"] + [cfg["fit_shape"]] for algo in ALGOS
+                 for c in cfg["chunks"]]
+        random.Random(1000 + r).shuffle(cases)  # same order on every rank; interleaved over rounds
+        for v, algo, c in cases:
+            m = timed(layer_step(v, algo, c), cfg["runs"])
+            p = predict_ep_layer(fit, links, *v, algo=algo, chunks=c)
+            rnd["layers"][f"{list(v)}|{algo}|{c}"] = dict(measured_s=m, **p)
         out["rounds"].append(rnd)
     if a.rank == 0:
         Path(a.out).write_text(json.dumps(out))
@@ -194,8 +228,9 @@ def _netns_helpers():
     return importlib.import_module("ascend_moe_ops.benchmark.suite.bench_ep_dispatcher")
 
 
-def run_ep(*, rounds: int = 2, runs: int = 3, rate: str = "1gbit", timeout: float = 480,
-           calibration=None, validation=None, a2a_sizes=A2A_SIZES, chunks=CHUNKS, log=print) -> dict:
+def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: float = 540,
+           calibration=None, validation=None, fit_shape=EP_FIT_SHAPE, a2a_sizes=A2A_SIZES, chunks=CHUNKS,
+           log=print) -> dict:
     """Run the EP calibration/validation on the emulated two-node cluster; returns the report
     (``skipped`` with the reason when namespaces are unavailable)."""
     bench = _netns_helpers()
@@ -203,8 +238,9 @@ def run_ep(*, rounds: int = 2, runs: int = 3, rate: str = "1gbit", timeout: floa
     if why:
         return dict(skipped=f"the emulated two-node cluster cannot run here: {why}")
     cfg = dict(rounds=rounds, runs=runs, calibration=calibration or EP_CALIBRATION,
-               validation=validation or EP_VALIDATION, a2a_sizes=list(a2a_sizes), chunks=list(chunks))
-    cal_keys = {tuple(c[:3]) for c in cfg["calibration"]}
+               validation=validation or EP_VALIDATION, fit_shape=list(fit_shape), a2a_sizes=list(a2a_sizes),
+               chunks=list(chunks))
+    cal_keys = {tuple(c[:3]) for c in cfg["calibration"]} | {tuple(fit_shape[:3])}
     for v in cfg["validation"]:
         if tuple(v[:3]) in cal_keys:
             raise AssertionError(f"EP validation shape {v} shares T, H, F with a calibration shape")
@@ -232,35 +268,61 @@ def run_ep(*, rounds: int = 2, runs: int = 3, rate: str = "1gbit", timeout: floa
             os.unlink(out)
         except OSError:
             pass
+    med = statistics.median
+    keys = list(raw["rounds"][0]["layers"])
+    rows = {}
+    for key in keys:
+        per = [rd["layers"][key] for rd in raw["rounds"]]
+        rows[key] = {f: med(p[f] for p in per) for f in ("measured_s", "compute_s", "comm_s", "hideable_s")}
+        rows[key]["measured_per_round"] = [p["measured_s"] for p in per]
+    fit_key = json.dumps(list(fit_shape))
+    ov = fit_overlap([(r["measured_s"], r["compute_s"], r["comm_s"], r["hideable_s"])
+                      for k, r in rows.items() if k.split("|")[0] == fit_key])
     table = []
-    for key in raw["rounds"][0]["layers"]:
+    for key in keys:
         shape, algo, c = key.split("|")
-        ps = [rd["layers"][key]["predicted_s"] for rd in raw["rounds"]]
-        ms = [rd["layers"][key]["measured_s"] for rd in raw["rounds"]]
-        p, m = statistics.median(ps), statistics.median(ms)
+        if shape == fit_key:
+            continue
+        r = rows[key]
+        ideal = r["compute_s"] + r["comm_s"] - r["hideable_s"]
+        p = r["compute_s"] * (1 + ov["rho"]) + r["comm_s"] - ov["eta"] * r["hideable_s"]
+        m = r["measured_s"]
         T, H, F, E, K = json.loads(shape)
         table.append(dict(T=T, H=H, F=F, E=E, K=K, algo=algo, overlap_chunks=int(c), predicted_s=p, measured_s=m,
-                          accuracy=1 - abs(p - m) / m, predicted_per_round=ps, measured_per_round=ms,
-                          compute_s=statistics.median(rd["layers"][key]["compute_s"] for rd in raw["rounds"]),
-                          comm_s=statistics.median(rd["layers"][key]["comm_s"] for rd in raw["rounds"])))
+                          accuracy=1 - abs(p - m) / m, ideal_pipeline_s=ideal, ideal_accuracy=1 - abs(ideal - m) / m,
+                          compute_s=r["compute_s"], comm_s=r["comm_s"],
+                          measured_spread=(max(r["measured_per_round"]) - min(r["measured_per_round"])) / m,
+                          measured_per_round=r["measured_per_round"]))
     acc = [r["accuracy"] for r in table]
     log(f"EP validation done ({time.monotonic() - start:.0f} s)")
-    return dict(rate=rate, nodes=NODES, local=LOCAL, rounds=rounds, seconds=time.monotonic() - start,
+    return dict(rate=rate, nodes=NODES, local=LOCAL, rounds=rounds, runs=runs, seconds=time.monotonic() - start,
                 validation=table, mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc),
+                ideal_mean_accuracy=statistics.mean(r["ideal_accuracy"] for r in table),
+                ideal_worst_accuracy=min(r["ideal_accuracy"] for r in table),
+                mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
+                overlap_fit=ov, fit_shape=list(fit_shape),
+                fit_layers={k: rows[k] for k in keys if k.split("|")[0] == fit_key},
                 link_fits=[rd["link_fit"] for rd in raw["rounds"]], calibration_shapes=cfg["calibration"],
-                raw=raw)
+                load_average=os.getloadavg(), raw=raw)
 
 
 def format_ep_table(rep: dict) -> str:
     if "skipped" in rep:
         return rep["skipped"]
-    lines = ["| T/rank | H | F | E | K | dispatch | overlap_chunks | predicted ms (model) | measured ms | accuracy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| T/rank | H | F | E | K | dispatch | overlap_chunks | compute ms (model) | comm ms (model) | "
+             "predicted ms (model) | measured ms | spread over rounds | accuracy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rep["validation"]:
         lines.append(f"| {r['T']} | {r['H']} | {r['F']} | {r['E']} | {r['K']} | {r['algo']} | {r['overlap_chunks']} | "
-                     f"{1e3 * r['predicted_s']:.1f} | {1e3 * r['measured_s']:.1f} | {100 * r['accuracy']:.1f} % |")
+                     f"{1e3 * r['compute_s']:.1f} | {1e3 * r['comm_s']:.1f} | "
+                     f"{1e3 * r['predicted_s']:.1f} | {1e3 * r['measured_s']:.1f} | {100 * r['measured_spread']:.0f} % | "
+                     f"{100 * r['accuracy']:.1f} % |")
+    ov = rep["overlap_fit"]
     lines.append(f"\nEP: mean accuracy {100 * rep['mean_accuracy']:.1f} %, worst {100 * rep['worst_accuracy']:.1f} % "
-                 f"({rep['rounds']} rounds, veth {rep['rate']}, {rep['seconds']:.0f} s)")
+                 f"(ideal pipeline, rho=0 eta=1: {100 * rep['ideal_mean_accuracy']:.1f} % / "
+                 f"{100 * rep['ideal_worst_accuracy']:.1f} %; fitted at {rep['fit_shape']}: rho={ov['rho']:.3f}, "
+                 f"eta={ov['eta']:.3f}; mean spread over rounds {100 * rep['mean_measured_spread']:.0f} %; "
+                 f"{rep['rounds']} rounds x {rep['runs']} runs, veth {rep['rate']}, {rep['seconds']:.0f} s)")
     return "\n".join(lines)
 
 
@@ -271,13 +333,14 @@ def main(argv=None) -> int:
     ap.add_argument("--init", default="", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="{}", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help="JSON report file")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="calibrate/validate rounds (default 3)")
+    ap.add_argument("--runs", type=int, default=5, help="runs per measurement, median taken (default 5)")
     ap.add_argument("--rate", default="1gbit")
     a = ap.parse_args(argv)
     if a.worker:
         _worker(a)
         return 0
-    rep = run_ep(rounds=a.rounds, rate=a.rate, log=lambda s: print(s, file=sys.stderr))
+    rep = run_ep(rounds=a.rounds, runs=a.runs, rate=a.rate, log=lambda s: print(s, file=sys.stderr))
     print(format_ep_table(rep))
     if a.out:
         Path(a.out).write_text(json.dumps(rep, indent=1))

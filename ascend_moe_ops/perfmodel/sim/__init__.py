@@ -6,10 +6,10 @@ Per-op costs come from a pluggable :class:`~.costs.CostProvider` (roofline from 
 or fitted to this machine's microbenchmarks). Every number it returns is a model.
 """
 
-from .costs import CostProvider, FittedCosts, LinkModel, Op, RooflineCosts
+from .costs import CostProvider, FittedCosts, LayerGlue, LinkModel, Op, RooflineCosts
 from .model import CONVENTIONS, PANGU_ULTRA_MOE, ModelSpec, flops_per_token, params
 from .step import Cluster, Plan, StepResult, pipeline_schedule, search, simulate
 
-__all__ = ["CostProvider", "FittedCosts", "LinkModel", "Op", "RooflineCosts", "CONVENTIONS",
+__all__ = ["CostProvider", "FittedCosts", "LayerGlue", "LinkModel", "Op", "RooflineCosts", "CONVENTIONS",
            "PANGU_ULTRA_MOE", "ModelSpec", "flops_per_token", "params", "Cluster", "Plan", "StepResult",
            "pipeline_schedule", "search", "simulate"]

@@ -27,7 +27,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..hardware import HardwareTable
 
-__all__ = ["Op", "CostProvider", "RooflineCosts", "FittedCosts", "LinkModel", "peak_flops",
+__all__ = ["Op", "CostProvider", "RooflineCosts", "FittedCosts", "LayerGlue", "LinkModel", "peak_flops",
            "DTYPE_BYTES"]
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8": 1}
@@ -220,6 +220,56 @@ class FittedCosts(CostProvider):
         d = json.loads(text)
         return cls(coefs={k: list(map(float, v)) for k, v in d["coefs"].items()},
                    peaks=d.get("peaks", {}), note=d.get("note", ""), label=d.get("label", cls.label))
+
+
+@dataclass
+class LayerGlue:
+    """Per-layer framework overhead that component microbenchmarks miss, per dtype:
+    ``glue(ops) = g0 + g2 * sum(op.bytes)`` added once to a layer's summed op times.
+
+    What it stands for (on the CPU): the autograd engine's bookkeeping between the components,
+    the gradient sums where two paths meet (``dx`` from the router and from the permute), the
+    layer's small reshapes and allocations — none of them is inside a component's timed call.
+    Fitted (:meth:`fit`, unconstrained least squares in relative error of the whole layer) on
+    whole layers at the *calibration* shapes: ``(summed op seconds, op bytes, measured layer
+    seconds)`` per sample. Both coefficients are fitted, not taken from a source; either may be
+    negative (a component microbenchmark that runs with colder caches than inside the layer)."""
+
+    coefs: Dict[str, List[float]] = field(default_factory=dict)
+
+    @classmethod
+    def fit(cls, samples: Iterable[Tuple[str, float, float, float]]) -> "LayerGlue":
+        """``samples``: ``(dtype, summed_op_seconds, layer_op_bytes, measured_seconds)``.
+        A dtype with fewer than 2 samples gets ``g0`` only (the mean relative residual times the
+        mean measured time)."""
+        import torch
+        by: Dict[str, List[Tuple[float, float, float]]] = {}
+        for dtype, s, b, m in samples:
+            if not (m > 0 and math.isfinite(m)) or not math.isfinite(s) or b < 0:
+                raise ValueError(f"LayerGlue.fit: bad sample for {dtype}: summed={s!r}, bytes={b!r}, measured={m!r}")
+            by.setdefault(dtype, []).append((s, b, m))
+        coefs = {}
+        for dtype, rows in by.items():
+            if len(rows) < 2:
+                s, b, m = rows[0]
+                coefs[dtype] = [m - s, 0.0]
+                continue
+            bscale = max(b for _, b, _ in rows) or 1.0
+            A = torch.tensor([[1.0 / m, (b / bscale) / m] for s, b, m in rows], dtype=torch.float64)
+            y = torch.tensor([(m - s) / m for s, b, m in rows], dtype=torch.float64)
+            sol = torch.linalg.lstsq(A, y.unsqueeze(1), driver="gelsd").solution.squeeze(1)
+            coefs[dtype] = [float(sol[0]), float(sol[1]) / bscale]
+        return cls(coefs)
+
+    def time(self, dtype: str, op_bytes: float) -> float:
+        c = self.coefs.get(dtype)
+        if c is None:
+            raise KeyError(f"LayerGlue has no calibration for dtype {dtype!r}; calibrated: {', '.join(sorted(self.coefs))}")
+        return c[0] + c[1] * op_bytes
+
+    def layer_time(self, costs: "CostProvider", ops: Sequence[Op]) -> float:
+        """Summed op seconds under ``costs`` plus the glue (dtype of the first op)."""
+        return sum(costs.time(o) for o in ops) + self.time(ops[0].dtype, sum(o.bytes for o in ops))
 
 
 # ----------------------------------------------------------------------------- communication
