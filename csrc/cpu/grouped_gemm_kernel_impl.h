@@ -5,7 +5,16 @@
 // bf16 micro-kernel rounds the last K block straight into the output); bf16 runs the AMX tile kernel
 // instead where it is enabled. Each block also prefetches (into L2) the operands of the next block, or
 // of the next item. Changes here: the arithmetic of a tile. Overview: grouped_gemm.cpp.
+//
+// This header is compiled once per instruction set: by grouped_gemm_kernel.cpp for the build's own
+// target (x86-64-v3 in a portable build, the build CPU with -march=native) and, in a portable build,
+// by grouped_gemm_kernel_{avx512,avx512_bf16,amx}.cpp under `#pragma GCC target`. Each copy lives in
+// its own namespace (AMO_GG_NS, grouped_gemm_pack.h) and exports one TileKernels table
+// (AMO_GG_DEFINE_TABLE); cpu/cpu_capability.cpp picks the table at run time.
+#pragma once
+
 #include "cpu/grouped_gemm_kernel.h"
+#include "cpu/grouped_gemm_pack.h"
 
 #include "common/bf16.h"
 #include "common/vec.h"
@@ -15,14 +24,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#if AMO_GG_AMX
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 namespace amo {
 namespace grouped_gemm_cpu {
+inline namespace AMO_GG_NS {
 
 // Tuning knobs (for tuning only): k per bf16 block (AMO_GG_KC), software prefetch (AMO_GG_PF: 0 = off,
 // 1 = into L2 (prefetcht1), 2 = into L1 (prefetcht0); unset: 2 for the AVX-512 tile kernel, 1 for
@@ -251,17 +255,6 @@ inline void dispatch_mr(int64_t mr, Fn6 f6, Fn5 f5, Fn4 f4, Fn3 f3, Fn2 f2, Fn1 
 // consecutive panel rows, stride 256 bytes). One micro-step: 4 tile loads, 4 tdpbf16ps
 // (16 x 16 x 32 MACs each), C stays in the tiles for the whole K block.
 #if AMO_GG_AMX
-inline bool amx_ready() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if (!((d >> 22) & 1u) || !((d >> 24) & 1u)) return false;  // AMX-BF16, AMX-TILE
-    // Linux keeps the tile data state off until a process asks (ARCH_REQ_XCOMP_PERM, XTILEDATA)
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ok;
-}
-
 struct alignas(64) AmxConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -380,18 +373,6 @@ inline void tile_bf16_amx(const TileArgs& t, const TileArgs* next, Workspace& ws
   else store_tile(ws.c, ldc, m, n, out, ldo);
 }
 #endif
-
-bool amx_wanted(at::ScalarType dt) {
-#if AMO_GG_AMX
-  if (dt != at::kBFloat16) return false;
-  const char* v = std::getenv("AMO_GG_AMX");
-  if (v != nullptr && v[0] == '0') return false;
-  return amx_ready();
-#else
-  (void)dt;
-  return false;
-#endif
-}
 
 inline void tile_bf16(const TileArgs& t, const TileArgs* next, Workspace& ws) {
 #if AMO_GG_AMX
@@ -518,19 +499,28 @@ inline void tile_f32(const TileArgs& t, Workspace& ws) {
 }
 
 template <typename T>
-void run_tile(const TileArgs& t, const TileArgs* next, Workspace& ws) {
-#if AMO_GG_AVX2
-  tile_f32<T>(t, ws);  // bf16 too: converted while packing (no vdpbf16ps on these CPUs)
-  (void)next;
-#else
+void run_tile_impl(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+#if AMO_GG_BF16DOT
   if constexpr (std::is_same<T, c10::BFloat16>::value) tile_bf16(t, next, ws);
   else tile_f32<T>(t, ws);
+#else
+  tile_f32<T>(t, ws);  // bf16 too: converted while packing (no vdpbf16ps on these CPUs)
+  (void)next;
 #endif
 }
 
-template void run_tile<float>(const TileArgs&, const TileArgs*, Workspace&);
-template void run_tile<c10::Half>(const TileArgs&, const TileArgs*, Workspace&);
-template void run_tile<c10::BFloat16>(const TileArgs&, const TileArgs*, Workspace&);
-
+}  // namespace AMO_GG_NS
 }  // namespace grouped_gemm_cpu
 }  // namespace amo
+
+// Defines the TileKernels table `fn` of this unit's copy (one per unit, after including this header).
+#define AMO_GG_DEFINE_TABLE(fn, level_name)                                                              \
+  namespace amo {                                                                                        \
+  namespace grouped_gemm_cpu {                                                                           \
+  const TileKernels& fn() {                                                                              \
+    static const TileKernels t{&AMO_GG_NS::run_tile_impl<float>, &AMO_GG_NS::run_tile_impl<c10::Half>, \
+                               &AMO_GG_NS::run_tile_impl<c10::BFloat16>, AMO_GG_AMX != 0, level_name};  \
+    return t;                                                                                            \
+  }                                                                                                      \
+  }                                                                                                      \
+  }
