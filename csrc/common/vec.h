@@ -1,7 +1,7 @@
 // Vectorized fp32 load/store of 16 elements of any float dtype (fp32, fp16, bf16, fp64), with an
 // optional tail mask, for kernels that compute in fp32 and store in the tensor's dtype.
 //
-// With AVX-512 (setup.py compiles with -march=native) a "vector" is one __m512; with AVX2 + FMA +
+// With AVX-512 (a -march=native build on such a CPU, or a per-ISA unit of a portable build) a "vector" is one __m512; with AVX2 + FMA +
 // F16C (and no AVX-512) two __m256; otherwise a plain 16-float struct that the compiler vectorizes
 // as it can. The three give the same bits for every load, store, add, mul and fma (all IEEE fp32
 // with one rounding; fma fused in all three); reduce_add sums in the same pairwise order in the
@@ -20,7 +20,13 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+// A per-ISA unit of a portable build (cpu/grouped_gemm_kernel_<isa>.cpp) sets AMO_ISA_AVX512 and
+// includes this header under `#pragma GCC target(...)`; every other unit follows its -march.
+#if defined(AMO_ISA_AVX512)
+#include <immintrin.h>
+#define AMO_AVX512 AMO_ISA_AVX512
+#define AMO_AVX2 (!AMO_ISA_AVX512)
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define AMO_AVX512 1
 #define AMO_AVX2 0
@@ -33,8 +39,22 @@
 #define AMO_AVX2 0
 #endif
 
+// The functions live in a namespace named after the instruction set of the unit that compiles them
+// (a per-ISA unit names its own, AMO_VEC_NS), so that units of one build compiled for different ISAs
+// never share a function body.
+#ifndef AMO_VEC_NS
+#if AMO_AVX512
+#define AMO_VEC_NS build_avx512
+#elif AMO_AVX2
+#define AMO_VEC_NS build_avx2
+#else
+#define AMO_VEC_NS build_scalar
+#endif
+#endif
+
 namespace amo {
 namespace vec {
+inline namespace AMO_VEC_NS {
 
 constexpr int64_t kWidth = 16;  // fp32 lanes per vector
 
@@ -330,11 +350,13 @@ inline VecF sigmoid(VecF a) {
   return div(one, add(one, exp(sub(zero(), a))));
 }
 
+}  // namespace AMO_VEC_NS
 }  // namespace vec
 }  // namespace amo
 
 namespace amo {
 namespace vec {
+inline namespace AMO_VEC_NS {
 
 // Non-temporal (streaming) store of one full vector; `p` must be aligned to the vector's byte size
 // (64 B for fp32, 32 B for fp16/bf16). Used for large outputs that would only evict useful cache
@@ -417,5 +439,6 @@ inline void zero_bytes(char* dst, int64_t bytes, bool stream) {
 // machine): permute 132 ms with streaming stores vs 190 ms without; unpermute 80 vs 91 ms.
 constexpr int64_t kStreamBytes = int64_t(16) << 20;
 
+}  // namespace AMO_VEC_NS
 }  // namespace vec
 }  // namespace amo

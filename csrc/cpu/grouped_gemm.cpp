@@ -20,15 +20,17 @@
 //
 // Files (one reason to change each):
 //   grouped_gemm_pack.h      blocking, workspace, operand packing and AMX staging, result-tile stores
-//   grouped_gemm_kernel.cpp  the tile kernels: micro-kernels, AMX tiles, the K loop, prefetch
+//   grouped_gemm_kernel_impl.h  the tile kernels: micro-kernels, AMX tiles, the K loop, prefetch
+//                            (compiled per ISA; grouped_gemm_kernel.cpp picks one at run time)
 //   grouped_gemm.cpp         this file: the work split over groups and threads, the entry points
 //
 // dtypes: bf16 -> AMX tiles (tdpbf16ps) where the CPU has AMX-BF16 and the OS grants the tile
 // state (AMO_GG_AMX=0 switches it off), else _mm512_dpbf16_ps (AVX512_BF16), fp32 accumulation; fp32 -> FMA; fp16 ->
 // converted to fp32 while packing (A and B), then the fp32 kernel; fp64 (oracle use only) ->
-// at::mm per group. Built with -march=native; on AVX2 + FMA CPUs without AVX-512 every dtype runs an
-// fp32 ymm micro-kernel (bf16/fp16 converted while packing); without those the same drivers run
-// the scalar fallback micro-kernel (correct, slow), so the extension still builds and works.
+// at::mm per group. The tile kernels are compiled per instruction set and chosen at run time
+// (cpu/cpu_capability.cpp; a -march=native build has one copy): AMX, AVX512_BF16, AVX-512 (bf16 and
+// fp16 converted to fp32 while packing, the fp32 zmm micro-kernel) or AVX2 + FMA (the same on ymm
+// registers); a build for a CPU without those runs the scalar fallback micro-kernel (correct, slow).
 #include "cpu/grouped_gemm_kernel.h"
 
 #include "common/alloc.h"

@@ -1,5 +1,6 @@
-// grouped_gemm on the CPU, part 2 of 3: the tile kernels (grouped_gemm_kernel.cpp). One work item's
-// GEMM, out[m x n] = A[m x K] . B[K x n] with strided operands, for fp32, fp16 and bf16 (AMX or
+// grouped_gemm on the CPU, part 2 of 3: the tile kernels (grouped_gemm_kernel_impl.h, compiled per
+// instruction set; grouped_gemm_kernel.cpp picks one at run time). One work item's GEMM,
+// out[m x n] = A[m x K] . B[K x n] with strided operands, for fp32, fp16 and bf16 (AMX or
 // AVX512_BF16); the packing they use is grouped_gemm_pack.h, the work split and the entry points are
 // grouped_gemm.cpp.
 #pragma once
@@ -11,6 +12,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace amo {
 namespace grouped_gemm_cpu {
@@ -30,18 +32,36 @@ struct TileArgs {
   bool amx = false;  // bf16 only: run the AMX tile kernel (see amx_wanted)
 };
 
-// AMX for this call? Compiled in, CPU + OS allow it, and not switched off with AMO_GG_AMX=0 (read
-// per call, so one process can time both kernels).
+// AMX for this call? The chosen tile kernels have it (cpu/cpu_capability.cpp: the CPU and the OS
+// allow it, ASCEND_MOE_OPS_CPU_CAPABILITY does not force a lower level) and it is not switched off
+// with AMO_GG_AMX=0 (read per call, so one process can time both kernels).
 bool amx_wanted(at::ScalarType dt);
 
-// Runs one item with the kernel of element type T (float, c10::Half, c10::BFloat16); `next` (the
-// item this thread runs next, or nullptr) is only prefetched. Instantiated in grouped_gemm_kernel.cpp.
-template <typename T>
-void run_tile(const TileArgs& t, const TileArgs* next, Workspace& ws);
+// One compiled copy of the tile kernels (grouped_gemm_kernel_impl.h) for one instruction set.
+using TileFn = void (*)(const TileArgs&, const TileArgs*, Workspace&);
+struct TileKernels {
+  TileFn f32, f16, bf16;
+  bool amx;          // has the AMX bf16 kernel
+  const char* name;  // "avx2", "avx512", "avx512_bf16", "amx" or "native"
+};
+// the copy compiled with the build's own flags (grouped_gemm_kernel.cpp) ...
+const TileKernels& tile_kernels_build();
+// ... and, in a portable build (AMO_PORTABLE_ISA), the per-ISA copies (grouped_gemm_kernel_<isa>.cpp)
+const TileKernels& tile_kernels_avx512();
+const TileKernels& tile_kernels_avx512_bf16();
+const TileKernels& tile_kernels_amx();
+// the copy this process runs (chosen once, at the first call; cpu/cpu_capability.h)
+const TileKernels& tile_kernels();
 
-extern template void run_tile<float>(const TileArgs&, const TileArgs*, Workspace&);
-extern template void run_tile<c10::Half>(const TileArgs&, const TileArgs*, Workspace&);
-extern template void run_tile<c10::BFloat16>(const TileArgs&, const TileArgs*, Workspace&);
+// Runs one item with the kernel of element type T (float, c10::Half, c10::BFloat16) of the chosen
+// copy; `next` (the item this thread runs next, or nullptr) is only prefetched.
+template <typename T>
+inline void run_tile(const TileArgs& t, const TileArgs* next, Workspace& ws) {
+  static const TileKernels& k = tile_kernels();
+  if constexpr (std::is_same<T, float>::value) k.f32(t, next, ws);
+  else if constexpr (std::is_same<T, c10::Half>::value) k.f16(t, next, ws);
+  else k.bf16(t, next, ws);
+}
 
 }  // namespace grouped_gemm_cpu
 }  // namespace amo

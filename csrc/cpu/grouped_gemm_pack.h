@@ -20,14 +20,26 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The instruction set of this translation unit. A per-ISA unit (cpu/grouped_gemm_kernel_<isa>.cpp,
+// portable builds) sets AMO_ISA_AVX512 / AMO_ISA_AVX512_BF16 / AMO_ISA_AMX itself and compiles this
+// header under `#pragma GCC target(...)` (GCC does not define __AVX512F__ etc. for a target pragma);
+// every other unit takes them from the compiler's -march (x86-64-v3 in a portable build, the build
+// machine's CPU with -march=native).
+#if defined(AMO_ISA_AVX512)
+#include <immintrin.h>
+#define AMO_GG_AVX512 AMO_ISA_AVX512
+#define AMO_GG_AVX2 (!AMO_ISA_AVX512)
+#define AMO_GG_BF16DOT AMO_ISA_AVX512_BF16
+#define AMO_GG_AMX AMO_ISA_AMX
+#else
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #define AMO_GG_AVX512 1
 #else
 #define AMO_GG_AVX512 0
 #endif
-// AVX2 + FMA without AVX-512 (e.g. AMD Zen 2/3, Intel client cores): an fp32 micro-kernel on ymm
-// registers; bf16 and fp16 are converted to fp32 while packing and run it too.
+// AVX2 + FMA without AVX-512 (e.g. AMD Zen 2/3, Intel client cores, the portable build's baseline):
+// an fp32 micro-kernel on ymm registers; bf16 and fp16 are converted to fp32 while packing and run it.
 #if !AMO_GG_AVX512 && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define AMO_GG_AVX2 1
@@ -39,12 +51,31 @@
 #else
 #define AMO_GG_BF16DOT 0
 #endif
-// AMX (Intel Sapphire Rapids and later): the bf16 tile kernel; compiled in when the build targets
-// a CPU with AMX-TILE + AMX-BF16 (-march=native there), used when the CPU and the OS allow it.
+// AMX (Intel Sapphire Rapids and later): the bf16 tile kernel; compiled in when the unit targets a
+// CPU with AMX-TILE + AMX-BF16, used when the CPU and the OS allow it (cpu/cpu_capability.cpp).
 #if AMO_GG_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define AMO_GG_AMX 1
 #else
 #define AMO_GG_AMX 0
+#endif
+#endif
+
+// Every inline function below lives in a namespace named after the instruction set it is compiled
+// for (AMO_GG_NS), so that the units of one build that compile this header for different ISAs never
+// share a function body (an AVX-512 copy picked by the linker for an AVX2 caller would crash on a
+// CPU without AVX-512). Workspace and the constants are the same in all of them.
+#ifndef AMO_GG_NS
+#if AMO_GG_AMX
+#define AMO_GG_NS build_amx
+#elif AMO_GG_BF16DOT
+#define AMO_GG_NS build_avx512_bf16
+#elif AMO_GG_AVX512
+#define AMO_GG_NS build_avx512
+#elif AMO_GG_AVX2
+#define AMO_GG_NS build_avx2
+#else
+#define AMO_GG_NS build_scalar
+#endif
 #endif
 
 namespace amo {
@@ -58,18 +89,6 @@ constexpr int64_t NC = 256;      // max cols of an item (multiple of NR)
 constexpr int64_t NC_MAX = 512;  // the AMX forward's items: up to 512 cols (fewer re-reads of x rows)
 constexpr int64_t KC_BF16 = 256; // k per block, bf16 (kp = 128 VNNI pairs: a 32 KiB B panel)
 constexpr int64_t KC_F32 = 128;  // k per block, fp32/fp16 (a 32 KiB B panel)
-
-// An integer tuning knob from the environment (AMO_GG_*: for tuning only), clamped to [lo, hi] and
-// rounded down to a multiple of mult; dflt when unset.
-inline int64_t env_or(const char* name, int64_t dflt, int64_t lo, int64_t hi, int64_t mult) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return dflt;
-  int64_t x = std::atoll(v) / mult * mult;
-  return std::max(lo, std::min(hi, x));
-}
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // ------------------------------------------------------------------------------------------
 // Per-thread workspace (64-byte aligned)
@@ -95,6 +114,20 @@ struct Workspace {
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 };
+
+inline namespace AMO_GG_NS {
+
+// An integer tuning knob from the environment (AMO_GG_*: for tuning only), clamped to [lo, hi] and
+// rounded down to a multiple of mult; dflt when unset.
+inline int64_t env_or(const char* name, int64_t dflt, int64_t lo, int64_t hi, int64_t mult) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return dflt;
+  int64_t x = std::atoll(v) / mult * mult;
+  return std::max(lo, std::min(hi, x));
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
 // ------------------------------------------------------------------------------------------
 // bf16 packing (uint16 storage). dst words: dst[kp * ld + c] = (src(2kp, c), src(2kp+1, c)).
@@ -325,7 +358,7 @@ inline void stage_a_amx_cols(const uint16_t* a, int64_t ks, int64_t kc, int64_t 
 }
 #endif
 
-// B(k, c) = b[k * s0 + c * s1], fp32 or fp16 (converted): the ceil(n / NR) panels at
+// B(k, c) = b[k * s0 + c * s1], fp32, or fp16 / bf16 (converted): the ceil(n / NR) panels at
 // dst_base + j * KC_F32 * NR, kc rows of NR floats each (columns >= n zero).
 template <typename T>
 inline void pack_b_f32(const T* b, int64_t s0, int64_t s1, int64_t k0, int64_t kc, int64_t n, float* dst_base) {
@@ -344,6 +377,8 @@ inline void pack_b_f32(const T* b, int64_t s0, int64_t s1, int64_t k0, int64_t k
           const __mmask16 mk = cnt >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cnt) - 1u);
           __m512 v;
           if constexpr (is_f32) v = _mm512_maskz_loadu_ps(mk, src + c);
+          else if constexpr (std::is_same<T, c10::BFloat16>::value)  // AVX-512 without AVX512_BF16
+            v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, src + c)), 16));
           else v = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, src + c));
           _mm512_store_ps(d + c, v);
         }
@@ -373,5 +408,6 @@ inline void pack_a_f32(const T* a, int64_t rs, int64_t ks, int64_t k0, int64_t k
     for (int64_t k = 0; k < kc; ++k) dst[r * KC_F32 + k] = to_f32(a[r * rs + (k0 + k) * ks]);
 }
 
+}  // namespace AMO_GG_NS
 }  // namespace grouped_gemm_cpu
 }  // namespace amo

@@ -1,0 +1,34 @@
+// grouped_gemm on the CPU: the tile kernels (grouped_gemm_kernel_impl.h) compiled for the amx level
+// of a portable build, under `#pragma GCC target` (the rest of the build targets x86-64-v3); run
+// only when the CPU supports it (cpu/cpu_capability.cpp). Headers shared with the other units
+// (ATen, c10, the standard library, common/bf16.h) are included first, outside the pragma, so that
+// their inline functions keep the baseline target; this unit's own functions live in the namespace
+// isa_amx (AMO_GG_NS, AMO_VEC_NS). Empty in a build with a fixed -march.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "common/bf16.h"
+
+#if AMO_PORTABLE_ISA
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512bf16,amx-tile,amx-bf16")
+#define AMO_ISA_AVX512 1
+#define AMO_ISA_AVX512_BF16 1
+#define AMO_ISA_AMX 1
+#define AMO_GG_NS isa_amx
+#define AMO_VEC_NS isa_amx
+#include "cpu/grouped_gemm_kernel_impl.h"
+#pragma GCC pop_options
+
+AMO_GG_DEFINE_TABLE(tile_kernels_amx, "amx")
+#endif
