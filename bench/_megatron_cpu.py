@@ -22,6 +22,11 @@ only, never in the package (docs/integrations.md lists them):
    ``torch.distributed.all_to_all_single`` as the CPU tensors its ``maybe_move_tensor_to_cpu`` leaves
    in place (it converts only CUDA tensors, to numpy); gloo's binding wants integer sequences
    (``TypeError``): under :func:`cpu_shims` tensor split sizes are turned into lists first.
+8. A whole ``GPTModel``: the core attention forks Megatron's CUDA RNG tracker (``get_cuda_rng_tracker()
+   .fork()``, for attention dropout), whose states can only be added with CUDA: under
+   :func:`cpu_shims` the tracker's ``fork`` is a do-nothing context (the CPU generator is used;
+   the whole-model benchmark runs without dropout). Without an explicit attention mask the core
+   attention builds its default causal mask on ``device="cuda"``: the benchmark passes one.
 """
 
 from __future__ import annotations
@@ -77,9 +82,18 @@ def cpu_shims():
         return a2a(output, input, as_list(output_split_sizes), as_list(input_split_sizes), *a, **k)
 
     dist.all_to_all_single = all_to_all_single
+    from megatron.core.tensor_parallel import random as tp_random
+    tracker = tp_random.get_cuda_rng_tracker()
+    had_fork = "fork" in vars(tracker)
+    saved_fork = vars(tracker).get("fork")
+    tracker.fork = lambda *a, **k: contextlib.nullcontext()
     try:
         yield
     finally:
+        if had_fork:
+            tracker.fork = saved_fork
+        else:
+            del tracker.fork
         dist.all_to_all_single = a2a
         for n, v in saved.items():
             setattr(torch.cuda, n, v)

@@ -482,3 +482,40 @@ def test_expert_parallel_probs_reach_the_experts(tmp_path):
             assert res["probs_check"] == "", f"rank {r} {name}: {res['probs_check']}"
             assert res["experts_inputs_equal"], f"rank {r} {name}: the experts' inputs differ"
             assert res["bitwise"], f"rank {r} {name}: output or gradients differ from Megatron's"
+
+
+# ---------------------------------------------------------------- a whole GPTModel trained
+@pytest.mark.slow  # two small GPTModels trained 3 steps each, both expert modules: ~30-60 s on 2 shared cores
+@pytest.mark.parametrize("grouped_gemm", [False, True], ids=["SequentialMLP", "GroupedMLP"])
+def test_gpt_model_loss_curve_bitwise(world, grouped_gemm):
+    """megatron-core's own GPTModel (local layer spec, MoE in every layer: 16 experts top-4, bf16,
+    rope, byte tokens of standard-library sources, SGD with momentum), built twice from one seed and
+    trained on the same batches: unpatched, and under patch() of every bitwise target. The loss of
+    every step must be bitwise equal (the weights after each step feed the next loss), the
+    package's permute / unpermute / sort-chunks must have run in the patched arm only, and the loss
+    must fall (the model trains). bench/bench_megatron_gpt.py times the same two arms."""
+    from ascend_moe_ops.benchmark.suite import bench_megatron_gpt as bg
+    shape = dict(bg.QUICK_SHAPE, seq=128)
+    arms = {p: bg.Arm("patched" if p else "unpatched", shape, grouped_gemm, p) for p in (False, True)}
+    assert arms[True].targets == BITWISE
+    assert arms[False].targets == (("grouped_gemm",) if grouped_gemm else None)
+    counts = {}
+    for tok, lab in bg.batches(shape, 4):
+        for p, arm in arms.items():
+            with arm.scope():
+                arm.losses.append(arm.step(tok, lab))
+                counts[p] = dict(mg.call_counts) if mg.is_patched() else None
+    assert counts[False] is None or (counts[False]["permute"] == 0 and counts[False]["grouped_gemm"] > 0)
+    assert counts[True]["permute"] == shape["layers"] and counts[True]["unpermute"] == shape["layers"], counts
+    assert counts[True]["sort_chunks_by_idxs"] == 2 * shape["layers"], counts
+    assert counts[True]["grouped_gemm"] == (2 * shape["layers"] if grouped_gemm else 0), counts
+    ref, got = arms[False].losses, arms[True].losses
+    assert all(torch.isfinite(x) for x in ref)
+    assert [x.item() for x in got] == [x.item() for x in ref]
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert torch.equal(a, b), f"step {i}: loss {b.item()!r} patched vs {a.item()!r} unpatched"
+    assert ref[-1] < ref[0], [x.item() for x in ref]
+    # the two models really are the same network after training (every parameter bitwise equal)
+    pu = dict(arms[False].model.named_parameters())
+    for name, p in arms[True].model.named_parameters():
+        assert torch.equal(p, pu[name]), f"parameter {name} differs after training"
