@@ -450,6 +450,10 @@ def test_ep_overlap_terms_known_answers():
     assert got["rho"] == pytest.approx(0.3, rel=1e-6) and got["eta"] == pytest.approx(0.6, rel=1e-6)
     ones = [q for q in pts if q[3] == 0]
     assert fit_overlap(ones)["eta"] == 1.0 and fit_overlap(ones)["rho"] == pytest.approx(0.3, rel=1e-6)
+    # a chunked layer slower than no overlap at all: eta is held at 0 and rho refitted
+    worse = ones + [(q[1] * 1.3 + q[2] + 0.01, q[1], q[2], q[3]) for q in pts if q[3] > 0]
+    w = fit_overlap(worse)
+    assert w["eta"] == 0.0 and w["rho"] > 0
     with pytest.raises(ValueError, match="chunks must be >= 1"):
         predict_ep_layer(*args, algo="flat", chunks=0)
     with pytest.raises(ValueError, match="algo must be one of"):
