@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Dict, List
 
 __all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "predict_ep_layer", "fit_overlap", "run_ep", "summarize_ep",
+           "pooled_links",
            "LinkFit"]
 
 NODES, LOCAL = 2, 2
@@ -290,6 +291,24 @@ def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: floa
                         seconds=time.monotonic() - start, calibration=cfg["calibration"])
 
 
+class _NoCompute:
+    def time(self, op) -> float:
+        return 0.0
+
+
+def pooled_links(rounds: List[dict]) -> LinkFit:
+    """One :class:`LinkFit` from every round's link samples: per link class and size the median
+    over rounds, then ``a + bytes / bw``; the latency is the median of the rounds' bursts."""
+    samples = {}
+    for cls in rounds[0]["links"]:
+        by_size: Dict[float, List[float]] = {}
+        for rd in rounds:
+            for nbytes, t in rd["links"][cls]:
+                by_size.setdefault(nbytes, []).append(t)
+        samples[cls] = [(b, statistics.median(ts)) for b, ts in sorted(by_size.items())]
+    return LinkFit(samples, statistics.median(rd["latency"] for rd in rounds))
+
+
 def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", rounds: int = 0, runs: int = 0,
                  seconds: float = 0.0, calibration=None) -> dict:
     """The report from the workers' raw per-round records: medians over rounds, ``rho``/``eta``
@@ -302,6 +321,12 @@ def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", roun
         per = [rd["layers"][key] for rd in raw["rounds"]]
         rows[key] = {f: med(p[f] for p in per) for f in ("measured_s", "compute_s", "comm_s", "hideable_s")}
         rows[key]["measured_per_round"] = [p["measured_s"] for p in per]
+    links = pooled_links(raw["rounds"])
+    for key in keys:  # communication from the links pooled over rounds (one round's fit is noisy)
+        shape, algo, c = key.split("|")
+        comm = predict_ep_layer(_NoCompute(), links, *json.loads(shape), algo=algo, chunks=int(c))["comm_s"]
+        rows[key]["comm_s"] = comm
+        rows[key]["hideable_s"] = min(rows[key]["compute_s"], comm) * (1.0 - 1.0 / int(c))
     fit_key = json.dumps(list(fit_shape))
     ov = fit_overlap([(r["measured_s"], r["compute_s"], r["comm_s"], r["hideable_s"])
                       for k, r in rows.items() if k.split("|")[0] == fit_key])
@@ -328,7 +353,8 @@ def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", roun
                 mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
                 overlap_fit=ov, fit_shape=list(fit_shape),
                 fit_layers={k: rows[k] for k in keys if k.split("|")[0] == fit_key},
-                link_fits=[rd["link_fit"] for rd in raw["rounds"]], calibration_shapes=calibration,
+                link_fits=[rd["link_fit"] for rd in raw["rounds"]], pooled_link_fit=links.as_dict(),
+                calibration_shapes=calibration,
                 load_average=os.getloadavg(), raw=raw)
 
 
