@@ -395,6 +395,7 @@ def main(argv=None) -> int:
     rep = run_ep(rounds=a.rounds, runs=a.runs, rate=a.rate, log=lambda s: print(s, file=sys.stderr))
     print(format_ep_table(rep))
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(rep, indent=1))
     return 0
 
