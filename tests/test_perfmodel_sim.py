@@ -450,6 +450,18 @@ def test_ep_overlap_terms_known_answers():
     assert got["rho"] == pytest.approx(0.3, rel=1e-6) and got["eta"] == pytest.approx(0.6, rel=1e-6)
     ones = [q for q in pts if q[3] == 0]
     assert fit_overlap(ones)["eta"] == 1.0 and fit_overlap(ones)["rho"] == pytest.approx(0.3, rel=1e-6)
+    # a chunked layer slower than no overlap at all: eta is held at 0 and rho refitted
+    worse = ones + [(q[1] * 1.3 + q[2] + 0.01, q[1], q[2], q[3]) for q in pts if q[3] > 0]
+    w = fit_overlap(worse)
+    assert w["eta"] == 0.0 and w["rho"] > 0
+    # links pooled over rounds: the per-size median, so one disturbed round does not move the fit
+    from ascend_moe_ops.perfmodel.validate_ep import pooled_links
+    law = lambda b: 1e-3 + b / 5e7  # noqa: E731
+    good = {"links": {"inter": [(b, law(b)) for b in (1e5, 1e6, 4e6)]}, "latency": 2e-3}
+    bad = {"links": {"inter": [(b, 10 * law(b)) for b in (1e5, 1e6, 4e6)]}, "latency": 9e-3}
+    pl = pooled_links([good, bad, good])
+    assert pl.as_dict()["inter"]["bw_Bps"] == pytest.approx(5e7) and pl.latency == 2e-3
+    assert pl.time("inter", 2e6) == pytest.approx(law(2e6))
     with pytest.raises(ValueError, match="chunks must be >= 1"):
         predict_ep_layer(*args, algo="flat", chunks=0)
     with pytest.raises(ValueError, match="algo must be one of"):

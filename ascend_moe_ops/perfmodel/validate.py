@@ -1,7 +1,7 @@
 """Validation of the step simulator on this machine: calibrate on microbenchmarks of the component
 ops, predict whole MoE layers (forward + backward), compare with their measured wall time.
 
-``python -m ascend_moe_ops.perfmodel.validate --out DIR [--rounds 3] [--threads 1] [--tiny] [--no-ep]``
+``python -m ascend_moe_ops.perfmodel.validate --out DIR [--rounds 5] [--threads 1] [--clock wall|process] [--no-glue] [--tiny] [--no-ep]``
 ``python -m ascend_moe_ops.perfmodel.validate --out DIR --device cuda`` (the same on a GPU; adds the
 uncalibrated prediction from the GPU's public spec table, ``--spec h200``, as a second model column)
 
@@ -13,15 +13,22 @@ Method (docs/perfmodel/training_sim.md):
   fc1/fc2 grouped GEMM, SwiGLU, unpermute, each forward and backward -- timed alone at the
   calibration shapes :data:`CALIBRATION` (none of them a validation shape); per op kind and dtype
   ``t = c0 + c1*flops + c2*bytes + c3*groups`` is fitted (:class:`~.sim.costs.FittedCosts`);
+* **layer glue** (a documented departure from component-only calibration): whole ``nn.MoELayer``
+  fwd+bwd at the calibration shapes (:func:`calibration_layers`, recompute options cycled),
+  to which the per-dtype ``g0 + g2*bytes`` of :class:`~.sim.costs.LayerGlue` is fitted (the
+  framework work between the components that no component microbenchmark contains);
 * **validation**: ``nn.MoELayer`` forward + backward at the shapes :data:`VALIDATION` (vary T, H,
   F, E, top-k, dtype and recompute), predicted as the sum of its ops
-  (:func:`~.sim.layers.moe_layer_ops`) priced by the fit, and measured;
+  (:func:`~.sim.layers.moe_layer_ops`) priced by the fit plus the glue, and measured;
 * the two alternate in ``rounds`` (calibrate, validate, calibrate, ...) in one process, so that
-  the drift of a shared machine hits both alike; each round's prediction uses that round's fit.
-  Every timing is the median of its runs (a minimum, or a ratio to a reference op timed beside
-  it, were tried on the loaded VM and biased the comparison: docs). Reported: per configuration
-  the median prediction and the median measurement over the rounds,
-  accuracy ``1 - |p - m| / m``, and the mean and worst accuracy.
+  the drift of a shared machine hits both alike; within a round the layers are measured in a
+  shuffled order. Every timing is the median of its runs (a minimum, or a ratio to a reference
+  op timed beside it, were tried on the loaded VM and biased the comparison: docs); each layer's
+  figures are medians over the rounds (the glue is fitted to those). Reported: per configuration
+  the prediction (components and glue), the measurement, its spread over the rounds
+  (``(max - min) / median``), accuracy ``1 - |p - m| / m``, the mean and worst accuracy, and the
+  same for the components alone. ``--clock process`` times CPU seconds of the process instead of
+  wall seconds (one thread: the same on an idle core; not inflated by other jobs).
 
 Every timing goes through the package's harness (:func:`ascend_moe_ops.benchmark.timing.measure`).
 """

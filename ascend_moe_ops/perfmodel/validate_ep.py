@@ -2,7 +2,7 @@
 
 Two network namespaces joined by a rate-limited veth pair (the EP benchmark's setup,
 ``bench/bench_ep_dispatcher.py --netns``), 2 ranks per node, gloo. In the same four processes,
-in alternating rounds:
+in alternating rounds (``python -m ascend_moe_ops.perfmodel.validate_ep --out FILE [--rounds 3] [--runs 5]``):
 
 * **calibration** (microbenchmarks): ``all_to_all_single`` over the inter-node group and over
   the intra-node group at a few sizes (fitted ``t = a + bytes / bw`` per link class), a tiny
@@ -10,16 +10,22 @@ in alternating rounds:
   (:func:`~.validate.component_steps`) at calibration shapes, all ranks at once (the contention of
   the real run included);
 * **validation**: ``nn.MoELayer(dispatcher=MoEDispatcher(algorithm))`` forward + backward, flat and
-  hierarchical, ``overlap_chunks`` 1 and 4, at shapes never calibrated on.
+  hierarchical, ``overlap_chunks`` 1 and 4, at shapes never calibrated on (and, for the fit of
+  ``rho``/``eta``, at :data:`EP_FIT_SHAPE`).
 
-Prediction (:func:`predict_ep_layer`): compute = the layer's ops on this rank (``T*K`` expert rows
-over ``E/world`` local experts, plus the dispatcher's own reordering: one extra permute/unpermute
-pair for flat, two for hierarchical) priced by the round's fit; communication = per exchange
-(dispatch, combine, and their backward passes) the collectives' latency plus the bytes of each
-link class over its fitted bandwidth (:func:`~.sim.traffic.expected_dispatch`); no overlap:
-compute + communication; ``c`` chunks: ``max + min / c`` (the pipeline hides all but one chunk's
-worth of the smaller one). Timings: the harness (``measure(runs=..., setup=barrier)``), median of
-the runs; a step's time is the slowest rank's.
+Prediction (:func:`predict_ep_layer`): ``t(c) = C(1 + rho) + comm(c) - eta*min(C, comm(c))(1 - 1/c)``.
+``C`` = the layer's ops on this rank (``T*K`` expert rows over ``E/world`` local experts, plus the
+dispatcher's own reordering: one extra permute/unpermute pair for flat, two for hierarchical)
+priced by the round's fit; ``comm(c)`` = per chunk and exchange (dispatch, combine, and their
+backward passes) the collectives' latency ``lambda`` (a burst of :data:`BURST` tiny all-gathers
+timed as one run, divided by :data:`BURST`) plus the bytes of each link class over its fitted
+bandwidth (:func:`~.sim.traffic.expected_dispatch`). ``rho`` and ``eta`` are fitted
+(:func:`fit_overlap`) on whole layers at the one shape :data:`EP_FIT_SHAPE` (flat and
+hierarchical, every chunk count), which is not a validation shape; ``rho=0, eta=1`` (the ideal
+pipeline) is reported beside. Timings: the harness (``measure(runs=..., setup=barrier)``), median
+of the runs; a step's time is the slowest rank's; each figure the median over rounds, with the
+spread over rounds; the layers are measured in a shuffled order per round (the same on every
+rank). :func:`summarize_ep` re-runs the analysis of a saved report's ``raw`` records.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "predict_ep_layer", "fit_overlap", "run_ep",
+__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "predict_ep_layer", "fit_overlap", "run_ep", "summarize_ep",
+           "pooled_links",
            "LinkFit"]
 
 NODES, LOCAL = 2, 2
@@ -120,17 +127,28 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
 
 def fit_overlap(points) -> Dict[str, float]:
     """``rho`` and ``eta`` of :func:`predict_ep_layer` from ``(measured, compute, comm, hideable)``
-    per layer (least squares in relative error; ``m - C - comm = rho*C - eta*hideable`` is linear
-    in both). With no chunked layer among the points ``eta`` stays 1 (the ideal)."""
+    per layer: least squares in relative error (``m - C - comm = rho*C - eta*hideable`` is linear in
+    both), ``eta`` kept in ``[0, 1]`` (a fraction of the ideal overlap; outside it, ``rho`` is refitted
+    with ``eta`` at the bound). With no chunked layer among the points ``eta`` stays 1 (the ideal)."""
     import torch
     pts = [tuple(map(float, p)) for p in points]
     if not pts:
         raise ValueError("fit_overlap: no points")
-    has_chunks = any(p[3] > 0 for p in pts)
-    A = torch.tensor([[c / m, -h / m] if has_chunks else [c / m] for m, c, k, h in pts], dtype=torch.float64)
-    y = torch.tensor([(m - c - k) / m for m, c, k, h in pts], dtype=torch.float64)
-    sol = torch.linalg.lstsq(A, y.unsqueeze(1), driver="gelsd").solution.squeeze(1)
-    return dict(rho=float(sol[0]), eta=float(sol[1]) if has_chunks else 1.0)
+
+    def solve(cols, y):
+        A = torch.tensor(cols, dtype=torch.float64)
+        return torch.linalg.lstsq(A, torch.tensor(y, dtype=torch.float64).unsqueeze(1),
+                                  driver="gelsd").solution.squeeze(1).tolist()
+
+    if any(h > 0 for m, c, k, h in pts):
+        rho, eta = solve([[c / m, -h / m] for m, c, k, h in pts], [(m - c - k) / m for m, c, k, h in pts])
+        if 0.0 <= eta <= 1.0:
+            return dict(rho=rho, eta=eta)
+        eta = min(max(eta, 0.0), 1.0)
+    else:
+        eta = 1.0
+    (rho,) = solve([[c / m] for m, c, k, h in pts], [(m - c - k + eta * h) / m for m, c, k, h in pts])
+    return dict(rho=rho, eta=eta)
 
 
 # ----------------------------------------------------------------------------- worker
@@ -268,13 +286,47 @@ def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: floa
             os.unlink(out)
         except OSError:
             pass
+    log(f"EP validation done ({time.monotonic() - start:.0f} s)")
+    return summarize_ep(raw, fit_shape=fit_shape, rate=rate, rounds=rounds, runs=runs,
+                        seconds=time.monotonic() - start, calibration=cfg["calibration"])
+
+
+class _NoCompute:
+    def time(self, op) -> float:
+        return 0.0
+
+
+def pooled_links(rounds: List[dict]) -> LinkFit:
+    """One :class:`LinkFit` from every round's link samples: per link class and size the median
+    over rounds, then ``a + bytes / bw``; the latency is the median of the rounds' bursts."""
+    samples = {}
+    for cls in rounds[0]["links"]:
+        by_size: Dict[float, List[float]] = {}
+        for rd in rounds:
+            for nbytes, t in rd["links"][cls]:
+                by_size.setdefault(nbytes, []).append(t)
+        samples[cls] = [(b, statistics.median(ts)) for b, ts in sorted(by_size.items())]
+    return LinkFit(samples, statistics.median(rd["latency"] for rd in rounds))
+
+
+def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", rounds: int = 0, runs: int = 0,
+                 seconds: float = 0.0, calibration=None) -> dict:
+    """The report from the workers' raw per-round records: medians over rounds, ``rho``/``eta``
+    fitted on the fit shape's layers, the validation table (the fit shape left out). Also re-runs
+    the analysis of a saved report: ``summarize_ep(json.load(f)["raw"])``."""
     med = statistics.median
-    keys = list(raw["rounds"][0]["layers"])
+    keys = sorted(raw["rounds"][0]["layers"], key=lambda k: (k.split("|")[0], k.split("|")[1], int(k.split("|")[2])))
     rows = {}
     for key in keys:
         per = [rd["layers"][key] for rd in raw["rounds"]]
         rows[key] = {f: med(p[f] for p in per) for f in ("measured_s", "compute_s", "comm_s", "hideable_s")}
         rows[key]["measured_per_round"] = [p["measured_s"] for p in per]
+    links = pooled_links(raw["rounds"])
+    for key in keys:  # communication from the links pooled over rounds (one round's fit is noisy)
+        shape, algo, c = key.split("|")
+        comm = predict_ep_layer(_NoCompute(), links, *json.loads(shape), algo=algo, chunks=int(c))["comm_s"]
+        rows[key]["comm_s"] = comm
+        rows[key]["hideable_s"] = min(rows[key]["compute_s"], comm) * (1.0 - 1.0 / int(c))
     fit_key = json.dumps(list(fit_shape))
     ov = fit_overlap([(r["measured_s"], r["compute_s"], r["comm_s"], r["hideable_s"])
                       for k, r in rows.items() if k.split("|")[0] == fit_key])
@@ -294,15 +346,15 @@ def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: floa
                           measured_spread=(max(r["measured_per_round"]) - min(r["measured_per_round"])) / m,
                           measured_per_round=r["measured_per_round"]))
     acc = [r["accuracy"] for r in table]
-    log(f"EP validation done ({time.monotonic() - start:.0f} s)")
-    return dict(rate=rate, nodes=NODES, local=LOCAL, rounds=rounds, runs=runs, seconds=time.monotonic() - start,
+    return dict(rate=rate, nodes=NODES, local=LOCAL, rounds=rounds or len(raw["rounds"]), runs=runs, seconds=seconds,
                 validation=table, mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc),
                 ideal_mean_accuracy=statistics.mean(r["ideal_accuracy"] for r in table),
                 ideal_worst_accuracy=min(r["ideal_accuracy"] for r in table),
                 mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
                 overlap_fit=ov, fit_shape=list(fit_shape),
                 fit_layers={k: rows[k] for k in keys if k.split("|")[0] == fit_key},
-                link_fits=[rd["link_fit"] for rd in raw["rounds"]], calibration_shapes=cfg["calibration"],
+                link_fits=[rd["link_fit"] for rd in raw["rounds"]], pooled_link_fit=links.as_dict(),
+                calibration_shapes=calibration,
                 load_average=os.getloadavg(), raw=raw)
 
 
@@ -343,6 +395,7 @@ def main(argv=None) -> int:
     rep = run_ep(rounds=a.rounds, runs=a.runs, rate=a.rate, log=lambda s: print(s, file=sys.stderr))
     print(format_ep_table(rep))
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(rep, indent=1))
     return 0
 
