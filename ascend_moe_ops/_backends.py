@@ -17,8 +17,11 @@ bound at import by :func:`bind_public`: the environment variable ``ASCEND_MOE_OP
 (a forced backend that cannot run raises ``BackendUnavailableError`` at the first call on that
 device; an unknown name raises ``ValueError`` at import), else the default order (cpu: native, then
 reference; cuda: triton, then reference), with one ``RuntimeWarning`` naming the reason when the
-default falls back. For native on cpu the public kernel is the C++ function itself: nothing in
-Python runs between the dispatcher and the kernel. On Ascend NPUs (``PrivateUse1``) the AscendC
+default falls back. The traits of each backend (namespace, devices, availability, how it binds)
+are its record, ``_library.Backend``; the order is that of ``_library.BACKENDS``. For native on cpu
+the public kernel is the C++ function itself: nothing in Python runs between the dispatcher and the
+kernel. An op the bound backend does not implement (an internal op on triton) is bound to the
+reference backend, once, at the same time; :func:`active_backend` says so. On Ascend NPUs (``PrivateUse1``) the AscendC
 host glue registers its kernels itself (``_npu.py``). :func:`active_backend` tells what is bound.
 
 :func:`use_backend` is a convenience for tests and benchmarks: inside the ``with`` block the public
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import os
 import warnings
 from typing import Dict, List, Optional, Tuple
@@ -38,28 +40,22 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import _library
+from ._library import BackendUnavailableError  # noqa: F401  (raised here and by the kernels)
 
 ENV_VAR = "ASCEND_MOE_OPS_BACKEND"
-BACKENDS = ("native", "triton", "ascendc-emu", "reference")
-_DEFAULT_ORDER = {"cpu": ("native", "reference"), "cuda": ("triton", "reference")}
+BACKENDS = tuple(_library.BACKENDS)  # the names, in order of preference
 _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
-_EXTENSIONS = {"native": "ascend_moe_ops._C", "ascendc-emu": "ascend_moe_ops._ascendc_emu"}
 
 _LOAD_ERRORS: Dict[str, Optional[str]] = {}       # backend -> None (loaded) or the reason
 _OP_ERRORS: Dict[Tuple[str, str], Optional[str]] = {}  # (backend, op) -> None or the reason
 _BOUND: Dict[str, str] = {}                        # device type -> backend bound to the public ns
+_BOUND_OPS: Dict[Tuple[str, str], str] = {}        # (device type, op) -> backend, where it differs
 _FORCED: List[Tuple[str, frozenset]] = []         # use_backend stack: (backend, ops)
 _python_registered: set = set()
 
 
-class BackendUnavailableError(RuntimeError):
-    """A backend was asked for (explicitly) but cannot run here."""
-
-
 def namespace(backend: str) -> str:
-    if backend not in _library.BACKEND_NAMESPACES:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    return _library.BACKEND_NAMESPACES[backend]
+    return _library.backend(backend).namespace
 
 
 def _device_type(device) -> str:
@@ -70,70 +66,30 @@ def _device_type(device) -> str:
     return device.type
 
 
-def _triton_error() -> Optional[str]:
-    if importlib.util.find_spec("triton") is None:
-        return "ModuleNotFoundError: triton is not installed"
-    return None
-
-
 def usable_on(backend: str, device_type: str) -> Tuple[bool, str]:
     """Whether ``backend`` can run on ``device_type`` at all (independent of what is built)."""
-    if backend == "reference":
-        return True, ""
-    if backend in ("native", "ascendc-emu"):
-        if device_type != "cpu":
-            return False, f"the {backend} backend runs on cpu tensors only, got {device_type}"
-        return True, ""
-    if backend == "triton":
-        if device_type == "cuda":
-            return True, ""
-        if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
-            return True, ""
-        return False, ("the triton backend needs a CUDA device, or TRITON_INTERPRET=1 (set before "
-                       "triton is imported) to run on cpu tensors")
-    return False, f"unknown backend {backend!r}"
-
-
-def require_usable(backend: str, args) -> None:
-    """Per-call guard of the Python backends' kernels (the device of the first tensor argument)."""
-    dev = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
-    ok, why = usable_on(backend, dev)
-    if not ok:
-        raise BackendUnavailableError(f"backend {backend!r} cannot run here: {why}")
+    if backend not in _library.BACKENDS:
+        return False, f"unknown backend {backend!r}"
+    return _library.BACKENDS[backend].usable_on(device_type)
 
 
 def _register_python(backend: str) -> None:
-    """Register the Python kernels of ``backend`` for its own namespace (CPU and CUDA keys)."""
+    """Register the Python kernels of ``backend`` for its own namespace."""
     if backend in _python_registered:
         return
     _python_registered.add(backend)
-    ns = namespace(backend)
-    names = (list(_library.PYTHON_IMPLS.get(backend, {}))
-             + list(_library.COMPOSITE_KERNELS.get(backend, {})))
-    for name in names:
-        kernel = _library.python_kernel(backend, name, ns)
-        keys = ("CPU",) if backend == "ascendc-emu" else ("CPU", "CUDA")
-        for key in keys:
-            _library.LIBS[ns].impl(name, kernel, key)
+    rec = _library.BACKENDS[backend]
+    for name in _library.python_ops(backend):
+        kernel = _library.python_kernel(backend, name, rec.namespace)
+        for key in rec.keys:
+            _library.LIBS[rec.namespace].impl(name, kernel, key)
 
 
 def load(backend: str) -> Optional[str]:
     """Make ``backend``'s namespace populated; ``None`` if it is, else the reason it is not."""
     if backend in _LOAD_ERRORS:
         return _LOAD_ERRORS[backend]
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
-    err = None
-    try:
-        if backend in _EXTENSIONS:
-            mod = importlib.import_module(_EXTENSIONS[backend])  # its TORCH_LIBRARY_IMPL blocks register
-            if not hasattr(mod, "_bind_cpu"):
-                err = (f"{_EXTENSIONS[backend]} is an old build without dispatcher kernels; rebuild it "
-                       "(python setup.py build_ext --inplace)")
-        elif backend == "triton":
-            err = _triton_error()
-    except Exception as exc:  # ImportError, missing symbol in an old build, toolkit errors
-        err = f"{type(exc).__name__}: {exc}"
+    err = _library.backend(backend).probe()
     if err is None:
         _register_python(backend)
     _LOAD_ERRORS[backend] = err
@@ -146,8 +102,11 @@ def _op_error(backend: str, op: str) -> Optional[str]:
     if key in _OP_ERRORS:
         return _OP_ERRORS[key]
     err = load(backend)
-    if err is None and op in _library.PYTHON_IMPLS.get(backend, {}):
-        module, attr = _library.PYTHON_IMPLS[backend][op]
+    spec = _library.spec(op)
+    if err is None and not spec.implemented_by(backend):
+        err = f"no {backend} implementation of {op} exists"
+    if err is None and _library.BACKENDS[backend].python_package and backend not in spec.composite:
+        module, attr = _library.python_impl(backend, op)
         try:
             getattr(importlib.import_module(module), attr)
         except Exception as exc:
@@ -172,26 +131,41 @@ def unavailable_reason(op: str, backend: str, device="cpu") -> str:
 
 
 # ------------------------------------------------------------------------------ the public namespace
-def _bind(backend: str, key: str) -> None:
-    """Register ``backend``'s kernels of every op for the public namespace, dispatch key ``key``."""
+def _bind(backend: str, key: str, dev: str) -> None:
+    """Register ``backend``'s kernels of every op for the public namespace, dispatch key ``key``:
+    its C++ functions themselves where its extension binds them, else its Python kernels, else a
+    redirect to its own namespace; an op it does not implement gets the fallback backend's."""
     public = _library.NAMESPACE
+    rec = _library.BACKENDS[backend]
     cxx_ops = set()
-    if backend in _EXTENSIONS:
-        importlib.import_module(_EXTENSIONS[backend])._bind_cpu(public)
-        cxx_ops = {op for op in _library.SCHEMAS
-                   if torch._C._dispatch_has_kernel_for_dispatch_key(f"{namespace(backend)}::{op}", "CPU")
-                   and op not in _library.COMPOSITE_KERNELS.get(backend, {})}
-    for name in _library.SCHEMAS:
-        if name not in cxx_ops:
-            _library.LIBS[public].impl(name, _library.python_kernel(backend, name, public), key)
+    if rec.extension is not None:
+        importlib.import_module(rec.extension)._bind_cpu(public)
+        cxx_ops = {s.name for s in _library.specs()
+                   if s.implemented_by(backend) and backend not in s.composite
+                   and torch._C._dispatch_has_kernel_for_dispatch_key(f"{rec.namespace}::{s.name}", "CPU")
+                   and torch._C._dispatch_has_kernel_for_dispatch_key(f"{public}::{s.name}", key)}
+    for s in _library.specs():
+        if s.name in cxx_ops:
+            continue
+        if not s.implemented_by(backend):
+            load(_library.FALLBACK.name)
+            kernel = _library.python_kernel(_library.FALLBACK.name, s.name, public)
+            _BOUND_OPS[(dev, s.name)] = _library.FALLBACK.name
+        elif rec.python_package is not None or backend in s.composite:
+            kernel = _library.python_kernel(backend, s.name, public)
+        else:
+            kernel = _library.redirect_kernel(backend, s.name)
+        _library.LIBS[public].impl(s.name, kernel, key)
 
 
 def _triton_ops_error(backend: str, dev: str) -> Optional[str]:
-    """On a machine with a GPU, triton's kernels are imported at bind time (so a broken install
-    falls back or raises at import, not at the first call)."""
-    if backend != "triton" or (dev == "cuda" and not torch.cuda.is_available()):
+    """On a machine with a GPU, a Python backend that guards its calls (triton) has its kernels
+    imported at bind time (so a broken install falls back or raises at import, not at the first
+    call)."""
+    rec = _library.BACKENDS[backend]
+    if not rec.guard_calls or (dev == "cuda" and not torch.cuda.is_available()):
         return None
-    errs = [e for e in (_op_error(backend, op) for op in _library.PYTHON_IMPLS["triton"]) if e]
+    errs = [e for e in (_op_error(backend, op) for op in _library.python_ops(backend)) if e]
     return errs[0] if errs else None
 
 
@@ -201,32 +175,37 @@ def _raising(backend: str, why: str):
     return kernel
 
 
+def _default_order(dev: str) -> Tuple[str, ...]:
+    return tuple(b.name for b in _library.BACKENDS.values() if dev in b.default_on)
+
+
 def bind_public() -> None:
     """Choose, once, the backend of every public op per dispatch key (CPU, CUDA) and bind it."""
     forced = os.environ.get(ENV_VAR) or None
     if forced is not None and forced not in BACKENDS:
         raise ValueError(f"{ENV_VAR}={forced!r} is not a backend; expected one of {BACKENDS}")
+    load(_library.FALLBACK.name)  # its namespace serves every op, always
     for dev, key in _KEYS.items():
         if forced is not None:
             ok, why = usable_on(forced, dev)
             err = (load(forced) or _triton_ops_error(forced, dev)) if ok else why
             if err is None:
-                _bind(forced, key)
+                _bind(forced, key, dev)
                 _BOUND[dev] = forced
             else:
-                for name in _library.SCHEMAS:
-                    _library.LIBS[_library.NAMESPACE].impl(name, _raising(forced, err), key)
+                for s in _library.specs():
+                    _library.LIBS[_library.NAMESPACE].impl(s.name, _raising(forced, err), key)
                 _BOUND[dev] = f"unavailable ({forced}: {err})"
             continue
         reasons = []
-        for backend in _DEFAULT_ORDER[dev]:
+        for backend in _default_order(dev):
             ok, why = usable_on(backend, dev)
             err = (load(backend) or _triton_ops_error(backend, dev)) if ok else why
             if err is None:
                 if reasons and (dev == "cpu" or torch.cuda.is_available()):
                     warnings.warn(f"ascend_moe_ops on {dev} runs the {backend} backend: " + "; ".join(reasons),
                                   RuntimeWarning, stacklevel=2)
-                _bind(backend, key)
+                _bind(backend, key, dev)
                 _BOUND[dev] = backend
                 break
             reasons.append(f"{backend} unavailable ({err})")
@@ -237,7 +216,7 @@ def active_backend(op: str, device="cpu") -> str:
     dev = _device_type(device)
     if dev in ("npu", "privateuseone"):
         return "ascendc"
-    if op not in _library.SCHEMAS:
+    if op not in _library.SCHEMAS and op not in _library.INTERNAL_SCHEMAS:
         raise ValueError(f"unknown op {op!r}; expected one of {sorted(_library.SCHEMAS)}")
     for name, ops in reversed(_FORCED):
         if op in ops and usable_on(name, dev)[0]:
@@ -247,7 +226,7 @@ def active_backend(op: str, device="cpu") -> str:
         raise BackendUnavailableError(f"no backend is bound for ascend_moe_ops.{op} on {dev}")
     if bound.startswith("unavailable"):
         raise BackendUnavailableError(f"ascend_moe_ops.{op} on {dev}: {bound}")
-    return bound
+    return _BOUND_OPS.get((dev, op), bound)
 
 
 def forced_backend() -> Optional[str]:
@@ -273,13 +252,15 @@ def use_backend(name: Optional[str], ops=None):
     if err is not None:
         raise BackendUnavailableError(f"backend {name!r} was requested but cannot run here: {err}")
     selected = frozenset(_library.SCHEMAS if ops is None else ops)
-    unknown = selected - set(_library.SCHEMAS)
+    known = set(_library.SCHEMAS) | set(_library.INTERNAL_SCHEMAS)
+    unknown = selected - known
     if unknown:
         raise ValueError(f"unknown ops {sorted(unknown)}; expected names from {sorted(_library.SCHEMAS)}")
+    missing = sorted(op for op in selected if not _library.spec(op).implemented_by(name))
+    if missing:
+        raise ValueError(f"backend {name!r} has no kernel of {missing}")
     lib = torch._C._dispatch_library("IMPL", _library.NAMESPACE, "", __file__, 0)
-    keys = ("CPU",) if name in _EXTENSIONS else ("CPU", "CUDA")
-    if not _FORCED:  # the backend already bound keeps its kernel (no redirect cost, e.g. in benchmarks)
-        keys = tuple(k for k in keys if _BOUND.get(k.lower()) != name)
+    keys = _library.BACKENDS[name].keys
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "overriding a previously registered kernel": intended
         for op in sorted(selected):
@@ -289,6 +270,9 @@ def use_backend(name: Optional[str], ops=None):
                 return _target(*args)
 
             for key in keys:
+                dev = key.lower()
+                if not _FORCED and _BOUND_OPS.get((dev, op), _BOUND.get(dev)) == name:
+                    continue  # the backend already bound keeps its kernel (no redirect cost, e.g. in benchmarks)
                 lib.impl(op, key, redirect, False)
     _FORCED.append((name, selected))
     try:

@@ -3,8 +3,10 @@
 An install (``setup.py``) maps ``triton_ref/`` to ``ascend_moe_ops.triton_ref`` and ``bench/`` to
 ``ascend_moe_ops.benchmark.suite``; nothing named ``triton_ref`` lands at the top level of
 site-packages. A checkout put on ``PYTHONPATH`` has those folders next to the package instead; this
-finder (consulted only after the normal ones, and only when the installed folder is absent) gives
-them the same names, so every import in the project uses the namespaced name.
+finder (which answers only when the installed folder is absent) gives them the same names, so every
+import in the project uses the namespaced name. It is consulted before the other finders: a package
+imported from a checkout takes these sub-packages from the same checkout, not from another one
+that an editable install of the project maps them to.
 """
 
 from __future__ import annotations
@@ -35,4 +37,4 @@ class _SourceTreeFinder(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     if not any(isinstance(f, _SourceTreeFinder) for f in sys.meta_path):
-        sys.meta_path.append(_SourceTreeFinder())
+        sys.meta_path.insert(0, _SourceTreeFinder())

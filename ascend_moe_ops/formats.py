@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .ops import _checks
+from .ops import checks as _checks
 
 
 def group_sizes_to_offsets(group_sizes: torch.Tensor) -> torch.Tensor:

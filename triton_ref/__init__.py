@@ -6,6 +6,6 @@ suite does this in ``tests/conftest.py``). The interpreter is for correctness on
 says nothing about speed.
 
 Every public function here has exactly the positional signature of its op's schema in
-``ascend_moe_ops/_library.py``; the op wrappers in ``ascend_moe_ops/ops`` do the argument checks and
+``ascend_moe_ops/ops/<op>.py`` (its ``OpSpec``); the op wrappers in ``ascend_moe_ops/ops`` do the argument checks and
 autograd, and the backend router calls these functions (``ascend_moe_ops/_backends.py``).
 """

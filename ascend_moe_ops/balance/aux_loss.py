@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.distributed as dist
 
-from ..ops import _checks
+from ..ops import checks as _checks
 
 Tensor = torch.Tensor
 

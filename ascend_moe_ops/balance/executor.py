@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from ..ops import _checks
+from ..ops import checks as _checks
 from .planner import Placement
 
 Tensor = torch.Tensor

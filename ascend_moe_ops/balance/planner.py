@@ -18,7 +18,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from ..ops import _checks
+from ..ops import checks as _checks
 
 Tensor = torch.Tensor
 

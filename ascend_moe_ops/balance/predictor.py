@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..ops import _checks
+from ..ops import checks as _checks
 
 Tensor = torch.Tensor
 

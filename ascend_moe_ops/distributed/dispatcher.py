@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ..ops import _checks
+from ..ops import checks as _checks
 from ..ops.moe_permute import moe_permute
 from ..ops.moe_unpermute import moe_unpermute
 from . import _autograd as C

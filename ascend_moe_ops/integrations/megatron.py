@@ -47,11 +47,11 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from .. import _backends, _library
-from ..ops import _checks
+from .. import active_backend
+from ..ops import checks as _checks
 from ..ops import megatron_paths as _paths
 from ..ops.moe_permute import moe_permute
-from ..ops.moe_unpermute import moe_unpermute
+from ..ops.moe_unpermute import moe_unpermute, moe_unpermute_backward
 
 Tensor = torch.Tensor
 
@@ -163,12 +163,12 @@ class _ScatterRows(torch.autograd.Function):
     def forward(ctx, tokens, row_id_map, num_rows):
         ctx.save_for_backward(row_id_map)
         standin = tokens.new_empty((num_rows, 0))
-        return _library.op("moe_unpermute_backward")(tokens.contiguous(), standin, row_id_map, None)[0]
+        return moe_unpermute_backward(tokens, standin, row_id_map, None)[0]
 
     @staticmethod
     def backward(ctx, grad):
         (row_id_map,) = ctx.saved_tensors
-        return _library.op("moe_unpermute")(grad.contiguous(), row_id_map, None), None, None
+        return moe_unpermute(grad, row_id_map, None), None, None
 
 
 def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
@@ -197,7 +197,7 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
         n = num_out_tokens
         if n is not None and type(n) is not int:
             n = _as_int("num_out_tokens", n)
-        out, pp, si, row_id_map, ids = _native_op("mask_permute")(tokens, mask, probs, n)
+        out, pp, si, row_id_map, ids = _paths.mask_permute(tokens, mask, probs, n)
         _remember(si, row_id_map, ids, routing_map, False, si.shape[0])
         return out, (pp if probs is not None else None), si
 
@@ -267,25 +267,11 @@ def permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
     return res.tokens, res.probs, si
 
 
-_NATIVE_OPS = {}
-
-
-def _native_op(name: str):
-    """``torch.ops.ascend_moe_ops_native.<name>`` (looked up once)."""
-    fn = _NATIVE_OPS.get(name)
-    if fn is None:
-        fn = _NATIVE_OPS[name] = _library.op(name, _paths.NATIVE)
-    return fn
-
-
 def _native_cpu(t: Tensor) -> bool:
-    """Whether the adapter's native kernels run for cpu tensor ``t``: the C++ extension is loaded
-    and ``moe_permute`` runs on the native backend (not another one forced by ``use_backend``)."""
-    if t.device.type != "cpu" or not _paths.native_loaded():
-        return False
-    if _backends._FORCED:
-        return _backends.active_backend("moe_permute", "cpu") == "native"
-    return _backends._BOUND.get("cpu") == "native"
+    """Whether the adapter's native kernels run for cpu tensor ``t``: ``moe_permute`` and the
+    adapter's internal ops run on the native backend (not another one forced by ``use_backend``)."""
+    return (t.device.type == "cpu" and active_backend("moe_permute", "cpu") == "native"
+            and active_backend(_paths.PERMUTE, "cpu") == "native")
 
 
 class _PermuteRecord:
@@ -494,7 +480,7 @@ def sort_chunks_by_idxs(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor,
             and split_sizes.device.type == "cpu" and sorted_idxs.device.type == "cpu"):
         # one native call: a memcpy per chunk (it checks its arguments itself); backward: the same
         # kernel with the inverse order
-        out, pp = _native_op("sort_chunks")(input, split_sizes, sorted_idxs, probs, False)
+        out, pp = _paths.sort_chunks(input, split_sizes, sorted_idxs, probs, False)
         return out, (pp if probs is not None else None)
     _checks.check_tensor("input", input)
     if input.dim() < 1:

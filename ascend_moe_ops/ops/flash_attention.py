@@ -9,15 +9,12 @@ from typing import Optional
 import torch
 
 from .. import _library
-from . import _checks, _contracts
+from . import _contracts, checks
 
 OP = "flash_attention_fwd"
 BWD = "flash_attention_bwd"
 Tensor = torch.Tensor
-
-for _op in (OP, BWD):
-    _library.PYTHON_IMPLS["reference"][_op] = ("ascend_moe_ops.reference.flash_attention", _op)
-    _library.PYTHON_IMPLS["triton"][_op] = ("ascend_moe_ops.triton_ref.flash_attention", _op)
+__all__ = ["flash_attention"]
 # The AscendC kernels (csrc/ascend/kernels/flash_attention_*.cpp, on the CPU emulation layer) register
 # themselves under ascend_moe_ops_emu: forward and backward, fp16/bf16 inputs only (fp32 raises: no
 # fp32 Cube path; docs/ascend.md).
@@ -39,11 +36,11 @@ def pack_layout(name: str, x: Tensor, cu_seqlens: Optional[Tensor], max_seqlen: 
     if token_dims != 1:
         raise ValueError(f"with cu_seqlens, {name} must be packed [T, ...], got shape "
                          f"{tuple(x.shape)}")
-    _checks.check_tensor("cu_seqlens", cu_seqlens)
+    checks.check_tensor("cu_seqlens", cu_seqlens)
     if max_seqlen is None:
         # one host synchronization; pass max_seqlen to avoid it (and under torch.compile)
         max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
-    _checks.check_int("max_seqlen", max_seqlen)
+    checks.check_int("max_seqlen", max_seqlen)
     return cu_seqlens.contiguous(), max_seqlen, None
 
 
@@ -95,11 +92,28 @@ def _backward(ops, ctx, grad_out, _grad_lse):
     return dq, dk, dv, (dkr if ctx.has_rope else None), None, None, None, None, None, None
 
 
-_library.register_op(OP, fake=_fake, check_meta=_contracts.flash_attention_fwd_meta,
-                     check=_contracts.flash_attention_fwd, backward=_backward, setup_context=_setup_context,
-                     empty=_empty)
-_library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.flash_attention_bwd_meta,
-                     check=_contracts.flash_attention_bwd, empty=_empty_bwd)
+_library.define(_library.OpSpec(
+    # (q [Tq,Hq,Dq], k [Tk,Hkv,Dk], v [Tk,Hkv,Dv] (Hkv divides Hq: GQA/MQA, q head h uses kv head
+    # h // (Hq // Hkv)), k_rope [Tk,Dr] or None (a key part shared by every head: then Dq = Dk + Dr
+    # and score = q[:, :Dk]·k + q[:, Dk:]·k_rope), cu_seqlens_q / cu_seqlens_k [B+1] int32/int64
+    # (packed sequences; sequence b has Lq_b queries and Lk_b keys), max_seqlen_q / max_seqlen_k
+    # (>= the longest), causal (bottom-right aligned: query i sees keys j <= i + Lk_b - Lq_b),
+    # softmax_scale) -> (out [Tq,Hq,Dv] in q's dtype, lse [Hq,Tq] natural-log logsumexp of the
+    # scaled scores, fp32 (fp64 for fp64 inputs); a row that sees no key has out = 0 and lse = -inf)
+    OP, "(Tensor q, Tensor k, Tensor v, Tensor? k_rope, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, int max_seqlen_k, bool causal, float softmax_scale) -> (Tensor, Tensor)",
+    fake=_fake, check_meta=_contracts.flash_attention_fwd_meta, check=_contracts.flash_attention_fwd,
+    backward=_backward, setup_context=_setup_context, empty=_empty), __name__)
+_library.define(_library.OpSpec(
+    # (grad_out [Tq,Hq,Dv], q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    # max_seqlen_k, causal, softmax_scale) -> (dq [Tq,Hq,Dq], dk [Tk,Hkv,Dk], dv [Tk,Hkv,Dv] (summed
+    # over the q heads of each group), dk_rope [Tk,Dr] summed over heads (shape [0] without k_rope)),
+    # all in q's dtype
+    BWD, "(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? k_rope, Tensor out, Tensor lse, "
+         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
+         "float softmax_scale) -> (Tensor, Tensor, Tensor, Tensor)",
+    fake=_fake_bwd, check_meta=_contracts.flash_attention_bwd_meta, check=_contracts.flash_attention_bwd,
+    empty=_empty_bwd), __name__)
 
 
 LSE_LAYOUTS = ("hs", "sh")
@@ -108,7 +122,7 @@ LSE_LAYOUTS = ("hs", "sh")
 def _check_layout(q, k, v):
     """Layout checks the packing needs (the op boundary checks dtypes, devices, heads and head dims)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _checks.check_tensor(name, t)
+        checks.check_tensor(name, t)
     if q.dim() not in (3, 4):
         raise ValueError(f"q must be [B, S_q, H_q, D] or packed [T_q, H_q, D], got shape {tuple(q.shape)}")
     for name, t in (("k", k), ("v", v)):
@@ -212,7 +226,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         batch = (B, Sq)
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0  # D = 0 is refused at the op
-    softmax_scale = _checks.check_float("softmax_scale", softmax_scale)
+    softmax_scale = checks.check_float("softmax_scale", softmax_scale)
     Hq, Hkv = q.shape[-2], k.shape[-2]
     Tq = q.shape[0] * q.shape[1] if batch is not None else q.shape[0]
     Tk = k.shape[0] * k.shape[1] if batch is not None else k.shape[0]
@@ -232,8 +246,8 @@ def _packed(cu, max_len, names):
     """Check one ``cu_seqlens``-like argument (a tensor; its values are checked at the op) and get its
     max length (one host synchronization when not given)."""
     name, max_name = names
-    _checks.check_tensor(name, cu)
+    checks.check_tensor(name, cu)
     if max_len is None:
         max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
-    _checks.check_int(max_name, max_len)
+    checks.check_int(max_name, max_len)
     return cu.contiguous(), max_len

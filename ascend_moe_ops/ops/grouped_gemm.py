@@ -10,15 +10,12 @@ from __future__ import annotations
 import torch
 
 from .. import _library
-from . import _checks, _contracts
+from . import _contracts, checks
 
 OP = "grouped_gemm"
 DW = "grouped_gemm_dw"
 Tensor = torch.Tensor
-
-for _op in (OP, DW):
-    _library.PYTHON_IMPLS["reference"][_op] = ("ascend_moe_ops.reference.grouped_gemm", _op)
-    _library.PYTHON_IMPLS["triton"][_op] = ("ascend_moe_ops.triton_ref.grouped_gemm", _op)
+__all__ = ["grouped_gemm", "grouped_gemm_dw"]
 
 
 def _fake(x, weight, group_sizes, trans_b):
@@ -60,10 +57,19 @@ def _backward_dw(ops, ctx, grad_out):
     return da, db, None
 
 
-_library.register_op(OP, fake=_fake, check_meta=_contracts.grouped_gemm_meta, check=_contracts.grouped_gemm,
-                     backward=_backward, setup_context=_setup_context)
-_library.register_op(DW, fake=_fake_dw, check_meta=_contracts.grouped_gemm_dw_meta,
-                     check=_contracts.grouped_gemm_dw, backward=_backward_dw, setup_context=_setup_context_dw)
+_library.define(_library.OpSpec(
+    # (x [M,K], weight [E,K,N] (trans_b: [E,N,K]), group_sizes [E] int32/int64, trans_b) -> [M,N]:
+    # rows of group e are x[off_e : off_e + group_sizes[e]]; rows past sum(group_sizes) are zero
+    OP, "(Tensor x, Tensor weight, Tensor group_sizes, bool trans_b) -> Tensor",
+    fake=_fake, check_meta=_contracts.grouped_gemm_meta, check=_contracts.grouped_gemm,
+    backward=_backward, setup_context=_setup_context), __name__)
+_library.define(_library.OpSpec(
+    # (a [M,P], b [M,Q], group_sizes [E]) -> [E,P,Q]: out[e] = a_e^T . b_e over the rows of group e
+    # (zero for an empty group). The weight gradient of grouped_gemm: (x, dy) for trans_b=False,
+    # (dy, x) for trans_b=True.
+    DW, "(Tensor a, Tensor b, Tensor group_sizes) -> Tensor",
+    fake=_fake_dw, check_meta=_contracts.grouped_gemm_dw_meta, check=_contracts.grouped_gemm_dw,
+    backward=_backward_dw, setup_context=_setup_context_dw), __name__)
 
 
 def grouped_gemm(x: Tensor, weight: Tensor, group_sizes: Tensor, *, trans_b: bool = False) -> Tensor:
@@ -86,7 +92,7 @@ def grouped_gemm(x: Tensor, weight: Tensor, group_sizes: Tensor, *, trans_b: boo
         accelerators: sizes and values are checked with device-side asserts there.
     """
     for name, t in (("x", x), ("weight", weight), ("group_sizes", group_sizes)):
-        _checks.check_tensor(name, t)
+        checks.check_tensor(name, t)
     if not isinstance(trans_b, bool):
         raise TypeError(f"trans_b must be a bool, got {type(trans_b).__name__}")
     return _library.op(OP)(x.contiguous(), weight.contiguous(), group_sizes.contiguous(), trans_b)
@@ -99,5 +105,5 @@ def grouped_gemm_dw(a: Tensor, b: Tensor, group_sizes: Tensor) -> Tensor:
     gradient (``grouped_gemm_dw(x, dy)``, or ``grouped_gemm_dw(dy, x)`` for ``trans_b=True``).
     """
     for name, t in (("a", a), ("b", b), ("group_sizes", group_sizes)):
-        _checks.check_tensor(name, t)
+        checks.check_tensor(name, t)
     return _library.op(DW)(a.contiguous(), b.contiguous(), group_sizes.contiguous())

@@ -2,10 +2,12 @@
 routing mask and its ``sort_chunks_by_idxs``, each one native call.
 
 Internal fused kernels of the Megatron-Core adapter (:mod:`ascend_moe_ops.integrations.megatron`),
-not public ops: their schemas live in ``_library.INTERNAL_SCHEMAS`` and exist for two namespaces
-only, the native C++ kernels (``csrc/cpu/mask_permute.cpp``, cpu) and the pure-PyTorch reference
-(``reference/megatron_paths.py``, the spec), which the adapter uses where the native kernels are
-not loaded. Both are differentiable (w.r.t. tokens / input and probs).
+not public ops: their specs are ``public=False`` and only two backends implement them, the native
+C++ kernels (``csrc/cpu/mask_permute.cpp``, cpu) and the pure-PyTorch reference
+(``reference/megatron_paths.py``, the spec). :func:`mask_permute` and :func:`sort_chunks` call
+``torch.ops.ascend_moe_ops.<op>``, bound once at import like every op (native on cpu when the
+extension is built, the reference everywhere else). Both are differentiable (w.r.t. tokens / input
+and probs).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from typing import Optional
 
 import torch
 
-from .. import _library
-from . import _checks
+from .. import _backends, _library
+from . import checks as _checks
 
 Tensor = torch.Tensor
 PERMUTE, SORT = "mask_permute", "sort_chunks"
-NATIVE, REFERENCE = _library.INTERNAL_NAMESPACES
+BACKENDS = (_library.NATIVE.name, _library.REFERENCE.name)
+NATIVE, REFERENCE = (_library.BACKENDS[b].namespace for b in BACKENDS)
 
 
 # ---------------------------------------------------------------- checks (fake and reference kernels)
@@ -39,7 +42,7 @@ def _check_permute(tokens, routing_map, probs, num_out_tokens):
         raise ValueError(f"{op}: num_out_tokens must be >= 0, got {num_out_tokens}")
 
 
-def _check_sort(input, split_sizes, sorted_idxs, probs):
+def _check_sort(input, split_sizes, sorted_idxs, probs, inverse=False):
     op = SORT
     _checks.check_tensor(f"{op}: input", input)
     if input.dim() < 1:
@@ -58,7 +61,6 @@ def _check_sort(input, split_sizes, sorted_idxs, probs):
 
 # ---------------------------------------------------------------- fake kernels
 def _fake_permute(tokens, routing_map, probs, num_out_tokens):
-    _check_permute(tokens, routing_map, probs, num_out_tokens)
     T, E = routing_map.shape
     ctx = torch.library.get_ctx()
     N = num_out_tokens if num_out_tokens is not None else ctx.new_dynamic_size()
@@ -70,22 +72,8 @@ def _fake_permute(tokens, routing_map, probs, num_out_tokens):
 
 
 def _fake_sort(input, split_sizes, sorted_idxs, probs, inverse):
-    _check_sort(input, split_sizes, sorted_idxs, probs)
     pp = probs.new_empty(probs.shape) if probs is not None else input.new_empty((0,), dtype=torch.float32)
     return input.new_empty(input.shape), pp
-
-
-# ---------------------------------------------------------------- reference kernels
-def _ref_permute(tokens, routing_map, probs, num_out_tokens):
-    from ..reference.megatron_paths import mask_permute as f
-    _check_permute(tokens, routing_map, probs, num_out_tokens)
-    return f(tokens, routing_map, probs, num_out_tokens)
-
-
-def _ref_sort(input, split_sizes, sorted_idxs, probs, inverse):
-    from ..reference.megatron_paths import sort_chunks as f
-    _check_sort(input, split_sizes, sorted_idxs, probs)
-    return f(input, split_sizes, sorted_idxs, probs, inverse)
 
 
 # ---------------------------------------------------------------- autograd
@@ -108,21 +96,14 @@ def probs_grad(grad_pp: Tensor, row_id_map: Tensor, expert_ids: Tensor, shape, d
     return d.scatter_add_(1, expert_ids.clamp_min(0), vals)  # -1 slots add an exact 0
 
 
-def _make_backward_permute(ns):
-    unpermute = _library.op("moe_unpermute", ns)
-
-    def backward(ctx, grad_out, grad_pp, *_):
-        row_id_map, expert_ids = ctx.saved_tensors
-        d_tokens = d_probs = None
-        if ctx.needs_input_grad[0] and grad_out is not None:
-            if ns == REFERENCE:
-                from .. import _backends
-                _backends.load("reference")  # its kernels are registered on first use
-            d_tokens = unpermute(grad_out.contiguous(), row_id_map, None)  # permute's adjoint
-        if ctx.probs_meta is not None and ctx.needs_input_grad[2] and grad_pp is not None:
-            d_probs = probs_grad(grad_pp, row_id_map, expert_ids, *ctx.probs_meta)
-        return d_tokens, None, d_probs, None
-    return backward
+def _backward_permute(ops, ctx, grad_out, grad_pp, *_):
+    row_id_map, expert_ids = ctx.saved_tensors
+    d_tokens = d_probs = None
+    if ctx.needs_input_grad[0] and grad_out is not None:
+        d_tokens = ops("moe_unpermute")(grad_out.contiguous(), row_id_map, None)  # permute's adjoint
+    if ctx.probs_meta is not None and ctx.needs_input_grad[2] and grad_pp is not None:
+        d_probs = probs_grad(grad_pp, row_id_map, expert_ids, *ctx.probs_meta)
+    return d_tokens, None, d_probs, None
 
 
 def _setup_sort(ctx, inputs, output):
@@ -131,33 +112,41 @@ def _setup_sort(ctx, inputs, output):
     ctx.save_for_backward(split_sizes, sorted_idxs)
 
 
-def _make_backward_sort(ns):
-    def backward(ctx, grad, grad_probs):
-        split_sizes, sorted_idxs = ctx.saved_tensors
-        want_probs = ctx.has_probs and ctx.needs_input_grad[3] and grad_probs is not None
-        gi, gp = getattr(torch.ops, ns).sort_chunks.default(
-            grad.contiguous(), split_sizes, sorted_idxs, grad_probs.contiguous() if want_probs else None,
-            not ctx.inverse)
-        return (gi if ctx.needs_input_grad[0] else None), None, None, (gp if want_probs else None), None
-    return backward
+def _backward_sort(ops, ctx, grad, grad_probs):
+    split_sizes, sorted_idxs = ctx.saved_tensors
+    want_probs = ctx.has_probs and ctx.needs_input_grad[3] and grad_probs is not None
+    gi, gp = ops(SORT)(grad.contiguous(), split_sizes, sorted_idxs, grad_probs.contiguous() if want_probs else None,
+                       not ctx.inverse)
+    return (gi if ctx.needs_input_grad[0] else None), None, None, (gp if want_probs else None), None
 
 
-for _ns in _library.INTERNAL_NAMESPACES:
-    _lib = _library.LIBS[_ns]
-    torch.library.register_fake(f"{_ns}::{PERMUTE}", _fake_permute, lib=_lib)
-    torch.library.register_fake(f"{_ns}::{SORT}", _fake_sort, lib=_lib)
-    torch.library.register_autograd(f"{_ns}::{PERMUTE}", _make_backward_permute(_ns), setup_context=_setup_permute,
-                                    lib=_lib)
-    torch.library.register_autograd(f"{_ns}::{SORT}", _make_backward_sort(_ns), setup_context=_setup_sort, lib=_lib)
-for _key in ("CPU", "CUDA"):
-    _library.LIBS[REFERENCE].impl(PERMUTE, _ref_permute, _key)
-    _library.LIBS[REFERENCE].impl(SORT, _ref_sort, _key)
+_library.define(_library.OpSpec(
+    # (tokens [T,H], routing_map [T,E] bool, probs [T,E] or None, num_out_tokens (None, or the routed
+    # count N)) -> (permuted_tokens [N,H], permuted_probs [N] (shape [0] without probs),
+    # sorted_indices [N] int64, row_id_map [T,S] int32, expert_ids [T,S] int64 (S = most experts of a
+    # token, -1 padded)): Megatron-Core's dropless permute (reference/megatron_paths.py)
+    PERMUTE, "(Tensor tokens, Tensor routing_map, Tensor? probs, int? num_out_tokens) "
+             "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    fake=_fake_permute, check=_check_permute, backward=_backward_permute, setup_context=_setup_permute,
+    public=False, backends=BACKENDS), __name__)
+_library.define(_library.OpSpec(
+    # (input [N,...], split_sizes [C], sorted_idxs [C] (a permutation), probs [N,...] or None, inverse)
+    # -> (output [N,...], permuted probs (shape [0] without probs)): Megatron-Core's
+    # sort_chunks_by_idxs; inverse=True undoes it
+    SORT, "(Tensor input, Tensor split_sizes, Tensor sorted_idxs, Tensor? probs, bool inverse) -> (Tensor, Tensor)",
+    fake=_fake_sort, check=_check_sort, backward=_backward_sort, setup_context=_setup_sort,
+    public=False, backends=BACKENDS), __name__)
 
 
-#: whether the native kernels of these ops are registered (the C++ extension is loaded)
-native_loaded = _library.internal_native_loaded
-#: the namespace the ops run in for a tensor: native on cpu when loaded, else reference
-namespace_for = _library.internal_namespace_for
+def native_loaded() -> bool:
+    """Whether the native kernels of these ops are registered (the C++ extension is loaded)."""
+    return _library.NATIVE.name in _backends.available_backends(PERMUTE)
+
+
+def namespace_for(t: Tensor) -> str:
+    """The namespace whose kernels the ops run for a tensor on ``t``'s device now (the binding is
+    made once, at import; this only reports it)."""
+    return _library.BACKENDS[_backends.active_backend(PERMUTE, t.device)].namespace
 
 
 def mask_permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = None,
@@ -165,12 +154,11 @@ def mask_permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor] = 
     """Megatron-Core's dropless permute of a ``[T, E]`` bool mask: ``(permuted_tokens [N, H],
     permuted_probs [N] ([0] without probs), sorted_indices [N] int64, row_id_map [T, S] int32,
     expert_ids [T, S] int64)``; spec: :mod:`ascend_moe_ops.reference.megatron_paths`."""
-    return getattr(torch.ops, namespace_for(tokens)).mask_permute.default(tokens, routing_map, probs, num_out_tokens)
+    return _library.op(PERMUTE)(tokens, routing_map, probs, num_out_tokens)
 
 
 def sort_chunks(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor, probs: Optional[Tensor] = None,
                 inverse: bool = False):
     """Megatron-Core's ``sort_chunks_by_idxs`` (``inverse=True``: its inverse): ``(output,
     permuted probs ([0] without probs))``; spec: :mod:`ascend_moe_ops.reference.megatron_paths`."""
-    return getattr(torch.ops, namespace_for(input)).sort_chunks.default(input, split_sizes, sorted_idxs, probs,
-                                                                        inverse)
+    return _library.op(SORT)(input, split_sizes, sorted_idxs, probs, inverse)

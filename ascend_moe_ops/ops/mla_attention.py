@@ -8,16 +8,13 @@ from typing import Optional
 import torch
 
 from .. import _library
-from . import _checks, _contracts
+from . import _contracts, checks
 from .flash_attention import pack_layout
 
 OP = "mla_attention_fwd"
 BWD = "mla_attention_bwd"
 Tensor = torch.Tensor
-
-for _op in (OP, BWD):
-    _library.PYTHON_IMPLS["reference"][_op] = ("ascend_moe_ops.reference.mla_attention", _op)
-    _library.PYTHON_IMPLS["triton"][_op] = ("ascend_moe_ops.triton_ref.mla_attention", _op)
+__all__ = ["mla_attention"]
 
 
 # ----------------------------------------------------------------------------- Ascend composition
@@ -81,8 +78,6 @@ def ascend_kernels(ns: str):
     return fwd, bwd
 
 
-_library.COMPOSITE_KERNELS["ascendc-emu"][OP] = lambda ns: ascend_kernels(ns)[0]
-_library.COMPOSITE_KERNELS["ascendc-emu"][BWD] = lambda ns: ascend_kernels(ns)[1]
 
 
 def _fake(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
@@ -134,11 +129,26 @@ def _backward(ops, ctx, grad_out, _grad_lse, _grad_kv):
     return dq, dc, dkpe, dw, None, None, None, None, None, None, None, None
 
 
-_library.register_op(OP, fake=_fake, check_meta=_contracts.mla_attention_fwd_meta,
-                     check=_contracts.mla_attention_fwd, backward=_backward, setup_context=_setup_context,
-                     empty=_empty)
-_library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.mla_attention_bwd_meta,
-                     check=_contracts.mla_attention_bwd, empty=_empty_bwd)
+_library.define(_library.OpSpec(
+    # (q [T,H,Dn+Dr], c_kv [T,Dc], k_pe [T,Dr], w_kv_up [H*(Dn+Dv),Dc], cu_seqlens [B+1], max_seqlen,
+    # num_heads H, qk_nope_dim Dn, v_dim Dv, softmax_scale, causal, save_kv) -> (out [T,H,Dv],
+    # lse [H,T] fp32, kv [T,H*(Dn+Dv)] the up-projected latent when save_kv (recompute="none"), else
+    # shape [0])
+    OP, "(Tensor q, Tensor c_kv, Tensor k_pe, Tensor w_kv_up, Tensor cu_seqlens, int max_seqlen, "
+        "int num_heads, int qk_nope_dim, int v_dim, float softmax_scale, bool causal, bool save_kv) "
+        "-> (Tensor, Tensor, Tensor)",
+    fake=_fake, check_meta=_contracts.mla_attention_fwd_meta, check=_contracts.mla_attention_fwd,
+    backward=_backward, setup_context=_setup_context, empty=_empty,
+    composite={_library.ASCENDC_EMU.name: lambda ns: ascend_kernels(ns)[0]}), __name__)
+_library.define(_library.OpSpec(
+    # (grad_out [T,H,Dv], q, c_kv, k_pe, w_kv_up, out, lse, kv ([0] = recompute it from c_kv and
+    # w_kv_up), cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim, softmax_scale, causal) ->
+    # (dq [T,H,Dn+Dr], dc_kv [T,Dc], dk_pe [T,Dr] (summed over heads), dw_kv_up [H*(Dn+Dv),Dc])
+    BWD, "(Tensor grad_out, Tensor q, Tensor c_kv, Tensor k_pe, Tensor w_kv_up, Tensor out, Tensor lse, "
+         "Tensor kv, Tensor cu_seqlens, int max_seqlen, int num_heads, int qk_nope_dim, int v_dim, "
+         "float softmax_scale, bool causal) -> (Tensor, Tensor, Tensor, Tensor)",
+    fake=_fake_bwd, check_meta=_contracts.mla_attention_bwd_meta, check=_contracts.mla_attention_bwd,
+    empty=_empty_bwd, composite={_library.ASCENDC_EMU.name: lambda ns: ascend_kernels(ns)[1]}), __name__)
 
 
 def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num_heads: int,
@@ -174,14 +184,14 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
         ``k_pe`` (summed over heads) and ``w_kv_up``.
     """
     for name, t in (("q", q), ("c_kv", c_kv), ("k_pe", k_pe), ("w_kv_up", w_kv_up)):
-        _checks.check_tensor(name, t)
+        checks.check_tensor(name, t)
     for name, val in (("num_heads", num_heads), ("qk_nope_dim", qk_nope_dim), ("v_dim", v_dim)):
-        _checks.check_int(name, val)
+        checks.check_int(name, val)
     if recompute not in ("kv", "none"):
         raise ValueError(f"recompute must be 'kv' or 'none', got {recompute!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    softmax_scale = _checks.check_float("softmax_scale", softmax_scale)
+    softmax_scale = checks.check_float("softmax_scale", softmax_scale)
     # layout only (what packing needs); heads, dims, dtypes and devices are checked at the op
     if q.dim() not in (3, 4):
         raise ValueError(f"q must be [B, S, H, Dn+Dr] or packed [T, H, Dn+Dr], got shape {tuple(q.shape)}")

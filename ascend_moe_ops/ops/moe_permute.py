@@ -7,13 +7,11 @@ from typing import NamedTuple, Optional
 import torch
 
 from .. import _library
-from . import _checks, _contracts
+from . import _contracts, checks
 
 OP = "moe_permute"
 Tensor = torch.Tensor
-
-_library.PYTHON_IMPLS["reference"][OP] = ("ascend_moe_ops.reference.moe_permute", OP)
-_library.PYTHON_IMPLS["triton"][OP] = ("ascend_moe_ops.triton_ref.moe_permute", OP)
+__all__ = ["PermuteResult", "moe_permute"]
 
 
 class PermuteResult(NamedTuple):
@@ -68,8 +66,20 @@ def _backward(ops, ctx, grad_tokens, grad_probs, *_):
     return d_tokens, None, d_probs, None, None, None, None
 
 
-_library.register_op(OP, fake=_fake, check_meta=_contracts.moe_permute_meta, check=_contracts.moe_permute,
-                     backward=_backward, setup_context=_setup_context)
+_library.define(_library.OpSpec(
+    OP,
+    # (tokens [T,H], routing [T,K] int ids (-1 = empty) | [T,E] bool, probs same shape as routing or
+    # None, num_experts, capacity (None = dropless), align (>=1), num_out_tokens (None = static bound
+    # T*K; n >= 0, dropless only: N = n + E*(align-1) rows, and only the first n routed slots in
+    # (expert, token, slot) order are kept, TransformerEngine's rule: below the routed count the tail
+    # of the highest experts is dropped)) -> (permuted_tokens [N,H], permuted_probs [N] (shape [0]
+    # without probs), row_id_map [T,K] int32 (-1 = not kept: empty, over capacity or past
+    # num_out_tokens), tokens_per_expert [E] int64 (kept slots), group_sizes [E] int64). The row map
+    # spec: reference/moe_permute.py's docstring.
+    "(Tensor tokens, Tensor routing, Tensor? probs, int num_experts, int? capacity, int align, "
+    "int? num_out_tokens) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    fake=_fake, check_meta=_contracts.moe_permute_meta, check=_contracts.moe_permute,
+    backward=_backward, setup_context=_setup_context), __name__)
 
 
 def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None, *,
@@ -103,22 +113,22 @@ def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None,
         :class:`PermuteResult`. Rows are expert-major; inside an expert they follow
         ``(token, slot)`` order. Differentiable w.r.t. ``tokens`` and ``probs``.
     """
-    _checks.check_tensor("tokens", tokens)
-    _checks.check_tensor("routing", routing)
+    checks.check_tensor("tokens", tokens)
+    checks.check_tensor("routing", routing)
     if probs is not None:
-        _checks.check_tensor("probs", probs)
+        checks.check_tensor("probs", probs)
     routing = _contracts.routing_kind(routing, num_experts, map_type)
     if routing.dtype == torch.bool and num_experts is None:
         num_experts = routing.shape[-1] if routing.dim() else 0  # the mask's E (shape checked at the op)
     elif num_experts is None:
         raise ValueError("num_experts is required when routing holds expert ids (for a [T, E] 0/1 routing "
                          "map pass map_type='mask' or a bool mask)")
-    _checks.check_int("num_experts", num_experts)
-    _checks.check_int("align", align)
+    checks.check_int("num_experts", num_experts)
+    checks.check_int("align", align)
     if capacity is not None:
-        _checks.check_int("capacity", capacity)
+        checks.check_int("capacity", capacity)
     if num_out_tokens is not None:
-        _checks.check_int("num_out_tokens", num_out_tokens)
+        checks.check_int("num_out_tokens", num_out_tokens)
     out = _library.op(OP)(tokens.contiguous(), routing.contiguous(),
                           None if probs is None else probs.contiguous(), num_experts, capacity, align,
                           num_out_tokens)

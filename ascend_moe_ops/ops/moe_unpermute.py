@@ -7,15 +7,12 @@ from typing import Optional
 import torch
 
 from .. import _library
-from . import _checks, _contracts
+from . import _contracts, checks
 
 OP = "moe_unpermute"
 BWD = "moe_unpermute_backward"
 Tensor = torch.Tensor
-
-for _op in (OP, BWD):
-    _library.PYTHON_IMPLS["reference"][_op] = ("ascend_moe_ops.reference.moe_unpermute", _op)
-    _library.PYTHON_IMPLS["triton"][_op] = ("ascend_moe_ops.triton_ref.moe_unpermute", _op)
+__all__ = ["moe_unpermute"]
 
 
 def _fake(permuted, row_id_map, probs):
@@ -48,10 +45,16 @@ def _backward(ops, ctx, grad_out):
             d_probs if ctx.has_probs and ctx.needs_input_grad[2] else None)
 
 
-_library.register_op(OP, fake=_fake, check_meta=_contracts.moe_unpermute_meta, check=_contracts.moe_unpermute,
-                     backward=_backward, setup_context=_setup_context)
-_library.register_op(BWD, fake=_fake_bwd, check_meta=_contracts.moe_unpermute_backward_meta,
-                     check=_contracts.moe_unpermute_backward)
+_library.define(_library.OpSpec(
+    # (permuted [N,H], row_id_map [T,K] int32/int64, probs [T,K] or None) -> [T,H]
+    OP, "(Tensor permuted, Tensor row_id_map, Tensor? probs) -> Tensor",
+    fake=_fake, check_meta=_contracts.moe_unpermute_meta, check=_contracts.moe_unpermute,
+    backward=_backward, setup_context=_setup_context), __name__)
+_library.define(_library.OpSpec(
+    # backward of moe_unpermute: (grad_permuted [N,H], grad_probs [T,K] (shape [0] without probs))
+    BWD, "(Tensor grad_out, Tensor permuted, Tensor row_id_map, Tensor? probs) -> (Tensor, Tensor)",
+    fake=_fake_bwd, check_meta=_contracts.moe_unpermute_backward_meta,
+    check=_contracts.moe_unpermute_backward), __name__)
 
 
 def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor] = None) -> Tensor:
@@ -67,9 +70,25 @@ def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor] 
         ``[T, H]`` in ``permuted``'s dtype. The sum runs in fp32 over slots in ascending order,
         so the result is bitwise reproducible. Differentiable w.r.t. ``permuted`` and ``probs``.
     """
-    _checks.check_tensor("permuted", permuted)
-    _checks.check_tensor("row_id_map", row_id_map)
+    checks.check_tensor("permuted", permuted)
+    checks.check_tensor("row_id_map", row_id_map)
     if probs is not None:
-        _checks.check_tensor("probs", probs)
+        checks.check_tensor("probs", probs)
     return _library.op(OP)(permuted.contiguous(), row_id_map.contiguous(),
                            None if probs is None else probs.contiguous())
+
+
+def moe_unpermute_backward(grad_out: Tensor, permuted: Tensor, row_id_map: Tensor,
+                           probs: Optional[Tensor] = None):
+    """The backward op of :func:`moe_unpermute`: ``(grad_permuted [N, H], grad_probs [T, K])``
+    (``grad_probs`` has shape ``[0]`` without ``probs``). Only ``permuted``'s row count and dtype
+    are read when ``probs`` is ``None`` (an ``[N, 0]`` stand-in will do): with ``probs = None`` it
+    is the scatter ``grad_permuted[row_id_map[t, s]] = grad_out[t]``, the adjoint of an
+    unweighted :func:`moe_unpermute`."""
+    checks.check_tensor("grad_out", grad_out)
+    checks.check_tensor("permuted", permuted)
+    checks.check_tensor("row_id_map", row_id_map)
+    if probs is not None:
+        checks.check_tensor("probs", probs)
+    return _library.op(BWD)(grad_out.contiguous(), permuted, row_id_map.contiguous(),
+                            None if probs is None else probs.contiguous())

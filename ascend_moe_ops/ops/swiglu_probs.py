@@ -1,58 +1,57 @@
 """``swiglu_probs``: SwiGLU with the router probability of each row applied in the same pass.
 
 An internal fused kernel of the framework adapters (Megatron-Core's ``GroupedMLP`` computes
-``silu(x1) * x2 * probs`` between its grouped GEMMs), not one of the package's public ops: its
-schemas live in ``_library.INTERNAL_SCHEMAS`` and exist for two namespaces only, the native C++
-kernel (``csrc/cpu/swiglu_probs.cpp``, cpu) and the pure-PyTorch reference
-(``reference/swiglu_probs.py``), which :func:`swiglu_probs` runs on every other device and when the
-native extension is not loaded. Spec: :mod:`ascend_moe_ops.reference.swiglu_probs`.
+``silu(x1) * x2 * probs`` between its grouped GEMMs), not one of the package's public ops: its spec
+is ``public=False`` and only two backends implement it, the native C++ kernel
+(``csrc/cpu/swiglu_probs.cpp``, cpu) and the pure-PyTorch reference (``reference/swiglu_probs.py``,
+the spec). :func:`swiglu_probs` calls ``torch.ops.ascend_moe_ops.swiglu_probs``, bound once at
+import like every op (native on cpu when the extension is built, the reference everywhere else).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import _library
-from . import _checks
+from .. import _backends, _library
+from . import checks
 
 Tensor = torch.Tensor
 OP, BWD = "swiglu_probs", "swiglu_probs_backward"
-NATIVE, REFERENCE = _library.INTERNAL_NAMESPACES
+BACKENDS = (_library.NATIVE.name, _library.REFERENCE.name)
+NATIVE, REFERENCE = (_library.BACKENDS[b].namespace for b in BACKENDS)
 
 
 def _check(name: str, x: Tensor, probs: Tensor) -> None:
-    _checks.check_tensor("x", x, ndim=2, dtypes=_checks.FLOAT_DTYPES)
+    checks.check_tensor("x", x, ndim=2, dtypes=checks.FLOAT_DTYPES)
     if x.shape[1] % 2:
         raise ValueError(f"{name}: x must have an even number of columns [N, 2F], got shape {tuple(x.shape)}")
-    _checks.check_tensor("probs", probs, ndim=1, dtypes=_checks.FLOAT_DTYPES, device=x.device)
+    checks.check_tensor("probs", probs, ndim=1, dtypes=checks.FLOAT_DTYPES, device=x.device)
     if probs.shape[0] != x.shape[0]:
         raise ValueError(f"{name}: probs must have shape ({x.shape[0]},) (one per row of x), "
                          f"got {tuple(probs.shape)}")
 
 
-def _fake(x, probs):
+def _check_fwd(x, probs):
     _check(OP, x, probs)
-    return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
-def _fake_bwd(grad_out, x, probs):
+def _check_bwd_meta(grad_out, x, probs):
     _check(BWD, x, probs)
-    return x.new_empty(x.shape), probs.new_empty(probs.shape)
 
 
-def _ref_fwd(x, probs):
-    from ..reference.swiglu_probs import swiglu_probs as f
-    _check(OP, x, probs)
-    return f(x, probs)
-
-
-def _ref_bwd(grad_out, x, probs):
-    from ..reference.swiglu_probs import swiglu_probs_backward as f
+def _check_bwd(grad_out, x, probs):
     _check(BWD, x, probs)
     if tuple(grad_out.shape) != (x.shape[0], x.shape[1] // 2):
         raise ValueError(f"{BWD}: grad_out must have shape ({x.shape[0]}, {x.shape[1] // 2}) (x is [N, 2F]), "
                          f"got {tuple(grad_out.shape)}")
-    return f(grad_out, x, probs)
+
+
+def _fake(x, probs):
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
+def _fake_bwd(grad_out, x, probs):
+    return x.new_empty(x.shape), probs.new_empty(probs.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -60,29 +59,28 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, probs)
 
 
-def _make_backward(ns):
-    def backward(ctx, grad):
-        x, probs = ctx.saved_tensors
-        gx, gp = getattr(torch.ops, ns).swiglu_probs_backward.default(grad.contiguous(), x, probs)
-        return gx, gp
-    return backward
+def _backward(ops, ctx, grad):
+    x, probs = ctx.saved_tensors
+    gx, gp = ops(BWD)(grad.contiguous(), x, probs)
+    return gx, gp
 
 
-for _ns in _library.INTERNAL_NAMESPACES:
-    torch.library.register_fake(f"{_ns}::{OP}", _fake, lib=_library.LIBS[_ns])
-    torch.library.register_fake(f"{_ns}::{BWD}", _fake_bwd, lib=_library.LIBS[_ns])
-    # the native namespace's formula is C++ (csrc/cpu/autograd.cpp) when the extension is loaded
-    # (_library imported it); the Python one otherwise, and always for the reference namespace
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{_ns}::{OP}", "Autograd"):
-        torch.library.register_autograd(f"{_ns}::{OP}", _make_backward(_ns), setup_context=_setup_context,
-                                        lib=_library.LIBS[_ns])
-for _key in ("CPU", "CUDA"):
-    _library.LIBS[REFERENCE].impl(OP, _ref_fwd, _key)
-    _library.LIBS[REFERENCE].impl(BWD, _ref_bwd, _key)
+# the native namespace's formula is C++ (csrc/cpu/autograd.cpp) when the extension is loaded
+_library.define(_library.OpSpec(
+    # (x [N,2F], probs [N]) -> [N,F] in x's dtype: silu(x[:, :F]) * x[:, F:] * probs[:, None] in fp32,
+    # rounded once (Megatron-Core GroupedMLP's activation with the router probs)
+    OP, "(Tensor x, Tensor probs) -> Tensor", fake=_fake, check=_check_fwd,
+    backward=_backward, setup_context=_setup_context, public=False, backends=BACKENDS), __name__)
+_library.define(_library.OpSpec(
+    # -> (grad_x [N,2F] in x's dtype, grad_probs [N] in probs' dtype)
+    BWD, "(Tensor grad_out, Tensor x, Tensor probs) -> (Tensor, Tensor)", fake=_fake_bwd,
+    check=_check_bwd, check_meta=_check_bwd_meta, public=False, backends=BACKENDS), __name__)
 
 
-#: the namespace :func:`swiglu_probs` runs for a tensor: native on cpu when loaded, else reference
-namespace_for = _library.internal_namespace_for
+def namespace_for(t: Tensor) -> str:
+    """The namespace whose kernel :func:`swiglu_probs` runs for a tensor on ``t``'s device now (the
+    binding is made once, at import; this only reports it)."""
+    return _library.BACKENDS[_backends.active_backend(OP, t.device)].namespace
 
 
 def swiglu_probs(x: Tensor, probs: Tensor) -> Tensor:
@@ -97,5 +95,5 @@ def swiglu_probs(x: Tensor, probs: Tensor) -> Tensor:
         and ``probs``.
     """
     # the arguments are checked once, by the kernel that runs (native: C++; reference and fake:
-    # _check), not here as well
-    return getattr(torch.ops, namespace_for(x)).swiglu_probs.default(x.contiguous(), probs.contiguous())
+    # the spec's check), not here as well
+    return _library.op(OP)(x.contiguous(), probs.contiguous())
