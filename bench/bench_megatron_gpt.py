@@ -57,11 +57,10 @@ LR = 1e-2
 
 
 def _cpu_helpers():
-    try:
-        from ascend_moe_ops.benchmark.suite import _megatron_cpu
-    except ImportError:  # run from a source checkout without the package installed as such
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if not __package__:  # run as a script: the helpers next to this file (bench/ is on sys.path)
         import _megatron_cpu
+        return _megatron_cpu
+    from ascend_moe_ops.benchmark.suite import _megatron_cpu
     return _megatron_cpu
 
 
@@ -240,19 +239,41 @@ def _child(mode, patched, shape_name, steps):
             for tok, lab in batches(shape, steps):
                 with arm.scope():
                     arm.losses.append(arm.step(tok, lab))
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps(dict(peak_rss=kib * 1024, losses=[float(x) for x in arm.losses])))
+            kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the steps' peak
+            with arm.scope():
+                saved = saved_bytes(arm, *batches(shape, 1)[0])
+    print(json.dumps(dict(peak_rss=kib * 1024, saved_bytes=saved, losses=[float(x) for x in arm.losses])))
+
+
+def saved_bytes(arm, tokens, labels):
+    """Bytes of the distinct storages autograd saves for backward in one forward of the arm's model
+    (``saved_tensors_hooks``; parameters left out): the activation memory a step holds between
+    forward and backward, exact where peak RSS is dominated by the libraries."""
+    params = {p.untyped_storage().data_ptr() for p in arm.model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = arm.model(tokens, _position_ids(tokens), _causal_mask(tokens.shape[1]), labels=labels)
+    del loss
+    return sum(seen.values())
 
 
 def peak_rss(mode, shape_name, steps):
-    """``{arm: peak RSS bytes}``, each arm alone in a fresh child process."""
+    """``{arm: {"peak_rss": bytes, "saved_bytes": bytes}}``, each arm alone in a fresh child process."""
     out = {}
     for patched in (False, True):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, str(int(patched)), shape_name, str(steps)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode:
             raise RuntimeError(f"memory child failed:\n{res.stderr[-3000:]}")
-        out["patched" if patched else "unpatched"] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss"]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        out["patched" if patched else "unpatched"] = dict(peak_rss=got["peak_rss"], saved_bytes=got["saved_bytes"])
     return out
 
 
@@ -351,8 +372,10 @@ def main(argv=None):
         for mode in args.modes:
             rss = peak_rss(mode, "quick" if args.quick else "full", 3)
             results[mode]["peak_rss"] = rss
-            print(f"{mode}: peak RSS unpatched {rss['unpatched'] / 2**20:.0f} MiB, patched "
-                  f"{rss['patched'] / 2**20:.0f} MiB (each arm alone, 3 steps)", flush=True)
+            u, p = rss["unpatched"], rss["patched"]
+            print(f"{mode}: peak RSS unpatched {u['peak_rss'] / 2**20:.1f} MiB, patched {p['peak_rss'] / 2**20:.1f} "
+                  f"MiB (each arm alone in a child process, 3 steps); saved for backward in one forward: "
+                  f"unpatched {u['saved_bytes'] / 2**20:.2f} MiB, patched {p['saved_bytes'] / 2**20:.2f} MiB", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(shape=shape, threads=torch.get_num_threads(), results=results), f, indent=1)
