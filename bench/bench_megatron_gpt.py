@@ -294,6 +294,39 @@ def profile(shape, grouped_gemm, steps=2, row_limit=25):
     return out
 
 
+# ---------------------------------------------------------------- the ceiling: the dispatcher's share
+TRIP = "dispatch+combine round trip fwd+bwd (alltoall, EP=1)"
+
+
+def dispatch_trip(shape, repeats=60):
+    """Thread CPU time of the alltoall dispatcher's data path of one layer at this model's shape
+    (permute, sort chunks, a bf16 probs multiply standing in for the experts, sort chunks back,
+    unpermute; forward + backward: ``bench_moe_layer``'s round trip), megatron-core's functions vs
+    this package's, alternated; ``{"megatron-core": s, "patched": s}`` medians. Everything the
+    bitwise targets replace in a step is this, once per layer: the step minus ``layers`` times the
+    megatron-core figure bounds what any bitwise dispatcher could give."""
+    if __package__:
+        from ascend_moe_ops.benchmark.suite import bench_moe_layer as bm
+    else:
+        import bench_moe_layer as bm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.moe import moe_utils as mcore
+    from ascend_moe_ops.integrations import megatron as mg
+    T = shape["seq"] * shape["batch"]
+    fns = {"megatron-core": bm._path_ops(mcore, T, H=shape["hidden"], E=shape["experts"], K=shape["topk"])[TRIP],
+           "patched": bm._path_ops(mg, T, H=shape["hidden"], E=shape["experts"], K=shape["topk"])[TRIP]}
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        fn(), fn()  # warm-up
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            c0 = time.thread_time()
+            fn()
+            times[k].append(time.thread_time() - c0)
+    return {k: _median(v) for k, v in times.items()}
+
+
 # ---------------------------------------------------------------- harness entry
 def run(ctx, steps=None, modes=tuple(MODES)):
     if ctx.device.type != "cpu":
@@ -331,7 +364,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smaller model, fewer steps (a smoke test)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per arm (default 12, quick 3)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables, patched vs unpatched")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables, patched vs unpatched, "
+                    "and the dispatcher data path's cost per layer (the bitwise ceiling)")
     ap.add_argument("--memory", action="store_true", help="also measure each arm's peak RSS in a child process")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
@@ -368,6 +402,12 @@ def main(argv=None):
                       f"thread CPU time {s['unpatched_cpu_s'] * 1e3:.1f} vs {s['patched_cpu_s'] * 1e3:.1f} ms, "
                       f"{s['speedup_cpu']:.3f}x) over {s['steps']} steps; loss {s['loss_first']:.4f} -> "
                       f"{s['loss_last']:.4f}; loss curves bitwise equal: {s['losses_bitwise_equal']}", flush=True)
+    if args.profile:
+        trip = dispatch_trip(shape)
+        print(f"\ndispatcher data path per layer (thread CPU time, median of 60): megatron-core "
+              f"{trip['megatron-core'] * 1e3:.2f} ms, patched {trip['patched'] * 1e3:.2f} ms; x {shape['layers']} "
+              f"layers = {shape['layers'] * trip['megatron-core'] * 1e3:.1f} vs "
+              f"{shape['layers'] * trip['patched'] * 1e3:.1f} ms per step", flush=True)
     if args.memory and not args.profile:
         for mode in args.modes:
             rss = peak_rss(mode, "quick" if args.quick else "full", 3)
