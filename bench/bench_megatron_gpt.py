@@ -57,9 +57,6 @@ LR = 1e-2
 
 
 def _cpu_helpers():
-    if not __package__:  # run as a script: the helpers next to this file (bench/ is on sys.path)
-        import _megatron_cpu
-        return _megatron_cpu
     from ascend_moe_ops.benchmark.suite import _megatron_cpu
     return _megatron_cpu
 
@@ -305,10 +302,7 @@ def dispatch_trip(shape, repeats=60):
     this package's, alternated; ``{"megatron-core": s, "patched": s}`` medians. Everything the
     bitwise targets replace in a step is this, once per layer: the step minus ``layers`` times the
     megatron-core figure bounds what any bitwise dispatcher could give."""
-    if __package__:
-        from ascend_moe_ops.benchmark.suite import bench_moe_layer as bm
-    else:
-        import bench_moe_layer as bm
+    from ascend_moe_ops.benchmark.suite import bench_moe_layer as bm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.transformer.moe import moe_utils as mcore
