@@ -57,11 +57,7 @@ LR = 1e-2
 
 
 def _cpu_helpers():
-    try:
-        from ascend_moe_ops.benchmark.suite import _megatron_cpu
-    except ImportError:  # run from a source checkout without the package installed as such
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import _megatron_cpu
+    from ascend_moe_ops.benchmark.suite import _megatron_cpu
     return _megatron_cpu
 
 
@@ -240,19 +236,41 @@ def _child(mode, patched, shape_name, steps):
             for tok, lab in batches(shape, steps):
                 with arm.scope():
                     arm.losses.append(arm.step(tok, lab))
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps(dict(peak_rss=kib * 1024, losses=[float(x) for x in arm.losses])))
+            kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # the steps' peak
+            with arm.scope():
+                saved = saved_bytes(arm, *batches(shape, 1)[0])
+    print(json.dumps(dict(peak_rss=kib * 1024, saved_bytes=saved, losses=[float(x) for x in arm.losses])))
+
+
+def saved_bytes(arm, tokens, labels):
+    """Bytes of the distinct storages autograd saves for backward in one forward of the arm's model
+    (``saved_tensors_hooks``; parameters left out): the activation memory a step holds between
+    forward and backward, exact where peak RSS is dominated by the libraries."""
+    params = {p.untyped_storage().data_ptr() for p in arm.model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and st.nbytes():
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = arm.model(tokens, _position_ids(tokens), _causal_mask(tokens.shape[1]), labels=labels)
+    del loss
+    return sum(seen.values())
 
 
 def peak_rss(mode, shape_name, steps):
-    """``{arm: peak RSS bytes}``, each arm alone in a fresh child process."""
+    """``{arm: {"peak_rss": bytes, "saved_bytes": bytes}}``, each arm alone in a fresh child process."""
     out = {}
     for patched in (False, True):
         cmd = [sys.executable, os.path.abspath(__file__), "--child", mode, str(int(patched)), shape_name, str(steps)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode:
             raise RuntimeError(f"memory child failed:\n{res.stderr[-3000:]}")
-        out["patched" if patched else "unpatched"] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss"]
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        out["patched" if patched else "unpatched"] = dict(peak_rss=got["peak_rss"], saved_bytes=got["saved_bytes"])
     return out
 
 
@@ -271,6 +289,36 @@ def profile(shape, grouped_gemm, steps=2, row_limit=25):
                     arm.step(tok, lab)
         out[arm.name] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=row_limit)
     return out
+
+
+# ---------------------------------------------------------------- the ceiling: the dispatcher's share
+TRIP = "dispatch+combine round trip fwd+bwd (alltoall, EP=1)"
+
+
+def dispatch_trip(shape, repeats=60):
+    """Thread CPU time of the alltoall dispatcher's data path of one layer at this model's shape
+    (permute, sort chunks, a bf16 probs multiply standing in for the experts, sort chunks back,
+    unpermute; forward + backward: ``bench_moe_layer``'s round trip), megatron-core's functions vs
+    this package's, alternated; ``{"megatron-core": s, "patched": s}`` medians. Everything the
+    bitwise targets replace in a step is this, once per layer: the step minus ``layers`` times the
+    megatron-core figure bounds what any bitwise dispatcher could give."""
+    from ascend_moe_ops.benchmark.suite import bench_moe_layer as bm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.moe import moe_utils as mcore
+    from ascend_moe_ops.integrations import megatron as mg
+    T = shape["seq"] * shape["batch"]
+    fns = {"megatron-core": bm._path_ops(mcore, T, H=shape["hidden"], E=shape["experts"], K=shape["topk"])[TRIP],
+           "patched": bm._path_ops(mg, T, H=shape["hidden"], E=shape["experts"], K=shape["topk"])[TRIP]}
+    times = {k: [] for k in fns}
+    for fn in fns.values():
+        fn(), fn()  # warm-up
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            c0 = time.thread_time()
+            fn()
+            times[k].append(time.thread_time() - c0)
+    return {k: _median(v) for k, v in times.items()}
 
 
 # ---------------------------------------------------------------- harness entry
@@ -310,7 +358,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="smaller model, fewer steps (a smoke test)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps per arm (default 12, quick 3)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
-    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables, patched vs unpatched")
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler tables, patched vs unpatched, "
+                    "and the dispatcher data path's cost per layer (the bitwise ceiling)")
     ap.add_argument("--memory", action="store_true", help="also measure each arm's peak RSS in a child process")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
@@ -347,12 +396,20 @@ def main(argv=None):
                       f"thread CPU time {s['unpatched_cpu_s'] * 1e3:.1f} vs {s['patched_cpu_s'] * 1e3:.1f} ms, "
                       f"{s['speedup_cpu']:.3f}x) over {s['steps']} steps; loss {s['loss_first']:.4f} -> "
                       f"{s['loss_last']:.4f}; loss curves bitwise equal: {s['losses_bitwise_equal']}", flush=True)
+    if args.profile:
+        trip = dispatch_trip(shape)
+        print(f"\ndispatcher data path per layer (thread CPU time, median of 60): megatron-core "
+              f"{trip['megatron-core'] * 1e3:.2f} ms, patched {trip['patched'] * 1e3:.2f} ms; x {shape['layers']} "
+              f"layers = {shape['layers'] * trip['megatron-core'] * 1e3:.1f} vs "
+              f"{shape['layers'] * trip['patched'] * 1e3:.1f} ms per step", flush=True)
     if args.memory and not args.profile:
         for mode in args.modes:
             rss = peak_rss(mode, "quick" if args.quick else "full", 3)
             results[mode]["peak_rss"] = rss
-            print(f"{mode}: peak RSS unpatched {rss['unpatched'] / 2**20:.0f} MiB, patched "
-                  f"{rss['patched'] / 2**20:.0f} MiB (each arm alone, 3 steps)", flush=True)
+            u, p = rss["unpatched"], rss["patched"]
+            print(f"{mode}: peak RSS unpatched {u['peak_rss'] / 2**20:.1f} MiB, patched {p['peak_rss'] / 2**20:.1f} "
+                  f"MiB (each arm alone in a child process, 3 steps); saved for backward in one forward: "
+                  f"unpatched {u['saved_bytes'] / 2**20:.2f} MiB, patched {p['saved_bytes'] / 2**20:.2f} MiB", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(shape=shape, threads=torch.get_num_threads(), results=results), f, indent=1)
