@@ -238,6 +238,90 @@ class FaCube {
     l0B_.FreeTensor(b0);
   }
 
+  // ---- fused forward: the item's Q block stays in L1 across its key blocks ----------------------
+  // qL1_ holds Q_nope (mp x up16(Dk), NZ: (m, k) fractals k-major) and after it Q_rope (mp x up16(Dr)).
+  __aicore__ inline void InitQ(const FlashAttentionTiling& t, TPipe* pipe) {
+    pipe->InitBuffer(qL1_, 1, t.baseM * (Up16(t.Dk) + (t.Dr ? Up16(t.Dr) : 0)) * sizeof(T));
+  }
+  __aicore__ inline void LoadQ(const FlashAttentionTiling& t, const GlobalTensor<T>& q, int64_t qRow, int64_t h,
+                               int64_t rows) {
+    const int64_t dq = t.Dk + t.Dr;
+    const uint32_t mp = Up16(rows), kn = Up16(t.Dk), kr = t.Dr ? Up16(t.Dr) : 0;
+    q1_ = qL1_.template AllocTensor<T>();
+    PipeBarrier<PIPE_MTE2>();  // the previous item's Q writes of this buffer (same pipe) come first
+    if (t.Dk % 16 || t.Dr % 16) {  // K padding must be zero: the Cube sums whole K fractals
+      ZeroCubeBuffer<TPosition::A1>(q1_, mp * (kn + kr));
+      PipeBarrier<PIPE_MTE2>();
+    }
+    Nd2Nz(q1_, q[(qRow * t.H + h) * dq], rows, t.Dk, t.H * dq, mp);
+    if (t.Dr) {
+      // ordered explicitly: without it the pipe model reports the two ND2NZ copies into this buffer
+      // as overlapping MTE2 writes (rows = 19, Dk = 40, Dr = 8 in the emulator tests)
+      PipeBarrier<PIPE_MTE2>();
+      Nd2Nz(q1_[mp * kn], q[(qRow * t.H + h) * dq + t.Dk], rows, t.Dr, t.H * dq, mp);
+    }
+    qL1_.EnQue(q1_);
+    q1_ = qL1_.template DeQue<T>();
+  }
+  __aicore__ inline void FreeQ() { qL1_.FreeTensor(q1_); }
+
+  // S for key rows [kRow, kRow + cols) of head h against the Q block in L1 (LoadQ): the same two
+  // Mmads as Scores, A taken from L1.
+  __aicore__ inline void ScoresQ(const LocalTensor<float>& c, const FlashAttentionTiling& t, const GlobalTensor<T>& k,
+                                 const GlobalTensor<T>& kr, int64_t kRow, int64_t h, int64_t rows, int64_t cols) {
+    MatMulQ(c, 0, k[(kRow * t.H + h) * t.Dk], t.H * t.Dk, rows, cols, t.Dk, true);
+    if (t.rope == FlashAttentionRope::kSharedKey)
+      MatMulQ(c, Up16(rows) * Up16(t.Dk), kr[kRow * t.Dr], t.Dr, rows, cols, t.Dr, false);
+  }
+
+  // c (+)= Q_part . B^T with Q_part at element aOff of the L1 Q block (mp x up16(kc), NZ) and B^T
+  // (cols x kc) from GM.
+  __aicore__ inline void MatMulQ(const LocalTensor<float>& c, uint32_t aOff, const GlobalTensor<T>& b, int64_t bStride,
+                                 int64_t rows, int64_t cols, int64_t kc, bool init) {
+    const uint32_t mp = Up16(rows), np = Up16(cols), kp = Up16(kc);
+    LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
+    if (kc % 16) {
+      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
+      PipeBarrier<PIPE_MTE2>();
+    }
+    Nd2Nz(b1, b, cols, kc, bStride, np);
+    l1B_.EnQue(b1);
+    b1 = l1B_.template DeQue<T>();
+    LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
+    LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
+    const uint32_t kf = kp / 16, nf = np / 16, mf = mp / 16;
+    for (uint32_t i = 0; i < mf; ++i) {  // L0A zZ
+      LoadData2DParams p;
+      p.startIndex = static_cast<uint16_t>(i);
+      p.repeatTimes = static_cast<uint8_t>(kf);
+      p.srcStride = static_cast<uint16_t>(mf);
+      p.ifTranspose = false;
+      LoadData(a0[i * kf * 256], q1_[aOff], p);
+    }
+    for (uint32_t i = 0; i < kf; ++i) {  // L0B zN: L1 holds (n, k) fractals, already n-major
+      LoadData2DParams p;
+      p.startIndex = static_cast<uint16_t>(i * nf);
+      p.srcStride = 1;
+      p.ifTranspose = false;
+      p.repeatTimes = static_cast<uint8_t>(nf);
+      LoadData(b0[i * nf * 256], b1, p);
+    }
+    l1B_.FreeTensor(b1);
+    l0A_.EnQue(a0);
+    l0B_.EnQue(b0);
+    a0 = l0A_.template DeQue<T>();
+    b0 = l0B_.template DeQue<T>();
+    MmadParams mm;
+    mm.m = MmadM(rows);
+    mm.n = static_cast<uint16_t>(cols);
+    mm.k = static_cast<uint16_t>(kc);
+    mm.cmatrixInitVal = init;
+    if (!init && (mp / 16) * (np / 16) < 10) PipeBarrier<PIPE_M>();
+    Mmad(c, a0, b0, mm);
+    l0A_.FreeTensor(a0);
+    l0B_.FreeTensor(b0);
+  }
+
   // S = Q_nope . K^T (+ Q_rope . K_rope^T as a second Mmad into the same L0C tile: k_rope is read once
   // per key block, never expanded per head) for query rows [qRow, qRow + rows) and key rows
   // [kRow, kRow + cols) of head h.
@@ -270,6 +354,8 @@ class FaCube {
   TQue<TPosition::A2, 1> l0A_;
   TQue<TPosition::B2, 1> l0B_;
   TQue<TPosition::CO1, 1> l0C_;
+  TQue<TPosition::A1, 1> qL1_;  // fused forward only (InitQ)
+  LocalTensor<T> q1_;
 };
 
 using FaGm = FlashAttentionFwdArgs;  // device addresses as uint64 (tiling/flash_attention_tiling.h)

@@ -191,20 +191,30 @@ class FabFused {
   }
 
   // Running sums of this AIV's half of the gradient rows += the block's products, Chunk() rows per DMA
-  // and vector instruction (all gradCols columns: those past AccCols() are never written out); written
-  // out at the item's last block.
+  // and vector instruction (the vector instructions run over all gradCols columns: in the Q pass those
+  // past AccCols() are neither loaded nor written out); written out at the item's last block.
   __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
     CrossCoreWaitFlag(kFabFlagG + slot);
     const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows), gc = t_.gradCols;
     const int64_t base = slot * static_cast<int64_t>(t_.baseM) * gc;
     LocalTensor<float> part = partBuf_.Get<float>();
+    const int64_t n = rows_.AccCols();
     for (int64_t c0 = g0; c0 < g1; c0 += Chunk()) {
       const int64_t R = Min64(Chunk(), g1 - c0);
       const int32_t cnt = static_cast<int32_t>(R * gc);
       LocalTensor<float> acc = accBuf_.Get<float>()[(c0 - g0) * gc];
       SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // part is reloaded: the previous chunk's Add / Muls read it
       WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-      DataCopy(part, g_.part[base + c0 * gc], static_cast<uint32_t>(cnt));
+      if (n == gc) {
+        DataCopy(part, g_.part[base + c0 * gc], static_cast<uint32_t>(cnt));
+      } else {  // Q pass: only the AccCols() columns the pass wrote, rows gc apart in GM and in UB
+        const uint32_t len = static_cast<uint32_t>(n * 4);
+        DataCopyPadExtParams<float> none;
+        DataCopyPad(part, g_.part[base + c0 * gc],
+                    DataCopyExtParams{static_cast<uint16_t>(R), len, static_cast<uint32_t>((gc - n) * 4),
+                                      static_cast<uint32_t>((gc * 4 - (len + 31) / 32 * 32) / 32), 0},
+                    none);
+      }
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       if (it.first) Muls(acc, part, 1.0f, cnt);  // start the running sum (x * 1 is exact)

@@ -45,6 +45,7 @@ class FaFused {
     if (aic_) {
       const int64_t dq = t.Dk + t.Dr;
       cube_.Init(t, &pipe);
+      cube_.InitQ(t, &pipe);  // the item's Q block stays in L1 across its key blocks
       q_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.q), static_cast<uint64_t>(t.T * t.H * dq));
       k_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.k), static_cast<uint64_t>(t.Tk * t.H * t.Dk));
       v_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.v), static_cast<uint64_t>(t.Tk * t.H * t.Dv));
@@ -74,6 +75,7 @@ class FaFused {
   __aicore__ inline void CubeItem(const FaItem& it) {
     if (it.keyBlocks == 0) return;  // the item sees no key: the AIVs write out 0 / lse -inf, no hand-off
     const int64_t qRow = it.seqStart + it.qPos0;
+    cube_.LoadQ(t_, q_, qRow, it.head, it.rows);
     ScoresBlock(it, qRow, 0);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
       if (j + 1 < it.keyBlocks) ScoresBlock(it, qRow, j + 1);  // lookahead: overlaps the softmax of j
@@ -85,12 +87,13 @@ class FaFused {
       cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
       CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO + slot);
     }
+    cube_.FreeQ();
   }
 
   __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
     const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-    cube_.Scores(c, t_, q_, k_, kr_, qRow, it.kvStart + k0, it.head, it.rows, cols);
+    cube_.ScoresQ(c, t_, k_, kr_, it.kvStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
     CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
   }
