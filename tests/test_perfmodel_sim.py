@@ -391,6 +391,8 @@ def test_validation_pipeline_plumbing(tmp_path):
     assert all(r["glue_s"] == 0 and r["predicted_s"] == r["components_s"] for r in cpu["validation"])
     with pytest.raises(ValueError, match="clock must be one of"):
         V.run(tmp_path, tiny=True, clock="gpu")
+    with pytest.raises(ValueError, match="needs threads=1"):
+        V.run(tmp_path, tiny=True, clock="process", threads=2)
     cal = {tuple(c) for c in V.CALIBRATION}
     assert not any(tuple(v[:5]) in cal for v in V.VALIDATION)
     assert len(V.VALIDATION) >= 12 and {v[5] for v in V.VALIDATION} == {"float32", "bfloat16"}

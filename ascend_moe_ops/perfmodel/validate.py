@@ -219,6 +219,8 @@ def run(out_dir: Path, *, rounds: int = 5, threads: int = 1, min_run_time: float
         raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     if clock != "wall" and str(device) != "cpu":
         raise ValueError(f"clock={clock!r} is for device='cpu' only, got device={device!r}")
+    if clock != "wall" and threads != 1:  # CPU seconds of n threads add up: no longer a wall-time proxy
+        raise ValueError(f"clock={clock!r} needs threads=1, got threads={threads}")
     clk = CLOCKS[clock]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
