@@ -5,7 +5,7 @@ Run alone: ``python bench/bench_megatron_gpt.py [--quick] [--profile] [--steps N
 (also run by ``python -m ascend_moe_ops.bench --ops megatron_gpt`` through :func:`run`).
 
 Model: megatron-core's own ``GPTModel`` with Megatron's default local layer spec
-(``get_gpt_layer_local_spec``: its own attention, RMSNorm-free LayerNorm, MoE MLP in every layer),
+(``get_gpt_layer_local_spec``: its own attention and LayerNorm, an MoE MLP in every layer),
 4 layers, H=256, 4 heads, 16 experts top-4 with SwiGLU experts of F=256, bf16 parameters and
 compute, rope, vocabulary 256 (byte-level tokens), seq 512 x batch 2 (``--quick``: seq 256, 2
 layers). Tokens are the bytes of Python standard-library sources (real text that ships with
@@ -30,8 +30,13 @@ Each arm has its own model, built from the same seed (so the same initial weight
 optimizer; step ``i`` of both arms runs on batch ``i``, alternating which arm goes first, so that
 the load of a shared machine hits both alike. The patch is applied around each arm's step, outside
 the timed region (a training script applies it once). Reported: median step time per arm, the
-spread (IQR / median), the ratio of the medians, and (``--memory``) the peak RSS of each arm
-measured in a child process of its own (a fair peak: the other arm's model is not resident).
+spread (IQR / median), the ratio of the medians, the median of the per-step ratios, the median
+thread CPU time per arm (``time.thread_time``: with ``--threads 1`` the whole step runs on the
+calling thread, and this is far steadier than wall time on a loaded machine), and (``--memory``)
+the peak RSS of each arm measured in a child process of its own (a fair peak: the other arm's
+model is not resident) with the bytes autograd saves for backward in one forward.
+``--profile`` prints torch.profiler tables of both arms and :func:`dispatch_trip`, the
+dispatcher's data path per layer (everything the bitwise targets replace: the ceiling).
 """
 
 from __future__ import annotations
