@@ -128,6 +128,27 @@ def test_unpermute_grad_tiling(driver, xd, gd, with_probs):
         assert t["tailMode"] == tail_mode(H, xb, gb)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_permute_token_major_tiling(driver, dtype):
+    """slots > 0: the token-major loop splits the T source tokens over the cores (each token read
+    once) and still the N output rows (the padding rows' zeros); the launch covers both splits."""
+    lines, cases = [], []
+    for T, H, E, K in SHAPES:
+        for N in sorted({T * K, T * K + E * 15}):
+            lines.append(f"permute {N} {T} {H} {dtype} 0 {K}")
+            cases.append((N, T, K))
+    for (N, T, K), t in zip(cases, driver(lines)):
+        assert "error" not in t, t
+        assert t["tokenMajor"] == 1 and t["slots"] == K
+        check_rows(t, N)
+        tok = dict(t["tokens"], aiv=t["aiv"])
+        check_rows(tok, T)
+        assert t["launchDim"] == max(t["blockDim"], tok["blockDim"]) <= AIV
+    row_major, too_many = driver([f"permute 64 8 16 {dtype} 0 0", f"permute 64 1 16 {dtype} 0 65"])
+    assert row_major["tokenMajor"] == 0 and row_major["launchDim"] == row_major["blockDim"]
+    assert "slots must be in [0, 64]" in too_many["error"]
+
+
 def test_real_shapes_use_every_core_and_big_tiles(driver):
     """Pangu Ultra MoE: T=4096, H=7680, K=8 -> 32768 rows over 48 cores, whole rows in one tile."""
     p, u = driver([f"permute {4096 * 8} 4096 7680 {BF16} 0", f"unpermute 4096 8 {4096 * 8} 7680 {BF16} 1 0"])

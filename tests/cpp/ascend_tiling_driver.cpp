@@ -49,12 +49,14 @@ int main() {
     std::ostringstream o;
     try {
       if (op == "permute") {
-        int64_t N, T, H; uint32_t d, cap;
+        int64_t N, T, H, slots = 0; uint32_t d, cap;
         in >> N >> T >> H >> d >> cap;
-        auto t = compute_moe_permute_tiling(N, T, H, static_cast<DType>(d), chip, cap);
+        if (!(in >> slots)) slots = 0;  // optional: the token-major loop's slots per token
+        auto t = compute_moe_permute_tiling(N, T, H, static_cast<DType>(d), chip, cap, slots);
         o << "{\"key\":" << static_cast<uint32_t>(t.key) << ",\"tailMode\":" << static_cast<uint32_t>(t.tailMode)
           << ",\"elemBytes\":" << t.elemBytes << ",\"bufferNum\":" << t.bufferNum << ",\"ubBytes\":" << t.ubBytes
-          << "," << rows_json(t.rows) << "," << cols_json(t.cols);
+          << ",\"tokenMajor\":" << t.tokenMajor << ",\"launchDim\":" << t.blockDim << ",\"slots\":" << t.slots
+          << ",\"tokens\":{" << rows_json(t.tokens) << "}," << rows_json(t.rows) << "," << cols_json(t.cols);
       } else if (op == "unpermute") {
         int64_t T, S, N, H; uint32_t d, p, cap;
         in >> T >> S >> N >> H >> d >> p >> cap;

@@ -150,7 +150,7 @@ class PipeModel {
   // An access of the current instruction to bytes [lo, hi) of a buffer.
   void touch(BufferRecords& r, const std::string& owner, const char* space, uint64_t lo, uint64_t hi, bool write) {
     if (!on_ || hi <= lo) return;
-    if (tl_) tl_->touch(hi - lo, gmRanges_, space, write);
+    if (tl_) tl_->touch(lo, hi - lo, gmRanges_, space, write);
     const int q = cur_.pipe;
     auto& list = r.acc;
     // newest first: the closest unordered predecessor is the one reported
@@ -194,8 +194,8 @@ class PipeModel {
   // A DMA access of the current instruction to GM bytes [addr, addr + bytes) (absolute addresses).
   void touch_gm(const void* addr, uint64_t bytes, bool write) {
     if (!on_ || bytes == 0) return;
-    if (tl_ && timeline::skip_compute()) return tl_->touch(bytes, true, "GM", write);  // timing-only: no GM checks
     const uint64_t lo = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(addr));
+    if (tl_ && timeline::skip_compute()) return tl_->touch(lo, bytes, true, "GM", write);  // timing-only: no GM checks
     gmRanges_ = true;
     touch(gm_, "global memory", "GM", lo, lo + bytes, write);
     gmRanges_ = false;

@@ -18,6 +18,10 @@
 // their arithmetic: the kernel's control flow does not depend on those values, and the results are
 // garbage -- for timing the Pangu shapes only, never for tests of results.
 //
+// Each record also keeps the GM address ranges its DMAs touched (for the timeline's L2 cache model), as
+// strided runs (address, bytes, stride, count, read / write): the rows of one DataCopyPad or ND2NZ copy
+// collapse into one run, contiguous accesses into one range.
+//
 // ascend_moe_ops/perfmodel/a2_timeline.py turns a recording into durations and a schedule.
 #pragma once
 
@@ -40,6 +44,13 @@ constexpr int kPipes = 7;          // S, V, M, MTE1, MTE2, MTE3, FIX (pipe_model
 constexpr int kSet = 7, kWait = 8;  // side records: cross-core flag set / wait
 using TlClock = std::array<uint32_t, kPipes>;
 
+// A strided run of GM accesses of one record: `count` ranges of `len` bytes, `stride` bytes apart.
+struct GmRun {
+  uint64_t addr = 0, len = 0, stride = 0;
+  uint32_t count = 1;
+  bool write = false;
+};
+
 struct Rec {
   int pipe = 0;
   const char* name = "";
@@ -47,6 +58,7 @@ struct Rec {
   uint32_t seq = 0;  // seq of its first instruction on its pipe (1-based; 0 for side records)
   uint64_t gm = 0, local = 0, macs = 0, flops = 0, l0b = 0;  // l0b: bytes written to L0B
   TlClock clock{};
+  std::vector<GmRun> gmr;  // the GM address ranges of its DMAs (L2 model)
 };
 
 struct Launch;
@@ -74,13 +86,14 @@ class CoreRec {
     mergeable_ = true;
   }
   // An access of the current instruction: GM bytes add up; of the local operands the largest counts.
-  void touch(uint64_t bytes, bool gm, const char* space, bool write) {
+  void touch(uint64_t addr, uint64_t bytes, bool gm, const char* space, bool write) {
     if (recs_.empty()) return;
     Rec& r = recs_.back();
     if (r.pipe == 3 && !write) return;  // LoadData (MTE1): the bytes it writes; its source range spans the strides
     if (write && space[0] == 'L' && space[1] == '0' && space[2] == 'B') r.l0b += bytes;
     if (gm) {
       r.gm += bytes;
+      add_run(r, addr, bytes, write);
     } else if (bytes > curMax_) {
       r.local += bytes - curMax_;
       curMax_ = bytes;
@@ -95,7 +108,36 @@ class CoreRec {
     recs_.back().macs += macs;
     recs_.back().flops += flops;
   }
-  void brk() { mergeable_ = false; }  // a flag / queue event: the next instruction starts a new record
+  void brk() { mergeable_ = false; }
+  // Append GM range [addr, addr + bytes) to the record's runs: it extends the last run when it
+  // continues it (contiguous, or the next row at the run's stride), else starts a new one.
+  static void add_run(Rec& r, uint64_t addr, uint64_t bytes, bool write) {
+    if (!r.gmr.empty()) {
+      GmRun& l = r.gmr.back();
+      if (l.write == write) {
+        if (l.count == 1 && addr == l.addr + l.len) {
+          l.len += bytes;
+          return;
+        }
+        if (bytes == l.len && addr > l.addr) {
+          if (l.count == 1) {
+            l.stride = addr - l.addr;
+            l.count = 2;
+            return;
+          }
+          if (addr == l.addr + uint64_t(l.count) * l.stride) {
+            ++l.count;
+            return;
+          }
+        }
+      }
+    }
+    GmRun n;
+    n.addr = addr;
+    n.len = bytes;
+    n.write = write;
+    r.gmr.push_back(n);
+  }  // a flag / queue event: the next instruction starts a new record
 
   void cross_set(int pipe, const TlClock& c, int flag);
   void cross_wait(int flag);
@@ -219,8 +261,9 @@ inline void json_str(std::ostringstream& o, const std::string& s) {
 
 // Everything recorded since start() as JSON, and recording off. Per launch: kernel, kind
 // ("vector" | "cube" | "mix"), block_dim, names (the instruction names), and per core its type, block,
-// records [pipe, name index, count, seq, gm bytes, local bytes, macs, flops, L0B bytes, clock x 7] and
-// cross [wait record, set core, set record].
+// records [pipe, name index, count, seq, gm bytes, local bytes, macs, flops, L0B bytes, clock x 7],
+// cross [wait record, set core, set record] and gmr [record, address, bytes, stride, count, write] (the
+// GM runs of its records, in record order).
 inline void json_num(std::string& o, uint64_t v) {
   char buf[24];
   auto r = std::to_chars(buf, buf + sizeof(buf), v);
@@ -279,6 +322,20 @@ inline std::string take_json() {
         cores += ',';
         json_num(cores, x[2]);
         cores += ']';
+      }
+      cores += "],\"gmr\":[";
+      bool firstG = true;
+      for (size_t ri = 0; ri < c->recs().size(); ++ri) {
+        for (const GmRun& g : c->recs()[ri].gmr) {
+          cores += firstG ? "[" : ",[";
+          firstG = false;
+          json_num(cores, ri);
+          for (uint64_t v : {g.addr, g.len, g.stride, uint64_t(g.count), uint64_t(g.write ? 1 : 0)}) {
+            cores += ',';
+            json_num(cores, v);
+          }
+          cores += ']';
+        }
       }
       cores += "]}";
     }

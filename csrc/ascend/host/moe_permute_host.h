@@ -1,7 +1,8 @@
 // moe_permute on Ascend, written once for every launcher (host/launch.h: NpuLauncher, EmuLauncher).
 //
 // op-boundary checks (common/checks.h) -> row map (ATen ops on the tensors' device, host/row_map.h)
-// -> inverse map -> tiling (tiling/moe_permute_tiling.h) -> one launch of amo_moe_permute
+// -> inverse map (+ the row map itself for the token-major loop) -> tiling (tiling/moe_permute_tiling.h)
+// -> one launch of amo_moe_permute
 // (kernels/moe_permute.cpp) -> probs gathered to the rows (ATen). The schema is defined in
 // ascend_moe_ops/_library.py.
 #pragma once
@@ -35,9 +36,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
   auto slot = slot_of_row(m.rowIdMap, N);
   auto index = token_of_row(slot, S);
   auto out = L::output({N, H}, x.options());  // every row is written by the kernel (zeros for padding)
-  const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x), chip, L::max_tile_cols());
+  // token-major (each token read once, stored to its S rows) whenever the map fits the kernel's slot
+  // array; the kernel then reads the row map right after `index`
+  const int64_t slots = S >= 1 && S <= kPermuteMaxSlots && T > 0 ? S : 0;
+  const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x), chip, L::max_tile_cols(), slots);
+  if (t.tokenMajor) index = at::cat({index, m.rowIdMap.reshape({-1}).to(at::kInt)}).contiguous();
   if (t.key != MoePermuteTilingKey::kEmpty)
-    L::launch("amo_moe_permute", L::amo_moe_permute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, index,
+    L::launch("amo_moe_permute", L::amo_moe_permute, vector_plan(t.blockDim, chip, t.ubBytes, true), {}, x, index,
               out, L::pod(t, x));
   at::Tensor outProbs = probs.has_value() ? gather_by_slot(probs->contiguous(), slot)
                                           : at::empty({0}, x.options().dtype(at::kFloat));

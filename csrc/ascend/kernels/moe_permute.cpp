@@ -26,9 +26,16 @@ class MoePermuteKernel {
  public:
   __aicore__ inline void Init(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, const MoePermuteTiling& t, TPipe* pipe) {
     t_ = t;
-    BlockRows(t.rows, static_cast<uint32_t>(GetBlockIdx()), &first_, &count_);
+    const uint32_t b = static_cast<uint32_t>(GetBlockIdx());
+    OwnRows(t.rows, b, &first_, &count_);
     srcGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(tokens), static_cast<uint64_t>(t.srcRows * t.hidden));
     indexGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(index) + first_, static_cast<uint64_t>(count_));
+    if (t.tokenMajor) {
+      OwnRows(t.tokens, b, &tokFirst_, &tokCount_);
+      mapGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int32_t*>(index) + t.numRows + tokFirst_ * t.slots,
+                             static_cast<uint64_t>(tokCount_ * t.slots));
+      outAllGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), static_cast<uint64_t>(t.numRows * t.hidden));
+    }
     outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out) + first_ * t.hidden, static_cast<uint64_t>(count_ * t.hidden));
     pipe->InitBuffer(copyQue_, t.bufferNum, t.cols.tileCols * sizeof(T));
     pipe->InitBuffer(zeroBuf_, t.cols.tileCols * sizeof(T));
@@ -39,6 +46,10 @@ class MoePermuteKernel {
     ZeroFill(zeros, t_.cols.tileCols);
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);  // the zero tile is written by the vector unit, read by MTE3
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+    if (t_.tokenMajor) {
+      TokenMajor(zeros);
+      return;
+    }
     for (int64_t r = 0; r < count_; ++r) {
       const int64_t src = ReadGmFresh(indexGm_, r);  // the row map: written by an earlier kernel
       const bool zero = src < 0 || src >= t_.srcRows;  // never a wild read
@@ -61,10 +72,53 @@ class MoePermuteKernel {
   }
 
  private:
+  // The rows of split s this block owns (none when the split uses fewer blocks than launched).
+  __aicore__ inline void OwnRows(const RowSplit& s, uint32_t b, int64_t* first, int64_t* count) {
+    if (b < s.blockDim) {
+      BlockRows(s, b, first, count);
+    } else {
+      *first = 0;
+      *count = 0;
+    }
+  }
+
+  // Token-major: each of this block's tokens read once and stored to its kept rows; then zeros to
+  // the padding rows of this block's output slab.
+  __aicore__ inline void TokenMajor(const LocalTensor<T>& zeros) {
+    int64_t dst[kPermuteMaxSlots];
+    for (int64_t tk = 0; tk < tokCount_; ++tk) {
+      int64_t kept = 0;
+      for (int64_t s = 0; s < t_.slots; ++s) {
+        const int64_t r = ReadGmFresh(mapGm_, static_cast<uint64_t>(tk * t_.slots + s));  // written by an earlier kernel
+        if (r >= 0 && r < t_.numRows) dst[kept++] = r;  // dropped slots (-1) write nothing
+      }
+      if (kept == 0) continue;
+      const int64_t src = tokFirst_ + tk;
+      for (uint32_t j = 0; j < t_.cols.tileNum; ++j) {
+        const uint32_t cols = TileCols(t_.cols, j);
+        const int64_t col0 = static_cast<int64_t>(j) * t_.cols.tileCols;
+        LocalTensor<T> x = copyQue_.template AllocTensor<T>();
+        CopyRowIn(x, srcGm_[src * t_.hidden + col0], cols);
+        copyQue_.EnQue(x);
+        LocalTensor<T> y = copyQue_.template DeQue<T>();
+        for (int64_t k = 0; k < kept; ++k) CopyRowOut(outAllGm_[dst[k] * t_.hidden + col0], y, cols);
+        copyQue_.FreeTensor(y);
+      }
+    }
+    for (int64_t r = 0; r < count_; ++r) {
+      const int64_t src = ReadGmFresh(indexGm_, r);
+      if (src >= 0 && src < t_.srcRows) continue;  // a kept row: written by its token's core
+      for (uint32_t j = 0; j < t_.cols.tileNum; ++j) {
+        const int64_t col0 = static_cast<int64_t>(j) * t_.cols.tileCols;
+        CopyRowOut(outGm_[r * t_.hidden + col0], zeros, TileCols(t_.cols, j));
+      }
+    }
+  }
+
   MoePermuteTiling t_;
-  int64_t first_ = 0, count_ = 0;
-  GlobalTensor<T> srcGm_, outGm_;
-  GlobalTensor<int32_t> indexGm_;
+  int64_t first_ = 0, count_ = 0, tokFirst_ = 0, tokCount_ = 0;
+  GlobalTensor<T> srcGm_, outGm_, outAllGm_;
+  GlobalTensor<int32_t> indexGm_, mapGm_;
   TQueBind<TPosition::VECIN, TPosition::VECOUT, kDoubleBuffer> copyQue_;
   TBuf<TPosition::VECCALC> zeroBuf_;
 };
