@@ -157,12 +157,33 @@ def test_opcheck_fp16(trans_b):
 
 @needs_emu
 def test_full_size_base_block():
-    """The full 128 x 256 x 64 base block (4 K steps per L1 chunk) on the default 910B2 chip, with
-    the backend's check that L1/L0A/L0B/L0C use equals the tiling's plan."""
+    """The full 128 x 128 x 128 base block of a short reduction (K = 512: 4 K steps per L1 chunk,
+    two L0C tiles) on the default 910B2 chip, with the backend's check that L1/L0A/L0B/L0C use
+    equals the tiling's plan."""
     x, w, s = _inputs(300, 512, 256, [100, 0, 200], torch.bfloat16, False)
     out = _emu(amo.grouped_gemm, x, w, s)
     assert_close_to_ref(out, _ref(amo.grouped_gemm, x.double(), w.double(), s), dtype=torch.bfloat16,
                         torch_lowp=_ref(amo.grouped_gemm, x, w, s))
+
+
+@needs_emu
+@pytest.mark.parametrize("trans_b", [False, True], ids=["nn", "nt"])
+def test_long_reduction_pairs_m_tiles(trans_b):
+    """Reductions > 512 take items of two 128-row M sub-tiles sharing each B chunk in L1 (mPair 2,
+    one L0C tile each): groups of 300 (256 + 44 rows), 260 (256 + 4) and 140 (128 + 12) rows, a
+    ragged K (600, not a multiple of 16) and N (144); dW with one 600-row group (reduction 600) and
+    K = 300 output rows (256 + 44)."""
+    x, w, s = _inputs(700, 600, 144, [300, 0, 260, 140], torch.bfloat16, trans_b, seed=3)
+    out = _emu(amo.grouped_gemm, x, w, s, trans_b=trans_b)
+    assert_close_to_ref(out, _ref(amo.grouped_gemm, x.double(), w.double(), s, trans_b=trans_b),
+                        dtype=torch.bfloat16, torch_lowp=_ref(amo.grouped_gemm, x, w, s, trans_b=trans_b))
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(600, 300, generator=g).to(torch.bfloat16)
+    b = torch.randn(600, 144, generator=g).to(torch.bfloat16)
+    sz = torch.tensor([600])
+    dw = _emu(amo.grouped_gemm_dw, a, b, sz)
+    assert_close_to_ref(dw, _ref(amo.grouped_gemm_dw, a.double(), b.double(), sz), dtype=torch.bfloat16,
+                        torch_lowp=_ref(amo.grouped_gemm_dw, a, b, sz))
 
 
 @needs_emu

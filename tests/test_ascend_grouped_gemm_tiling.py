@@ -61,7 +61,7 @@ def check_budgets(t):
     for k in ("baseM", "baseN", "baseK"):
         assert t[k] % 16 == 0 and t[k] > 0, "16 x 16 fractal alignment"
     assert t["l1Buffers"] >= 2 and t["l0Buffers"] >= 2, "double buffering of L1 and L0A/L0B"
-    l1 = t["l1Buffers"] * (t["baseM"] * t["baseK"] * t["stepK"] + t["baseK"] * t["stepK"] * t["baseN"]) * 2
+    l1 = t["l1Buffers"] * (t["baseM"] * t["mPair"] * t["baseK"] * t["stepK"] + t["baseK"] * t["stepK"] * t["baseN"]) * 2
     l0a = t["l0Buffers"] * t["baseM"] * t["baseK"] * 2
     l0b = t["l0Buffers"] * t["baseK"] * t["baseN"] * 2
     l0c = t["l0cBuffers"] * t["baseM"] * t["baseN"] * 4
@@ -90,11 +90,20 @@ def test_every_tile_exactly_once(driver, layout, cap):
 
 
 def test_real_shape_blocks(driver):
-    """The full-size base block on real shapes: 128 x 256 x 64, 4 K-steps per L1 chunk, all 24 AIC."""
-    (t,) = driver([(NN, 16384, 512, 256, F16, 0, AIC, uniform(256, 16384))])
-    assert (t["baseM"], t["baseN"], t["baseK"], t["stepK"]) == (128, 256, 64, 4)
-    assert t["blockDim"] == AIC and t["l0cBytes"] == L0C and t["l0bBytes"] == L0B
-    assert t["l1Bytes"] == 2 * (128 * 256 + 256 * 256) * 2  # 384 KiB of 512
+    """The full-size base blocks on real shapes, all 24 AIC, 128 x 128 x 128 output tiles with two
+    L0C tiles: a long reduction (K = 2048) pairs two M tiles per item (they share each B chunk in
+    L1, one L0C tile each), stepK 2; a short one (K = 512, or dW over M / E = 64 rows) one M tile
+    per item, the two L0C tiles alternating (Fixpipe overlapped with the next tile), stepK 4."""
+    (t,) = driver([(NN, 8192, 2048, 1408, F16, 0, AIC, uniform(32, 8192))])
+    assert (t["baseM"], t["baseN"], t["baseK"], t["stepK"], t["l0cBuffers"], t["mPair"]) == (128, 128, 128, 2, 2, 2)
+    assert t["blockDim"] == AIC and t["l0cBytes"] == L0C and t["l0aBytes"] == L0A and t["l0bBytes"] == L0B
+    assert t["l1Bytes"] == 2 * (256 * 256 + 256 * 128) * 2  # 384 KiB of 512
+    assert t["coverage"] == "exact"
+    for layout, M in ((NN, 16384), (DW, 16384)):
+        (t,) = driver([(layout, M, 512, 256, F16, 0, AIC, uniform(256, M))])
+        assert (t["baseM"], t["baseN"], t["baseK"], t["l0cBuffers"], t["mPair"]) == (128, 128, 128, 2, 1), layout
+        assert t["l0cBytes"] == L0C and t["l0aBytes"] == L0A and t["l0bBytes"] == L0B
+        assert t["l1Bytes"] == L1 and t["coverage"] == "exact"
 
 
 def test_few_cores_and_edge_keys(driver):

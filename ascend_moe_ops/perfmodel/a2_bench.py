@@ -289,6 +289,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="*", help="op name prefixes (default: every AscendC kernel)")
     ap.add_argument("--table", default="a2", help="hardware table name or JSON path")
     ap.add_argument("--sensitivity", action="store_true", help="each table entry x0.7 and x1.3")
+    ap.add_argument("--sensitivity-keys", nargs="*",
+                    help="with --sensitivity: only these table entries (default: every rate and latency)")
     ap.add_argument("--trace-dir", help="write a Chrome / Perfetto trace of every launch there")
     ap.add_argument("--json", help="write the results (and the sensitivity rows) to this file")
     a = ap.parse_args(argv)
@@ -298,7 +300,7 @@ def main(argv=None) -> int:
     print(format_table(models, f"AscendC kernels, preset {a.preset}: {table.label}"))
     sens = None
     if a.sensitivity:
-        sens = sensitivity(res, table)
+        sens = sensitivity(res, table, keys=a.sensitivity_keys or None)
         print()
         print(format_sensitivity(sens))
     if a.json:

@@ -39,7 +39,7 @@ int main() {
       for (auto s : sizes) { starts.push_back(off); off += s; }
       for (auto& core : sched) {
         for (auto& it : core) {
-          if (it.rows <= 0 || it.rows > t.baseM || it.cols <= 0 || it.cols > t.baseN) err = "tile outside the base block";
+          if (it.rows <= 0 || it.rows > int64_t(t.baseM) * t.mPair || it.cols <= 0 || it.cols > t.baseN) err = "tile outside the base block";
           if (!dw && it.group >= 0 && (it.row0 < starts[it.group] || it.row0 + it.rows > starts[it.group] + sizes[it.group]))
             err = "forward tile crosses its group";
           if (!dw && it.group < 0 && it.row0 < off) err = "zero tile over group rows";
@@ -56,7 +56,8 @@ int main() {
       std::ostringstream o;
       o << "{\"ok\":true,\"key\":" << uint32_t(t.key) << ",\"blockDim\":" << t.blockDim << ",\"baseM\":" << t.baseM
         << ",\"baseN\":" << t.baseN << ",\"baseK\":" << t.baseK << ",\"stepK\":" << t.stepK << ",\"l1Buffers\":" << t.l1Buffers
-        << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"l1Bytes\":" << t.l1Bytes
+        << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"mPair\":" << t.mPair
+        << ",\"l1Bytes\":" << t.l1Bytes
         << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes << ",\"l0cBytes\":" << t.l0cBytes
         << ",\"coverage\":\"" << (err.empty() ? "exact" : err) << "\",\"items\":[";
       for (size_t c = 0; c < sched.size(); ++c) o << (c ? "," : "") << sched[c].size();

@@ -111,7 +111,7 @@ __aicore__ inline void FaSetCu(GlobalTensor<int64_t>& cu, GlobalTensor<int64_t>&
   cuK.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(g.cuK), static_cast<uint64_t>(t.B + 1));
 }
 
-// ---- Tile helpers of the fused kernels' vector side (repeat-form vector instructions) -----------------
+// ---- Tile routines of the fused kernels' vector side (repeat-form vector instructions) -----------------
 // Columns [from, n) of `rows` rows (row stride n elements) starting at row u0 of x := v: bit masks per
 // 256-byte repeat, one repeat per row. E: int32_t (fp32 bits) or int16_t (16-bit bits).
 template <typename E>

@@ -2,8 +2,10 @@
 // grouped_gemm_dw. AIC-only kernels: GM -> L1 (ND2NZ DataCopy) -> L0A/L0B (LoadData) -> Mmad into
 // L0C (fp32) -> Fixpipe to GM with the cast to fp16/bf16 (NZ2ND on the way out).
 //
-// Work items are output tiles of baseM x baseN (csrc/ascend/tiling/grouped_gemm_tiling.h): item t
-// runs on core t % blockDim. The group sizes stay on the device: every core reads them from GM and
+// Work items are output tiles of (baseM * mPair) x baseN (csrc/ascend/tiling/grouped_gemm_tiling.h):
+// item t runs on core t % blockDim. With mPair 2 (long reductions) an item is two M sub-tiles that
+// share each B chunk loaded to L1, each accumulating in its own L0C tile; with mPair 1 (short ones)
+// the two L0C buffers alternate between items, so a tile's Fixpipe overlaps the next tile's Mmads. The group sizes stay on the device: every core reads them from GM and
 // walks the groups itself, so the host never synchronizes.
 //   forward: items (group e, M-tile of e's rows, N-tile) for the non-empty groups in order, then zero
 //            items covering rows [sum(group_sizes), M) (written with zeros, so the output needs no
@@ -35,7 +37,7 @@ class GroupedGemmKernel {
     gsGm_.SetGlobalBuffer(reinterpret_cast<__gm__ int64_t*>(groupSizes), static_cast<uint64_t>(t.E));
     outGm_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(out), static_cast<uint64_t>(dw ? t.E * t.K * t.N : t.M * t.N));
     const uint32_t kL1 = t.baseK * t.stepK;
-    pipe->InitBuffer(l1A_, t.l1Buffers, t.baseM * kL1 * sizeof(T));
+    pipe->InitBuffer(l1A_, t.l1Buffers, t.baseM * t.mPair * kL1 * sizeof(T));  // mPair M sub-tiles
     pipe->InitBuffer(l1B_, t.l1Buffers, kL1 * t.baseN * sizeof(T));
     pipe->InitBuffer(l0A_, t.l0Buffers, t.baseM * t.baseK * sizeof(T));
     pipe->InitBuffer(l0B_, t.l0Buffers, t.baseK * t.baseN * sizeof(T));
@@ -45,15 +47,16 @@ class GroupedGemmKernel {
   __aicore__ inline void Process() {
     const int64_t cores = t_.blockDim, core = GetBlockIdx();
     const int64_t nTiles = CeilDiv(t_.N, t_.baseN);
+    const int64_t span = static_cast<int64_t>(t_.baseM) * t_.mPair;  // output rows of one item
     int64_t item = 0, off = 0;
     if (t_.layout == GroupedGemmLayout::kDW) {
-      const int64_t mTiles = CeilDiv(t_.K, t_.baseM);
+      const int64_t mTiles = CeilDiv(t_.K, span);
       for (int64_t e = 0; e < t_.E; ++e) {
         const int64_t g = GroupRows(e, off);
         const int64_t tiles = mTiles * nTiles;
         for (int64_t j = FirstLocal(item, core, cores); j < tiles; j += cores) {
           const int64_t i = j / nTiles, jn = j % nTiles;
-          Tile(e, off, i * t_.baseM, Min64(t_.baseM, t_.K - i * t_.baseM), jn * t_.baseN,
+          Tile(e, off, i * span, Min64(span, t_.K - i * span), jn * t_.baseN,
                Min64(t_.baseN, t_.N - jn * t_.baseN), g);
         }
         item += tiles;
@@ -63,19 +66,19 @@ class GroupedGemmKernel {
     }
     for (int64_t e = 0; e < t_.E; ++e) {
       const int64_t g = GroupRows(e, off);
-      const int64_t tiles = CeilDiv(g, t_.baseM) * nTiles;
+      const int64_t tiles = CeilDiv(g, span) * nTiles;
       for (int64_t j = FirstLocal(item, core, cores); j < tiles; j += cores) {
         const int64_t i = j / nTiles, jn = j % nTiles;
-        Tile(e, off, off + i * t_.baseM, Min64(t_.baseM, g - i * t_.baseM), jn * t_.baseN,
+        Tile(e, off, off + i * span, Min64(span, g - i * span), jn * t_.baseN,
              Min64(t_.baseN, t_.N - jn * t_.baseN), t_.K);
       }
       item += tiles;
       off += g;
     }
-    const int64_t tiles = CeilDiv(t_.M - off, t_.baseM) * nTiles;  // zero rows past the groups
+    const int64_t tiles = CeilDiv(t_.M - off, span) * nTiles;  // zero rows past the groups
     for (int64_t j = FirstLocal(item, core, cores); j < tiles; j += cores) {
       const int64_t i = j / nTiles, jn = j % nTiles;
-      Tile(-1, off, off + i * t_.baseM, Min64(t_.baseM, t_.M - off - i * t_.baseM), jn * t_.baseN,
+      Tile(-1, off, off + i * span, Min64(span, t_.M - off - i * span), jn * t_.baseN,
            Min64(t_.baseN, t_.N - jn * t_.baseN), 0);
     }
   }
@@ -92,14 +95,18 @@ class GroupedGemmKernel {
     return ((core - item % cores) % cores + cores) % cores;
   }
 
-  // One output tile: rows [row0, row0 + rows) x columns [col0, col0 + cols) of the output (dW: of
+  // One work item: rows [row0, row0 + rows) x columns [col0, col0 + cols) of the output (dW: of
   // out[e]); the reduction runs over kRed (forward: K; dW: the group's rows starting at groupOff).
+  // rows <= baseM * mPair: with mPair 2 the item is two M sub-tiles of baseM rows sharing each B
+  // chunk in L1 (loaded once for both), each accumulating in its own L0C tile.
   __aicore__ inline void Tile(int64_t e, int64_t groupOff, int64_t row0, int64_t rows, int64_t col0, int64_t cols,
                               int64_t kRed) {
-    LocalTensor<float> c = l0C_.template AllocTensor<float>();
+    const int64_t subs = CeilDiv(rows, static_cast<int64_t>(t_.baseM));
+    LocalTensor<float> c[2];
+    for (int64_t q = 0; q < subs; ++q) c[q] = l0C_.template AllocTensor<float>();
     const uint32_t mp = Up16(rows), np = Up16(cols);
     if (kRed == 0) {
-      ZeroTile(c, rows, cols);
+      for (int64_t q = 0; q < subs; ++q) ZeroTile(c[q], SubRows(rows, q), cols);
     } else {
       const int64_t kL1 = static_cast<int64_t>(t_.baseK) * t_.stepK;
       for (int64_t k0 = 0; k0 < kRed; k0 += kL1) {
@@ -115,40 +122,52 @@ class GroupedGemmKernel {
         b1 = l1B_.template DeQue<T>();
         for (int64_t s0 = 0; s0 < kc; s0 += t_.baseK) {
           const int64_t ks = Min64(t_.baseK, kc - s0);
-          LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
           LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
-          LoadA(a0, a1, mp, kp, static_cast<uint32_t>(s0), Up16(ks));
           LoadB(b0, b1, np, kp, static_cast<uint32_t>(s0), Up16(ks));
-          l0A_.EnQue(a0);
           l0B_.EnQue(b0);
-          a0 = l0A_.template DeQue<T>();
           b0 = l0B_.template DeQue<T>();
-          MmadParams mm;
-          mm.m = MmadM(rows);  // never 1: A2 would run GEMV on the zZ tile
-          mm.n = static_cast<uint16_t>(cols);
-          mm.k = static_cast<uint16_t>(ks);
-          mm.cmatrixInitVal = k0 == 0 && s0 == 0;
-          // A2: an Mmad accumulating onto the previous one's small L0C tile must wait for it
-          if (!mm.cmatrixInitVal && (mp / 16) * (np / 16) < 10) PipeBarrier<PIPE_M>();
-          Mmad(c, a0, b0, mm);
-          l0A_.FreeTensor(a0);
+          for (int64_t q = 0; q < subs; ++q) {
+            const int64_t sr = SubRows(rows, q);
+            const uint32_t mf0 = static_cast<uint32_t>(q * t_.baseM / 16);
+            LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
+            LoadA(a0, a1, mp, kp, static_cast<uint32_t>(s0), Up16(ks), mf0, Up16(sr) / 16);
+            l0A_.EnQue(a0);
+            a0 = l0A_.template DeQue<T>();
+            MmadParams mm;
+            mm.m = MmadM(sr);  // never 1: A2 would run GEMV on the zZ tile
+            mm.n = static_cast<uint16_t>(cols);
+            mm.k = static_cast<uint16_t>(ks);
+            mm.cmatrixInitVal = k0 == 0 && s0 == 0;
+            // A2: an Mmad accumulating onto the previous one's small L0C tile must wait for it
+            if (!mm.cmatrixInitVal && (Up16(sr) / 16) * (np / 16) < 10) PipeBarrier<PIPE_M>();
+            Mmad(c[q], a0, b0, mm);
+            l0A_.FreeTensor(a0);
+          }
           l0B_.FreeTensor(b0);
         }
         l1A_.FreeTensor(a1);
         l1B_.FreeTensor(b1);
       }
     }
-    l0C_.EnQue(c);
-    c = l0C_.template DeQue<float>();
-    FixpipeParamsV220 fp;
-    fp.nSize = static_cast<uint16_t>(cols);
-    fp.mSize = static_cast<uint16_t>(rows);
-    fp.srcStride = static_cast<uint16_t>(mp);
-    fp.dstStride = static_cast<uint32_t>(t_.N);
-    fp.quantPre = IsSame<T, half>::value ? QuantMode_t::F322F16 : QuantMode_t::F322BF16;
-    const int64_t base = t_.layout == GroupedGemmLayout::kDW ? e * t_.K * t_.N : 0;
-    Fixpipe(outGm_[base + row0 * t_.N + col0], c, fp);
-    l0C_.FreeTensor(c);
+    for (int64_t q = 0; q < subs; ++q) l0C_.EnQue(c[q]);
+    for (int64_t q = 0; q < subs; ++q) {
+      LocalTensor<float> cq = l0C_.template DeQue<float>();
+      const int64_t sr = SubRows(rows, q);
+      FixpipeParamsV220 fp;
+      fp.nSize = static_cast<uint16_t>(cols);
+      fp.mSize = static_cast<uint16_t>(sr);
+      fp.srcStride = static_cast<uint16_t>(Up16(sr));
+      fp.dstStride = static_cast<uint32_t>(t_.N);
+      fp.quantPre = IsSame<T, half>::value ? QuantMode_t::F322F16 : QuantMode_t::F322BF16;
+      const int64_t base = t_.layout == GroupedGemmLayout::kDW ? e * t_.K * t_.N : 0;
+      Fixpipe(outGm_[base + (row0 + q * t_.baseM) * t_.N + col0], cq, fp);
+      l0C_.FreeTensor(cq);
+    }
+  }
+
+  // Rows of M sub-tile q (of baseM rows) of an item of `rows` rows.
+  __aicore__ inline int64_t SubRows(int64_t rows, int64_t q) {
+    return Min64(static_cast<int64_t>(t_.baseM), rows - q * static_cast<int64_t>(t_.baseM));
   }
 
   // C = 0 for a rows x cols tile: one Mmad step over a zero K fractal.
@@ -204,21 +223,21 @@ class GroupedGemmKernel {
     }
   }
 
-  // L0A (zZ: fractal grid row-major over (m, k), fractals row-major) from the L1 chunk, K fractals
-  // [s0, s0 + ksp) / 16.
+  // L0A (zZ: fractal grid row-major over (m, k), fractals row-major) from the L1 chunk: M fractal
+  // rows [mf0, mf0 + mfn) of the chunk's mp / 16, K fractals [s0, s0 + ksp) / 16.
   __aicore__ inline void LoadA(const LocalTensor<T>& a0, const LocalTensor<T>& a1, uint32_t mp, uint32_t kp, uint32_t s0,
-                               uint32_t ksp) {
+                               uint32_t ksp, uint32_t mf0, uint32_t mfn) {
     const uint32_t kf = ksp / 16;
-    for (uint32_t mf = 0; mf < mp / 16; ++mf) {
+    for (uint32_t mf = 0; mf < mfn; ++mf) {
       LoadData2DParams p;
       p.repeatTimes = static_cast<uint8_t>(kf);
       p.dstGap = 0;
       if (t_.layout == GroupedGemmLayout::kDW) {  // L1 holds (k, m) fractals, column block = m
-        p.startIndex = static_cast<uint16_t>(mf * (kp / 16) + s0 / 16);
+        p.startIndex = static_cast<uint16_t>((mf0 + mf) * (kp / 16) + s0 / 16);
         p.srcStride = 1;
         p.ifTranspose = true;
       } else {  // L1 holds (m, k) fractals, column block = k
-        p.startIndex = static_cast<uint16_t>((s0 / 16) * (mp / 16) + mf);
+        p.startIndex = static_cast<uint16_t>((s0 / 16) * (mp / 16) + mf0 + mf);
         p.srcStride = static_cast<uint16_t>(mp / 16);
         p.ifTranspose = false;
       }
@@ -254,7 +273,7 @@ class GroupedGemmKernel {
   TQue<TPosition::B1, kDoubleBuffer> l1B_;
   TQue<TPosition::A2, kDoubleBuffer> l0A_;
   TQue<TPosition::B2, kDoubleBuffer> l0B_;
-  TQue<TPosition::CO1, 1> l0C_;
+  TQue<TPosition::CO1, kDoubleBuffer> l0C_;  // l0cBuffers (1 or 2) deep
 };
 
 template <typename T>

@@ -31,18 +31,34 @@ GroupedGemmTiling compute_grouped_gemm_tiling(GroupedGemmLayout layout, int64_t 
   t.l0Buffers = kDoubleBuffer;
   t.l0cBuffers = 1;
   const uint32_t cap = maxBase ? std::max<uint32_t>(kFractal, maxBase / kFractal * kFractal) : 0xFFFFFFFFu;
-  // Base block 128 x 256 x 64: L0A 2 x 16 KiB, L0B 2 x 32 KiB = 64 KiB, L0C 128 KiB (fp32).
   const bool dw = layout == GroupedGemmLayout::kDW;
   const int64_t mDim = dw ? K : M;  // GEMM m-dimension (forward: rows, bounded by M)
   const int64_t kDim = dw ? M : K;  // reduction (dW: group rows, bounded by M)
+  // The reduction one output tile runs over: forward K; dW the rows of one group, on average M / E
+  // (the group sizes stay on the device).
+  const int64_t kTile = dw ? ceil_div(M, std::max<int64_t>(E, 1)) : K;
+  // Both blocks are 128 x 128 x 128 output tiles with two L0C tiles of 128 x 128 fp32 (2 x 64 KiB),
+  // L0A / L0B 2 x 32 KiB:
+  //   short reductions (<= kShortReduction): one M tile per item, the two L0C tiles alternate between
+  //     items, so the Fixpipe of a tile overlaps the Mmads of the next (for K = 512 a tile's Fixpipe
+  //     is half its Mmad time, for dW over 64 rows four times it); stepK 4;
+  //   long ones: two M tiles per item (mPair 2) sharing each B chunk in L1, each accumulating in
+  //     its own L0C tile: 256 x 128 of output per B chunk, the GM bytes per MAC of a 128 x 256 tile
+  //     (96 B/cycle of MTE2 at the Cube's peak) while every weight block is loaded by one core
+  //     once per 256 rows; stepK 2 (L1: 2 x (256 + 128) x 256 x 2 B = 384 KiB).
+  const bool shortK = kTile <= kShortReduction;
+  t.l0cBuffers = kDoubleBuffer;
+  t.mPair = shortK ? 1 : 2;
   t.baseM = cap16(mDim, std::min<uint32_t>(128, cap));
-  t.baseN = cap16(N, std::min<uint32_t>(256, cap));
-  t.baseK = cap16(kDim, std::min<uint32_t>(64, cap));
-  // L1 chunk: up to 4 L0 K-steps, within the cap
+  if (t.mPair == 2 && mDim <= t.baseM) t.mPair = 1;  // one M tile in all: nothing to pair
+  t.baseN = cap16(N, std::min<uint32_t>(128, cap));
+  t.baseK = cap16(kDim, std::min<uint32_t>(128, cap));
+  // L1 chunk: up to 4 (short) / 2 (long) L0 K-steps, within the cap
   const uint64_t kWant = align_up(static_cast<uint64_t>(std::max<int64_t>(kDim, 1)), t.baseK);
-  t.stepK = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({4, kWant / t.baseK, cap / t.baseK})));
+  const uint64_t steps = shortK ? 4 : 2;
+  t.stepK = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({steps, kWant / t.baseK, cap / t.baseK})));
   const uint64_t eb = t.elemBytes;
-  t.l1Bytes = t.l1Buffers * (uint64_t(t.baseM) * t.baseK * t.stepK + uint64_t(t.baseK) * t.stepK * t.baseN) * eb;
+  t.l1Bytes = t.l1Buffers * (uint64_t(t.baseM) * t.mPair * t.baseK * t.stepK + uint64_t(t.baseK) * t.stepK * t.baseN) * eb;
   t.l0aBytes = t.l0Buffers * uint64_t(t.baseM) * t.baseK * eb;
   t.l0bBytes = t.l0Buffers * uint64_t(t.baseK) * t.baseN * eb;
   t.l0cBytes = t.l0cBuffers * uint64_t(t.baseM) * t.baseN * 4;
@@ -59,8 +75,9 @@ GroupedGemmTiling compute_grouped_gemm_tiling(GroupedGemmLayout layout, int64_t 
   // Upper bound of the item count (the group sizes are not known here).
   int64_t items;
   const int64_t nTiles = ceil_div(N, t.baseN);
-  if (dw) items = E * ceil_div(K, t.baseM) * nTiles;
-  else items = (ceil_div(M, t.baseM) + std::min<int64_t>(E, M) + 1) * nTiles;
+  const int64_t span = int64_t(t.baseM) * t.mPair;
+  if (dw) items = E * ceil_div(K, span) * nTiles;
+  else items = (ceil_div(M, span) + std::min<int64_t>(E, M) + 1) * nTiles;
   t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
   return t;
 }
@@ -70,18 +87,19 @@ std::vector<std::vector<GroupedGemmItem>> grouped_gemm_schedule(const GroupedGem
   std::vector<std::vector<GroupedGemmItem>> out(t.blockDim);
   if (t.key == GroupedGemmTilingKey::kEmpty) return out;
   const int64_t nTiles = ceil_div(t.N, t.baseN);
+  const int64_t span = int64_t(t.baseM) * t.mPair;
   int64_t item = 0, off = 0;
   auto put = [&](GroupedGemmItem it) {
     out[static_cast<size_t>(item % t.blockDim)].push_back(it);
     ++item;
   };
   if (t.layout == GroupedGemmLayout::kDW) {
-    const int64_t mTiles = ceil_div(t.K, t.baseM);
+    const int64_t mTiles = ceil_div(t.K, span);
     for (size_t e = 0; e < sizes.size(); ++e) {
       const int64_t g = std::max<int64_t>(0, std::min<int64_t>(sizes[e], t.M - off));
       for (int64_t i = 0; i < mTiles; ++i)
         for (int64_t j = 0; j < nTiles; ++j)
-          put({static_cast<int64_t>(e), i * t.baseM, std::min<int64_t>(t.baseM, t.K - i * t.baseM), j * t.baseN,
+          put({static_cast<int64_t>(e), i * span, std::min<int64_t>(span, t.K - i * span), j * t.baseN,
                std::min<int64_t>(t.baseN, t.N - j * t.baseN), g});
       off += g;
     }
@@ -89,15 +107,15 @@ std::vector<std::vector<GroupedGemmItem>> grouped_gemm_schedule(const GroupedGem
   }
   for (size_t e = 0; e < sizes.size(); ++e) {
     const int64_t g = std::max<int64_t>(0, std::min<int64_t>(sizes[e], t.M - off));
-    for (int64_t i = 0; i < ceil_div(g, t.baseM); ++i)
+    for (int64_t i = 0; i < ceil_div(g, span); ++i)
       for (int64_t j = 0; j < nTiles; ++j)
-        put({static_cast<int64_t>(e), off + i * t.baseM, std::min<int64_t>(t.baseM, g - i * t.baseM), j * t.baseN,
+        put({static_cast<int64_t>(e), off + i * span, std::min<int64_t>(span, g - i * span), j * t.baseN,
              std::min<int64_t>(t.baseN, t.N - j * t.baseN), t.K});
     off += g;
   }
-  for (int64_t r = off; r < t.M; r += t.baseM)
+  for (int64_t r = off; r < t.M; r += span)
     for (int64_t j = 0; j < nTiles; ++j)
-      put({-1, r, std::min<int64_t>(t.baseM, t.M - r), j * t.baseN, std::min<int64_t>(t.baseN, t.N - j * t.baseN), 0});
+      put({-1, r, std::min<int64_t>(span, t.M - r), j * t.baseN, std::min<int64_t>(t.baseN, t.N - j * t.baseN), 0});
   return out;
 }
 

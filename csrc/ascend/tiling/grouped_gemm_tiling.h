@@ -7,7 +7,7 @@
 // Weight gradient (layout kDW):  out[e] = a_e^T . b_e,  a [M, K], b [M, N], out [E, K, N]; here the
 //   GEMM's m-dimension is K, its n-dimension is N and its reduction runs over the group's rows.
 //
-// Work items are output tiles of baseM x baseN:
+// Work items are output tiles of (baseM * mPair) x baseN:
 //   forward: (group e, M-tile of e's rows, N-tile) for every non-empty group, in group order, then the
 //            zero items covering rows [sum(group_sizes), M);
 //   dW:      (group e, K-tile, N-tile) for every group (an empty group gives zero tiles).
@@ -16,9 +16,10 @@
 // the groups itself. The tiling only fixes the base block, the K steps and blockDim.
 //
 // Buffers per AIC core (fp16/bf16 inputs, 16 x 16 fractals, fp32 accumulation in L0C):
-//   L1  : A chunk baseM x (baseK * stepK) and B chunk (baseK * stepK) x baseN, each l1Buffers deep
+//   L1  : A chunk (baseM * mPair) x (baseK * stepK) and B chunk (baseK * stepK) x baseN, each l1Buffers deep
 //   L0A : baseM x baseK,  l0Buffers deep;  L0B : baseK x baseN, l0Buffers deep
-//   L0C : baseM x baseN fp32, l0cBuffers deep
+//   L0C : baseM x baseN fp32, l0cBuffers deep (2 for short reductions: the Fixpipe of one tile
+//         overlaps the Mmads of the next)
 // baseM, baseN, baseK are multiples of 16; every buffer is a multiple of 512 bytes (one fractal).
 #pragma once
 
@@ -37,6 +38,8 @@ enum class GroupedGemmLayout : uint32_t { kNN = 0, kNT = 1, kDW = 2 };
 
 constexpr uint32_t kFractal = 16;          // 16 x 16 fp16/bf16 fractal (512 B) on L1/L0A/L0B
 constexpr uint32_t kFractalBytes = 512;
+// Reductions (per output tile) up to this length take the 128 x 128 base block with two L0C tiles.
+constexpr int64_t kShortReduction = 512;
 
 struct GroupedGemmTiling {
   GroupedGemmTilingKey key;
@@ -44,6 +47,7 @@ struct GroupedGemmTiling {
   uint32_t blockDim;     // AIC cores launched (<= aicNum)
   uint32_t baseM, baseN, baseK, stepK;  // L1 K chunk = baseK * stepK
   uint32_t l1Buffers, l0Buffers, l0cBuffers;
+  uint32_t mPair;        // M sub-tiles of baseM rows per work item (2: they share the B chunk in L1)
   uint32_t elemBytes;    // 2
   int64_t M, K, N, E;    // see the header comment (dW: out [E, K, N])
   uint64_t l1Bytes, l0aBytes, l0bBytes, l0cBytes;  // what the kernel allocates with this tiling
@@ -57,7 +61,7 @@ GroupedGemmTiling compute_grouped_gemm_tiling(GroupedGemmLayout layout, int64_t 
 #ifndef __CCE_AICORE__  // host-side twins of the kernels' walks (tests)
 struct GroupedGemmItem {
   int64_t group;  // -1 for a forward zero item
-  int64_t row0, rows;  // forward: rows of out; dW: rows of out[group] (the K dimension)
+  int64_t row0, rows;  // forward: rows of out; dW: rows of out[group] (the K dimension); <= baseM * mPair
   int64_t col0, cols;  // columns of out (N)
   int64_t kRows;       // dW: rows of the group reduced over; forward: K
 };
