@@ -485,3 +485,15 @@ def test_triton_capacity_row_map_is_its_own(monkeypatch, kind, probs_dtype):
     _assert_same(res, ref)
     _assert_same(res, naive_permute(tokens, routing, probs, E, capacity=C))
     assert (res.tokens_per_expert <= C).all() and (res.group_sizes == C).all()
+
+
+@pytest.mark.parametrize("backend", [b for b in backends("moe_permute") if b == "ascendc-emu"])
+@pytest.mark.parametrize("mode", [dict(), dict(capacity=3), dict(align=4)], ids=["dropless", "capacity", "align"])
+def test_permute_more_slots_than_the_token_major_loop(backend, mode):
+    """top-K > 64: the AscendC kernel's row-major loop (the token-major one reads at most 64
+    destinations per token); bitwise equal to the reference, padding rows zero."""
+    T, H, E, K = 5, 48, 80, 66
+    tokens, routing, probs = _inputs(T, H, E, K, "index", torch.bfloat16)
+    ref = _run("reference", tokens, routing, probs, num_experts=E, **mode)
+    res = _run(backend, tokens, routing, probs, num_experts=E, **mode)
+    _assert_same(res, ref)
