@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from . import _library
+from . import _library, _native
 
 ENV_VAR = "ASCEND_MOE_OPS_BACKEND"
 BACKENDS = ("native", "triton", "ascendc-emu", "reference")
@@ -126,8 +126,11 @@ def load(backend: str) -> Optional[str]:
     err = None
     try:
         if backend in _EXTENSIONS:
-            mod = importlib.import_module(_EXTENSIONS[backend])  # its TORCH_LIBRARY_IMPL blocks register
-            if not hasattr(mod, "_bind_cpu"):
+            # the build record is checked first (_native.py: torch version, CPU); a mismatch or a
+            # broken build warns once with the rebuild command, and the reference kernels serve
+            err = _native.problem(_EXTENSIONS[backend])
+            mod = None if err else importlib.import_module(_EXTENSIONS[backend])  # registers its kernels
+            if mod is not None and not hasattr(mod, "_bind_cpu"):
                 err = (f"{_EXTENSIONS[backend]} is an old build without dispatcher kernels; rebuild it "
                        "(python setup.py build_ext --inplace)")
         elif backend == "triton":

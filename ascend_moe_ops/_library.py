@@ -172,9 +172,8 @@ def _native_autograd() -> frozenset:
     """The public ops whose autograd the C++ extension registers (its
     ``TORCH_LIBRARY_IMPL(ascend_moe_ops, Autograd, m)`` block runs when it is imported); empty when
     the extension is not built or does not load (``_backends.load("native")`` reports why)."""
-    try:
-        importlib.import_module("ascend_moe_ops._C")
-    except Exception:
+    from . import _native  # checks the build record before importing (warns once on a mismatch)
+    if _native.extension("ascend_moe_ops._C") is None:
         return frozenset()
     return frozenset(name for name in SCHEMAS
                      if torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "Autograd"))
