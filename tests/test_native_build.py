@@ -6,6 +6,7 @@ same grouped GEMM results; bad values of ASCEND_MOE_OPS_CPU_CAPABILITY are refus
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -230,3 +231,36 @@ def test_level_above_the_cpu_warns_and_runs_at_the_cpu_level():
     # a C++ warning outside an op call goes to stderr, inside one to Python's warnings
     said = out["w"] + [proc.stderr]
     assert any("ASCEND_MOE_OPS_CPU_CAPABILITY=amx is above" in m for m in said), (out, proc.stderr[-2000:])
+
+
+# AVX-512 / AMX registers and EVEX-only mnemonics (an AVX2 CPU faults on any of them)
+_AVX512_INSN = re.compile(
+    r"%zmm|%k[1-7]\b|%[xy]mm(1[6-9]|2\d|3[01])\b|%tmm|\btdp|\bvdpbf16|\bvcvtne2?ps2bf16|\bvpternlog|\bvperm[it]2"
+    r"|\bvpro[lr]|\bvpmov(db|dw|qb|qw|qd|wb|s|us|m2|[bwdq]2m)|\bvp?compress|\bvp?expand|\bvalign|\bvfixupimm"
+    r"|\bvgetexp|\bvgetmant|\bvrndscale|\bvscalef|\bvrcp14|\bvrsqrt14|\bvpabsq|\bvpm(ax|in)[su]q|\bvpsraq"
+    r"|\bvpconflict|\bvplzcnt|\bvpmullq|\bv(insert|extract)[fi](32x4|64x2|32x8|64x4)"
+    r"|\bvbroadcast[fi](32x2|32x4|64x2|32x8|64x4)|\bvshuf[fi](32x4|64x2)|\bvpermw\b|\bvps[lr]lvw|\bvpsravw"
+    r"|\bvpcmpu?[bwdq]\b")
+
+
+@needs_ext
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="needs objdump")
+def test_portable_build_has_avx512_code_only_in_the_per_isa_namespaces():
+    """A portable build runs on any x86-64-v3 CPU: every function of the extension that uses an
+    AVX-512 / AMX instruction belongs to a per-ISA copy of the tile kernels (namespaces isa_*),
+    which run only after the CPUID check; in particular no inline function shared between units
+    (ATen, c10, the standard library) was emitted with AVX-512 code."""
+    info = _native.build_info()
+    if getattr(info, "BUILD_KIND", "") != "portable":
+        pytest.skip("not a portable build")
+    import ascend_moe_ops._C as ext
+    out = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", ext.__file__], capture_output=True,
+                         text=True, check=True, timeout=900).stdout
+    fn, bad, isa = None, set(), set()
+    for line in out.splitlines():
+        if line.endswith(">:") and " <" in line:
+            fn = line.split(" <", 1)[1][:-2]
+        elif fn and _AVX512_INSN.search(line):
+            (isa if "::isa_" in fn else bad).add(fn)
+    assert isa, "no AVX-512 code at all: the per-ISA tile kernels are missing"
+    assert not bad, f"AVX-512 / AMX code outside the per-ISA namespaces: {sorted(bad)[:10]}"
