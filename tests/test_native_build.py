@@ -236,7 +236,7 @@ def test_level_above_the_cpu_warns_and_runs_at_the_cpu_level():
 # AVX-512 / AMX registers and EVEX-only mnemonics (an AVX2 CPU faults on any of them)
 _AVX512_INSN = re.compile(
     r"%zmm|%k[1-7]\b|%[xy]mm(1[6-9]|2\d|3[01])\b|%tmm|\btdp|\bvdpbf16|\bvcvtne2?ps2bf16|\bvpternlog|\bvperm[it]2"
-    r"|\bvpro[lr]|\bvpmov(db|dw|qb|qw|qd|wb|s|us|m2|[bwdq]2m)|\bvp?compress|\bvp?expand|\bvalign|\bvfixupimm"
+    r"|\bvpro[lr]|\bvpmov(u?s)?(db|dw|qb|qw|qd|wb)\b|\bvpmov(m2[bwdq]|[bwdq]2m)|\bvp?compress|\bvp?expand|\bvalign|\bvfixupimm"
     r"|\bvgetexp|\bvgetmant|\bvrndscale|\bvscalef|\bvrcp14|\bvrsqrt14|\bvpabsq|\bvpm(ax|in)[su]q|\bvpsraq"
     r"|\bvpconflict|\bvplzcnt|\bvpmullq|\bv(insert|extract)[fi](32x4|64x2|32x8|64x4)"
     r"|\bvbroadcast[fi](32x2|32x4|64x2|32x8|64x4)|\bvshuf[fi](32x4|64x2)|\bvpermw\b|\bvps[lr]lvw|\bvpsravw"
