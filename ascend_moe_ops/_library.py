@@ -115,6 +115,10 @@ class Backend:
         extension's import registers them)."""
         try:
             if self.extension is not None:
+                from . import _native  # the build record first: torch version, CPU (warns once)
+                err = _native.problem(self.extension)
+                if err is not None:
+                    return err
                 mod = importlib.import_module(self.extension)
                 if not hasattr(mod, "_bind_cpu"):
                     return (f"{self.extension} is an old build without dispatcher kernels; rebuild it "
@@ -201,12 +205,12 @@ NATIVE_AUTOGRAD: set = set()
 
 def _import_native() -> None:
     """Import the C++ extension before any op is defined: its ``TORCH_LIBRARY_IMPL(..., Autograd,
-    m)`` blocks then tell :func:`define` which formulas are C++ (when it is not built or does not
-    load, ``_backends.load("native")`` reports why)."""
-    try:
-        importlib.import_module(NATIVE.extension)
-    except Exception:
-        pass
+    m)`` blocks then tell :func:`define` which formulas are C++. The build record is checked first
+    (``_native``: torch version, CPU; a mismatch warns once with the rebuild command and the
+    extension is not imported); when it is not built or does not load, ``_backends.load("native")``
+    reports why."""
+    from . import _native
+    _native.extension(NATIVE.extension)
 
 
 _import_native()

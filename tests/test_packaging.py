@@ -41,3 +41,45 @@ def test_shipped_code_stands_alone():
             for f in sorted((ROOT / folder).rglob("*.py"))
             for m in bad.finditer(f.read_text())]
     assert hits == []
+
+
+def test_metadata_licence_authors_urls_and_pinned_torchtitan_extra():
+    proj = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert proj["license"] == "Apache-2.0" and proj["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text  # the whole licence, not a stub
+    assert proj["authors"] == [{"name": "ascend_moe_ops maintainers"}]
+    assert any("arxiv.org/abs/2505.04519" in u for u in proj["urls"].values())
+    assert proj["optional-dependencies"]["torchtitan"] == ["torchtitan==0.3.0"]
+
+
+def test_torch_is_not_a_build_requirement():
+    """An isolated build must never download torch (a multi-GB CUDA wheel) to compile against."""
+    reqs = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert not any(re.match(r"torch\b", r) for r in reqs), reqs
+
+
+def test_build_without_torch_stops_at_once_with_the_commands(tmp_path):
+    """setup.py where torch cannot be imported (as in pip's isolated build environment): it stops
+    before building anything and prints the two commands to use, with the installed torch's version
+    (found outside the isolated environment)."""
+    import os
+    import subprocess
+    import sys
+    import torch
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no torch in this build environment')\n")
+    info = ROOT / "ascend_moe_ops" / "_build_info.py"
+    before = info.read_bytes() if info.exists() else None
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    env.pop("ASCEND_MOE_OPS_NO_NATIVE", None)
+    proc = subprocess.run([sys.executable, "setup.py", "egg_info", "--egg-base", str(tmp_path)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert f"pip install torch=={torch.__version__.split('+')[0]}" in out, out[-2000:]
+    assert "pip install --no-build-isolation ." in out
+    assert "running build_ext" not in out and "build summary" not in out
+    assert (info.read_bytes() if info.exists() else None) == before  # the build record untouched
