@@ -16,6 +16,10 @@
 #include "host/row_map.h"
 #include "tiling/moe_permute_tiling.h"
 
+// The AscendC kernels this host code launches (entries of csrc/ascend/kernels; AMO_ASCEND_KERNEL: host/launch.h).
+#include AMO_ASCEND_KERNEL_HEADER(amo_moe_permute)
+AMO_ASCEND_KERNEL(amo_moe_permute, 4)
+
 namespace amo_ascend {
 namespace host {
 
@@ -37,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
   auto out = L::output({N, H}, x.options());  // every row is written by the kernel (zeros for padding)
   const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x), chip, L::max_tile_cols());
   if (t.key != MoePermuteTilingKey::kEmpty)
-    L::launch("amo_moe_permute", L::amo_moe_permute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, index,
+    L::launch("amo_moe_permute", kernels::amo_moe_permute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, index,
               out, L::pod(t, x));
   at::Tensor outProbs = probs.has_value() ? gather_by_slot(probs->contiguous(), slot)
                                           : at::empty({0}, x.options().dtype(at::kFloat));
