@@ -117,16 +117,16 @@ def test_no_registration_outside_the_list():
 
 
 def test_every_registered_op_is_in_the_list():
-    """The reverse direction: every op of the native namespace and every public op is listed (in the
-    right scope), so no op is registered by hand."""
+    """The reverse direction: every op of the native namespace and of the public namespace is listed,
+    and every PUBLIC_OP row is a public op, so no op is registered by hand."""
     listed = {r[0]: r[2] for r in OPS}
     names = torch._C._dispatch_get_all_op_names()
     native = {n.split("::")[1].split(".")[0] for n in names if n.startswith(NATIVE + "::")}
     public = {n.split("::")[1].split(".")[0] for n in names if n.startswith("ascend_moe_ops::")}
     assert native, "no op in the native namespace"
     assert native <= set(listed), f"not in op_list.h: {sorted(native - set(listed))}"
-    assert public == {op for op, s in listed.items() if s == "PUBLIC_OP"}, \
-        f"public ops {sorted(public)}, PUBLIC_OP rows {sorted(op for op, s in listed.items() if s == 'PUBLIC_OP')}"
+    assert public <= set(listed), f"public-namespace ops not in op_list.h: {sorted(public - set(listed))}"
+    assert {op for op, s in listed.items() if s == "PUBLIC_OP"} <= public
 
 
 @pytest.mark.skipif(not _native_loaded(), reason="the C++ extension ascend_moe_ops._C is not built")
