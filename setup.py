@@ -154,8 +154,9 @@ def ascendc_emu_extension():
         summary.append("ascendc-emu     : skipped, torch is not installed")
         return []
     asc = os.path.join(ROOT, "csrc", "ascend")
-    sources = _rel([os.path.join(asc, "emu_bindings.cpp")] + glob.glob(os.path.join(asc, "kernels", "*.cpp"))
-                   + glob.glob(os.path.join(asc, "tiling", "*.cpp")))
+    # every csrc/ascend/*.cpp (the module and one glue TU per op family) but the NPU-only registration
+    sources = _rel([p for p in glob.glob(os.path.join(asc, "*.cpp")) if not os.path.basename(p).startswith("npu_")]
+                   + glob.glob(os.path.join(asc, "kernels", "*.cpp")) + glob.glob(os.path.join(asc, "tiling", "*.cpp")))
     cxx = ["-O2", "-std=c++17", "-DASCEND_MOE_OPS_EMU"]
     summary.append(f"ascendc-emu     : AscendC kernels on the CPU emulation layer, {len(sources)} sources")
     return [CppExtension("ascend_moe_ops._ascendc_emu", sources, include_dirs=[asc],

@@ -1,10 +1,10 @@
-"""The NPU host glue (csrc/ascend/moe_permute.cpp, moe_unpermute.cpp, grouped_gemm.cpp,
-flash_attention.cpp) type-checks with ``g++ -fsyntax-only`` against the torch headers and the headers
+"""The NPU host glue (csrc/ascend/*.cpp but emu_bindings.cpp: one glue TU per op family and
+npu_bindings.cpp) type-checks with ``g++ -fsyntax-only`` against the torch headers and the headers
 shipped inside the torch_npu wheel of the same torch version (acl, torch_npu/csrc/...). The wheel is
 downloaded with ``pip download --no-deps`` and unpacked under build/ — never installed (an installed
 torch_npu breaks ``import torch`` on a machine without CANN). The kernel launchers that CANN's
-ascendc_library() generates (aclrtlaunch_<kernel>) are replaced by the labelled stub declarations in
-csrc/ascend/host/stubs. Skips, with the reason printed, when the wheel or a header is unavailable.
+ascendc_library() generates (aclrtlaunch_<kernel>) are replaced by the labelled stand-in declarations
+of AMO_ASCEND_KERNEL under -DAMO_ASCEND_GLUE_TYPECHECK (csrc/ascend/host/launch.h). Skips, with the reason printed, when the wheel or a header is unavailable.
 
 ASCEND_MOE_OPS_TORCH_NPU_INCLUDE=<dir> uses an already unpacked ``torch_npu/include`` instead.
 """
@@ -24,7 +24,7 @@ import torch
 
 from _ascend_cxx import ASCEND, CACHE, ROOT, ascend_headers
 
-GLUE = ["moe_permute.cpp", "moe_unpermute.cpp", "grouped_gemm.cpp", "flash_attention.cpp"]
+GLUE = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ASCEND, "*.cpp")) if not p.endswith("emu_bindings.cpp"))
 NEEDED = ["acl/acl.h", "torch_npu/csrc/framework/OpCommand.h", "torch_npu/csrc/core/npu/NPUStream.h"]
 
 
@@ -99,92 +99,95 @@ def test_glue_type_checks_against_torch_npu_headers(npu_include):
     open(stamp, "w").close()
 
 
-def test_stub_launchers_match_kernel_entries():
-    """Each kernel entry point has a stub launcher with the same GM arguments (+ blockDim, stream)."""
-    import re
-    stubs = open(os.path.join(ASCEND, "host", "stubs", "aclrtlaunch_amo_kernels.h")).read()
+def test_declared_launchers_match_kernel_entries():
+    """Each kernel entry is declared once (AMO_ASCEND_KERNEL in a host header) with its GM argument
+    count: the stand-in launcher of the type-check and the emulator's declaration both derive from it."""
+    declared = {}
+    for h in glob.glob(os.path.join(ASCEND, "host", "*_host.h")):
+        for name, n in re.findall(r"^AMO_ASCEND_KERNEL\((\w+), (\d+)\)", open(h).read(), flags=re.M):
+            assert name not in declared, f"{name} declared twice"
+            declared[name] = int(n)
+    entries = {}
     for src in glob.glob(os.path.join(ASCEND, "kernels", "*.cpp")):
-        text = open(src).read()
-        for name, args in re.findall(r'extern "C" __global__ __aicore__ void (\w+)\(([^)]*)\)', text):
-            n_gm = args.count("GM_ADDR")
-            m = re.search(r"aclrtlaunch_%s\(([^)]*)\)" % name, stubs)
-            assert m, f"no stub launcher for kernel {name}"
-            assert m.group(1).count("void*") == n_gm, f"{name}: stub and kernel disagree on the arguments"
+        for name, args in re.findall(r'extern "C" __global__ __aicore__ void (\w+)\(([^)]*)\)', open(src).read()):
+            entries[name] = args.count("GM_ADDR")
+    assert declared == entries, f"declared {declared}, kernel entries {entries}"
 
 
 # ---- one host function per op: the NPU glue and the emulator glue cannot drift apart again --------------
 # Every op's host code (checks, tiling, allocation, row maps, launch sequence) lives once in
-# csrc/ascend/host/<op>_host.h as a template on its Launcher; the NPU glue TUs and the emulator TU only
-# instantiate it. These scans fail when either side grows logic of its own again.
+# csrc/ascend/host/<family>_host.h as a template on its Launcher; its glue TU csrc/ascend/<family>.cpp,
+# compiled into both the emulator extension and the NPU library, only names the ops (AMO_ASCEND_OP), and
+# the shared TUs (emu_bindings.cpp, npu_bindings.cpp) only expand the op list. These scans fail when any
+# of them grows logic of its own again.
 
-_HOST_OPS = {  # host header -> the ops it implements (registered by both sides)
-    "moe_permute_host.h": ["moe_permute"],
-    "moe_unpermute_host.h": ["moe_unpermute", "moe_unpermute_backward"],
-    "grouped_gemm_host.h": ["grouped_gemm", "grouped_gemm_dw"],
-    "flash_attention_host.h": ["flash_attention_fwd", "flash_attention_bwd"],
-}
-_EMU_TU = "emu_bindings.cpp"
+def _ascend_ops():
+    """family -> the ASCENDC ops of the op list (csrc/common/op_list.h)."""
+    text = open(os.path.join(ASCEND, "..", "common", "op_list.h")).read()
+    fams = {}
+    for op, fam, _scope, asc, _grad in re.findall(r"X\((\w+),\s*(\w+),\s*(\w+),\s*(\w+),\s*(\w+)\)", text):
+        if asc == "ASCENDC":
+            fams.setdefault(fam, []).append(op)
+    return fams
+
+
+_SHARED_TUS = ["emu_bindings.cpp", "npu_bindings.cpp"]
 # what only per-op host code does: checks, tilings, allocations, kernel launches, device copies
 _LOGIC = [r"TORCH_CHECK", r"\bchecks::", r"compute_\w+_tiling", r"\bat::(empty|zeros|full|where|arange)\b",
-          r"aclrtlaunch_", r"ascend_emu::launch", r"\.contiguous\(\)", r"\.to\(", r"row_id_map|compute_row"]
+          r"aclrtlaunch_", r"ascend_emu::launch", r"\.contiguous\(\)", r"\.to\(", r"row_id_map|compute_row",
+          r"m\.impl\("]
 
 
 def _code(text):
-    import re
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
     return "\n".join(line.split("//")[0] for line in text.splitlines())
 
 
-def _glue_problems(name, text, launcher):
-    """What is wrong with a glue TU: per-op logic of its own, or an op not taken from its host header."""
-    import re
+def _glue_problems(name, text):
+    """What is wrong with a glue TU: per-op logic or a registration of its own."""
     code = _code(text)
-    problems = [f"{name}: per-op logic ({pat})" for pat in _LOGIC if re.search(pat, code)]
-    for op, fn in re.findall(r'm\.impl\("(\w+)",\s*([^;]*)\);', code):
-        if not re.fullmatch(r"TORCH_FN\((amo_ascend::)?host::%s<%s>\)" % (op, launcher), fn.strip()):
-            problems.append(f"{name}: op {op} is registered with {fn.strip()}, not host::{op}<{launcher}>")
-    return problems
+    return [f"{name}: per-op logic ({pat})" for pat in _LOGIC if re.search(pat, code)]
 
 
 def _registered(text):
-    import re
-    return set(re.findall(r'm\.impl\("(\w+)"', _code(text)))
+    return set(re.findall(r"^AMO_ASCEND_OP\((\w+)\)", _code(text), flags=re.M))
 
 
-def test_npu_and_emu_glue_instantiate_the_same_host_code():
-    npu_ops, emu_text = set(), open(os.path.join(ASCEND, _EMU_TU)).read()
-    problems = _glue_problems(_EMU_TU, emu_text, "EmuLauncher")
-    for header, ops in _HOST_OPS.items():
-        hpath = os.path.join(ASCEND, "host", header)
-        htext = _code(open(hpath).read())
+def test_glue_tus_instantiate_the_host_code_of_the_op_list():
+    fams = _ascend_ops()
+    problems = []
+    for tu in _SHARED_TUS:
+        text = open(os.path.join(ASCEND, tu)).read()
+        problems += _glue_problems(tu, text)
+        assert "register_ascend(" in _code(text) and not _registered(text), tu
+    for fam, ops in fams.items():
+        htext = _code(open(os.path.join(ASCEND, "host", f"{fam}_host.h")).read())
         for op in ops:
-            assert f"template <class L>" in htext and re.search(r"\b%s\(" % op, htext), f"{header} lacks {op}"
-        assert f'#include "host/{header}"' in emu_text, f"{_EMU_TU} does not include host/{header}"
-    for g in GLUE:
-        text = open(os.path.join(ASCEND, g)).read()
-        problems += _glue_problems(g, text, "NpuLauncher")
-        npu_ops |= _registered(text)
+            assert "template <class L>" in htext and re.search(r"\b%s\(" % op, htext), f"{fam}_host.h lacks {op}"
+        text = open(os.path.join(ASCEND, f"{fam}.cpp")).read()
+        problems += _glue_problems(f"{fam}.cpp", text)
+        assert f'#include "host/{fam}_host.h"' in text, f"{fam}.cpp does not include host/{fam}_host.h"
+        assert _registered(text) == set(ops), f"{fam}.cpp registers {sorted(_registered(text))}, the list {ops}"
     assert not problems, "\n".join(problems)
-    every = {op for ops in _HOST_OPS.values() for op in ops}
-    assert npu_ops == every, f"NPU glue registers {sorted(npu_ops)}, host headers implement {sorted(every)}"
-    assert _registered(emu_text) == every, f"{_EMU_TU} registers {sorted(_registered(emu_text))}"
+    glue = {g[:-4] for g in GLUE} - {t[:-4] for t in _SHARED_TUS}
+    assert glue == set(fams), f"glue TUs {sorted(glue)}, ASCENDC families of the op list {sorted(fams)}"
 
 
 def test_launchers_hold_no_per_op_code():
-    """The launchers know kernels only through the one kernel list; no tiling, no op names."""
+    """The launchers know no kernel, tiling or op."""
     for path in [os.path.join(ASCEND, "host", "emu_launcher.h"), os.path.join(ASCEND, "host", "npu_common.h")]:
         code = _code(open(path).read())
-        for pat in [r"compute_\w+_tiling", r"\bchecks::", r"Tiling\b", r"row_map"]:
+        for pat in [r"compute_\w+_tiling", r"\bchecks::", r"Tiling\b", r"row_map", r"\bamo_(?!ascend\b)\w+"]:
             assert not re.search(pat, code), f"{os.path.basename(path)}: {pat}"
 
 
 def test_the_glue_scan_catches_a_twin():
     """The scan itself: a glue TU with its own check, or registering its own function, is caught."""
-    ok = 'TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m) {\n  m.impl("moe_permute", TORCH_FN(amo_ascend::host::moe_permute<NpuLauncher>));\n}\n'
-    assert _glue_problems("ok.cpp", ok, "NpuLauncher") == []
-    twin = ok.replace("amo_ascend::host::moe_permute<NpuLauncher>", "moe_permute_npu")
-    twin = "at::Tensor moe_permute_npu(const at::Tensor& t) {\n  TORCH_CHECK(t.dim() == 2);\n  return at::empty({1});\n}\n" + twin
-    found = _glue_problems("twin.cpp", twin, "NpuLauncher")
+    ok = '#include "host/moe_permute_host.h"\n#include "host/register.h"\n\nAMO_ASCEND_OP(moe_permute)\n'
+    assert _glue_problems("ok.cpp", ok) == [] and _registered(ok) == {"moe_permute"}
+    twin = ok + 'at::Tensor moe_permute_npu(const at::Tensor& t) {\n  TORCH_CHECK(t.dim() == 2);\n  return at::empty({1});\n}\n'
+    twin += 'TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m) {\n  m.impl("moe_permute", TORCH_FN(moe_permute_npu));\n}\n'
+    found = _glue_problems("twin.cpp", twin)
     assert any("TORCH_CHECK" in p for p in found) and any("at::" in p for p in found)
-    assert any("not host::moe_permute<NpuLauncher>" in p for p in found)
-    assert _glue_problems("c.cpp", ok + "// TORCH_CHECK in a comment is fine\n", "NpuLauncher") == []
+    assert any("m\\.impl" in p for p in found)
+    assert _glue_problems("c.cpp", ok + "// TORCH_CHECK in a comment is fine\n") == []

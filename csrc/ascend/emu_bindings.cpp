@@ -3,10 +3,11 @@
 // namespace ascend_moe_ops_emu (dispatch key CPU), so the parity suites run the real kernel sources on
 // CPU tensors (torch.ops.ascend_moe_ops_emu.<op>).
 //
-// This file holds no per-op logic: every op is the host code of host/<op>_host.h, the same the NPU
-// glue (csrc/ascend/{moe_permute,moe_unpermute,grouped_gemm,flash_attention}.cpp) registers for
-// PrivateUse1, instantiated here with EmuLauncher (host/emu_launcher.h: CPU tensors, kernels on the
-// emulator's blocks, allocations checked against the tilings; its test knobs are listed there).
+// This file holds no per-op code: every ASCENDC op of the op list (common/op_list.h) is registered by
+// register_ascend (host/register.h), which calls the AMO_ASCEND_OP of its glue TU
+// csrc/ascend/<family>.cpp: the host code of host/<family>_host.h, the same the NPU build registers
+// for PrivateUse1, instantiated here with EmuLauncher (host/emu_launcher.h: CPU tensors, kernels on
+// the emulator's blocks, allocations checked against the tilings; its test knobs are listed there).
 // MLA on the Ascend path is a composition of these kernels in Python (ascend_moe_ops/ops/mla_attention.py).
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -16,26 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "host/emu_launcher.h"
-#include "host/flash_attention_host.h"
-#include "host/grouped_gemm_host.h"
-#include "host/moe_permute_host.h"
-#include "host/moe_unpermute_host.h"
+#include "host/register.h"
 
 namespace {
 
-using amo_ascend::host::EmuLauncher;
-namespace host = amo_ascend::host;
-
-void register_kernels(torch::Library& m) {
-  m.impl("moe_permute", TORCH_FN(host::moe_permute<EmuLauncher>));
-  m.impl("moe_unpermute", TORCH_FN(host::moe_unpermute<EmuLauncher>));
-  m.impl("moe_unpermute_backward", TORCH_FN(host::moe_unpermute_backward<EmuLauncher>));
-  m.impl("grouped_gemm", TORCH_FN(host::grouped_gemm<EmuLauncher>));
-  m.impl("grouped_gemm_dw", TORCH_FN(host::grouped_gemm_dw<EmuLauncher>));
-  m.impl("flash_attention_fwd", TORCH_FN(host::flash_attention_fwd<EmuLauncher>));
-  m.impl("flash_attention_bwd", TORCH_FN(host::flash_attention_bwd<EmuLauncher>));
-}
+void register_kernels(torch::Library& m) { amo_ascend::op_list::register_ascend(m); }
 
 // The same kernels for another namespace's CPU key (ASCEND_MOE_OPS_BACKEND=ascendc-emu binds them to
 // the public ascend_moe_ops at import); once per namespace, the Library objects live until exit.

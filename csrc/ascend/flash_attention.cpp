@@ -1,15 +1,11 @@
-// NPU registration of flash_attention_fwd and flash_attention_bwd (PrivateUse1): the host code of
-// host/flash_attention_host.h (checks, tiling, workspaces, argument block, launch sequence), the same
-// the emulated backend runs in CI, instantiated with NpuLauncher. Schemas are defined in
-// ascend_moe_ops/_library.py. UNVERIFIED: type-checked with g++ only (tests/test_ascend_glue.py),
-// never compiled with the CANN toolkit nor run on an NPU (docs/ascend.md).
-#include <torch/library.h>
-
+// flash_attention_fwd and flash_attention_bwd on Ascend: the host code of host/flash_attention_host.h (checks, tiling, workspaces, launch
+// sequence), written once for every launcher, registered through host/register.h with this build's
+// Launcher: EmuLauncher in the emulator extension (namespace ascend_moe_ops_emu, CPU tensors, run in
+// CI), NpuLauncher on a CANN build (ascend_moe_ops, PrivateUse1; UNVERIFIED: type-checked with g++
+// only, never compiled with the CANN toolkit nor run on an NPU, docs/ascend.md). Schemas are defined
+// in ascend_moe_ops/_library.py.
 #include "host/flash_attention_host.h"
-#include "host/npu_common.h"
+#include "host/register.h"
 
-TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m) {
-  using amo_ascend::npu::NpuLauncher;
-  m.impl("flash_attention_fwd", TORCH_FN(amo_ascend::host::flash_attention_fwd<NpuLauncher>));
-  m.impl("flash_attention_bwd", TORCH_FN(amo_ascend::host::flash_attention_bwd<NpuLauncher>));
-}
+AMO_ASCEND_OP(flash_attention_fwd)
+AMO_ASCEND_OP(flash_attention_bwd)

@@ -1,13 +1,11 @@
-// NPU registration of grouped_gemm and grouped_gemm_dw (PrivateUse1): the host code of
-// host/grouped_gemm_host.h, the same the emulated backend runs in CI, instantiated with NpuLauncher.
-// Schemas are defined in ascend_moe_ops/_library.py.
-#include <torch/library.h>
-
+// grouped_gemm and grouped_gemm_dw on Ascend: the host code of host/grouped_gemm_host.h (checks, tiling, workspaces, launch
+// sequence), written once for every launcher, registered through host/register.h with this build's
+// Launcher: EmuLauncher in the emulator extension (namespace ascend_moe_ops_emu, CPU tensors, run in
+// CI), NpuLauncher on a CANN build (ascend_moe_ops, PrivateUse1; UNVERIFIED: type-checked with g++
+// only, never compiled with the CANN toolkit nor run on an NPU, docs/ascend.md). Schemas are defined
+// in ascend_moe_ops/_library.py.
 #include "host/grouped_gemm_host.h"
-#include "host/npu_common.h"
+#include "host/register.h"
 
-TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m) {
-  using amo_ascend::npu::NpuLauncher;
-  m.impl("grouped_gemm", TORCH_FN(amo_ascend::host::grouped_gemm<NpuLauncher>));
-  m.impl("grouped_gemm_dw", TORCH_FN(amo_ascend::host::grouped_gemm_dw<NpuLauncher>));
-}
+AMO_ASCEND_OP(grouped_gemm)
+AMO_ASCEND_OP(grouped_gemm_dw)

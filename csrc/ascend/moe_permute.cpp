@@ -1,12 +1,10 @@
-// NPU registration of moe_permute (dispatch key PrivateUse1, registered by torch_npu): the host code
-// of host/moe_permute_host.h, the same the emulated backend runs in CI, instantiated with NpuLauncher.
-// The schema is defined in ascend_moe_ops/_library.py.
-#include <torch/library.h>
-
+// moe_permute on Ascend: the host code of host/moe_permute_host.h (checks, tiling, workspaces, launch
+// sequence), written once for every launcher, registered through host/register.h with this build's
+// Launcher: EmuLauncher in the emulator extension (namespace ascend_moe_ops_emu, CPU tensors, run in
+// CI), NpuLauncher on a CANN build (ascend_moe_ops, PrivateUse1; UNVERIFIED: type-checked with g++
+// only, never compiled with the CANN toolkit nor run on an NPU, docs/ascend.md). Schemas are defined
+// in ascend_moe_ops/_library.py.
 #include "host/moe_permute_host.h"
-#include "host/npu_common.h"
+#include "host/register.h"
 
-TORCH_LIBRARY_IMPL(ascend_moe_ops, PrivateUse1, m) {
-  using amo_ascend::npu::NpuLauncher;
-  m.impl("moe_permute", TORCH_FN(amo_ascend::host::moe_permute<NpuLauncher>));
-}
+AMO_ASCEND_OP(moe_permute)

@@ -479,13 +479,15 @@ inline void mla_common(const char* op, const Tensor& q, const Tensor& c_kv, cons
 }
 
 inline void mla_attention_fwd(const Tensor& q, const Tensor& c_kv, const Tensor& k_pe, const Tensor& w, const Tensor& cu,
-                              int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale) {
+                              int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale,
+                              bool /*causal*/ = false, bool /*save_kv*/ = false) {
   mla_common("mla_attention_fwd", q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale);
 }
 
 inline void mla_attention_bwd(const Tensor& grad_out, const Tensor& q, const Tensor& c_kv, const Tensor& k_pe,
                               const Tensor& w, const Tensor& out, const Tensor& l, const Tensor& kv, const Tensor& cu,
-                              int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale) {
+                              int64_t max_seqlen, int64_t H, int64_t Dn, int64_t Dv, double softmax_scale,
+                              bool /*causal*/ = false) {
   constexpr const char* op = "mla_attention_bwd";
   mla_common(op, q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale);
   const std::vector<int64_t> o_shape = {q.size(0), H, Dv};

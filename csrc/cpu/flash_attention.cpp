@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/checks.h"
-#include "common/registry.h"
+#include "common/op_registry.h"
 
 // BLAS from the MKL that the x86 torch wheels link statically (column-major Fortran ABI). Weak:
 // where the symbol is absent the tile products fall back to at::mm on the same buffers.
@@ -453,7 +453,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_o
 }
 }  // namespace
 
-AMO_KERNELS(flash_attention) {
-  m.impl("flash_attention_fwd", TORCH_FN(flash_attention_fwd_op));
-  m.impl("flash_attention_bwd", TORCH_FN(flash_attention_bwd_op));
-}
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(flash_attention_fwd, flash_attention_fwd_op)
+AMO_CPU_KERNEL(flash_attention_bwd, flash_attention_bwd_op)

@@ -35,7 +35,7 @@
 
 #include "common/alloc.h"
 #include "common/checks.h"
-#include "common/registry.h"
+#include "common/op_registry.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -307,7 +307,6 @@ at::Tensor grouped_gemm_dw_op(const at::Tensor& a, const at::Tensor& b, const at
 }
 }  // namespace
 
-AMO_KERNELS(grouped_gemm) {
-  m.impl("grouped_gemm", TORCH_FN(grouped_gemm_op));
-  m.impl("grouped_gemm_dw", TORCH_FN(grouped_gemm_dw_op));
-}
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(grouped_gemm, grouped_gemm_op)
+AMO_CPU_KERNEL(grouped_gemm_dw, grouped_gemm_dw_op)

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/alloc.h"
+#include "common/op_registry.h"
 #include "common/vec.h"
 
 namespace {
@@ -295,9 +296,6 @@ std::tuple<Tensor, Tensor> sort_chunks_cpu(const Tensor& input_in, const Tensor&
 
 }  // namespace
 
-// The schemas are defined in ascend_moe_ops/_library.py (INTERNAL_SCHEMAS: native and reference
-// namespaces only).
-TORCH_LIBRARY_IMPL(ascend_moe_ops_native, CPU, m) {
-  m.impl("mask_permute", TORCH_FN(mask_permute_cpu));
-  m.impl("sort_chunks", TORCH_FN(sort_chunks_cpu));
-}
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(mask_permute, mask_permute_cpu)
+AMO_CPU_KERNEL(sort_chunks, sort_chunks_cpu)

@@ -4,7 +4,7 @@
 // The backward recomputes kv with the very same call when it was not saved, so both recompute
 // modes give the same bits.
 #include "common/checks.h"
-#include "common/registry.h"
+#include "common/op_registry.h"
 #include "cpu/flash_attention.h"
 
 namespace amo {
@@ -84,7 +84,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_op(
 }
 }  // namespace
 
-AMO_KERNELS(mla_attention) {
-  m.impl("mla_attention_fwd", TORCH_FN(mla_attention_fwd_op));
-  m.impl("mla_attention_bwd", TORCH_FN(mla_attention_bwd_op));
-}
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(mla_attention_fwd, mla_attention_fwd_op)
+AMO_CPU_KERNEL(mla_attention_bwd, mla_attention_bwd_op)

@@ -25,7 +25,7 @@
 
 #include "common/alloc.h"
 #include "common/checks.h"
-#include "common/registry.h"
+#include "common/op_registry.h"
 #include "common/vec.h"
 
 namespace {
@@ -290,4 +290,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
 }
 }  // namespace
 
-AMO_KERNELS(moe_permute) { m.impl("moe_permute", TORCH_FN(moe_permute_op)); }
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(moe_permute, moe_permute_op)

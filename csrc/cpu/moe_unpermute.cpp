@@ -23,7 +23,7 @@
 
 #include "common/alloc.h"
 #include "common/checks.h"
-#include "common/registry.h"
+#include "common/op_registry.h"
 #include "common/vec.h"
 
 namespace {
@@ -325,7 +325,6 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward_op(const at::Tensor& g
 }
 }  // namespace
 
-AMO_KERNELS(moe_unpermute) {
-  m.impl("moe_unpermute", TORCH_FN(moe_unpermute_op));
-  m.impl("moe_unpermute_backward", TORCH_FN(moe_unpermute_backward_op));
-}
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(moe_unpermute, moe_unpermute_op)
+AMO_CPU_KERNEL(moe_unpermute_backward, moe_unpermute_backward_op)

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "common/op_registry.h"
 #include "common/vec.h"
 
 namespace {
@@ -166,9 +167,6 @@ std::tuple<Tensor, Tensor> swiglu_probs_backward_cpu(const Tensor& grad_in, cons
 
 }  // namespace
 
-// The schemas are defined in ascend_moe_ops/_library.py (INTERNAL_SCHEMAS: native and reference
-// namespaces only; this is not a public op with a kernel per backend).
-TORCH_LIBRARY_IMPL(ascend_moe_ops_native, CPU, m) {
-  m.impl("swiglu_probs", TORCH_FN(swiglu_probs_cpu));
-  m.impl("swiglu_probs_backward", TORCH_FN(swiglu_probs_backward_cpu));
-}
+// Registered from the op list (common/op_list.h, common/op_registry.h).
+AMO_CPU_KERNEL(swiglu_probs, swiglu_probs_cpu)
+AMO_CPU_KERNEL(swiglu_probs_backward, swiglu_probs_backward_cpu)

@@ -1,7 +1,8 @@
 // EmuLauncher: the Launcher (host/launch.h) of the emulated backend. Tensors are CPU tensors; a
 // launch runs the kernel source compiled with g++ against the emulation layer (emu/) on the
 // emulator's blocks, one after another, with the A2 rule models on, then checks what the kernel
-// allocated against its tiling's plan. Only emu_bindings.cpp includes this file.
+// allocated against its tiling's plan. Only host/register.h includes this file (emulator build). The
+// kernels it runs are the entries the host code declares (AMO_ASCEND_KERNEL, host/launch.h).
 //
 // Environment (tests only): ASCEND_MOE_OPS_EMU_AIV = vector core count (default 48, the 910B2);
 // ASCEND_MOE_OPS_EMU_AIC = AI Core (Cube) count (default 24; AIV = 2 x AIC then);
@@ -22,34 +23,10 @@
 #include "emu/kernel_operator_emu.h"
 #include "host/launch.h"
 
-// The kernel entries of csrc/ascend/kernels/*.cpp (compiled into the same extension).
-extern "C" void amo_moe_permute(GM_ADDR tokens, GM_ADDR index, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_moe_unpermute(GM_ADDR permuted, GM_ADDR rowMap, GM_ADDR probs, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_moe_unpermute_grad(GM_ADDR gradOut, GM_ADDR permuted, GM_ADDR slotOfRow, GM_ADDR probs,
-                                       GM_ADDR gradPermuted, GM_ADDR dots, GM_ADDR tiling);
-extern "C" void amo_grouped_gemm(GM_ADDR x, GM_ADDR weight, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_grouped_gemm_dw(GM_ADDR a, GM_ADDR b, GM_ADDR groupSizes, GM_ADDR out, GM_ADDR tiling);
-extern "C" void amo_fa_qk(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_pv(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_update(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fa_fused(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_delta(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_qk(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_softmax(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_grad(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_acc(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_dkrope(GM_ADDR gmArgs, GM_ADDR tiling);
-extern "C" void amo_fab_fused(GM_ADDR gmArgs, GM_ADDR tiling);
-
 namespace amo_ascend {
 namespace host {
 
 struct EmuLauncher {
-#define AMO_EMU_KERNEL(k) static constexpr auto k = &::k;
-  AMO_ASCEND_KERNELS(AMO_EMU_KERNEL)
-#undef AMO_EMU_KERNEL
-
   static void check_device(const at::Tensor& t, const char* name) {
     TORCH_CHECK(t.device().is_cpu(), "ascendc-emu: ", name, " must be a cpu tensor, got ", t.device());
   }

@@ -14,7 +14,7 @@
 //   forward : amo_fa_fused (one launch)
 //   backward: amo_fab_delta (AIV); amo_fab_fused for pass KV, then for pass Q; amo_fab_dkrope (AIV, k_rope only)
 //
-// and with ASCEND_MOE_OPS_FA_KERNELS=phases (host/fa_kernels.h) the phase kernels:
+// and with ASCEND_MOE_OPS_FA_KERNELS=phases (host/flash_attention_kernels.h) the phase kernels:
 //
 //   forward : for step j < steps: amo_fa_qk (AIC), amo_fa_softmax (AIV), amo_fa_pv (AIC), amo_fa_update (AIV)
 //   backward: amo_fab_delta (AIV); for pass in (KV, Q): zero acc; for step j < steps:
@@ -36,9 +36,35 @@
 #include <vector>
 
 #include "../../common/checks.h"
-#include "host/fa_kernels.h"
+#include "host/flash_attention_kernels.h"
 #include "host/launch.h"
 #include "tiling/flash_attention_tiling.h"
+
+// The AscendC kernels this host code launches (entries of csrc/ascend/kernels; AMO_ASCEND_KERNEL: host/launch.h).
+#include AMO_ASCEND_KERNEL_HEADER(amo_fa_qk)
+AMO_ASCEND_KERNEL(amo_fa_qk, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fa_softmax)
+AMO_ASCEND_KERNEL(amo_fa_softmax, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fa_pv)
+AMO_ASCEND_KERNEL(amo_fa_pv, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fa_update)
+AMO_ASCEND_KERNEL(amo_fa_update, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fa_fused)
+AMO_ASCEND_KERNEL(amo_fa_fused, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_delta)
+AMO_ASCEND_KERNEL(amo_fab_delta, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_qk)
+AMO_ASCEND_KERNEL(amo_fab_qk, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_softmax)
+AMO_ASCEND_KERNEL(amo_fab_softmax, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_grad)
+AMO_ASCEND_KERNEL(amo_fab_grad, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_acc)
+AMO_ASCEND_KERNEL(amo_fab_acc, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_dkrope)
+AMO_ASCEND_KERNEL(amo_fab_dkrope, 2)
+#include AMO_ASCEND_KERNEL_HEADER(amo_fab_fused)
+AMO_ASCEND_KERNEL(amo_fab_fused, 2)
 
 namespace amo_ascend {
 namespace host {
@@ -145,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
     const FlashAttentionFwdArgs a{gm_addr(qc),  gm_addr(kc),  gm_addr(vc),   gm_addr(krc), gm_addr(cu),
                                   gm_addr(cuk), gm_addr(sWs), gm_addr(pWs),  gm_addr(opWs), 0,
                                   0,            gm_addr(out), gm_addr(lse)};
-    L::launch("amo_fa_fused", L::amo_fa_fused, fa_mix(t, chip), {qc, kc, vc, krc, cu, cuk, sWs, pWs, opWs, out, lse},
+    L::launch("amo_fa_fused", kernels::amo_fa_fused, fa_mix(t, chip), {qc, kc, vc, krc, cu, cuk, sWs, pWs, opWs, out, lse},
               L::pod(a, qc), step_tiling<L>(t, FlashAttentionPass::kForward, 0, qc));
     return {out, lse};
   }
@@ -162,10 +188,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attention_fwd(const at::Tensor& q, cons
   const std::vector<at::Tensor> keep{qc, kc, vc, krc, cu, cuk, sWs, pWs, opWs, oWs, stWs, out, lse};
   for (int64_t j = 0; j < ws.steps; ++j) {
     auto tiling = step_tiling<L>(t, FlashAttentionPass::kForward, j, qc);
-    L::launch("amo_fa_qk", L::amo_fa_qk, fa_cube(t, chip), keep, args, tiling);
-    L::launch("amo_fa_softmax", L::amo_fa_softmax, fa_vec(t, chip), keep, args, tiling);
-    L::launch("amo_fa_pv", L::amo_fa_pv, fa_cube(t, chip), keep, args, tiling);
-    L::launch("amo_fa_update", L::amo_fa_update, fa_vec(t, chip), keep, args, tiling);
+    L::launch("amo_fa_qk", kernels::amo_fa_qk, fa_cube(t, chip), keep, args, tiling);
+    L::launch("amo_fa_softmax", kernels::amo_fa_softmax, fa_vec(t, chip), keep, args, tiling);
+    L::launch("amo_fa_pv", kernels::amo_fa_pv, fa_cube(t, chip), keep, args, tiling);
+    L::launch("amo_fa_update", kernels::amo_fa_update, fa_vec(t, chip), keep, args, tiling);
   }
   return {out, lse};
 }
@@ -227,23 +253,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
                                      dkRopeHeads, dq, dk, dv, dkRope};
   // delta = rowsum(dout * out), once, with the tiling of the KV pass at step 0 (also used by amo_fab_dkrope)
   auto base = step_tiling<L>(t, FlashAttentionPass::kBackwardKV, 0, qc);
-  L::launch("amo_fab_delta", L::amo_fab_delta, fa_vec(t, chip), keep, args, base);
+  L::launch("amo_fab_delta", kernels::amo_fab_delta, fa_vec(t, chip), keep, args, base);
   for (const FlashAttentionPass pass : {FlashAttentionPass::kBackwardKV, FlashAttentionPass::kBackwardQ}) {
     if (fused) {  // one mixed launch per pass
-      L::launch("amo_fab_fused", L::amo_fab_fused, fa_mix(t, chip), keep, args, step_tiling<L>(t, pass, 0, qc));
+      L::launch("amo_fab_fused", kernels::amo_fab_fused, fa_mix(t, chip), keep, args, step_tiling<L>(t, pass, 0, qc));
       continue;
     }
     acc.zero_();  // on the NPU an op on the same stream, queued before this pass's launches
     for (int64_t j = 0; j < w.steps; ++j) {
       auto tiling = step_tiling<L>(t, pass, j, qc);
-      L::launch("amo_fab_qk", L::amo_fab_qk, fa_cube(t, chip), keep, args, tiling);
-      L::launch("amo_fab_softmax", L::amo_fab_softmax, fa_vec(t, chip), keep, args, tiling);
-      L::launch("amo_fab_grad", L::amo_fab_grad, fa_cube(t, chip), keep, args, tiling);
-      L::launch("amo_fab_acc", L::amo_fab_acc, fa_vec(t, chip), keep, args, tiling);
+      L::launch("amo_fab_qk", kernels::amo_fab_qk, fa_cube(t, chip), keep, args, tiling);
+      L::launch("amo_fab_softmax", kernels::amo_fab_softmax, fa_vec(t, chip), keep, args, tiling);
+      L::launch("amo_fab_grad", kernels::amo_fab_grad, fa_cube(t, chip), keep, args, tiling);
+      L::launch("amo_fab_acc", kernels::amo_fab_acc, fa_vec(t, chip), keep, args, tiling);
     }
   }
   if (s.rope)  // dK_rope = sum over heads of the per-head parts
-    L::launch("amo_fab_dkrope", L::amo_fab_dkrope, fa_vec(t, chip), keep, args, base);
+    L::launch("amo_fab_dkrope", kernels::amo_fab_dkrope, fa_vec(t, chip), keep, args, base);
   return {dq, sum_kv_group(dk, group), sum_kv_group(dv, group), dkRope};
 }
 

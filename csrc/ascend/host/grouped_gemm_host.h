@@ -14,6 +14,12 @@
 #include "host/launch.h"
 #include "tiling/grouped_gemm_tiling.h"
 
+// The AscendC kernels this host code launches (entries of csrc/ascend/kernels; AMO_ASCEND_KERNEL: host/launch.h).
+#include AMO_ASCEND_KERNEL_HEADER(amo_grouped_gemm)
+AMO_ASCEND_KERNEL(amo_grouped_gemm, 5)
+#include AMO_ASCEND_KERNEL_HEADER(amo_grouped_gemm_dw)
+AMO_ASCEND_KERNEL(amo_grouped_gemm_dw, 5)
+
 namespace amo_ascend {
 namespace host {
 
@@ -23,7 +29,7 @@ inline void check_copy_strides(int64_t K, int64_t N, const char* what) {
 }
 
 template <class L>
-at::Tensor gemm_launch(GroupedGemmLayout layout, const char* name, decltype(L::amo_grouped_gemm) kernel,
+at::Tensor gemm_launch(GroupedGemmLayout layout, const char* name, decltype(kernels::amo_grouped_gemm) kernel,
                        const at::Tensor& a, const at::Tensor& b, const at::Tensor& groupSizes, int64_t M, int64_t K,
                        int64_t N, int64_t E, at::IntArrayRef outShape, DType dt) {
   auto ac = a.contiguous(), bc = b.contiguous();
@@ -46,7 +52,7 @@ at::Tensor grouped_gemm(const at::Tensor& x, const at::Tensor& weight, const at:
   const int64_t M = x.size(0), K = x.size(1), E = weight.size(0), N = transB ? weight.size(1) : weight.size(2);
   check_copy_strides(K, N, "grouped_gemm: K and N");
   return gemm_launch<L>(transB ? GroupedGemmLayout::kNT : GroupedGemmLayout::kNN, "amo_grouped_gemm",
-                        L::amo_grouped_gemm, x, weight, groupSizes, M, K, N, E, {M, N}, dt);
+                        kernels::amo_grouped_gemm, x, weight, groupSizes, M, K, N, E, {M, N}, dt);
 }
 
 template <class L>
@@ -57,7 +63,7 @@ at::Tensor grouped_gemm_dw(const at::Tensor& a, const at::Tensor& b, const at::T
   const DType dt = cube_dtype(a, "grouped_gemm_dw");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1), E = groupSizes.numel();
   check_copy_strides(K, N, "grouped_gemm_dw: P and Q");
-  return gemm_launch<L>(GroupedGemmLayout::kDW, "amo_grouped_gemm_dw", L::amo_grouped_gemm_dw, a, b, groupSizes, M, K,
+  return gemm_launch<L>(GroupedGemmLayout::kDW, "amo_grouped_gemm_dw", kernels::amo_grouped_gemm_dw, a, b, groupSizes, M, K,
                         N, E, {E, K, N}, dt);
 }
 

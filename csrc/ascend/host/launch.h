@@ -6,11 +6,10 @@
 //
 //   NpuLauncher (host/npu_common.h)   tensors on the NPU; aclrtlaunch_<kernel>(blockDim, stream, ...)
 //                                     inside torch_npu's task queue on the current stream (the glue
-//                                     TUs csrc/ascend/{moe_permute,moe_unpermute,grouped_gemm,
-//                                     flash_attention}.cpp register it for PrivateUse1)
+//                                     TUs csrc/ascend/<family>.cpp register it for PrivateUse1)
 //   EmuLauncher (host/emu_launcher.h) CPU tensors; the kernel runs on the emulator's blocks with the
 //                                     A2 rule models, and the memory each kernel allocated is
-//                                     checked against its tiling's plan (emu_bindings.cpp)
+//                                     checked against its tiling's plan (the same glue TUs, emulator build)
 //
 // so the host code CI runs on the emulator is the host code an NPU runs. A Launcher provides:
 //
@@ -29,23 +28,37 @@
 //                                       // kernel's argument order); `keep` = tensors the kernel reaches
 //                                       // through an argument block, kept alive until it has run
 //
-// and one static constexpr member per kernel of host/kernel_list.h (the kernel entry on the emulator,
-// its aclrtlaunch_ launcher on the NPU).
+// The kernels themselves are declared by the host code of their op, once each, next to the code that
+// launches them (host/<family>_host.h):
+//
+//   #include AMO_ASCEND_KERNEL_HEADER(amo_k)   // on an NPU build: CANN's generated aclrtlaunch_amo_k.h
+//   AMO_ASCEND_KERNEL(amo_k, 4)                // the entry amo_k takes 4 GM addresses
+//
+// which makes kernels::amo_k the function a launch calls in this translation unit's build:
+//   emulator (-DASCEND_MOE_OPS_EMU)       the kernel entry of kernels/*.cpp itself, compiled with g++
+//                                         into the same extension: void(GM_ADDR x 4)
+//   NPU (CMake with CANN)                 aclrtlaunch_amo_k(blockDim, stream, void* x 4) from
+//                                         the header ascendc_library() generates for the kernel
+//   glue type-check (-DAMO_ASCEND_GLUE_TYPECHECK, no CANN)
+//                                         a declaration of that launcher of the same shape (a stand-in:
+//                                         the generated headers do not exist without CANN)
 #pragma once
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "tiling/tiling_common.h"
-
-// Every AscendC kernel entry of csrc/ascend/kernels/*.cpp; a Launcher has one member per entry.
-#define AMO_ASCEND_KERNELS(X)                                                                            \
-  X(amo_moe_permute) X(amo_moe_unpermute) X(amo_moe_unpermute_grad) X(amo_grouped_gemm) X(amo_grouped_gemm_dw) \
-  X(amo_fa_qk) X(amo_fa_softmax) X(amo_fa_pv) X(amo_fa_update) X(amo_fa_fused) X(amo_fab_delta) X(amo_fab_qk)   \
-  X(amo_fab_softmax) X(amo_fab_grad) X(amo_fab_acc) X(amo_fab_dkrope) X(amo_fab_fused)
+#ifdef ASCEND_MOE_OPS_EMU
+#include "emu/kernel_operator_emu.h"  // GM_ADDR
+#else
+#include "acl/acl.h"  // aclrtStream
+#endif
 
 namespace amo_ascend {
 namespace host {
@@ -107,5 +120,56 @@ inline DType cube_dtype(const at::Tensor& t, const char* op) {
   return t.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
 }
 
+// The type of a kernel's entry with `N` GM arguments on this build (see AMO_ASCEND_KERNEL above).
+template <class T, std::size_t>
+using Rep = T;
+template <class Seq>
+struct KernelEntryOf;
+template <std::size_t... I>
+struct KernelEntryOf<std::index_sequence<I...>> {
+#ifdef ASCEND_MOE_OPS_EMU
+  using type = void(Rep<GM_ADDR, I>...);
+#else
+  using type = uint32_t(uint32_t, aclrtStream, Rep<void*, I>...);  // aclrtlaunch_<kernel>(blockDim, stream, ...)
+  template <class F>
+  static constexpr bool launchable = std::is_invocable_r_v<uint32_t, F, uint32_t, aclrtStream, Rep<void*, I>...>;
+#endif
+};
+template <std::size_t N>
+using KernelEntry = typename KernelEntryOf<std::make_index_sequence<N>>::type;
+
 }  // namespace host
 }  // namespace amo_ascend
+
+#define AMO_ASCEND_STR_(x) #x
+#define AMO_ASCEND_STR(x) AMO_ASCEND_STR_(x)
+#if defined(ASCEND_MOE_OPS_EMU)
+#define AMO_ASCEND_KERNEL_HEADER(k) "host/launch.h"  // nothing more to include
+#define AMO_ASCEND_KERNEL(k, n_gm)                           \
+  extern "C" ::amo_ascend::host::KernelEntry<n_gm> k;        \
+  namespace amo_ascend {                                     \
+  namespace kernels {                                        \
+  inline constexpr auto k = &::k;                            \
+  }                                                          \
+  }
+#else
+#if defined(AMO_ASCEND_GLUE_TYPECHECK)
+// STAND-IN for type-checking only: the declaration CANN would generate, of the same shape; compiled into
+// nothing and says nothing about the generated code beyond this shape.
+#define AMO_ASCEND_KERNEL_HEADER(k) "host/launch.h"
+#define AMO_ASCEND_LAUNCHER_DECL(k, n_gm) extern "C" ::amo_ascend::host::KernelEntry<n_gm> aclrtlaunch_##k;
+#else
+#define AMO_ASCEND_KERNEL_HEADER(k) AMO_ASCEND_STR(aclrtlaunch_##k.h)
+#define AMO_ASCEND_LAUNCHER_DECL(k, n_gm)
+#endif
+#define AMO_ASCEND_KERNEL(k, n_gm)                                                                             \
+  AMO_ASCEND_LAUNCHER_DECL(k, n_gm)                                                                            \
+  static_assert(::amo_ascend::host::KernelEntryOf<std::make_index_sequence<n_gm>>::launchable<                 \
+                    decltype(&::aclrtlaunch_##k)>,                                                             \
+                "aclrtlaunch_" #k " is not callable as (blockDim, stream, " #n_gm " GM addresses)");          \
+  namespace amo_ascend {                                                                                       \
+  namespace kernels {                                                                                          \
+  inline constexpr auto k = &::aclrtlaunch_##k;                                                                \
+  }                                                                                                            \
+  }
+#endif

@@ -17,6 +17,10 @@
 #include "host/row_map.h"
 #include "tiling/moe_permute_tiling.h"
 
+// The AscendC kernels this host code launches (entries of csrc/ascend/kernels; AMO_ASCEND_KERNEL: host/launch.h).
+#include AMO_ASCEND_KERNEL_HEADER(amo_moe_permute)
+AMO_ASCEND_KERNEL(amo_moe_permute, 4)
+
 namespace amo_ascend {
 namespace host {
 
@@ -42,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
   const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x), chip, L::max_tile_cols(), slots);
   if (t.tokenMajor) index = at::cat({index, m.rowIdMap.reshape({-1}).to(at::kInt)}).contiguous();
   if (t.key != MoePermuteTilingKey::kEmpty)
-    L::launch("amo_moe_permute", L::amo_moe_permute, vector_plan(t.blockDim, chip, t.ubBytes, true), {}, x, index,
+    L::launch("amo_moe_permute", kernels::amo_moe_permute, vector_plan(t.blockDim, chip, t.ubBytes, true), {}, x, index,
               out, L::pod(t, x));
   at::Tensor outProbs = probs.has_value() ? gather_by_slot(probs->contiguous(), slot)
                                           : at::empty({0}, x.options().dtype(at::kFloat));

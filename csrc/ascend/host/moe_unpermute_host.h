@@ -15,6 +15,12 @@
 #include "host/row_map.h"
 #include "tiling/moe_unpermute_tiling.h"
 
+// The AscendC kernels this host code launches (entries of csrc/ascend/kernels; AMO_ASCEND_KERNEL: host/launch.h).
+#include AMO_ASCEND_KERNEL_HEADER(amo_moe_unpermute)
+AMO_ASCEND_KERNEL(amo_moe_unpermute, 5)
+#include AMO_ASCEND_KERNEL_HEADER(amo_moe_unpermute_grad)
+AMO_ASCEND_KERNEL(amo_moe_unpermute_grad, 7)
+
 namespace amo_ascend {
 namespace host {
 
@@ -33,7 +39,7 @@ at::Tensor moe_unpermute(const at::Tensor& permuted, const at::Tensor& rowIdMap,
   const MoeUnpermuteTiling t =
       compute_moe_unpermute_tiling(T, S, N, H, dtype_of(x), probs.has_value(), chip, L::max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty)
-    L::launch("amo_moe_unpermute", L::amo_moe_unpermute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, map,
+    L::launch("amo_moe_unpermute", kernels::amo_moe_unpermute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, map,
               w, out, L::pod(t, x));
   return out;
 }
@@ -62,7 +68,7 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad
   at::Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {
     dots = withProbs ? L::output({N}, g.options().dtype(at::kFloat)) : at::empty({0}, g.options().dtype(at::kFloat));
-    L::launch("amo_moe_unpermute_grad", L::amo_moe_unpermute_grad, vector_plan(t.rows.blockDim, chip, t.ubBytes, true),
+    L::launch("amo_moe_unpermute_grad", kernels::amo_moe_unpermute_grad, vector_plan(t.rows.blockDim, chip, t.ubBytes, true),
               {}, g, x, slot, w, gradPermuted, dots, L::pod(t, g));
   } else {
     dots = at::zeros({N}, g.options().dtype(at::kFloat));  // H == 0: empty dot products

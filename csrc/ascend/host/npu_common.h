@@ -1,7 +1,8 @@
 // The NPU side of the host glue: chip facts from the ACL runtime, the launch inside torch_npu's task
 // queue on the current stream, and NpuLauncher, the Launcher (host/launch.h) that the glue TUs
-// csrc/ascend/{moe_permute,moe_unpermute,grouped_gemm,flash_attention}.cpp instantiate the per-op host
-// code of host/<op>_host.h with.
+// csrc/ascend/<family>.cpp instantiate the per-op host code of host/<family>_host.h with (through
+// host/register.h). The kernels' launchers aclrtlaunch_<kernel> come from the headers CANN generates,
+// included by the host code that launches them (AMO_ASCEND_KERNEL_HEADER, host/launch.h).
 // Built only on a CANN machine (see docs/ascend.md); type-checked in CI against the headers of the
 // torch_npu wheel (tests/test_ascend_glue.py).
 #pragma once
@@ -23,27 +24,6 @@
 #include "host/launch.h"
 #include "tiling/tiling_common.h"
 
-#ifdef AMO_ASCEND_GLUE_TYPECHECK
-#include "host/stubs/aclrtlaunch_amo_kernels.h"  // stand-ins for the CANN-generated launch headers
-#else
-#include "aclrtlaunch_amo_moe_permute.h"
-#include "aclrtlaunch_amo_moe_unpermute.h"
-#include "aclrtlaunch_amo_moe_unpermute_grad.h"
-#include "aclrtlaunch_amo_grouped_gemm.h"
-#include "aclrtlaunch_amo_grouped_gemm_dw.h"
-#include "aclrtlaunch_amo_fa_qk.h"
-#include "aclrtlaunch_amo_fa_softmax.h"
-#include "aclrtlaunch_amo_fa_pv.h"
-#include "aclrtlaunch_amo_fa_update.h"
-#include "aclrtlaunch_amo_fa_fused.h"
-#include "aclrtlaunch_amo_fab_delta.h"
-#include "aclrtlaunch_amo_fab_qk.h"
-#include "aclrtlaunch_amo_fab_softmax.h"
-#include "aclrtlaunch_amo_fab_grad.h"
-#include "aclrtlaunch_amo_fab_acc.h"
-#include "aclrtlaunch_amo_fab_dkrope.h"
-#include "aclrtlaunch_amo_fab_fused.h"
-#endif
 
 namespace amo_ascend {
 namespace npu {
@@ -86,13 +66,9 @@ inline void check_npu(const at::Tensor& t, const char* name) {
               " must be on the NPU, got ", t.device());
 }
 
-// The Launcher (host/launch.h) of the NPU: the host code of host/<op>_host.h instantiated with it is
-// what the glue TUs register for PrivateUse1.
+// The Launcher (host/launch.h) of the NPU: the host code of host/<family>_host.h instantiated with it
+// is what the glue TUs register for PrivateUse1.
 struct NpuLauncher {
-#define AMO_NPU_KERNEL(k) static constexpr auto k = &aclrtlaunch_##k;
-  AMO_ASCEND_KERNELS(AMO_NPU_KERNEL)
-#undef AMO_NPU_KERNEL
-
   static void check_device(const at::Tensor& t, const char* name) { check_npu(t, name); }
   static ChipInfo vector_chip(const at::Tensor& like) { return chip_info(like); }
   static ChipInfo cube_chip(const at::Tensor& like) { return chip_info(like); }

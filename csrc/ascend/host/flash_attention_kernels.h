@@ -1,5 +1,5 @@
 // Which flash attention kernels the host launches. Shared by the NPU glue (csrc/ascend/flash_attention.cpp)
-// and the emulator host (csrc/ascend/emu_bindings.cpp), so both read ASCEND_MOE_OPS_FA_KERNELS alike.
+// and the emulator build of the same glue, so both read ASCEND_MOE_OPS_FA_KERNELS alike.
 #pragma once
 
 #include <c10/util/Exception.h>
