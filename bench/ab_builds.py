@@ -19,7 +19,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 # name -> (kind, params); shapes in the range the kernels are tuned for, small enough for a few
 # seconds per round on 2 cores
@@ -38,6 +37,7 @@ CASES = {
 def _worker(threads: int) -> None:
     import torch
     import ascend_moe_ops as amo
+    from ascend_moe_ops.benchmark.timing import measure
 
     torch.set_num_threads(threads)
     info = {"package": os.path.dirname(amo.__file__), "torch": torch.__version__,
@@ -81,13 +81,9 @@ def _worker(threads: int) -> None:
             for _ in range(2):
                 prepared[name]()  # warm-up: workspaces, page faults
         fn = prepared[name]
-        times = []
         with torch.inference_mode():
-            for _ in range(int(reps)):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        print(json.dumps({"median_s": statistics.median(times), "min_s": min(times)}), flush=True)
+            t = measure(fn, runs=int(reps), warmup=0)  # the package's one timer (this tree's copy)
+        print(json.dumps({"median_s": float(t), "min_s": min(t.times)}), flush=True)
 
 
 # ------------------------------------------------------------------------------------------ driver
