@@ -42,7 +42,8 @@ def compile_cached(name, sources, flags=(), extra_deps=()):
         flags = tuple(flags) + SANITIZE_FLAGS
         name += "-sanitize"
     h = hashlib.sha256()
-    for path in list(sources) + list(extra_deps) + ascend_headers():
+    local = sorted({h for src in sources for h in glob.glob(os.path.join(os.path.dirname(src), "*.h"))})
+    for path in list(sources) + list(extra_deps) + local + ascend_headers():  # local: the drivers' shared headers
         h.update(path.encode())
         with open(path, "rb") as f:
             h.update(f.read())

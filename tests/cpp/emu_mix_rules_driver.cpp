@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "emu/kernel_operator_emu.h"
+#include "emu_case_main.h"
 
 using namespace AscendC;
 
@@ -105,20 +106,10 @@ static std::map<std::string, std::function<void()>> kernels() {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  auto ks = kernels();
-  auto it = ks.find(argv[1]);
-  if (it == ks.end()) {
-    std::printf("unknown case\n");
-    return 2;
-  }
-  try {
-    ascend_emu::CubeMem caps{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024};
-    ascend_emu::launch_mix(3, 184 * 1024, caps, it->second);
-  } catch (const ascend_emu::EmuError& e) {
-    std::printf("EmuError: %s\n", e.what());
-    return 0;
-  }
+  const auto outcome = emu_driver::run_named_case(argc, argv, kernels(), [](const std::function<void()>& k) {
+    ascend_emu::launch_mix(3, 184 * 1024, ascend_emu::CubeMem{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024}, k);
+  });
+  if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   if (std::string(argv[1]) == "ids") {
     std::ostringstream o;
     for (int i = 0; i < 14; ++i) o << g_gm[16 * i] << (i + 1 < 14 ? " " : "");

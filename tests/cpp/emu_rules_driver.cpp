@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "emu/kernel_operator_emu.h"
+#include "emu_case_main.h"
 
 using namespace AscendC;
 
@@ -159,19 +160,8 @@ static std::map<std::string, std::function<void()>> kernels() {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  auto ks = kernels();
-  auto it = ks.find(argv[1]);
-  if (it == ks.end()) {
-    std::printf("unknown case\n");
-    return 2;
-  }
-  try {
-    ascend_emu::launch(2, 184 * 1024, it->second);
-  } catch (const ascend_emu::EmuError& e) {
-    std::printf("EmuError: %s\n", e.what());
-    return 0;
-  }
+  const auto outcome = emu_driver::run_named_case(argc, argv, kernels(), [](const std::function<void()>& k) { ascend_emu::launch(2, 184 * 1024, k); });
+  if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   std::printf("ok\n");
   return 0;
 }
