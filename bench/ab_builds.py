@@ -46,7 +46,11 @@ def _worker(threads: int) -> None:
         from ascend_moe_ops import _native
         info["cpu_capability"] = _native.cpu_capability()
         bi = _native.build_info()
-        info["build_flags"] = getattr(bi, "CPU_FLAGS", None)
+        # an editable install's import hook may resolve the submodule in another tree: only a record
+        # next to this tree's package describes this tree's build
+        own = bi is not None and os.path.dirname(os.path.realpath(bi.__file__)) == \
+            os.path.dirname(os.path.realpath(amo.__file__))
+        info["build_flags"] = getattr(bi, "CPU_FLAGS", None) if own else None
     except ImportError:  # a build older than the build record
         info["cpu_capability"] = None
     prepared = {}
