@@ -248,11 +248,31 @@ def test_layer_glue_recovers_a_known_law():
             return 0.5e-3
     assert glue.layer_time(Half(), ops) == pytest.approx(1e-3 + 3e-3 + 2e-11 * 1e9, rel=1e-6)
     one = LayerGlue.fit([("float32", 0.1, 1e8, 0.125)])
-    assert one.coefs["float32"] == pytest.approx([0.025, 0.0])
+    assert one.coefs["float32"] == pytest.approx([0.025, 0.0, 0.0])
     with pytest.raises(KeyError, match="no calibration for dtype 'float16'"):
         glue.time("float16", 1.0)
     with pytest.raises(ValueError, match="bad sample"):
         LayerGlue.fit([("float32", 0.1, 1e8, 0.0)])
+
+
+def test_layer_glue_select_picks_the_form_of_a_known_law():
+    """Leave-one-out over the calibration layers picks the form that generated them: a layer 12 %
+    slower than its summed ops gets ``scale``; layers equal to their summed ops get ``none`` (the
+    tie goes to the simplest form); a constant offset gets ``const``. The chosen form's fit is
+    exact and its leave-one-out accuracy is reported per form."""
+    from ascend_moe_ops.perfmodel.sim.costs import LayerGlue
+    base = [(0.05, 1e8), (0.2, 6e8), (0.11, 3e8), (0.4, 2e9), (0.07, 9e8)]
+    samples = [("float32", s, b, 1.12 * s) for s, b in base] + [("bfloat16", s, b, s) for s, b in base] \
+        + [("float16", s, b, s + 4e-3) for s, b in base]
+    glue = LayerGlue.select(samples)
+    assert glue.forms == {"float32": "scale", "bfloat16": "none", "float16": "const"}
+    assert glue.coefs["float32"] == pytest.approx([0.0, 0.0, 0.12], abs=1e-9)
+    assert glue.time("float32", 5e8, 0.3) == pytest.approx(0.036)
+    assert glue.coefs["bfloat16"] == [0.0, 0.0, 0.0] and glue.coefs["float16"][0] == pytest.approx(4e-3)
+    assert glue.loo["float32"]["scale"] == pytest.approx(1.0) and glue.loo["float32"]["none"] < 0.9
+    assert set(glue.loo["bfloat16"]) == set(LayerGlue.FORMS)
+    with pytest.raises(ValueError, match="form must be one of"):
+        LayerGlue.fit(samples, form="quadratic")
 
 
 def test_calibration_layers_cover_recompute_and_stay_off_validation():
@@ -469,3 +489,32 @@ def test_ep_overlap_terms_known_answers():
     with pytest.raises(ValueError, match="algo must be one of"):
         predict_ep_layer(*args, algo="ring", chunks=1)
     assert tuple(EP_FIT_SHAPE) not in {tuple(v) for v in EP_VALIDATION}
+
+
+def test_ep_overlap_form_chosen_by_leave_one_shape_out():
+    """:func:`select_overlap` scores each overlap form by leaving one fit shape out: layers built
+    with ``eta = 0.5`` and no compute excess pick ``eta`` (fitted exactly), layers of the ideal
+    pipeline pick ``ideal`` (the simplest of the exact forms), layers with only a compute excess
+    pick ``rho``; the per-form scores are reported. Fit shapes never validate."""
+    from ascend_moe_ops.perfmodel.validate_ep import (EP_FIT_SHAPES, EP_VALIDATION, OVERLAP_FORMS, fit_overlap,
+                                                      select_overlap)
+
+    def layers(rho, eta, scale):
+        out = []
+        for c, k in ((0.1, 0.2), (0.3, 0.1), (0.2, 0.2)):
+            c, k = c * scale, k * scale
+            for chunks in (1, 4):
+                h = min(c, k) * (1 - 1 / chunks)
+                out.append((c * (1 + rho) + k - eta * h, c, k, h))
+        return out
+    for (rho, eta), want in (((0.0, 0.5), "eta"), ((0.0, 1.0), "ideal"), ((0.25, 1.0), "rho")):
+        groups = {f"s{i}": layers(rho, eta, scale) for i, scale in enumerate((1.0, 1.7, 0.6))}
+        got = select_overlap(groups)
+        assert got["form"] == want and set(got["loso"]) == set(OVERLAP_FORMS)
+        assert got["rho"] == pytest.approx(rho, abs=1e-9) and got["eta"] == pytest.approx(eta, abs=1e-9)
+        assert got["loso"][want] == pytest.approx(1.0)
+    assert fit_overlap(layers(0.0, 0.5, 1.0), "ideal") == {"rho": 0.0, "eta": 1.0}
+    with pytest.raises(ValueError, match="form must be one of"):
+        fit_overlap(layers(0.0, 0.5, 1.0), "both")
+    assert len(EP_FIT_SHAPES) >= 3
+    assert not {tuple(f[:3]) for f in EP_FIT_SHAPES} & {tuple(v[:3]) for v in EP_VALIDATION}

@@ -15,8 +15,10 @@ Method (docs/perfmodel/training_sim.md):
   ``t = c0 + c1*flops + c2*bytes + c3*groups`` is fitted (:class:`~.sim.costs.FittedCosts`);
 * **layer glue** (a documented departure from component-only calibration): whole ``nn.MoELayer``
   fwd+bwd at the calibration shapes (:func:`calibration_layers`, recompute options cycled),
-  to which the per-dtype ``g0 + g2*bytes`` of :class:`~.sim.costs.LayerGlue` is fitted (the
-  framework work between the components that no component microbenchmark contains);
+  to which the per-dtype glue of :class:`~.sim.costs.LayerGlue` is fitted (the framework work
+  between the components that no component microbenchmark contains); its form (none, a constant,
+  a fraction of the summed ops, per byte, constant + per byte) is chosen per dtype by
+  leave-one-out over those calibration layers (:meth:`~.sim.costs.LayerGlue.select`);
 * **validation**: ``nn.MoELayer`` forward + backward at the shapes :data:`VALIDATION` (vary T, H,
   F, E, top-k, dtype and recompute), predicted as the sum of its ops
   (:func:`~.sim.layers.moe_layer_ops`) priced by the fit plus the glue, and measured;
@@ -263,12 +265,13 @@ def run(out_dir: Path, *, rounds: int = 5, threads: int = 1, min_run_time: float
         torch.set_num_threads(prev)
     med = lambda xs: statistics.median(xs)  # noqa: E731
     layer_bytes = {v: sum(o.bytes for o in _ops(*v[:6], rp=v[6], ra=v[7])) for v in everything}
-    glue_fit = LayerGlue.fit([(v[5], med(summed[v]), layer_bytes[v], med(meas[v])) for v in cal_layers]) \
+    # the glue's form chosen per dtype by leave-one-out over the calibration layers (never a validation one)
+    glue_fit = LayerGlue.select([(v[5], med(summed[v]), layer_bytes[v], med(meas[v])) for v in cal_layers]) \
         if glue else None
     table = []
     for v in val:
         s, m = med(summed[v]), med(meas[v])
-        g = glue_fit.time(v[5], layer_bytes[v]) if glue_fit else 0.0
+        g = glue_fit.time(v[5], layer_bytes[v], s) if glue_fit else 0.0
         p = s + g
         table.append(dict(T=v[0], H=v[1], F=v[2], E=v[3], K=v[4], dtype=v[5], recompute_permute=v[6],
                           recompute_activation=v[7], predicted_s=p, measured_s=m,
@@ -293,13 +296,15 @@ def run(out_dir: Path, *, rounds: int = 5, threads: int = 1, min_run_time: float
         components_mean_accuracy=statistics.mean(cacc), components_worst_accuracy=min(cacc),
         mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
         glue=glue_fit.coefs if glue_fit else None,
+        glue_forms=glue_fit.forms if glue_fit else None, glue_loo=glue_fit.loo if glue_fit else None,
         calibration_layers=[dict(T=c[0], H=c[1], F=c[2], E=c[3], K=c[4], dtype=c[5], recompute_permute=c[6],
                                  recompute_activation=c[7], components_s=med(summed[c]), measured_s=med(meas[c]),
                                  measured_spread=_spread(meas[c])) for c in cal_layers],
         fits=fits, calibration=cal_rows,
         note="predicted_s is a model: the median over rounds of the layer's ops priced by each round's fit "
-             "to the component microbenchmarks (components_s), plus the per-dtype layer glue g0 + g2*bytes "
-             "fitted on whole layers at the calibration shapes (glue_s); measured_s is the median over "
+             "to the component microbenchmarks (components_s), plus the per-dtype layer glue "
+             "g0 + g2*bytes + gs*components in the form (glue_forms) chosen by leave-one-out over the whole "
+             "layers at the calibration shapes and fitted on them (glue_s); measured_s is the median over "
              "rounds of nn.MoELayer fwd+bwd timed by the harness; measured_spread is (max - min) / median "
              "over the rounds"
              + (f"; spec_predicted_s is a second, uncalibrated model: {spec_costs.label}" if spec_costs else ""))
@@ -352,6 +357,11 @@ def format_table(report: dict) -> str:
                      + ", ".join(f"{1e3 * r['spec_predicted_s']:.2f} ms ({100 * r['spec_accuracy']:.0f} %)"
                                  for r in report["validation"])
                      + f"; mean {100 * report['spec_mean_accuracy']:.1f} %, worst {100 * report['spec_worst_accuracy']:.1f} %")
+    if report.get("glue_forms"):
+        lines.append("\nlayer glue per dtype (form chosen by leave-one-out over the calibration layers; "
+                     "leave-one-out mean accuracy of each form): "
+                     + "; ".join(f"{d}: {f} (" + ", ".join(f"{k} {100 * v:.1f} %" for k, v in report["glue_loo"][d].items())
+                                 + ")" for d, f in sorted(report["glue_forms"].items())))
     lines.append(f"\nmean accuracy {100 * report['mean_accuracy']:.1f} %, worst {100 * report['worst_accuracy']:.1f} % "
                  f"(components only: {100 * report['components_mean_accuracy']:.1f} % / "
                  f"{100 * report['components_worst_accuracy']:.1f} %; mean spread of the measurements over "

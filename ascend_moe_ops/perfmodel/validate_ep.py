@@ -20,9 +20,10 @@ priced by the round's fit; ``comm(c)`` = per chunk and exchange (dispatch, combi
 backward passes) the collectives' latency ``lambda`` (a burst of :data:`BURST` tiny all-gathers
 timed as one run, divided by :data:`BURST`) plus the bytes of each link class over its fitted
 bandwidth (:func:`~.sim.traffic.expected_dispatch`). ``rho`` and ``eta`` are fitted
-(:func:`fit_overlap`) on whole layers at the one shape :data:`EP_FIT_SHAPE` (flat and
-hierarchical, every chunk count), which is not a validation shape; ``rho=0, eta=1`` (the ideal
-pipeline) is reported beside. Timings: the harness (``measure(runs=..., setup=barrier)``), median
+(:func:`fit_overlap`) on whole layers at the shapes :data:`EP_FIT_SHAPES` (flat and
+hierarchical, every chunk count), none a validation shape; which of them are fitted at all (the
+form: :data:`OVERLAP_FORMS`) is chosen by leave-one-shape-out over those fit shapes
+(:func:`select_overlap`); ``rho=0, eta=1`` (the ideal pipeline) is reported beside. Timings: the harness (``measure(runs=..., setup=barrier)``), median
 of the runs; a step's time is the slowest rank's; each figure the median over rounds, with the
 spread over rounds; the layers are measured in a shuffled order per round (the same on every
 rank). :func:`summarize_ep` re-runs the analysis of a saved report's ``raw`` records.
@@ -44,7 +45,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "predict_ep_layer", "fit_overlap", "run_ep", "summarize_ep",
+__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "EP_FIT_SHAPES", "OVERLAP_FORMS", "predict_ep_layer",
+           "fit_overlap", "select_overlap", "run_ep", "summarize_ep",
            "pooled_links",
            "LinkFit"]
 
@@ -54,9 +56,15 @@ WORLD = NODES * LOCAL
 EP_CALIBRATION = [(256, 256, 128, 4, 4), (768, 320, 96, 4, 2), (512, 384, 192, 4, 3)]
 #: validation shapes (T per rank, H, F, E global, K); each with flat/hierarchical x chunks 1/4
 EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
-#: the one whole-layer shape (T per rank, H, F, E global, K) the overlap terms rho and eta are
-#: fitted on (flat and hierarchical, every chunk count); not a validation shape
-EP_FIT_SHAPE = (448, 320, 160, 16, 4)
+#: the whole-layer shapes (T per rank, H, F, E global, K) the overlap terms rho and eta are fitted
+#: on (flat and hierarchical, every chunk count), and the form of the overlap model chosen
+#: (:func:`select_overlap`); none is a validation shape. Their communication-to-compute ratios
+#: bracket the validation shapes'.
+EP_FIT_SHAPES = ((448, 320, 160, 16, 4), (256, 512, 256, 16, 8), (640, 192, 96, 16, 2))
+#: the first fit shape (kept for callers of the one-shape fit)
+EP_FIT_SHAPE = EP_FIT_SHAPES[0]
+#: the overlap model's forms: which of rho and eta are fitted (the others at the ideal, 0 and 1)
+OVERLAP_FORMS = ("ideal", "rho", "eta", "rho+eta")
 #: back-to-back tiny all-gathers timed as one run: the per-collective latency is the run / BURST
 BURST = 16
 A2A_SIZES = (64 << 10, 256 << 10, 1 << 20)
@@ -125,30 +133,75 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
     return dict(predicted_s=total, compute_s=compute, comm_s=comm, hideable_s=hidden)
 
 
-def fit_overlap(points) -> Dict[str, float]:
+def fit_overlap(points, form: str = "rho+eta") -> Dict[str, float]:
     """``rho`` and ``eta`` of :func:`predict_ep_layer` from ``(measured, compute, comm, hideable)``
     per layer: least squares in relative error (``m - C - comm = rho*C - eta*hideable`` is linear in
     both), ``eta`` kept in ``[0, 1]`` (a fraction of the ideal overlap; outside it, ``rho`` is refitted
-    with ``eta`` at the bound). With no chunked layer among the points ``eta`` stays 1 (the ideal)."""
+    with ``eta`` at the bound). With no chunked layer among the points ``eta`` stays 1 (the ideal).
+    ``form`` (:data:`OVERLAP_FORMS`) says which of the two are fitted; the others stay at the ideal
+    pipeline's ``rho = 0``, ``eta = 1``."""
     import torch
+    if form not in OVERLAP_FORMS:
+        raise ValueError(f"fit_overlap: form must be one of {', '.join(OVERLAP_FORMS)}, got {form!r}")
     pts = [tuple(map(float, p)) for p in points]
     if not pts:
         raise ValueError("fit_overlap: no points")
+    if form == "ideal":
+        return dict(rho=0.0, eta=1.0)
 
     def solve(cols, y):
         A = torch.tensor(cols, dtype=torch.float64)
         return torch.linalg.lstsq(A, torch.tensor(y, dtype=torch.float64).unsqueeze(1),
                                   driver="gelsd").solution.squeeze(1).tolist()
 
-    if any(h > 0 for m, c, k, h in pts):
+    if form == "eta":
+        if not any(h > 0 for m, c, k, h in pts):
+            return dict(rho=0.0, eta=1.0)
+        (eta,) = solve([[-h / m] for m, c, k, h in pts], [(m - c - k) / m for m, c, k, h in pts])
+        return dict(rho=0.0, eta=min(max(eta, 0.0), 1.0))
+    if form == "rho+eta" and any(h > 0 for m, c, k, h in pts):
         rho, eta = solve([[c / m, -h / m] for m, c, k, h in pts], [(m - c - k) / m for m, c, k, h in pts])
         if 0.0 <= eta <= 1.0:
             return dict(rho=rho, eta=eta)
         eta = min(max(eta, 0.0), 1.0)
-    else:
+    else:  # form "rho", or no chunked layer: eta at the ideal
         eta = 1.0
     (rho,) = solve([[c / m] for m, c, k, h in pts], [(m - c - k + eta * h) / m for m, c, k, h in pts])
     return dict(rho=rho, eta=eta)
+
+
+def _overlap_predict(p, ov) -> float:
+    m, c, k, h = p
+    return c * (1 + ov["rho"]) + k - ov["eta"] * h
+
+
+def select_overlap(groups: Dict[str, list], forms=OVERLAP_FORMS) -> Dict[str, object]:
+    """The overlap form and its fit from the fit shapes' layers only: ``groups`` maps each fit
+    shape to its ``(measured, compute, comm, hideable)`` points. Each form of ``forms`` is scored
+    by leave-one-shape-out (fit on the other shapes' layers, predict the left-out shape's, mean
+    accuracy ``1 - |p - m| / m``); the best wins (ties, within 1e-9, to the earlier, simpler form)
+    and is refitted on every fit layer. With one fit shape there is nothing to leave out: the
+    last form is used (the earlier behaviour)."""
+    shapes = list(groups)
+    if not shapes:
+        raise ValueError("select_overlap: no fit shapes")
+    scores = {}
+    if len(shapes) >= 2:
+        for f in forms:
+            acc = []
+            for out in shapes:
+                train = [p for s in shapes if s != out for p in groups[s]]
+                ov = fit_overlap(train, f)
+                acc += [1 - abs(_overlap_predict(p, ov) - p[0]) / p[0] for p in groups[out]]
+            scores[f] = statistics.mean(acc)
+        best = forms[0]
+        for f in forms[1:]:
+            if scores[f] > scores[best] + 1e-9:
+                best = f
+    else:
+        best = forms[-1]
+    ov = fit_overlap([p for s in shapes for p in groups[s]], best)
+    return dict(ov, form=best, loso=scores)
 
 
 # ----------------------------------------------------------------------------- worker
@@ -182,7 +235,7 @@ def _worker(a) -> None:
 
     layers = {}
     inputs = {}
-    for v in cfg["validation"] + [cfg["fit_shape"]]:
+    for v in cfg["validation"] + cfg["fit_shapes"]:
         T, H, F, E, K = v
         g = torch.Generator().manual_seed(100 + a.rank)
         inputs[tuple(v)] = (torch.randn(T, H, generator=g), torch.randn(T, H, generator=g))
@@ -226,7 +279,7 @@ def _worker(a) -> None:
         links = LinkFit(rnd["links"], rnd["latency"])
         rnd["fit"] = json.loads(fit.to_json())
         rnd["link_fit"] = links.as_dict()
-        cases = [(tuple(v), algo, c) for v in cfg["validation"] + [cfg["fit_shape"]] for algo in ALGOS
+        cases = [(tuple(v), algo, c) for v in cfg["validation"] + cfg["fit_shapes"] for algo in ALGOS
                  for c in cfg["chunks"]]
         random.Random(1000 + r).shuffle(cases)  # same order on every rank; interleaved over rounds
         for v, algo, c in cases:
@@ -247,7 +300,7 @@ def _netns_helpers():
 
 
 def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: float = 540,
-           calibration=None, validation=None, fit_shape=EP_FIT_SHAPE, a2a_sizes=A2A_SIZES, chunks=CHUNKS,
+           calibration=None, validation=None, fit_shapes=EP_FIT_SHAPES, a2a_sizes=A2A_SIZES, chunks=CHUNKS,
            log=print) -> dict:
     """Run the EP calibration/validation on the emulated two-node cluster; returns the report
     (``skipped`` with the reason when namespaces are unavailable)."""
@@ -256,9 +309,10 @@ def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: floa
     if why:
         return dict(skipped=f"the emulated two-node cluster cannot run here: {why}")
     cfg = dict(rounds=rounds, runs=runs, calibration=calibration or EP_CALIBRATION,
-               validation=validation or EP_VALIDATION, fit_shape=list(fit_shape), a2a_sizes=list(a2a_sizes),
+               validation=validation or EP_VALIDATION, fit_shapes=[list(f) for f in fit_shapes],
+               a2a_sizes=list(a2a_sizes),
                chunks=list(chunks))
-    cal_keys = {tuple(c[:3]) for c in cfg["calibration"]} | {tuple(fit_shape[:3])}
+    cal_keys = {tuple(c[:3]) for c in cfg["calibration"]} | {tuple(f[:3]) for f in fit_shapes}
     for v in cfg["validation"]:
         if tuple(v[:3]) in cal_keys:
             raise AssertionError(f"EP validation shape {v} shares T, H, F with a calibration shape")
@@ -287,7 +341,7 @@ def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: floa
         except OSError:
             pass
     log(f"EP validation done ({time.monotonic() - start:.0f} s)")
-    return summarize_ep(raw, fit_shape=fit_shape, rate=rate, rounds=rounds, runs=runs,
+    return summarize_ep(raw, fit_shapes=fit_shapes, rate=rate, rounds=rounds, runs=runs,
                         seconds=time.monotonic() - start, calibration=cfg["calibration"])
 
 
@@ -309,11 +363,12 @@ def pooled_links(rounds: List[dict]) -> LinkFit:
     return LinkFit(samples, statistics.median(rd["latency"] for rd in rounds))
 
 
-def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", rounds: int = 0, runs: int = 0,
+def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", rounds: int = 0, runs: int = 0,
                  seconds: float = 0.0, calibration=None) -> dict:
-    """The report from the workers' raw per-round records: medians over rounds, ``rho``/``eta``
-    fitted on the fit shape's layers, the validation table (the fit shape left out). Also re-runs
-    the analysis of a saved report: ``summarize_ep(json.load(f)["raw"])``."""
+    """The report from the workers' raw per-round records: medians over rounds, the overlap
+    model's form and ``rho``/``eta`` from the fit shapes' layers only (:func:`select_overlap`), the
+    validation table (the fit shapes left out). Also re-runs the analysis of a saved report:
+    ``summarize_ep(json.load(f)["raw"], fit_shapes=...)``."""
     med = statistics.median
     keys = sorted(raw["rounds"][0]["layers"], key=lambda k: (k.split("|")[0], k.split("|")[1], int(k.split("|")[2])))
     rows = {}
@@ -327,13 +382,13 @@ def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", roun
         comm = predict_ep_layer(_NoCompute(), links, *json.loads(shape), algo=algo, chunks=int(c))["comm_s"]
         rows[key]["comm_s"] = comm
         rows[key]["hideable_s"] = min(rows[key]["compute_s"], comm) * (1.0 - 1.0 / int(c))
-    fit_key = json.dumps(list(fit_shape))
-    ov = fit_overlap([(r["measured_s"], r["compute_s"], r["comm_s"], r["hideable_s"])
-                      for k, r in rows.items() if k.split("|")[0] == fit_key])
+    fit_keys = [json.dumps(list(f)) for f in fit_shapes]
+    ov = select_overlap({fk: [(r["measured_s"], r["compute_s"], r["comm_s"], r["hideable_s"])
+                              for k, r in rows.items() if k.split("|")[0] == fk] for fk in fit_keys})
     table = []
     for key in keys:
         shape, algo, c = key.split("|")
-        if shape == fit_key:
+        if shape in fit_keys:
             continue
         r = rows[key]
         ideal = r["compute_s"] + r["comm_s"] - r["hideable_s"]
@@ -351,8 +406,8 @@ def summarize_ep(raw: dict, *, fit_shape=EP_FIT_SHAPE, rate: str = "1gbit", roun
                 ideal_mean_accuracy=statistics.mean(r["ideal_accuracy"] for r in table),
                 ideal_worst_accuracy=min(r["ideal_accuracy"] for r in table),
                 mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
-                overlap_fit=ov, fit_shape=list(fit_shape),
-                fit_layers={k: rows[k] for k in keys if k.split("|")[0] == fit_key},
+                overlap_fit=ov, fit_shapes=[list(f) for f in fit_shapes],
+                fit_layers={k: rows[k] for k in keys if k.split("|")[0] in fit_keys},
                 link_fits=[rd["link_fit"] for rd in raw["rounds"]], pooled_link_fit=links.as_dict(),
                 calibration_shapes=calibration,
                 load_average=os.getloadavg(), raw=raw)
@@ -372,8 +427,10 @@ def format_ep_table(rep: dict) -> str:
     ov = rep["overlap_fit"]
     lines.append(f"\nEP: mean accuracy {100 * rep['mean_accuracy']:.1f} %, worst {100 * rep['worst_accuracy']:.1f} % "
                  f"(ideal pipeline, rho=0 eta=1: {100 * rep['ideal_mean_accuracy']:.1f} % / "
-                 f"{100 * rep['ideal_worst_accuracy']:.1f} %; fitted at {rep['fit_shape']}: rho={ov['rho']:.3f}, "
-                 f"eta={ov['eta']:.3f}; mean spread over rounds {100 * rep['mean_measured_spread']:.0f} %; "
+                 f"{100 * rep['ideal_worst_accuracy']:.1f} %; overlap form {ov.get('form', 'rho+eta')} chosen by "
+                 f"leave-one-shape-out over the fit shapes {rep['fit_shapes']} ("
+                 + ", ".join(f"{k} {100 * v:.1f} %" for k, v in ov.get("loso", {}).items())
+                 + f"): rho={ov['rho']:.3f}, eta={ov['eta']:.3f}; mean spread over rounds {100 * rep['mean_measured_spread']:.0f} %; "
                  f"{rep['rounds']} rounds x {rep['runs']} runs, veth {rep['rate']}, {rep['seconds']:.0f} s)")
     return "\n".join(lines)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -224,52 +225,106 @@ class FittedCosts(CostProvider):
 
 @dataclass
 class LayerGlue:
-    """Per-layer framework overhead that component microbenchmarks miss, per dtype:
-    ``glue(ops) = g0 + g2 * sum(op.bytes)`` added once to a layer's summed op times.
+    """Per-layer framework overhead that component microbenchmarks miss, per dtype, added once to
+    a layer's summed op times ``s``: ``glue = g0 + g2 * sum(op.bytes) + gs * s``.
 
     What it stands for (on the CPU): the autograd engine's bookkeeping between the components,
     the gradient sums where two paths meet (``dx`` from the router and from the permute), the
-    layer's small reshapes and allocations — none of them is inside a component's timed call.
-    Fitted (:meth:`fit`, unconstrained least squares in relative error of the whole layer) on
-    whole layers at the *calibration* shapes: ``(summed op seconds, op bytes, measured layer
-    seconds)`` per sample. Both coefficients are fitted, not taken from a source; either may be
-    negative (a component microbenchmark that runs with colder caches than inside the layer)."""
+    layer's small reshapes and allocations, caches colder or warmer than in a microbenchmark --
+    none of them is inside a component's timed call. Fitted on whole layers at the *calibration*
+    shapes: ``(dtype, summed op seconds, op bytes, measured layer seconds)`` per sample. All
+    coefficients are fitted, not taken from a source; any may be negative.
+
+    The terms used are the dtype's ``form`` (:data:`FORMS`): :meth:`fit` takes one form for every
+    dtype; :meth:`select` chooses it per dtype by leave-one-out over the calibration layers
+    themselves (fit on all but one, predict the one left out; the form with the best mean accuracy
+    wins, ties to the simpler), so the choice never looks at a validation layer."""
 
     coefs: Dict[str, List[float]] = field(default_factory=dict)
+    forms: Dict[str, str] = field(default_factory=dict)
+    loo: Dict[str, Dict[str, float]] = field(default_factory=dict)
 
-    @classmethod
-    def fit(cls, samples: Iterable[Tuple[str, float, float, float]]) -> "LayerGlue":
-        """``samples``: ``(dtype, summed_op_seconds, layer_op_bytes, measured_seconds)``.
-        A dtype with fewer than 2 samples gets ``g0`` only (the mean relative residual times the
-        mean measured time)."""
-        import torch
+    #: the candidate forms, simplest first: which of ``g0`` (a constant), ``g2`` (per byte of the
+    #: layer's ops) and ``gs`` (a fraction of the summed op time) are fitted
+    FORMS = {"none": (), "const": (0,), "scale": (2,), "bytes": (1,), "const+bytes": (0, 1)}
+
+    @staticmethod
+    def _check(samples):
         by: Dict[str, List[Tuple[float, float, float]]] = {}
         for dtype, s, b, m in samples:
             if not (m > 0 and math.isfinite(m)) or not math.isfinite(s) or b < 0:
                 raise ValueError(f"LayerGlue.fit: bad sample for {dtype}: summed={s!r}, bytes={b!r}, measured={m!r}")
             by.setdefault(dtype, []).append((s, b, m))
-        coefs = {}
-        for dtype, rows in by.items():
-            if len(rows) < 2:
-                s, b, m = rows[0]
-                coefs[dtype] = [m - s, 0.0]
-                continue
-            bscale = max(b for _, b, _ in rows) or 1.0
-            A = torch.tensor([[1.0 / m, (b / bscale) / m] for s, b, m in rows], dtype=torch.float64)
-            y = torch.tensor([(m - s) / m for s, b, m in rows], dtype=torch.float64)
-            sol = torch.linalg.lstsq(A, y.unsqueeze(1), driver="gelsd").solution.squeeze(1)
-            coefs[dtype] = [float(sol[0]), float(sol[1]) / bscale]
-        return cls(coefs)
+        return by
 
-    def time(self, dtype: str, op_bytes: float) -> float:
+    @classmethod
+    def _solve(cls, rows, form: str) -> List[float]:
+        """``[g0, g2, gs]`` of ``form`` by least squares in relative error of the whole layer."""
+        import torch
+        terms = cls.FORMS[form]
+        out = [0.0, 0.0, 0.0]
+        if not terms:
+            return out
+        if len(rows) < len(terms):  # too few samples: the constant alone (the mean residual)
+            out[0] = statistics.mean(m - s for s, _, m in rows)
+            return out
+        bscale = max(b for _, b, _ in rows) or 1.0
+        cols = {0: lambda s, b, m: 1.0 / m, 1: lambda s, b, m: (b / bscale) / m, 2: lambda s, b, m: s / m}
+        A = torch.tensor([[cols[t](s, b, m) for t in terms] for s, b, m in rows], dtype=torch.float64)
+        y = torch.tensor([(m - s) / m for s, b, m in rows], dtype=torch.float64)
+        sol = torch.linalg.lstsq(A, y.unsqueeze(1), driver="gelsd").solution.squeeze(1).tolist()
+        for t, v in zip(terms, sol):
+            out[t] = v / bscale if t == 1 else v
+        return out
+
+    @classmethod
+    def fit(cls, samples: Iterable[Tuple[str, float, float, float]], form: str = "const+bytes") -> "LayerGlue":
+        """``samples``: ``(dtype, summed_op_seconds, layer_op_bytes, measured_seconds)``; every
+        dtype gets ``form``. With fewer samples than the form's terms a dtype gets ``g0`` only
+        (the mean residual)."""
+        if form not in cls.FORMS:
+            raise ValueError(f"LayerGlue.fit: form must be one of {', '.join(cls.FORMS)}, got {form!r}")
+        by = cls._check(samples)
+        return cls({d: cls._solve(rows, form) for d, rows in by.items()}, {d: form for d in by})
+
+    @classmethod
+    def select(cls, samples: Iterable[Tuple[str, float, float, float]], forms: Sequence[str] = tuple(FORMS)) -> "LayerGlue":
+        """Per dtype, the form of ``forms`` with the best leave-one-out mean accuracy
+        ``1 - |p - m| / m`` over the samples (ties, within 1e-9, to the earlier form), fitted on
+        all of them. A dtype with fewer than 3 samples gets the first form."""
+        by = cls._check(samples)
+        coefs, chosen, loo = {}, {}, {}
+        for d, rows in by.items():
+            scores = {}
+            if len(rows) >= 3:
+                for f in forms:
+                    acc = []
+                    for i, (s, b, m) in enumerate(rows):
+                        g0, g2, gs = cls._solve(rows[:i] + rows[i + 1:], f)
+                        acc.append(1 - abs(s + g0 + g2 * b + gs * s - m) / m)
+                    scores[f] = statistics.mean(acc)
+                best = forms[0]
+                for f in forms[1:]:
+                    if scores[f] > scores[best] + 1e-9:
+                        best = f
+            else:
+                best = forms[0]
+            coefs[d], chosen[d], loo[d] = cls._solve(rows, best), best, scores
+        return cls(coefs, chosen, loo)
+
+    def time(self, dtype: str, op_bytes: float, summed: float = 0.0) -> float:
+        """The glue of a ``dtype`` layer whose ops move ``op_bytes`` and take ``summed`` seconds."""
         c = self.coefs.get(dtype)
         if c is None:
             raise KeyError(f"LayerGlue has no calibration for dtype {dtype!r}; calibrated: {', '.join(sorted(self.coefs))}")
-        return c[0] + c[1] * op_bytes
+        g0, g2 = c[0], c[1]
+        gs = c[2] if len(c) > 2 else 0.0
+        return g0 + g2 * op_bytes + gs * summed
 
     def layer_time(self, costs: "CostProvider", ops: Sequence[Op]) -> float:
         """Summed op seconds under ``costs`` plus the glue (dtype of the first op)."""
-        return sum(costs.time(o) for o in ops) + self.time(ops[0].dtype, sum(o.bytes for o in ops))
+        s = sum(costs.time(o) for o in ops)
+        return s + self.time(ops[0].dtype, sum(o.bytes for o in ops), s)
 
 
 # ----------------------------------------------------------------------------- communication
