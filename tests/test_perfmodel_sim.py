@@ -226,6 +226,37 @@ def test_fitted_costs_recover_a_known_law():
         fit.time(Op("p", "permute", 0, 1e6, "float32"))
 
 
+def test_fitted_costs_curve_form_for_a_cache_knee():
+    """A streaming op whose cost per byte doubles past a cache size (the SwiGLU of this machine:
+    ~0.4 ns per element up to a few MB, ~0.8 past ~10 MB) has no single per-byte rate: the
+    leave-one-out over its calibration samples picks the ``curve`` form, which interpolates the
+    cost per byte in log(bytes) and reproduces every sample; a kind whose samples follow
+    ``c0 + c2*bytes`` keeps ``linear``; kinds with FLOPs and kinds with too few samples are never
+    curves; the form survives the JSON round trip."""
+    from ascend_moe_ops.perfmodel.sim.costs import CURVE_MIN_SAMPLES, FittedCosts, _curve_time
+    knee = lambda b: b * (0.4e-9 if b < 8e6 else 0.8e-9)  # noqa: E731
+    sizes = (3e5, 1e6, 2.5e6, 5e6, 1.2e7, 2.4e7)
+    samples = [(Op("s", "swiglu", 0.0, b, "float32"), knee(b)) for b in sizes]
+    samples += [(Op("p", "permute", 0.0, b, "float32"), 2e-5 + b * 3e-10) for b in sizes]
+    samples += [(Op("g", "grouped_gemm", 2e9 * i, 1e6 * i, "float32"), 1e-3 * i) for i in range(1, 7)]
+    samples += [(Op("u", "unpermute", 0.0, b, "float32"), knee(b)) for b in sizes[:CURVE_MIN_SAMPLES - 1]]
+    fit = FittedCosts.fit(samples)
+    assert fit.forms["swiglu/float32"] == "curve" and fit.loo["swiglu/float32"]["curve"] > fit.loo["swiglu/float32"]["linear"]
+    for b in sizes:
+        assert fit.time(Op("s", "swiglu", 0.0, b, "float32")) == pytest.approx(knee(b), rel=1e-9)
+    assert fit.forms["permute/float32"] == "linear"
+    assert fit.time(Op("p", "permute", 0.0, 7e6, "float32")) == pytest.approx(2e-5 + 7e6 * 3e-10, rel=1e-6)
+    assert fit.forms["grouped_gemm/float32"] == "linear" and "grouped_gemm/float32" not in fit.loo
+    assert fit.forms["unpermute/float32"] == "linear" and "unpermute/float32" not in fit.loo
+    # between two points the cost per byte moves linearly in log(bytes); held at the ends
+    mid = (5e6 * 1.2e7) ** 0.5
+    assert _curve_time([(5e6, 2e-3), (1.2e7, 9.6e-3)], mid) == pytest.approx(mid * (0.4e-9 + 0.8e-9) / 2, rel=1e-9)
+    assert _curve_time([(5e6, 2e-3), (1.2e7, 9.6e-3)], 1e8) == pytest.approx(0.8e-9 * 1e8)
+    back = FittedCosts.from_json(fit.to_json())
+    assert back.forms == fit.forms and back.time(Op("s", "swiglu", 0.0, 3e6, "float32")) == fit.time(Op("s", "swiglu", 0.0, 3e6, "float32"))
+    assert FittedCosts.fit(samples, curves=False).forms["swiglu/float32"] == "linear"
+
+
 def test_layer_glue_recovers_a_known_law():
     """The per-dtype layer glue ``g0 + g2*bytes`` is recovered exactly from whole layers whose
     measured time is the summed ops plus that law (a negative g0 included); a single sample gives

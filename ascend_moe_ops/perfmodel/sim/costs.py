@@ -159,50 +159,110 @@ def nnls_relative(X: Sequence[Sequence[float]], y: Sequence[float]) -> List[floa
     return [0.0] * A.shape[1]
 
 
+def _curve_time(points: Sequence[Sequence[float]], nbytes: float) -> float:
+    """Seconds for ``nbytes`` from a measured ``(bytes, seconds)`` curve: the cost per byte is
+    interpolated linearly in ``log(bytes)`` between the neighbouring points and held at the ends."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    if nbytes <= 0:
+        return 0.0
+    x = math.log(nbytes)
+    xs = [math.log(b) for b, _ in pts]
+    rs = [t / b for b, t in pts]
+    if x <= xs[0]:
+        return rs[0] * nbytes
+    if x >= xs[-1]:
+        return rs[-1] * nbytes
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+            return (rs[i - 1] + w * (rs[i] - rs[i - 1])) * nbytes
+    return rs[-1] * nbytes
+
+
+#: the smallest sample count at which :meth:`FittedCosts.fit` considers a per-byte curve
+CURVE_MIN_SAMPLES = 4
+
+
 @dataclass
 class FittedCosts(CostProvider):
-    """``t(op) = c0 + c1*flops + c2*bytes + c3*groups`` per ``(kind, dtype)`` key."""
+    """Per ``(kind, dtype)`` key one of two forms (``forms[key]``):
+
+    * ``linear`` (default): ``t(op) = c0 + c1*flops + c2*bytes + c3*groups``;
+    * ``curve`` (data-movement kinds only, no FLOPs): the measured cost per byte as a function of
+      the bytes moved, interpolated in ``log(bytes)`` between the calibration points
+      (``curves[key]``) -- what a working set falling out of a cache level does to a streaming op,
+      which no single per-byte rate describes.
+
+    :meth:`fit` chooses the form per key by leave-one-out over the calibration samples."""
 
     coefs: Dict[str, List[float]] = field(default_factory=dict)
     peaks: Dict[str, float] = field(default_factory=dict)
     note: str = ""
     label: str = "fitted to microbenchmarks of this machine"
+    forms: Dict[str, str] = field(default_factory=dict)
+    curves: Dict[str, List[List[float]]] = field(default_factory=dict)
+    loo: Dict[str, Dict[str, float]] = field(default_factory=dict)
 
     @staticmethod
     def key(op: Op) -> str:
         return f"{op.kind}/{op.dtype}"
 
+    @staticmethod
+    def _linear(rows, k: str, features) -> List[float]:
+        use = list((features or {}).get(k.split("/")[0], FEATURES))
+        # a feature that is zero in every sample (FLOPs of a data-movement op) is left out
+        use = [f for f in use if any(_features(op)[FEATURES.index(f)] for op, _ in rows)]
+        if len(rows) < len(use):
+            use = ["flops"] if rows[0][0].flops else ["bytes"]
+        idx = [FEATURES.index(f) for f in use]
+        X = [[_features(op)[i] for i in idx] for op, _ in rows]
+        c = nnls_relative(X, [t for _, t in rows])
+        full = [0.0] * len(FEATURES)
+        for i, v in zip(idx, c):
+            full[i] = v
+        return full
+
     @classmethod
     def fit(cls, samples: Iterable[Tuple[Op, float]], *, features: Optional[Mapping[str, Sequence[str]]] = None,
-            note: str = "") -> "FittedCosts":
-        """Fit from ``(op, seconds)`` samples. ``features[kind]`` restricts the terms of a kind
-        (default: all four); a kind with one sample gets ``c1 * flops`` or ``c2 * bytes`` only."""
+            note: str = "", curves: bool = True) -> "FittedCosts":
+        """Fit from ``(op, seconds)`` samples. ``features[kind]`` restricts the linear terms of a
+        kind (default: all four); a kind with one sample gets ``c1 * flops`` or ``c2 * bytes`` only.
+        With ``curves`` (default), a key whose samples have no FLOPs and at least
+        :data:`CURVE_MIN_SAMPLES` distinct byte counts gets the form -- ``linear`` or ``curve`` --
+        with the better leave-one-out mean accuracy ``1 - |p - t| / t`` over its samples (fit on
+        all but one, predict it; ties to ``linear``); the scores are kept in ``loo``."""
         by: Dict[str, List[Tuple[Op, float]]] = {}
         for op, t in samples:
             if not (t > 0 and math.isfinite(t)):
                 raise ValueError(f"FittedCosts.fit: sample time for {op.name} must be positive, got {t!r}")
             by.setdefault(cls.key(op), []).append((op, t))
-        coefs = {}
+        coefs, forms, crv, loo = {}, {}, {}, {}
         for k, rows in by.items():
-            use = list((features or {}).get(k.split("/")[0], FEATURES))
-            # a feature that is zero in every sample (FLOPs of a data-movement op) is left out
-            use = [f for f in use if any(_features(op)[FEATURES.index(f)] for op, _ in rows)]
-            if len(rows) < len(use):
-                use = ["flops"] if rows[0][0].flops else ["bytes"]
-            idx = [FEATURES.index(f) for f in use]
-            X = [[_features(op)[i] for i in idx] for op, _ in rows]
-            c = nnls_relative(X, [t for _, t in rows])
-            full = [0.0] * len(FEATURES)
-            for i, v in zip(idx, c):
-                full[i] = v
-            coefs[k] = full
-        return cls(coefs=coefs, note=note)
+            coefs[k] = cls._linear(rows, k, features)
+            forms[k] = "linear"
+            if not (curves and not any(op.flops for op, _ in rows)
+                    and len({op.bytes for op, _ in rows}) >= CURVE_MIN_SAMPLES):
+                continue
+            acc = {"linear": [], "curve": []}
+            for i, (op, t) in enumerate(rows):
+                rest = rows[:i] + rows[i + 1:]
+                c = cls._linear(rest, k, features)
+                acc["linear"].append(1 - abs(sum(a * b for a, b in zip(c, _features(op))) - t) / t)
+                acc["curve"].append(1 - abs(_curve_time([(o.bytes, s) for o, s in rest], op.bytes) - t) / t)
+            loo[k] = {f: statistics.mean(v) for f, v in acc.items()}
+            if loo[k]["curve"] > loo[k]["linear"] + 1e-9:
+                forms[k] = "curve"
+                crv[k] = [[float(o.bytes), float(s)] for o, s in sorted(rows, key=lambda r: r[0].bytes)]
+        return cls(coefs=coefs, note=note, forms=forms, curves=crv, loo=loo)
 
     def time(self, op: Op) -> float:
-        c = self.coefs.get(self.key(op))
+        k = self.key(op)
+        c = self.coefs.get(k)
         if c is None:
-            raise KeyError(f"FittedCosts has no calibration for {self.key(op)!r} (op {op.name}); "
+            raise KeyError(f"FittedCosts has no calibration for {k!r} (op {op.name}); "
                            f"calibrated: {', '.join(sorted(self.coefs))}")
+        if self.forms.get(k) == "curve":
+            return _curve_time(self.curves[k], op.bytes)
         return sum(a * b for a, b in zip(c, _features(op)))
 
     def peak_flops(self, dtype: str) -> float:
@@ -220,7 +280,8 @@ class FittedCosts(CostProvider):
     def from_json(cls, text: str) -> "FittedCosts":
         d = json.loads(text)
         return cls(coefs={k: list(map(float, v)) for k, v in d["coefs"].items()},
-                   peaks=d.get("peaks", {}), note=d.get("note", ""), label=d.get("label", cls.label))
+                   peaks=d.get("peaks", {}), note=d.get("note", ""), label=d.get("label", cls.label),
+                   forms=d.get("forms", {}), curves=d.get("curves", {}), loo=d.get("loo", {}))
 
 
 @dataclass
