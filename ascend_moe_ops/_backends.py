@@ -209,6 +209,13 @@ def bind_public() -> None:
                 _BOUND[dev] = backend
                 break
             reasons.append(f"{backend} unavailable ({err})")
+    # A C++ backend bound to no device (ascendc-emu) is registered too when its extension is built in
+    # this package, so that torch.ops.<its namespace>.<op> runs after a plain import (when it is
+    # not built, nothing is imported and nothing warned: its namespace then says it has no kernel).
+    from . import _native
+    for rec in _library.BACKENDS.values():
+        if rec.name not in _LOAD_ERRORS and rec.extension is not None and _native.built(rec.extension):
+            load(rec.name)
 
 
 def active_backend(op: str, device="cpu") -> str:

@@ -84,6 +84,13 @@ def _warn(module: str, why: str) -> None:
                   NativeBuildWarning, stacklevel=3)
 
 
+def built(module: str) -> bool:
+    """Whether a compiled file of ``module`` is in this package (nothing is imported or warned)."""
+    spec = importlib.util.find_spec(module)
+    origin = getattr(spec, "origin", None)
+    return bool(origin) and os.path.dirname(os.path.abspath(origin)) == _PACKAGE_DIR
+
+
 def problem(module: str = "ascend_moe_ops._C") -> Optional[str]:
     """None when ``module`` can be imported and used; else the reason (warned once per process)."""
     if module in _PROBLEMS:

@@ -134,6 +134,24 @@ def test_environment_override_is_read_once_at_import():
     assert r.returncode != 0 and "ValueError" in r.stderr and "ASCEND_MOE_OPS_BACKEND" in r.stderr
 
 
+def test_every_backend_namespace_runs_after_a_plain_import():
+    """torch.ops.<namespace>.<op> of every backend available here runs right after ``import
+    ascend_moe_ops`` (no use_backend or available_backends call first): the emulated AscendC
+    namespace used to have only its schemas and fake kernels until something loaded it."""
+    names = [b for b in amo.available_backends("grouped_gemm") if b != "triton" or os.environ.get("TRITON_INTERPRET")]
+    r = _run_python(f"""
+        import torch, ascend_moe_ops as amo
+        from ascend_moe_ops import _library
+        x, w, gs = torch.randn(4, 8).half(), torch.randn(2, 8, 3).half(), torch.tensor([1, 3])
+        for b in {names!r}:
+            ns = _library.BACKENDS[b].namespace
+            out = getattr(torch.ops, ns).grouped_gemm(x, w, gs, False)
+            print(b, tuple(out.shape))
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[:-1] == [f"{b} (4, 3)" for b in names]
+
+
 # ------------------------------------------------------------------------------ opcheck per namespace
 def _f(*shape, dtype=torch.float16):
     return torch.randn(*shape, dtype=torch.float32).to(dtype)

@@ -75,8 +75,6 @@ ASCENDC_NO_FP32 = ("the Ascend Cube kernel takes fp16/bf16 only (fp32 is not imp
 def _skip_unsupported(backend, dtype, case=None):
     if backend == "ascendc-emu" and dtype not in (torch.float16, torch.bfloat16):
         pytest.skip(ASCENDC_NO_FP32)
-    if backend == "triton" and dtype == torch.bfloat16:
-        pytest.skip("tl.dot on bf16 is wrong in the Triton interpreter; bf16 Triton runs on GPUs only")
     if backend == "triton" and case is not None and case not in TRITON_CASES:
         pytest.skip("the Triton interpreter is slow: larger shapes run on GPUs (same code path)")
 

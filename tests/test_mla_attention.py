@@ -171,7 +171,7 @@ def test_opcheck(backend):
 def test_ascend_path_refuses_fp32(backend):
     H, Dn, Dr, Dv, Dc = DIMS["triton"]
     q, c, kpe, w, do = (t.float() for t in _inputs((6,), H, Dn, Dr, Dv, Dc))
-    with amo.use_backend(backend), pytest.raises(RuntimeError, match="mla_attention_fwd on the Ascend path takes float16"):
+    with amo.use_backend(backend), pytest.raises(TypeError, match="mla_attention_fwd: q must have dtype in \\(float16, bfloat16\\)"):
         amo.mla_attention(q, c, kpe, w, num_heads=H, qk_nope_dim=Dn, v_dim=Dv, softmax_scale=SCALE,
                           cu_seqlens=torch.tensor([0, 6]))
 

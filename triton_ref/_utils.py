@@ -39,6 +39,19 @@ def token_tile(H: int, t: torch.Tensor):
     return 2, max(16, min(triton.next_power_of_2(max(H, 1)), 512))
 
 
+def bf16_dot_in_interpreter(t: torch.Tensor) -> bool:
+    """True when ``tl.dot`` on ``t`` would multiply bf16 tiles in the interpreter, which gives wrong
+    products there (triton 3.9: results off by orders of magnitude). The ``tl.dot`` wrappers then
+    run the kernel on fp32 copies of the bf16 values (exact) and round the result to bf16 once, the
+    reference's rule (fp32 accumulation, one rounding); on a GPU the bf16 kernel runs as is."""
+    return t.dtype == torch.bfloat16 and interpreted(t)
+
+
+def to_fp32(*ts):
+    """fp32 copies of the given tensors (``None`` stays ``None``)."""
+    return tuple(None if t is None else t.float() for t in ts)
+
+
 def acc_dtype(dtype: torch.dtype):
     """Accumulation type: fp32 for fp32/fp16/bf16, fp64 for fp64 inputs."""
     return tl.float64 if dtype == torch.float64 else tl.float32

@@ -32,6 +32,8 @@ import triton.language as tl
 
 from ascend_moe_ops.reference.flash_attention import lse_dtype
 
+from ._utils import bf16_dot_in_interpreter, to_fp32
+
 
 @triton.jit
 def _fwd_kernel(Q, K, K2, V, O, LSE, CUQ, CUK, sm_scale,
@@ -286,9 +288,20 @@ def _unit(t):
     return t.contiguous()
 
 
+def _grid_lengths(max_seqlen_q, max_seqlen_k, Tq, Tk):
+    """The longest sequences for the grid: no sequence is longer than its tensor's tokens, so a
+    ``max_seqlen`` above that (valid: it is an upper bound) launches no more programs than needed."""
+    return min(int(max_seqlen_q), Tq), min(int(max_seqlen_k), Tk)
+
+
 def flash_attention_fwd(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         causal, softmax_scale):
+    if bf16_dot_in_interpreter(q):
+        out, lse = flash_attention_fwd(*to_fp32(q, k, v, k_rope), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, causal, softmax_scale)
+        return out.to(q.dtype), lse
     q, k, v, k_rope = (_unit(t) for t in (q, k, v, k_rope))
+    max_seqlen_q, max_seqlen_k = _grid_lengths(max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     Tq, Hq, _ = q.shape
     Tk, Hkv, Dv = v.shape
@@ -311,7 +324,12 @@ def flash_attention_fwd(q, k, v, k_rope, cu_seqlens_q, cu_seqlens_k, max_seqlen_
 
 def flash_attention_bwd(grad_out, q, k, v, k_rope, out, lse, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q, max_seqlen_k, causal, softmax_scale):
+    if bf16_dot_in_interpreter(q):
+        grads = flash_attention_bwd(*to_fp32(grad_out, q, k, v, k_rope, out), lse, cu_seqlens_q, cu_seqlens_k,
+                                    max_seqlen_q, max_seqlen_k, causal, softmax_scale)
+        return tuple(g.to(q.dtype) for g in grads)
     grad_out, q, k, v, k_rope, out = (_unit(t) for t in (grad_out, q, k, v, k_rope, out))
+    max_seqlen_q, max_seqlen_k = _grid_lengths(max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     Tq, Hq, _ = q.shape
     Tk, Hkv, Dv = v.shape

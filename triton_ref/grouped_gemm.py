@@ -13,7 +13,8 @@ reduces over nothing and stores exact zeros.
 
 fp32/fp16/bf16 inputs, fp32 accumulation (``tl.dot`` with IEEE fp32 precision for fp32 inputs),
 output in the input dtype. On CPU this runs under ``TRITON_INTERPRET=1`` (tests: fp32 and fp16
-only, the interpreter's bf16 ``tl.dot`` is wrong).
+only, the interpreter's bf16 ``tl.dot`` is wrong, so there bf16 inputs run as fp32 copies and the
+result is rounded to bf16 once).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from ._utils import bf16_dot_in_interpreter, to_fp32
 
 
 @triton.jit
@@ -155,13 +158,17 @@ def dw_config(dtype: torch.dtype) -> dict:
     return dict(BLOCK_P=128, BLOCK_Q=128, BLOCK_M=64, num_warps=4, num_stages=3)
 
 
-def _check_dtype(t: torch.Tensor, name: str) -> None:
+def _check_dtype(t: torch.Tensor, op: str, name: str) -> None:
     if t.dtype not in _DTYPES:
-        raise TypeError(f"the triton backend of {name} supports float32/float16/bfloat16, got {t.dtype}")
+        raise TypeError(f"{op}: {name} must have dtype in (float32, float16, bfloat16) on the triton backend "
+                        f"(tl.dot has no float64), got {str(t.dtype).replace('torch.', '')}; float64 runs on the "
+                        "native and reference backends")
 
 
 def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tensor, trans_b: bool) -> torch.Tensor:
-    _check_dtype(x, "grouped_gemm")
+    _check_dtype(x, "grouped_gemm", "x")
+    if bf16_dot_in_interpreter(x):
+        return grouped_gemm(*to_fp32(x, weight), group_sizes, trans_b).to(x.dtype)
     x = x.contiguous()
     weight = weight.contiguous()
     M, K = x.shape
@@ -181,7 +188,9 @@ def grouped_gemm(x: torch.Tensor, weight: torch.Tensor, group_sizes: torch.Tenso
 
 
 def grouped_gemm_dw(a: torch.Tensor, b: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
-    _check_dtype(a, "grouped_gemm_dw")
+    _check_dtype(a, "grouped_gemm_dw", "a")
+    if bf16_dot_in_interpreter(a):
+        return grouped_gemm_dw(*to_fp32(a, b), group_sizes).to(a.dtype)
     a = a.contiguous()
     b = b.contiguous()
     P, Q = a.shape[1], b.shape[1]

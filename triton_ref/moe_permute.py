@@ -100,7 +100,8 @@ def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
                           IS_MASK: tl.constexpr, HAS_PROBS: tl.constexpr, BLOCK_P: tl.constexpr,
                           CH: tl.constexpr):
     """``kept[i]`` = expert of slot ``i`` if fewer than ``C`` slots of that expert beat it (higher
-    prob, or equal prob and earlier position; without probs: earlier position), else -1."""
+    prob, or equal prob and earlier position, a NaN prob below every number; without probs: earlier
+    position), else -1."""
     pid = tl.program_id(0)
     idx = pid.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     e = _slot_experts(routing_ptr, idx, P, S, E, IS_MASK)
@@ -113,7 +114,11 @@ def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
         earlier = jdx[None, :] < idx[:, None]
         if HAS_PROBS:
             pj = tl.load(probs_ptr + jdx, mask=jdx < P, other=0.0).to(tl.float32)
-            beats = (pj[None, :] > p[:, None]) | ((pj[None, :] == p[:, None]) & earlier)
+            # a NaN prob ranks below every other prob (ties among NaNs: by position), as the
+            # reference's stable sort of -probs, which puts NaN last
+            pn, pjn = p != p, pj != pj
+            beats = ((pjn[None, :] == 0) & ((pj[None, :] > p[:, None]) | ((pj[None, :] == p[:, None]) & earlier)
+                                             | pn[:, None])) | (pjn[None, :] & pn[:, None] & earlier)
         else:
             beats = earlier
         beats = beats & (ej[None, :] == e[:, None]) & (ej[None, :] >= 0)

@@ -49,6 +49,9 @@ def _check_sort(input, split_sizes, sorted_idxs, probs, inverse=False):
         raise ValueError(f"{op}: input must have at least one dimension")
     for name, t in (("split_sizes", split_sizes), ("sorted_idxs", sorted_idxs)):
         _checks.check_tensor(f"{op}: {name}", t, ndim=1, dtypes=_checks.INDEX_DTYPES)
+        if t.device != input.device and t.device.type != "cpu":  # read on the host: never meta next to data
+            raise ValueError(f"{op}: {name} is on {t.device} but input is on {input.device} ({name} may live "
+                             "on input's device or the cpu)")
     if sorted_idxs.numel() != split_sizes.numel():
         raise ValueError(f"{op}: sorted_idxs must have one entry per chunk ({split_sizes.numel()}), "
                          f"got {sorted_idxs.numel()}")

@@ -27,8 +27,19 @@ __all__ = ["mla_attention"]
 # inside the call (recompute="kv" saves none of them). fp16/bf16 only, as the Cube kernels.
 def _ascend_dtype(q, op):
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise RuntimeError(f"{op} on the Ascend path takes float16/bfloat16 inputs only (the Cube kernels "
-                           f"accumulate in fp32); got {q.dtype}. Use the native or reference backend for fp32")
+        raise TypeError(f"{op}: q must have dtype in (float16, bfloat16) on the Ascend path (the Cube kernels "
+                        f"take fp16/bf16 and accumulate in fp32), got {str(q.dtype).replace('torch.', '')}; use the "
+                        "native or reference backend for float32/float64")
+
+
+def _ascend_sizes(c_kv, w_kv_up, op):
+    """The up-projection is a grouped GEMM on the Cube kernels, whose copy strides are 16-bit: the
+    latent dim and the rows of ``w_kv_up`` (``num_heads * (qk_nope_dim + v_dim)``) must be < 65536.
+    Said here in MLA's terms (the GEMM's own check would name its x and weight)."""
+    rows, dc = w_kv_up.shape
+    if rows >= 65536 or dc >= 65536:
+        raise ValueError(f"{op}: w_kv_up has shape {tuple(w_kv_up.shape)} (num_heads * (qk_nope_dim + v_dim), latent "
+                         "dim); the Ascend path needs both < 65536 (16-bit copy strides of the Cube kernels)")
 
 
 def _split(kv, H, Dn, Dv):
@@ -50,6 +61,7 @@ def ascend_kernels(ns: str):
         _contracts.mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads,
                                      qk_nope_dim, v_dim, softmax_scale, causal, save_kv)
         _ascend_dtype(q, OP)
+        _ascend_sizes(c_kv, w_kv_up, OP)
         kv = up_project(c_kv, w_kv_up)
         k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
         # Sq = Sk and Hkv = Hq: the one cu_seqlens passed for q and k alike
@@ -62,6 +74,7 @@ def ascend_kernels(ns: str):
         _contracts.mla_attention_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens,
                                      max_seqlen, num_heads, qk_nope_dim, v_dim, softmax_scale, causal)
         _ascend_dtype(q, BWD)
+        _ascend_sizes(c_kv, w_kv_up, BWD)
         if kv.numel() == 0:  # recompute="kv": the same kernel as the forward, so bitwise the same kv
             kv = up_project(c_kv, w_kv_up)
         k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)

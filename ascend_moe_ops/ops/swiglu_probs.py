@@ -35,12 +35,13 @@ def _check_fwd(x, probs):
     _check(OP, x, probs)
 
 
-def _check_bwd_meta(grad_out, x, probs):
-    _check(BWD, x, probs)
-
-
 def _check_bwd(grad_out, x, probs):
+    """As the native kernel: grad_out on x's device, in x's dtype, of shape [N, F]."""
     _check(BWD, x, probs)
+    checks.check_tensor("grad_out", grad_out, device=x.device)
+    if grad_out.dtype != x.dtype:
+        raise TypeError(f"{BWD}: grad_out must have x's dtype {str(x.dtype).replace('torch.', '')}, got "
+                        f"{str(grad_out.dtype).replace('torch.', '')}")
     if tuple(grad_out.shape) != (x.shape[0], x.shape[1] // 2):
         raise ValueError(f"{BWD}: grad_out must have shape ({x.shape[0]}, {x.shape[1] // 2}) (x is [N, 2F]), "
                          f"got {tuple(grad_out.shape)}")
@@ -74,7 +75,7 @@ _library.define(_library.OpSpec(
 _library.define(_library.OpSpec(
     # -> (grad_x [N,2F] in x's dtype, grad_probs [N] in probs' dtype)
     BWD, "(Tensor grad_out, Tensor x, Tensor probs) -> (Tensor, Tensor)", fake=_fake_bwd,
-    check=_check_bwd, check_meta=_check_bwd_meta, public=False, backends=BACKENDS), __name__)
+    check=_check_bwd, public=False, backends=BACKENDS), __name__)
 
 
 def namespace_for(t: Tensor) -> str:

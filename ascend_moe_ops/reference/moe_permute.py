@@ -17,8 +17,9 @@ Which slots are kept:
   the stable expert sort). Empty (``-1``) slots never count. ``tokens_per_expert`` counts the
   kept slots, ``group_sizes`` pads those to ``align``;
 * ``capacity=C``: each expert keeps at most ``C`` slots, dropping the lowest ``probs`` first (ties:
-  the later ``(token, slot)`` position is dropped first; without ``probs`` the first ``C`` in
-  position order are kept); every expert group has exactly ``C`` rows;
+  the later ``(token, slot)`` position is dropped first; a NaN prob ranks below every number, so
+  NaN slots are dropped first; without ``probs`` the first ``C`` in position order are kept);
+  every expert group has exactly ``C`` rows;
 * ``align=A``: each expert group is padded with zero rows to a multiple of ``A``.
 
 ``row_id_map[t, s]`` is the destination row of slot ``(t, s)``, or ``-1`` when the slot is not kept
