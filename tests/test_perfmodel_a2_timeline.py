@@ -137,7 +137,12 @@ def test_perfetto_trace(driver, tmp_path):
     tl.write_trace(str(path), m)
     tr = json.loads(path.read_text())
     xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    # the end-of-launch write-back of the L2's dirty lines (the stores' bytes) is its own slice
+    (wb,) = [e for e in xs if e["name"] == "L2 write-back of the dirty lines"]
+    xs = [e for e in xs if e is not wb]
     assert {e["name"] for e in xs} == {"DataCopy (GM->UB)", "Muls", "DataCopy (UB->GM)"}
+    assert wb["dur"] == pytest.approx(m.l2_flush_s * 1e6) and m.l2_flush_s > 0
+    assert wb["ts"] + wb["dur"] == pytest.approx(makespan(m) * 1e6, rel=1e-6)
     assert "model" in tr["metadata"]["model"] and not tr["metadata"]["truncated"]
     names = {e["args"]["name"] for e in tr["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert {"MTE2", "V", "MTE3"} <= names
@@ -146,9 +151,10 @@ def test_perfetto_trace(driver, tmp_path):
         ev = sorted((e for e in xs if e["tid"] == tid), key=lambda e: e["ts"])
         for a, b in zip(ev, ev[1:]):
             assert a["ts"] + a["dur"] <= b["ts"] + 1e-6
-    # the schedule ends when the last store's data has landed: its busy end + the DMA latency
+    # the cores are done when the last store's data has landed (its busy end + the DMA latency); then
+    # the write-back
     last = max(e["ts"] + e["dur"] for e in xs)
-    assert last + A2["dma_latency_cycles"] / HZ * 1e6 == pytest.approx(makespan(m) * 1e6, rel=1e-6)
+    assert last + A2["dma_latency_cycles"] / HZ * 1e6 == pytest.approx(wb["ts"], rel=1e-6)
     with pytest.raises(ValueError, match="trace=True"):
         tl.write_trace(str(path), tl.simulate(launch(driver, "pipe_double")))
 
@@ -255,23 +261,89 @@ def _dma_launch(cores, passes, nbytes, base=1 << 32, write_back=False):
 
 
 def test_table_l2_parameters_cite_the_platform_file():
-    for key in ("l2_bytes", "l2_read_bytes_per_cycle"):
+    for key in ("l2_bytes", "l2_read_bytes_per_cycle", "l2_write_bytes_per_cycle"):
         assert "Ascend910B2C.ini" in A2.params[key].source, key
     assert A2["l2_bytes"] == 192 * 2 ** 20 and A2["l2_read_bytes_per_cycle"] == 110
+    assert A2["l2_write_bytes_per_cycle"] == 86
+    # the write-back L2's public source
+    raw = json.load(open(os.path.join(os.path.dirname(tl.__file__), "hardware", "a2.json")))
+    assert "L2 CacheMode" in raw["params"]["l2_write_bytes_per_cycle"]["note"]
     assert A2.params["l2_line_bytes"].assumption  # not published: marked as an assumption
 
 
 def test_l2_lru_known_answers():
     l2 = tl.L2Cache(4 * 128, 128)
-    assert l2.access([(0, 512, 0, 1, 0)]) == (0, 512, 0)         # cold: every byte misses
-    assert l2.access([(0, 512, 0, 1, 0)]) == (512, 0, 0)         # a re-read of what fits hits
-    assert l2.access([(64, 100, 0, 1, 0)]) == (100, 0, 0)        # parts of lines 0, 1: only those bytes
-    assert l2.access([(512, 128, 0, 1, 1)]) == (0, 0, 128)       # a write allocates, evicting line 2 (LRU)
-    assert l2.access([(256, 128, 0, 1, 0)]) == (0, 128, 0)       # the least recently used line left
-    assert l2.access([(0, 256, 0, 1, 0)]) == (256, 0, 0)         # lines 0, 1 stayed
-    # a strided run: 3 rows of 64 B, 1 KiB apart
-    assert l2.access([(4096, 64, 1024, 3, 0)]) == (0, 192, 0)
-    assert l2.access([(4096, 64, 1024, 3, 0)]) == (192, 0, 0)
+    assert l2.access([(0, 512, 0, 1, 0)]) == (0, 512, 0, 0)      # cold: every byte misses
+    assert l2.access([(0, 512, 0, 1, 0)]) == (512, 0, 0, 0)      # a re-read of what fits hits
+    assert l2.access([(64, 100, 0, 1, 0)]) == (100, 0, 0, 0)     # parts of lines 0, 1: only those bytes
+    assert l2.access([(512, 128, 0, 1, 1)]) == (0, 0, 128, 0)    # a write allocates, evicting line 2 (LRU, clean)
+    assert l2.access([(256, 128, 0, 1, 0)]) == (0, 128, 0, 0)    # the least recently used line left
+    assert l2.access([(0, 256, 0, 1, 0)]) == (256, 0, 0, 0)      # lines 0, 1 stayed
+    # a strided run: 3 rows of 64 B, 1 KiB apart; its 3 lines evict lines 4 (the written one: its 128
+    # dirty bytes go to HBM), 2 and 0
+    assert l2.access([(4096, 64, 1024, 3, 0)]) == (0, 192, 0, 128)
+    assert l2.access([(4096, 64, 1024, 3, 0)]) == (192, 0, 0, 0)
+
+
+def test_l2_write_back_known_answers():
+    l2 = tl.L2Cache(4 * 128, 128)
+    assert l2.access([(0, 128, 0, 1, 1)]) == (0, 0, 128, 0)       # line 0 written: dirty, nothing to HBM yet
+    for _ in range(5):                                             # rewritten: still one dirty line
+        assert l2.access([(0, 128, 0, 1, 1)]) == (0, 0, 128, 0)
+    assert l2.dirty_bytes() == 128
+    assert l2.access([(0, 128, 0, 1, 0)]) == (128, 0, 0, 0)       # a read of a written line hits
+    assert l2.access([(128, 40, 0, 1, 1)]) == (0, 0, 40, 0)       # a partial write: 40 dirty bytes
+    assert l2.access([(160, 30, 0, 1, 1)]) == (0, 0, 30, 0)       # overlapping by 8: union 62 bytes
+    assert l2.dirty_bytes() == 128 + 62
+    # lines 2, 3 read (clean); a fifth line evicts the LRU, line 0: its 128 dirty bytes go to HBM
+    assert l2.access([(256, 256, 0, 1, 0)]) == (0, 256, 0, 0)
+    assert l2.access([(1024, 128, 0, 1, 0)]) == (0, 128, 0, 128)
+    assert l2.access([(2048, 128, 0, 1, 1)]) == (0, 0, 128, 62)   # then line 1 (62 dirty bytes)
+    assert l2.dirty_bytes() == 128
+    # no L2 at all: writes go straight through
+    assert tl.L2Cache(0, 128).access([(0, 300, 0, 1, 1)]) == (0, 0, 300, 300)
+
+
+def _write_launch(cores, passes, nbytes, base=1 << 32):
+    """``cores`` AIVs, each writing its own ``nbytes`` of GM ``passes`` times (one MTE3 DataCopy each)."""
+    out = []
+    for b in range(cores):
+        addr = base + b * (nbytes + 4096)
+        recs = [[tl.MTE3, 0, 1, k + 1, nbytes, nbytes, 0, 0, 0] + [0] * 7 for k in range(passes)]
+        gmr = [[k, addr, nbytes, 0, 1, 1] for k in range(passes)]
+        out.append({"type": "aiv", "block": b, "recs": recs, "cross": [], "gmr": gmr})
+    return {"kernel": "synthetic", "kind": "vector", "block_dim": cores, "names": ["DataCopy UB->GM"], "cores": out}
+
+
+def test_a_rewritten_small_buffer_costs_one_hbm_write():
+    nbytes, passes = 256 * 1024, 8
+    m = tl.simulate(_write_launch(1, passes, nbytes), A2)
+    # eight writes of 256 KiB reach HBM once: the end-of-launch write-back of the dirty lines
+    assert m.hbm_bytes == nbytes and m.l2_writeback_bytes == nbytes
+    flush = nbytes / A2["gm_bandwidth"]
+    assert m.l2_flush_s == pytest.approx(flush)
+    # the writes themselves at the MTE3 rate into L2, then the flush
+    expect = passes * nbytes / (A2["mte3_gm_bytes_per_cycle"] * HZ) + flush
+    assert expect <= makespan(m) <= expect * 1.02 + 2 * A2["dma_latency_cycles"] / HZ, (makespan(m), expect)
+
+
+def test_a_write_stream_larger_than_l2_costs_its_full_size():
+    # 48 cores each write 64 KiB twice to the same place, 3 MiB a pass: through a 1 MiB L2 the lines are
+    # evicted before they are rewritten, so both passes reach HBM; through 192 MiB only one
+    small = A2.scaled({"l2_bytes": 2 ** 20 / A2["l2_bytes"]})
+    rec = _write_launch(48, 2, 64 * 1024)
+    total = 2 * 48 * 64 * 1024
+    m = tl.simulate(rec, small)
+    assert m.hbm_bytes == total and m.l2_writeback_bytes == total
+    expect = total / A2["gm_bandwidth"]
+    assert expect <= makespan(m, small) <= 1.05 * expect + 2 * A2["dma_latency_cycles"] / HZ
+    assert m.bound == "HBM bandwidth"
+    full = tl.simulate(rec, A2)
+    assert full.hbm_bytes == total // 2
+    assert makespan(full) < makespan(m, small)
+    # one pass of a stream: the same HBM bytes whatever the L2 (evicted on the way, or written back at the end)
+    one = _write_launch(48, 1, 64 * 1024)
+    assert tl.simulate(one, small).hbm_bytes == tl.simulate(one, A2).hbm_bytes == total // 2
 
 
 def test_a_reread_of_a_small_buffer_hits_l2():
@@ -302,9 +374,10 @@ def test_a_stream_larger_than_l2_costs_hbm_bandwidth():
     full = tl.simulate(rec, A2)
     assert full.l2_hit_bytes == total // 2 and full.hbm_bytes == total // 2
     assert makespan(full) < makespan(m, small)
-    # writes are charged to HBM whether or not their lines are resident
+    # a buffer written once reaches HBM once (written back at the end of the launch)
     w = tl.simulate(_dma_launch(4, 2, 64 * 1024, write_back=True), A2)
     assert w.hbm_bytes == 4 * 64 * 1024 * 2 and w.l2_hit_bytes == 4 * 64 * 1024
+    assert w.l2_writeback_bytes == 4 * 64 * 1024
 
 
 def test_l2_capacity_and_rate_sensitivity_is_monotone():
