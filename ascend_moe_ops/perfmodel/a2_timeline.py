@@ -23,19 +23,22 @@ schedules all cores of a launch together:
   ``gm_bandwidth`` (max-min fair share; each flow capped at its pipe's per-core rate), concurrently
   with the L2 part (the DMA's requests are pipelined: an assumption); the DMA ends when both have; its
   data are visible ``dma_latency_cycles`` later, which does not hold the pipe. The lines left dirty
-  when the last core finishes are written back at ``gm_bandwidth`` before the launch ends (the next
-  launch starts with a clean, cold L2). A recording without GM address runs charges every byte to HBM;
+  when the last core finishes are charged to the launch: their bytes join its HBM bytes and the launch
+  ends no earlier than all its HBM bytes / ``gm_bandwidth`` (their write-back overlaps the time the
+  HBM was idle: an assumption; the next launch starts with a clean, cold L2). A recording without GM
+  address runs charges every byte to HBM;
 - Mmad takes MACs / ``cube_macs_per_cycle_fp16`` (operands padded to 16), vector instructions their
   largest operand / ``vector_bytes_per_cycle``, LoadData its bytes / the L1 -> L0A / L0B rate, each
   plus a start-up cost per instruction.
 
-Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan, the end-of-launch
-write-back of the dirty L2 lines, plus the launch latency), each pipe's busy fraction, the bounding resource, the roofline time for the work recorded
+Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan, at least the
+launch's HBM bytes -- the dirty L2 lines at its end included -- over the HBM bandwidth, plus the launch
+latency), each pipe's busy fraction, the bounding resource, the roofline time for the work recorded
 (max of FLOPs / Cube peak and GM bytes / HBM bandwidth) and its percentage, the table version; and on
 request a Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
 
 Not modelled: the L2's partitions and set associativity (one fully associative LRU), write-backs of
-dirty lines overlapping the next launch (they are charged to the launch that wrote them), bank conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
+dirty lines in the next launches (they are charged to the launch that wrote them), bank conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
 alignment and burst efficiency, clock throttling. Every number it produces is labelled "(model)".
 """
 
@@ -144,7 +147,8 @@ class LaunchModel:
     hbm_bytes: int = 0              # GM bytes charged to HBM (L2 read misses + dirty lines written back)
     l2_hit_bytes: int = 0           # GM read bytes served by L2
     l2_writeback_bytes: int = 0     # dirty L2 bytes written back to HBM (evictions + the end-of-launch flush)
-    l2_flush_s: float = 0.0         # of predicted_s: the end-of-launch write-back of the dirty lines
+    l2_flush_s: float = 0.0         # of predicted_s: what the write-back of the lines dirty at the end adds
+    l2_dirty_end_bytes: int = 0     # the lines dirty when the last core finishes (in hbm_bytes)
 
     @property
     def label(self) -> str:
@@ -534,15 +538,17 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     t = _table(table)
     sim = _Sim(launch, t, trace)
     makespan = sim.run()
-    # the lines still dirty in L2 when the last core finishes are written back to HBM before the launch
-    # counts as done (the next launch starts with a clean L2: cold, as the model has it), at the whole
-    # HBM bandwidth
+    # the lines still dirty in L2 when the last core finishes are charged to this launch: their bytes
+    # join its HBM traffic, and the launch is not done before the HBM has carried all of it (their
+    # write-back overlaps whatever left the HBM idle; on the chip it happens as later accesses evict
+    # them). What this adds past the cores' last instruction is l2_flush_s.
     flush = sim.l2.dirty_bytes()
-    flush_s = flush / t["gm_bandwidth"]
-    sim.run_end, sim.flush_s = makespan, flush_s
     sim.hbm += flush
     sim.l2_wb += flush
-    makespan += flush_s
+    end = max(makespan, sim.hbm / t["gm_bandwidth"])
+    flush_s = end - makespan
+    sim.run_end, sim.flush_s, sim.flush_bytes = makespan, flush_s, flush
+    makespan = end
     predicted = makespan + t["launch_latency_s"]
     ntype = {"aiv": t["vector_cores"], "aic": t["cube_cores"]}
     busy_t = [0.0] * 7
@@ -583,7 +589,7 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
                        pct_roofline=100.0 * roof / predicted if predicted > 0 else 0.0, gm_bytes=gm, flops=flops,
                        instructions=instr, records=nrec, table_version=t.version, trace=tr,
                        hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit), l2_writeback_bytes=int(sim.l2_wb),
-                       l2_flush_s=flush_s)
+                       l2_flush_s=flush_s, l2_dirty_end_bytes=int(sim.flush_bytes))
 
 
 def model_launches(launches: Iterable[dict], table=None, *, trace: bool = False) -> List[LaunchModel]:
@@ -621,7 +627,7 @@ def chrome_trace(sim: "_Sim", launch: dict, max_events: int = 200_000) -> dict:
         ev.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "L2"}})
         ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "write-back to HBM"}})
         ev.append({"ph": "X", "name": "L2 write-back of the dirty lines", "pid": pid, "tid": 0,
-                   "ts": sim.run_end * 1e6, "dur": flush * 1e6, "args": {"bytes": sim.l2.dirty_bytes()}})
+                   "ts": sim.run_end * 1e6, "dur": flush * 1e6, "args": {"dirty_bytes": sim.flush_bytes}})
     return {"traceEvents": ev, "displayTimeUnit": "ns",
             "metadata": {"kernel": launch["kernel"], "model": f"A2 (model, table a2 v{sim.t.version})",
                          "records": total, "truncated": total + 10 * len(sim.cores) > max_events}}
