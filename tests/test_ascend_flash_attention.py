@@ -192,8 +192,12 @@ def check_bwd_budgets(t, Dk, Dr, Dv):
     l1, l0a, l0b, l0c = 2 * t["l1Buffers"] * b * W * 2, t["l0Buffers"] * b * W * 2, t["l0Buffers"] * b * W * 2, \
         t["l0cBuffers"] * b * W * 4
     d = u16(max(Dv, Dr))
+    # tile-wise amo_fab_delta when Dv % 16 == 0: R rows of dout, out and their fp32 casts (within 64 KiB,
+    # R a multiple of 8 in [8, 64]), the R sums and a chunk's partials
+    R_d = min(64, max(8, 65536 // (Dv * 12) // 8 * 8)) if Dv % 16 == 0 else 0
+    assert t["deltaRows"] == R_d
     ub = max(2 * b * 4 + 2 * b * 2, 2 * gc * 4 + u16(max(Dk, Dr, Dv)) * 2,
-             2 * d * 4 + 2 * d * 2 + work(d) + 32)
+             2 * d * 4 + 2 * d * 2 + work(d) + 32, R_d * Dv * 12 + 2 * u8(R_d) * 4)
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(b / 2)
@@ -231,6 +235,29 @@ def test_bwd_mla_and_plain_192_block_sizes(driver):
     assert mla["blockDim"] == 24 and mla["vecBlockDim"] == 48
     # causal: the KV pass skips blocks above the diagonal: 16 heads x (32 * 33 / 2) blocks per pass
     assert mla["blocks"] == 2 * 16 * 32 * 33 // 2
+
+
+def test_fused_deal_balances_causal_items(driver):
+    """The fused kernels deal items to the AI Core with the least work so far, each sequence's longest
+    first (flash_attention_fused_schedule, the host twin of FaDeal): at the Pangu attention shape (S =
+    1024, H = 8, 128-row blocks, 24 AI Cores) the busiest core runs 13 of the 288 causal blocks (mean 12)
+    where item % 24 gave one core 24; every item is dealt once with its block count (checked by the
+    driver against flash_attention_schedule / _bwd_schedule)."""
+    pangu = (8, 128, 64, 128, True, BF16, 0, 24, [0, 1024])
+    (f,) = driver([pangu])
+    (b,) = driver([pangu], bwd=True)
+    assert f["coverage"] == "ok" and b["coverage"] == "ok"
+    assert (f["fusedMax"], f["plainMax"]) == (13, 24)
+    assert (b["fusedMaxKV"], b["plainMaxKV"], b["fusedMaxQ"], b["plainMaxQ"]) == (13, 24, 13, 24)
+    # packed sequences, causal and not, Lq != Lk: never more than the item % cores deal here, and every
+    # item dealt exactly once
+    cases = [(8, 128, 64, 128, causal, BF16, 0, 24, cu_of([1, 17, 300, 1000, 0, 129]), cu_of([1, 17, 300, 1000, 0, 129]))
+             for causal in (True, False)]
+    cases += [(4, 64, 0, 64, causal, F16, 32, 24, [0, 100, 150, 400], [0, 300, 320, 330]) for causal in (True, False)]
+    for r, rb in zip(driver(cases), driver(cases, bwd=True)):
+        assert r["coverage"] == "ok" and rb["coverage"] == "ok", (r, rb)
+        assert r["fusedMax"] <= r["plainMax"], r
+        assert rb["fusedMaxKV"] <= rb["plainMaxKV"] and rb["fusedMaxQ"] <= rb["plainMaxQ"], rb
 
 
 def test_bwd_refusals(driver):

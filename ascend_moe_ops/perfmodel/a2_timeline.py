@@ -14,23 +14,31 @@ schedules all cores of a launch together:
   a scalar instruction or a cross-core wait holds dispatch until it completes);
 - a DMA (MTE2 GM -> UB/L1, MTE3 UB -> GM, Fixpipe L0C -> GM) first goes through the **L2 model**: one
   L2 of ``l2_bytes`` shared by all cores, LRU over GM lines of ``l2_line_bytes``, looked up in the
-  order the DMAs start in the schedule (cold at the start of each launch). Every byte a read DMA
-  moves passes the core's L2 port at ``l2_read_bytes_per_cycle``; read misses and all writes
-  (write-allocate, written back) are also a flow through HBM, shared by all cores at ``gm_bandwidth``
-  (max-min fair share; each flow capped at its pipe's per-core rate), concurrently with the L2 part
-  (the DMA's requests are pipelined: an assumption); the DMA ends when both have; its data are visible
-  ``dma_latency_cycles`` later, which does not hold the pipe. A recording without GM address runs charges every byte to HBM;
+  order the DMAs start in the schedule (cold at the start of each launch), **write-back and
+  write-allocate** (since table v2026-12-07.2; CANN's "Setting a Proper L2 CacheMode": data moved out
+  by MTE3 / Fixpipe go through the L2, and a replaced line's old data are written back to GM, using GM
+  bandwidth). Every byte a read DMA moves passes the core's L2 port at ``l2_read_bytes_per_cycle``,
+  every byte a write DMA moves the L2 at its pipe's rate (at most ``l2_write_bytes_per_cycle``); the
+  read misses and the dirty lines an access evicts are also a flow through HBM, shared by all cores at
+  ``gm_bandwidth`` (max-min fair share; each flow capped at its pipe's per-core rate), concurrently
+  with the L2 part (the DMA's requests are pipelined: an assumption); the DMA ends when both have; its
+  data are visible ``dma_latency_cycles`` later, which does not hold the pipe. The lines left dirty
+  when the last core finishes are charged to the launch: their bytes join its HBM bytes and the launch
+  ends no earlier than all its HBM bytes / ``gm_bandwidth`` (their write-back overlaps the time the
+  HBM was idle: an assumption; the next launch starts with a clean, cold L2). A recording without GM
+  address runs charges every byte to HBM;
 - Mmad takes MACs / ``cube_macs_per_cycle_fp16`` (operands padded to 16), vector instructions their
   largest operand / ``vector_bytes_per_cycle``, LoadData its bytes / the L1 -> L0A / L0B rate, each
   plus a start-up cost per instruction.
 
-Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan plus the launch
+Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan, at least the
+launch's HBM bytes -- the dirty L2 lines at its end included -- over the HBM bandwidth, plus the launch
 latency), each pipe's busy fraction, the bounding resource, the roofline time for the work recorded
 (max of FLOPs / Cube peak and GM bytes / HBM bandwidth) and its percentage, the table version; and on
 request a Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
 
-Not modelled: the L2's partitions and set associativity (one fully associative LRU), L2 write rate
-(writes are charged to HBM), bank conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
+Not modelled: the L2's partitions and set associativity (one fully associative LRU), write-backs of
+dirty lines in the next launches (they are charged to the launch that wrote them), bank conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
 alignment and burst efficiency, clock throttling. Every number it produces is labelled "(model)".
 """
 
@@ -136,8 +144,11 @@ class LaunchModel:
     records: int
     table_version: str
     trace: Optional[dict] = None
-    hbm_bytes: int = 0              # GM bytes charged to HBM (L2 read misses + writes)
+    hbm_bytes: int = 0              # GM bytes charged to HBM (L2 read misses + dirty lines written back)
     l2_hit_bytes: int = 0           # GM read bytes served by L2
+    l2_writeback_bytes: int = 0     # dirty L2 bytes written back to HBM (evictions + the end-of-launch flush)
+    l2_flush_s: float = 0.0         # of predicted_s: what the write-back of the lines dirty at the end adds
+    l2_dirty_end_bytes: int = 0     # the lines dirty when the last core finishes (in hbm_bytes)
 
     @property
     def label(self) -> str:
@@ -149,19 +160,32 @@ class LaunchModel:
 
 
 class L2Cache:
-    """The timeline's L2: one LRU over GM lines of ``line`` bytes, ``capacity`` bytes in all.
+    """The timeline's L2: one LRU over GM lines of ``line`` bytes, ``capacity`` bytes in all, write-back
+    and write-allocate.
 
     :meth:`access` takes a record's GM runs (address, bytes, stride, count, write) and returns
-    (read bytes that hit, read bytes that missed, bytes written). A read moves only the bytes it
-    touches (sectored lines); a write allocates its lines (write-allocate) and counts as written."""
+    (read bytes that hit, read bytes that missed, bytes written, dirty bytes written back to HBM by the
+    lines this access evicted). A read moves only the bytes it touches (sectored lines); a write
+    allocates its lines without fetching them (sectored: the bytes it writes become the line's dirty
+    bytes) and reaches HBM only when its line is evicted: a line rewritten before its eviction costs
+    one write-back of the union of the bytes written to it. :meth:`dirty_bytes` is what is left dirty
+    (written back by the caller at the end of the launch). An L2 of zero lines writes through."""
 
     def __init__(self, capacity: float, line: float):
         self.line = max(1, int(round(line)))
         self.cap = max(0, int(capacity // self.line))
-        self.lines: "OrderedDict[int, None]" = OrderedDict()
+        self.lines: "OrderedDict[int, int]" = OrderedDict()  # line -> dirty byte mask (0: clean)
+
+    def _insert(self, ln: int, mask: int) -> int:
+        """Allocate line ln (absent) with ``mask``; the dirty bytes of the line it evicts, if any."""
+        lines = self.lines
+        lines[ln] = mask
+        if len(lines) > self.cap:
+            return bin(lines.popitem(last=False)[1]).count("1")
+        return 0
 
     def access(self, runs) -> tuple:
-        hit = miss = wr = 0
+        hit = miss = wr = wb = 0
         L, lines, cap = self.line, self.lines, self.cap
         for addr, n, stride, count, write in runs:
             for k in range(count):
@@ -172,24 +196,31 @@ class L2Cache:
                     lo = ln * L
                     if lo >= e:
                         break
-                    ov = min(e, lo + L) - max(a, lo)
-                    if ln in lines:
+                    b0 = max(a, lo)
+                    ov = min(e, lo + L) - b0
+                    if write:
+                        wr += ov
+                        if not cap:
+                            wb += ov  # no L2: straight to HBM
+                        else:
+                            bits = ((1 << ov) - 1) << (b0 - lo)
+                            if ln in lines:
+                                lines.move_to_end(ln)
+                                lines[ln] |= bits
+                            else:
+                                wb += self._insert(ln, bits)
+                    elif ln in lines:
                         lines.move_to_end(ln)
-                        if write:
-                            wr += ov
-                        else:
-                            hit += ov
+                        hit += ov
                     else:
-                        if write:
-                            wr += ov
-                        else:
-                            miss += ov
+                        miss += ov
                         if cap:
-                            lines[ln] = None
-                            if len(lines) > cap:
-                                lines.popitem(last=False)
+                            wb += self._insert(ln, 0)
                     ln += 1
-        return hit, miss, wr
+        return hit, miss, wr, wb
+
+    def dirty_bytes(self) -> int:
+        return sum(bin(m).count("1") for m in self.lines.values() if m)
 
 
 class _Flows:
@@ -296,7 +327,8 @@ class _Sim:
         self.flows = _Flows(t["gm_bandwidth"])
         self.l2 = L2Cache(t["l2_bytes"], t["l2_line_bytes"])
         self.l2_rate = t["l2_read_bytes_per_cycle"] * hz
-        self.l2_hit = self.hbm = 0
+        self.l2_wrate = t["l2_write_bytes_per_cycle"] * hz
+        self.l2_hit = self.hbm = self.l2_wb = 0
         self.caps = {MTE2: t["mte2_gm_bytes_per_cycle"] * hz, MTE3: t["mte3_gm_bytes_per_cycle"] * hz,
                      FIX: t["fixpipe_gm_bytes_per_cycle"] * hz}
         self.flag_lat = t["flag_latency_cycles"] * self.cyc
@@ -457,15 +489,23 @@ class _Sim:
                     if phase == 0:  # the L2 lookup, in schedule order
                         runs = c.gmr.get(i) if c.gmr is not None else None
                         if runs:
-                            hit, miss, wr = self.l2.access(runs)
-                        else:
-                            hit, miss, wr = 0, r[4], 0
+                            hit, miss, wr, wb = self.l2.access(runs)
+                        elif r[0] == MTE2:
+                            hit, miss, wr, wb = 0, r[4], 0, 0
+                        else:  # a write without its address runs: charged to HBM as it goes
+                            hit, miss, wr, wb = 0, 0, 0, r[4]
                         self.l2_hit += hit
-                        nb = miss + wr
+                        self.l2_wb += wb if runs else 0
+                        nb = miss + wb
                         self.hbm += nb
-                        # every read byte passes the core's L2 port; the misses also flow through HBM
-                        # (concurrently: the DMA's requests are pipelined)
-                        l2_end = self.now + (hit + miss) / self.l2_rate if r[0] == MTE2 else self.now
+                        # every read byte passes the core's L2 port, every written byte the L2's write
+                        # port (at the pipe's rate, at most the L2 write rate); the read misses and the
+                        # dirty lines this access evicts also flow through HBM (concurrently: the DMA's
+                        # requests are pipelined)
+                        if r[0] == MTE2:
+                            l2_end = self.now + (hit + miss) / self.l2_rate
+                        else:
+                            l2_end = self.now + wr / min(self.caps[r[0]], self.l2_wrate)
                         if nb > 0:
                             fid += 1
                             self.flow_of[fid] = (ci, i)
@@ -498,6 +538,17 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     t = _table(table)
     sim = _Sim(launch, t, trace)
     makespan = sim.run()
+    # the lines still dirty in L2 when the last core finishes are charged to this launch: their bytes
+    # join its HBM traffic, and the launch is not done before the HBM has carried all of it (their
+    # write-back overlaps whatever left the HBM idle; on the chip it happens as later accesses evict
+    # them). What this adds past the cores' last instruction is l2_flush_s.
+    flush = sim.l2.dirty_bytes()
+    sim.hbm += flush
+    sim.l2_wb += flush
+    end = max(makespan, sim.hbm / t["gm_bandwidth"])
+    flush_s = end - makespan
+    sim.run_end, sim.flush_s, sim.flush_bytes = makespan, flush_s, flush
+    makespan = end
     predicted = makespan + t["launch_latency_s"]
     ntype = {"aiv": t["vector_cores"], "aic": t["cube_cores"]}
     busy_t = [0.0] * 7
@@ -537,7 +588,8 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
                        busy=busy, utilization=util, bound=bound, roofline_s=roof,
                        pct_roofline=100.0 * roof / predicted if predicted > 0 else 0.0, gm_bytes=gm, flops=flops,
                        instructions=instr, records=nrec, table_version=t.version, trace=tr,
-                       hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit))
+                       hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit), l2_writeback_bytes=int(sim.l2_wb),
+                       l2_flush_s=flush_s, l2_dirty_end_bytes=int(sim.flush_bytes))
 
 
 def model_launches(launches: Iterable[dict], table=None, *, trace: bool = False) -> List[LaunchModel]:
@@ -569,6 +621,13 @@ def chrome_trace(sim: "_Sim", launch: dict, max_events: int = 200_000) -> dict:
                 args["macs"] = r[6]
             ev.append({"ph": "X", "name": nm, "pid": ci, "tid": r[0], "ts": c.start[i] * 1e6,
                        "dur": max(dur, 0.0) * 1e6, "args": args})
+    flush = getattr(sim, "flush_s", 0.0)
+    if flush > 0:  # the end-of-launch write-back of the dirty L2 lines
+        pid = len(sim.cores)
+        ev.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": "L2"}})
+        ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": 0, "args": {"name": "write-back to HBM"}})
+        ev.append({"ph": "X", "name": "L2 write-back of the dirty lines", "pid": pid, "tid": 0,
+                   "ts": sim.run_end * 1e6, "dur": flush * 1e6, "args": {"dirty_bytes": sim.flush_bytes}})
     return {"traceEvents": ev, "displayTimeUnit": "ns",
             "metadata": {"kernel": launch["kernel"], "model": f"A2 (model, table a2 v{sim.t.version})",
                          "records": total, "truncated": total + 10 * len(sim.cores) > max_events}}

@@ -7,6 +7,9 @@
 // every gradient row (key rows in the KV pass, query rows in the Q pass) written by exactly one
 // block (an item without blocks writes its rows as zeros through one empty entry), each item's
 // blocks tiling exactly the rows it must visit (no gap, no overlap), and its first block flagged.
+// Both modes also check the fused kernels' deal (flash_attention_fused_schedule: every item once, its
+// block count, longest first per core and sequence) and print the largest per-core block count of the
+// deal (fusedMax*) and of the phase kernels' item % blockDim (plainMax*).
 #include <cstdint>
 #include <algorithm>
 #include <iostream>
@@ -91,6 +94,38 @@ std::string check_bwd(FlashAttentionTiling t, FlashAttentionPass pass, const std
   return "";
 }
 
+// The fused kernels' deal for pass t.pass (flash_attention_fused_schedule): every item exactly once, with
+// the blocks `want` counts for it; the largest per-core block count of the deal and of item % blockDim.
+std::string check_fused(FlashAttentionTiling t, FlashAttentionPass pass, const std::vector<int64_t>& cu,
+                        const std::vector<int64_t>& cuk, const std::map<int64_t, int64_t>& want, int64_t items,
+                        int64_t* maxDealt, int64_t* maxPlain) {
+  t.pass = pass;
+  const auto sched = flash_attention_fused_schedule(t, cu, cuk);
+  std::vector<int64_t> seen(static_cast<size_t>(items), 0), plain(t.blockDim, 0);
+  *maxDealt = *maxPlain = 0;
+  std::string err;
+  for (size_t c = 0; c < sched.size(); ++c) {
+    int64_t load = 0, prev = -1;
+    for (const auto& it : sched[c]) {
+      if (it.item < 0 || it.item >= items) return "fused: item number out of range";
+      ++seen[static_cast<size_t>(it.item)];
+      auto w = want.find(it.item);
+      if (it.blocks != (w == want.end() ? 0 : w->second)) err = "fused: wrong block count";
+      if (prev >= 0 && it.seq == sched[c][static_cast<size_t>(prev)].seq &&
+          it.blocks > sched[c][static_cast<size_t>(prev)].blocks)
+        err = "fused: a core's items of one sequence not longest first";
+      prev = static_cast<int64_t>(&it - &sched[c][0]);
+      load += it.blocks;
+      plain[static_cast<size_t>(it.item % t.blockDim)] += it.blocks;
+    }
+    *maxDealt = std::max(*maxDealt, load);
+  }
+  for (auto p : plain) *maxPlain = std::max(*maxPlain, p);
+  for (auto n : seen)
+    if (n != 1) return "fused: item not dealt exactly once";
+  return err;
+}
+
 int main(int argc, char** argv) {
   const bool bwd = argc > 1 && std::string(argv[1]) == "bwd";
   std::string line;
@@ -127,15 +162,36 @@ int main(int argc, char** argv) {
         std::string err = check_bwd(t, FlashAttentionPass::kBackwardKV, cu, cuk, H, causal != 0, &blocks);
         if (err.empty()) err = check_bwd(t, FlashAttentionPass::kBackwardQ, cu, cuk, H, causal != 0, &blocks);
         const auto w = flash_attention_workspace(t);
+        // the fused deal of each pass against the blocks flash_attention_bwd_schedule lists per item
+        int64_t fusedMax[2] = {0, 0}, plainMax[2] = {0, 0};
+        for (int k = 0; k < 2 && err.empty(); ++k) {
+          const FlashAttentionPass pass = k == 0 ? FlashAttentionPass::kBackwardKV : FlashAttentionPass::kBackwardQ;
+          FlashAttentionTiling tp = t;
+          tp.pass = pass;
+          std::map<int64_t, int64_t> want;
+          int64_t items = 0;
+          for (auto& core : flash_attention_bwd_schedule(tp, cu, cuk))
+            for (auto& blk : core) {
+              items = std::max(items, blk.item + 1);
+              if (!blk.empty) ++want[blk.item];
+            }
+          int64_t nItems = 0;  // every item of the pass, also those the schedule lists with no block
+          for (int64_t s = 0; s < B; ++s)
+            nItems += H * (((k == 0 ? cuk[s + 1] - cuk[s] : cu[s + 1] - cu[s]) + t.baseM - 1) / t.baseM);
+          err = check_fused(t, pass, cu, cuk, want, nItems, &fusedMax[k], &plainMax[k]);
+        }
         std::ostringstream o;
         o << "{\"ok\":true,\"key\":" << uint32_t(t.key) << ",\"blockDim\":" << t.blockDim
           << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"baseM\":" << t.baseM << ",\"baseN\":" << t.baseN
           << ",\"vecRows\":" << t.vecRows << ",\"gradCols\":" << t.gradCols << ",\"l1Buffers\":" << t.l1Buffers
           << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"l1Bytes\":" << t.l1Bytes
           << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes << ",\"l0cBytes\":" << t.l0cBytes
-          << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"items\":" << w.items
+          << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"deltaRows\":" << t.deltaRows
+          << ",\"items\":" << w.items
           << ",\"steps\":" << w.steps
-          << ",\"blocks\":" << blocks << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
+          << ",\"blocks\":" << blocks << ",\"fusedMaxKV\":" << fusedMax[0] << ",\"plainMaxKV\":" << plainMax[0]
+          << ",\"fusedMaxQ\":" << fusedMax[1] << ",\"plainMaxQ\":" << plainMax[1]
+          << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
         std::cout << o.str() << std::endl;
         continue;
       }
@@ -163,6 +219,22 @@ int main(int argc, char** argv) {
         }
       for (auto c : cover)
         if (c != 1) { if (err.empty()) err = "query row not covered"; break; }
+      // the fused forward's deal, against the key blocks of flash_attention_schedule's items (numbered
+      // b-major: sequence, head, query block)
+      int64_t fusedMax = 0, plainMax = 0;
+      if (err.empty()) {
+        std::map<int64_t, int64_t> want;
+        int64_t item0 = 0;
+        for (int64_t s = 0; s < B; ++s) {
+          const int64_t nb = (cu[s + 1] - cu[s] + t.baseM - 1) / t.baseM;
+          for (size_t c = 0; c < sched.size(); ++c)
+            for (auto& it : sched[c])
+              if (it.seq == s) want[item0 + it.head * nb + (it.q0 - cu[s]) / t.baseM] = it.keyBlocks;
+          item0 += H * nb;
+        }
+        err = check_fused(t, FlashAttentionPass::kForward, cu, cuk, want, static_cast<int64_t>(items), &fusedMax,
+                          &plainMax);
+      }
       std::ostringstream o;
       o << "{\"ok\":true,\"key\":" << uint32_t(t.key) << ",\"blockDim\":" << t.blockDim << ",\"baseM\":" << t.baseM
         << ",\"baseN\":" << t.baseN << ",\"vecRows\":" << t.vecRows << ",\"l1Buffers\":" << t.l1Buffers
@@ -170,8 +242,8 @@ int main(int argc, char** argv) {
         << ",\"l1Bytes\":" << t.l1Bytes << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes
         << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes
         << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"items\":" << items << ",\"keyless\":" << keyless
-        << ",\"steps\":" << flash_attention_workspace(t).steps
-        << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
+        << ",\"steps\":" << flash_attention_workspace(t).steps << ",\"fusedMax\":" << fusedMax
+        << ",\"plainMax\":" << plainMax << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";
       std::cout << o.str() << std::endl;
     } catch (const std::exception& e) {
       std::cout << "{\"ok\":false,\"error\":\"" << e.what() << "\"}" << std::endl;

@@ -20,6 +20,8 @@
 // aligned: query i sees keys j <= i + Lk - Lq) exactly as flash_attention_schedule() does: item t runs on AIC core
 // t % blockDim; on the vector side item t is split into U = ceil(baseM / vecRows) units of vecRows rows
 // (U = 2 on the 910B: two AIVs per AIC), unit t * U + u on AIV core (t * U + u) % blockNum. Every workspace row has one writer per phase.
+// The fused kernels deal the items over the AI Cores by their length instead (FaDeal below; host twin
+// flash_attention_fused_schedule()); an AI Core's two AIVs split each of its items by rows.
 // FILES (one kernel type per source file: CANN's build flow classifies a file by its FIRST
 // KERNEL_TASK_TYPE_DEFAULT and builds every kernel in it that way):
 //   flash_attention_common.h     this header: shared device code (walks, Cube/vector phase classes)
@@ -67,6 +69,23 @@ __aicore__ inline FaSeq FaReadSeq(const GlobalTensor<int64_t>& cu, const GlobalT
   return s;
 }
 
+// Item `item` (query block i of head h of sequence b, read as sq) as the device sees it.
+__aicore__ inline FaItem FaMakeItem(const FlashAttentionTiling& t, const FaSeq& sq, int64_t item, int64_t b,
+                                    int64_t h, int64_t i) {
+  FaItem it;
+  it.t = item;
+  it.seq = b;
+  it.head = h;
+  it.seqStart = sq.q0;
+  it.qPos0 = i * t.baseM;
+  it.rows = Min64(t.baseM, sq.lq - it.qPos0);
+  it.kvStart = sq.k0;
+  it.off = sq.lk - sq.lq;
+  it.kvLen = FaKvLen(t.mask == FlashAttentionMask::kCausal, it.qPos0, it.rows, sq.lq, sq.lk);
+  it.keyBlocks = CeilDiv(it.kvLen, t.baseN);
+  return it;
+}
+
 // Walks the items in schedule order; calls op.Item(it) for those with (t * units + u) % cores == core
 // for some unit u < units (units = 1 on the Cube side, 2 on the vector side: op gets the unit index).
 template <typename Op>
@@ -80,20 +99,60 @@ __aicore__ inline void FaWalkOn(const FlashAttentionTiling& t, const GlobalTenso
       for (int64_t i = 0; i < qb; ++i, ++item) {
         for (uint32_t u = 0; u < units; ++u) {
           if ((item * units + u) % cores != core) continue;
-          FaItem it;
-          it.t = item;
-          it.seq = b;
-          it.head = h;
-          it.seqStart = sq.q0;
-          it.qPos0 = i * t.baseM;
-          it.rows = Min64(t.baseM, sq.lq - it.qPos0);
-          it.kvStart = sq.k0;
-          it.off = sq.lk - sq.lq;
-          it.kvLen = FaKvLen(t.mask == FlashAttentionMask::kCausal, it.qPos0, it.rows, sq.lq, sq.lk);
-          it.keyBlocks = CeilDiv(it.kvLen, t.baseN);
+          const FaItem it = FaMakeItem(t, sq, item, b, h, i);
           op.Item(it, u);
         }
       }
+  }
+}
+
+// ---- The fused kernels' deal of the items over the AI Cores --------------------------------------------
+// Causal items differ in length: query block i of a sequence with Lq = Lk sees i + 1 key blocks (forward,
+// backward Q pass), key block i is seen by nb - i query blocks (backward KV pass). Dealt as item % cores
+// (the phase kernels' deal), the items of one core can all be long: at the Pangu shape (S = 1024, 128-row
+// blocks, H = 8, 24 AI Cores) item t has t % 8 + 1 key blocks and core c took t = c, c + 24, c + 48, all
+// with c % 8 + 1 blocks: 3 to 24 blocks per core for a mean of 12. The fused kernels walk each sequence's
+// items longest first (block index outer: query blocks from the last, key blocks from the first; heads
+// inner) and deal each item to the AI Core with the least work so far (greedy list scheduling, cost =
+// the item's blocks + 1, ties to the lowest core): every core runs the same integer arithmetic over the
+// same walk, so all agree without communicating (13 blocks at most at that shape). Items keep their
+// number (it.t: the b-major numbering of FaWalkOn); which core runs an item changes nothing in its
+// arithmetic. Scalar cost: one pass over `cores` loads per item, on every core.
+struct FaDeal {
+  __aicore__ inline void Init(int64_t cores) {
+    n_ = cores < kFlashAttentionMaxCores ? cores : kFlashAttentionMaxCores;
+    for (int64_t c = 0; c < n_; ++c) load_[c] = 0;
+  }
+  // the core that takes an item of `blocks` blocks
+  __aicore__ inline int64_t Take(int64_t blocks) {
+    int64_t best = 0;
+    for (int64_t c = 1; c < n_; ++c)
+      if (load_[c] < load_[best]) best = c;
+    load_[best] += blocks + 1;
+    return best;
+  }
+  int64_t n_ = 0;
+  int64_t load_[kFlashAttentionMaxCores];
+};
+
+// Fused forward: op.Item(it, 0) for the items dealt to `core`, longest first.
+template <typename Op>
+__aicore__ inline void FaWalkDealt(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                                   const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Op& op) {
+  FaDeal deal;
+  deal.Init(cores);
+  int64_t item0 = 0;
+  for (int64_t b = 0; b < t.B; ++b) {
+    const FaSeq sq = FaReadSeq(cu, cuK, b);
+    const int64_t qb = CeilDiv(sq.lq, t.baseM);
+    for (int64_t n = 0; n < qb; ++n) {
+      const int64_t i = qb - 1 - n;  // causal: the last query block sees the most keys
+      for (int64_t h = 0; h < t.H; ++h) {
+        const FaItem it = FaMakeItem(t, sq, item0 + h * qb + i, b, h, i);
+        if (deal.Take(it.keyBlocks) == core) op.Item(it, 0);
+      }
+    }
+    item0 += t.H * qb;
   }
 }
 
@@ -145,7 +204,8 @@ __aicore__ inline void FaRowScalar(const LocalTensor<float>& x, const LocalTenso
 template <typename T>
 class FaCube {
  public:
-  // Forward buffers: Q parts / P on the A side, K parts / V on the B side, S / O_partial in L0C.
+  // Forward buffers: Q parts / P on the A side, K parts / V on the B side, S / O_partial in L0C. The L1
+  // budget keeps room for the fused forward's Q block (InitQ).
   __aicore__ inline void Init(const FlashAttentionTiling& t, TPipe* pipe) {
     const uint32_t dk = Up16(t.Dk), dr = t.Dr ? Up16(t.Dr) : 0, dv = Up16(t.Dv);
     uint32_t wa = dk > dr ? dk : dr;
@@ -153,7 +213,7 @@ class FaCube {
     uint32_t wb = dk > dr ? dk : dr;
     wb = wb > dv ? wb : dv;
     const uint32_t wc = t.baseN > dv ? t.baseN : dv;
-    InitSizes(pipe, t.baseM * wa, t.baseN * wb, t.baseM * wc);
+    InitSizes(pipe, t, t.baseM * wa, t.baseN * wb, t.baseM * wc, static_cast<uint64_t>(t.baseM) * (dk + dr) * sizeof(T));
   }
 
   // Backward buffers (square blocks b): every operand and product fits b x W, W = the widest of b and
@@ -162,15 +222,29 @@ class FaCube {
     uint32_t w = t.baseM;
     const uint32_t dims[3] = {Up16(t.Dk), Up16(t.Dr), Up16(t.Dv)};
     for (uint32_t d : dims) w = d > w ? d : w;
-    InitSizes(pipe, t.baseM * w, t.baseM * w, t.baseM * w);
+    InitSizes(pipe, t, t.baseM * w, t.baseM * w, t.baseM * w, 0);
   }
 
-  __aicore__ inline void InitSizes(TPipe* pipe, uint32_t aElems, uint32_t bElems, uint32_t cElems) {
-    pipe->InitBuffer(l1A_, 1, aElems * sizeof(T));
-    pipe->InitBuffer(l1B_, 1, bElems * sizeof(T));
-    pipe->InitBuffer(l0A_, 1, aElems * sizeof(T));
-    pipe->InitBuffer(l0B_, 1, bElems * sizeof(T));
-    pipe->InitBuffer(l0C_, 1, cElems * sizeof(float));
+  // As many buffers per queue as the tiling's plan holds (its l1Buffers / l0Buffers / l0cBuffers, within
+  // its L1 / L0A / L0B / L0C bytes; at least one): with two, the MTE2 copies of the next Mmad's operands
+  // and the next Mmad itself run while the Fixpipe still drains the previous L0C tile (the queues hand
+  // their buffers out in turn), instead of each stage waiting for the one before.
+  __aicore__ inline void InitSizes(TPipe* pipe, const FlashAttentionTiling& t, uint32_t aElems, uint32_t bElems,
+                                   uint32_t cElems, uint64_t l1Other) {
+    const uint64_t a = static_cast<uint64_t>(aElems) * sizeof(T), b = static_cast<uint64_t>(bElems) * sizeof(T);
+    const uint64_t c = static_cast<uint64_t>(cElems) * sizeof(float);
+    const uint64_t l1 = t.l1Bytes > l1Other ? t.l1Bytes - l1Other : 0;
+    const uint32_t n1 = Depth(t.l1Buffers, l1 / (a + b));
+    const uint32_t na = Depth(t.l0Buffers, t.l0aBytes / a), nb = Depth(t.l0Buffers, t.l0bBytes / b);
+    pipe->InitBuffer(l1A_, n1, static_cast<uint32_t>(a));
+    pipe->InitBuffer(l1B_, n1, static_cast<uint32_t>(b));
+    pipe->InitBuffer(l0A_, na, static_cast<uint32_t>(a));
+    pipe->InitBuffer(l0B_, nb, static_cast<uint32_t>(b));
+    pipe->InitBuffer(l0C_, Depth(t.l0cBuffers, t.l0cBytes / c), static_cast<uint32_t>(c));
+  }
+  __aicore__ static inline uint32_t Depth(uint32_t planned, uint64_t fit) {
+    const uint64_t n = planned < fit ? planned : fit;
+    return n > 2 ? 2 : (n < 1 ? 1 : static_cast<uint32_t>(n));
   }
 
   // A . B into c (rows x cols, K = kc). A is ND in GM with row stride aStride: A itself (rows x kc,
@@ -821,12 +895,11 @@ struct FabNth {
   int64_t i, head, first;
 };
 
-// Fused kernel: the items with item % cores == core; op.Item(count, nth) with nth(n) the FabItem of the
-// item's n-th valid block, n < count; op.Empty(it) for an item without blocks.
+// Fused kernel: the items dealt to this core (FabItemsDealt); op.Item(count, nth) with nth(n) the FabItem
+// of the item's n-th valid block, n < count; op.Empty(it) for an item without blocks.
 template <typename Op>
 struct FabItemVisitor {
   __aicore__ inline void Visit(int64_t item, const FaSeq& sq, int64_t i, int64_t h) {
-    if (item % cores != core) return;
     FabNth nth{t, item, sq, i, h, -1};
     FabItem it;
     it.t = item;
@@ -845,15 +918,52 @@ struct FabItemVisitor {
     if (count > 0) op->Item(count, nth);
   }
   const FlashAttentionTiling* t;
-  int64_t core, cores;
   Op* op;
 };
+
+// Blocks of backward item i of sequence sq (FabBlock's valid steps, in closed form): KV pass, the query
+// blocks from the first whose rows see key i * b to the last (every key is seen by the last query); Q
+// pass, the key blocks up to the last key its last row sees.
+__aicore__ inline int64_t FabBlocks(const FlashAttentionTiling& t, const FaSeq& sq, int64_t i) {
+  const int64_t b = t.baseM, off = sq.lk - sq.lq;
+  const bool causal = t.mask == FlashAttentionMask::kCausal;
+  if (t.pass == FlashAttentionPass::kBackwardKV) {
+    if (sq.lq == 0) return 0;
+    const int64_t k0 = i * b, firstQ = causal && k0 - off > 0 ? k0 - off : 0;
+    return CeilDiv(sq.lq, b) - firstQ / b;
+  }
+  const int64_t q0 = i * b;
+  return CeilDiv(FaKvLen(causal, q0, Min64(b, sq.lq - q0), sq.lq, sq.lk), b);
+}
+
+// The fused kernels' deal (FaDeal): visit.Visit(item, sequence, block i, head) for the items dealt to
+// `core`, each sequence's longest first (KV pass: key blocks from the first, which the most query
+// blocks see; Q pass: query blocks from the last), heads inner; items keep FabItems' numbering.
+template <typename Visitor>
+__aicore__ inline void FabItemsDealt(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                                     const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Visitor& visit) {
+  FaDeal deal;
+  deal.Init(cores);
+  int64_t item0 = 0;
+  const bool kv = t.pass == FlashAttentionPass::kBackwardKV;
+  for (int64_t s = 0; s < t.B; ++s) {
+    const FaSeq sq = FaReadSeq(cu, cuK, s);
+    const int64_t nb = CeilDiv(kv ? sq.lk : sq.lq, t.baseM);
+    for (int64_t n = 0; n < nb; ++n) {
+      const int64_t i = kv ? n : nb - 1 - n;
+      const int64_t blocks = FabBlocks(t, sq, i);  // the same for every head
+      for (int64_t h = 0; h < t.H; ++h)
+        if (deal.Take(blocks) == core) visit.Visit(item0 + h * nb + i, sq, i, h);
+    }
+    item0 += t.H * nb;
+  }
+}
 
 template <typename Op>
 __aicore__ inline void FabWalkItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
                                     const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Op& op) {
-  FabItemVisitor<Op> v{&t, core, cores, &op};
-  FabItems(t, cu, cuK, v);
+  FabItemVisitor<Op> v{&t, &op};
+  FabItemsDealt(t, cu, cuK, core, cores, v);
 }
 
 template <typename T>
@@ -1176,6 +1286,10 @@ class FabDelta {
     TPipe pipe;
     t_ = t;
     g_.Set(g, t);
+    if (t.deltaRows > 0) {
+      RunTiles(pipe, t);
+      return;
+    }
     InitRowBuffers(pipe, t, xBuf_, yBuf_, fxBuf_, fyBuf_, work_, red_);
     LocalTensor<T> x = xBuf_.Get<T>(), y = yBuf_.Get<T>();
     LocalTensor<float> fx = fxBuf_.Get<float>(), fy = fyBuf_.Get<float>(), work = work_.Get<float>(), red = red_.Get<float>();
@@ -1203,6 +1317,49 @@ class FabDelta {
   }
 
  private:
+  // Tile-wise (t.deltaRows = R > 0, planned when Dv is a multiple of 16): the T * H rows of dout and out
+  // (contiguous, Dv apart) in tiles of R rows, tile k on core k % blockNum: one DMA per tile and operand,
+  // the casts and the product over the whole tile, the row sums by WholeReduceSum per 64-column chunk
+  // with the chunk partials added in chunk order -- per element the same fp32 operations in the same
+  // order as the row form's ReduceSum (a binary tree inside each 64-lane repeat, repeats added in order),
+  // so delta is bitwise the same -- and one DMA of the R sums.
+  __aicore__ inline void RunTiles(TPipe& pipe, const FlashAttentionTiling& t) {
+    const int64_t R = t.deltaRows, d = t.Dv, rows = t.T * t.H, r8 = Up8(static_cast<uint32_t>(R));
+    pipe.InitBuffer(xBuf_, R * d * sizeof(T));
+    pipe.InitBuffer(yBuf_, R * d * sizeof(T));
+    pipe.InitBuffer(fxBuf_, R * d * sizeof(float));
+    pipe.InitBuffer(fyBuf_, R * d * sizeof(float));
+    pipe.InitBuffer(red_, 2 * r8 * sizeof(float));  // the row sums, a chunk's partial sums
+    LocalTensor<T> x = xBuf_.Get<T>(), y = yBuf_.Get<T>();
+    LocalTensor<float> fx = fxBuf_.Get<float>(), fy = fyBuf_.Get<float>(), sum = red_.Get<float>(),
+                       part = red_.Get<float>()[r8];
+    const int32_t rep = static_cast<int32_t>(d / 8);  // fp32 row stride in 32-byte blocks
+    for (int64_t r0 = GetBlockIdx() * R; r0 < rows; r0 += GetBlockNum() * R) {
+      const int64_t n = Min64(R, rows - r0);
+      const uint32_t cnt = static_cast<uint32_t>(n * d);
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // x / y are reloaded: the previous tile's Casts read them
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
+      DataCopy(x, g_.dout[r0 * d], cnt);
+      DataCopy(y, g_.out[r0 * d], cnt);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      Cast(fx, x, RoundMode::CAST_NONE, cnt);
+      Cast(fy, y, RoundMode::CAST_NONE, cnt);
+      Mul(fx, fx, fy, static_cast<int32_t>(cnt));
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);  // the previous tile's store of the sums is done
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+      for (int64_t c0 = 0; c0 < d; c0 += 64) {
+        const int32_t mask = static_cast<int32_t>(Min64(64, d - c0));
+        WholeReduceSum(c0 == 0 ? sum : part, fx[c0], mask, static_cast<int32_t>(n), 1, 1, rep);
+        if (c0 > 0) Add(sum, sum, part, static_cast<int32_t>(n));
+      }
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      // delta rows of the neighbouring tiles (other cores) follow in GM: a DataCopyPad of exactly n floats
+      DataCopyPad(g_.delta[r0], sum, DataCopyExtParams{1, static_cast<uint32_t>(n * sizeof(float)), 0, 0, 0});
+    }
+  }
+
   FlashAttentionTiling t_;
   FabTensors<T> g_;
   TBuf<TPosition::VECCALC> xBuf_, yBuf_, fxBuf_, fyBuf_, work_, red_;

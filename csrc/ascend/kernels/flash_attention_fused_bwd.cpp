@@ -9,8 +9,8 @@ namespace amo_ascend {
 namespace kernels {
 
 // ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
-// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items with
-// item % groups == group, each with its N blocks in step order, PIPELINED over two GM slots (block n
+// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items FabItemsDealt deals
+// to it (longest first, balanced over the AI Cores), each with its N blocks in step order, PIPELINED over two GM slots (block n
 // uses slot n % 2):
 //   AIC : S, dP of block 0; then for each n: S, dP of block n+1 (lookahead, flag S[(n+1)%2]); wait
 //         P[n%2] (both AIVs); the pass's products of block n -> part slot; flag G[n%2].

@@ -10,8 +10,9 @@ namespace kernels {
 
 // ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
 // The same math as the four phase kernels, in one kernel: per AI Core (one AIC + its two AIVs) the
-// items t with t % groups == group, and per item the key blocks j, PIPELINED over two GM slots per
-// workspace (slot j % 2) so the Cube and the vector units overlap:
+// items FaWalkDealt deals to it (longest first, balanced over the AI Cores), and per item the key
+// blocks j, PIPELINED over two GM slots per workspace (slot j % 2) so the Cube and the vector units
+// overlap:
 //   AIC : S_0 -> slot; then for each j: S_{j+1} -> slot (lookahead, flag S[(j+1)%2]); wait P[j%2]
 //         (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%2].
 //   AIVs: for each j: wait S[j%2]; online softmax of its half of the rows (m, l and alpha_j in UB);
@@ -63,7 +64,7 @@ class FaFused {
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
-    FaWalkOn(t, cu_, cuK_, group_, GetBlockNum(), 1, *this);
+    FaWalkDealt(t, cu_, cuK_, group_, GetBlockNum(), *this);  // balanced deal of the causal items
   }
 
   __aicore__ inline void Item(const FaItem& it, uint32_t) {

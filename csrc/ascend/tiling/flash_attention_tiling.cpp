@@ -35,6 +35,8 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
 //         softmax-grad  S and dP rows (b fp32 each), P and dS rows (b, input dtype)
 //         accumulate    running sum and product rows (gradCols fp32 each), output row (up16(max dim), input dtype)
 //         delta / dK_rope reduction: two fp32 rows and two input-dtype rows of up16(max(Dv, Dr)), work, 8 fp32
+//         tile-wise delta (Dv % 16 == 0): deltaRows rows of dout, out (input dtype) and their fp32 casts,
+//         2 x up8(deltaRows) fp32
 void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
@@ -49,7 +51,17 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t acc = 2 * uint64_t(t.gradCols) * 4 + dmax * e;
   const uint64_t rowDim = align_up(std::max<int64_t>(t.Dv, t.Dr), 16);
   const uint64_t reduce = 2 * rowDim * 4 + 2 * rowDim * e + reduce_max_work_bytes(rowDim) + 32;
-  t.ubBytes = std::max({softmax, acc, reduce});
+  // amo_fab_delta tile-wise when Dv is a multiple of 16 (its rows are whole 32-byte blocks): R rows of
+  // dout and out (input dtype) and their fp32 casts, the R row sums and a chunk's partials; R a multiple
+  // of 8 in [8, 64] with the four tiles within 64 KiB
+  t.deltaRows = 0;
+  uint64_t delta = 0;
+  if (t.Dv % 16 == 0) {
+    const uint64_t perRow = uint64_t(t.Dv) * (2 * e + 2 * 4);
+    t.deltaRows = static_cast<uint32_t>(std::min<uint64_t>(64, std::max<uint64_t>(8, 65536 / perRow / 8 * 8)));
+    delta = t.deltaRows * perRow + 2 * align_up(t.deltaRows, 8) * 4;
+  }
+  t.ubBytes = std::max({softmax, acc, reduce, delta});
   // fused pass kernel amo_fab_fused, per AIV, tile-wise in chunks of c = min(vecRows, 16) rows: S and
   // dP (c x b fp32 each), P and dS (c x b, input dtype), the running sums of its vecRows gradient rows
   // (fp32, kept in UB for the whole item), a chunk of product rows (c x gradCols fp32) and of output
@@ -117,7 +129,8 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64
   // no key at all (Tk = 0): every row gets out 0, lse -inf, zero gradients (the host's empty path)
   const int64_t items = B * H * ceil_div(maxSeqlenQ, t.baseM);
   if (T == 0 || Tk == 0 || H == 0 || items == 0 || maxSeqlenK == 0) t.key = FlashAttentionTilingKey::kEmpty;
-  t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
+  t.blockDim = static_cast<uint32_t>(
+      std::max<int64_t>(1, std::min<int64_t>(std::min<int64_t>(chip.aicNum, kFlashAttentionMaxCores), items)));
   t.vecBlockDim = vec_blocks(t, chip);
   t.pass = FlashAttentionPass::kForward;
   return t;
@@ -140,7 +153,8 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, i
     plan_bwd(t, chip);
   }
   const int64_t items = B * H * ceil_div(t.maxSeqlen, t.baseM);  // the larger pass (KV: key blocks, Q: query blocks)
-  t.blockDim = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(chip.aicNum, items)));
+  t.blockDim = static_cast<uint32_t>(
+      std::max<int64_t>(1, std::min<int64_t>(std::min<int64_t>(chip.aicNum, kFlashAttentionMaxCores), items)));
   t.vecBlockDim = vec_blocks(t, chip);
   t.pass = FlashAttentionPass::kBackwardKV;
   return t;
@@ -259,6 +273,46 @@ std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(co
           out[static_cast<size_t>(item % t.blockDim)].push_back(k);
         }
     }
+  }
+  return out;
+}
+
+std::vector<std::vector<FlashAttentionFusedItem>> flash_attention_fused_schedule(const FlashAttentionTiling& t,
+                                                                                const std::vector<int64_t>& cu,
+                                                                                const std::vector<int64_t>& cuK) {
+  std::vector<std::vector<FlashAttentionFusedItem>> out(t.blockDim);
+  if (t.key == FlashAttentionTilingKey::kEmpty) return out;
+  if (cuK.size() != cu.size())
+    throw std::invalid_argument("flash_attention_fused_schedule: cu_seqlens_q / _k sizes differ");
+  const bool causal = t.mask == FlashAttentionMask::kCausal, kv = t.pass == FlashAttentionPass::kBackwardKV;
+  const bool fwd = t.pass == FlashAttentionPass::kForward;
+  const int64_t bm = t.baseM, bn = fwd ? t.baseN : t.baseM;
+  std::vector<int64_t> load(t.blockDim, 0);
+  int64_t item0 = 0;
+  for (int64_t s = 0; s + 1 < static_cast<int64_t>(cu.size()); ++s) {
+    const int64_t lq = cu[s + 1] - cu[s], lk = cuK[s + 1] - cuK[s], off = lk - lq;
+    const int64_t nb = ceil_div(kv ? lk : lq, bm);
+    for (int64_t n = 0; n < nb; ++n) {
+      const int64_t i = kv ? n : nb - 1 - n;
+      for (int64_t h = 0; h < t.H; ++h) {
+        FlashAttentionFusedItem it{};
+        it.item = item0 + h * nb + i;
+        it.seq = s;
+        it.head = h;
+        it.block = i;
+        if (kv) {  // query blocks from the first whose rows see key i * bm to the last
+          const int64_t k0 = i * bm, firstQ = causal && k0 - off > 0 ? k0 - off : 0;
+          it.blocks = lq == 0 ? 0 : ceil_div(lq, bm) - firstQ / bm;
+        } else {
+          const int64_t rows = std::min(bm, lq - i * bm);
+          it.blocks = ceil_div(fa_kv_len(causal, i * bm, rows, lq, lk), bn);
+        }
+        const size_t core = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[core] += it.blocks + 1;
+        out[core].push_back(it);
+      }
+    }
+    item0 += t.H * nb;
   }
   return out;
 }

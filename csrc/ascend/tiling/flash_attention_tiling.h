@@ -44,6 +44,10 @@
 
 namespace amo_ascend {
 
+// Most AI Cores a fused flash attention launch deals its items to (the kernels' FaDeal keeps one load
+// per core on the stack); the tilings cap blockDim here.
+constexpr uint32_t kFlashAttentionMaxCores = 64;
+
 enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
 enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
 enum class FlashAttentionRope : uint32_t { kNone = 0, kSharedKey = 1 };
@@ -75,6 +79,7 @@ struct FlashAttentionTiling {
   uint32_t vecBlockDim; // AIV cores of the vector phases: min(aivNum, blockDim * ceil(baseM / vecRows))
   uint32_t gradCols;    // backward: fp32 row width of the gradient workspaces, up8(Dk) + up8(Dr) + up8(Dv)
   uint32_t ubFusedBytes;  // fused mixed kernels (amo_fa_fused / amo_fab_fused): UB per AIV
+  uint32_t deltaRows;     // backward: rows per tile of amo_fab_delta (0: row by row; set when Dv % 16 == 0)
 };
 
 // Device addresses handed to the phase kernels as one GM block (uint64 each; the kernels read them
@@ -161,6 +166,20 @@ struct FlashAttentionBwdBlock {
 std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(const FlashAttentionTiling& t,
                                                                               const std::vector<int64_t>& cuSeqlensQ,
                                                                               const std::vector<int64_t>& cuSeqlensK);
+
+// Host twin of the fused kernels' deal (FaDeal / FaWalkDealt / FabItemsDealt in
+// kernels/flash_attention_common.h): for pass t.pass (kForward: amo_fa_fused; kBackwardKV / kBackwardQ:
+// amo_fab_fused) the items each AI Core runs, in order: each sequence's items longest first (block index
+// outer: query blocks from the last in the forward and Q pass, key blocks from the first in the KV pass;
+// heads inner), each dealt to the core with the least work so far (cost: its blocks + 1; ties to the
+// lowest core). `item` is the b-major number (sequence, head, block) of flash_attention_schedule /
+// _bwd_schedule; `blocks` the item's key blocks (forward, Q pass) or query blocks (KV pass).
+struct FlashAttentionFusedItem {
+  int64_t item, seq, head, block, blocks;
+};
+std::vector<std::vector<FlashAttentionFusedItem>> flash_attention_fused_schedule(const FlashAttentionTiling& t,
+                                                                                const std::vector<int64_t>& cuSeqlensQ,
+                                                                                const std::vector<int64_t>& cuSeqlensK);
 
 #endif  // __CCE_AICORE__
 
