@@ -188,6 +188,25 @@ def test_cpp_op_list_agrees():
                                   f"misses {sorted(want - set(entries))}")
 
 
+def test_contracts_need_no_shared_entry():
+    """An op's Python contract is its spec's ``check`` / ``check_meta``, defined in its op module
+    (or, for the ops that predate that, in the shared helpers' module ``ops/_contracts.py``), and
+    no table in the shared module lists the ops: a new op adds its contract in its own files only.
+    Its C++ twin is in its own ``csrc/common/<family>_checks.h`` (tests/test_cxx_op_list.py)."""
+    shared = "ascend_moe_ops.ops._contracts"
+    for s in SPECS:
+        for fn in (s.check, s.check_meta or s.check):
+            assert fn.__module__ in (f"ascend_moe_ops.ops.{s.module}", shared), \
+                f"{s.name}: its contract {fn.__qualname__} is defined in {fn.__module__}, not in its op module"
+    tables = []
+    for node in ast.walk(ast.parse(_read("ascend_moe_ops", "ops", "_contracts.py"))):
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if keys & NAMES:
+                tables.append(sorted(keys & NAMES))
+    assert not tables, f"ops/_contracts.py lists ops in a table (a new op would need an entry): {tables}"
+
+
 def test_design_doc_lists_these_places():
     """docs/design.md's table names every place checked here, and exactly two one-line entries."""
     text = _read("docs", "design.md")
@@ -196,8 +215,8 @@ def test_design_doc_lists_these_places():
     rows = [r for r in section.splitlines() if r.startswith("| `")]
     places = [re.match(r"\| `([^`]+)`", r).group(1) for r in rows]
     assert places == ["ascend_moe_ops/ops/foo.py", "ascend_moe_ops/reference/foo.py", "triton_ref/foo.py",
-                      "csrc/cpu/foo.cpp", "tests/test_foo.py", "docs/ops/foo.md", "ascend_moe_ops/__init__.py",
-                      "csrc/common/op_list.h"], places
+                      "csrc/cpu/foo.cpp", "csrc/common/foo_checks.h", "tests/test_foo.py", "docs/ops/foo.md",
+                      "ascend_moe_ops/__init__.py", "csrc/common/op_list.h"], places
     shared = [p for p, r in zip(places, rows) if "**one line**" in r]
     assert shared == ["ascend_moe_ops/__init__.py", "csrc/common/op_list.h"], shared
     assert "own file" in "".join(r for p, r in zip(places, rows) if p not in shared)

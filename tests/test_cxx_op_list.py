@@ -8,6 +8,8 @@ on the C++ side is its own files plus one line of the list (docs/design.md, "Add
   namespace), and every op with a native kernel is in the list;
 * its CPU kernel file, its C++ autograd file (CXX_GRAD ops) and, for ASCENDC ops, its host code and
   glue TU exist and name it, and the registered kernels follow the list when the extensions are built;
+* every public op's contract (amo::checks::<op>) is in its family's common/<family>_checks.h and is
+  bound as _C._check_<op> from its own CPU kernel file (AMO_OP_CONTRACT);
 * the ASCENDC ops' host code declares exactly the kernel entries of csrc/ascend/kernels;
 * the shared C++ files (those of no op family) hold no per-op code beyond the list.
 """
@@ -29,9 +31,6 @@ COLUMNS = {"scope": {"PUBLIC_OP", "INTERNAL_OP"}, "ascendc": {"ASCENDC", "NO_ASC
            "autograd": {"CXX_GRAD", "NO_CXX_GRAD"}}
 HOME = {"PUBLIC_OP": "ascend_moe_ops", "INTERNAL_OP": "ascend_moe_ops_native"}
 NATIVE = "ascend_moe_ops_native"
-# The one shared file allowed to hold per-op code besides the list: the C++ op contracts, the twin of
-# ascend_moe_ops/ops/_contracts.py (one check function per public op; tests/test_op_contracts.py).
-CONTRACTS = os.path.join("common", "checks.h")
 
 
 def parse_op_list(text):
@@ -105,14 +104,21 @@ def test_each_op_has_its_schema_and_files(op, family, scope, ascendc, autograd):
     if ascendc == "ASCENDC":
         host = _read("ascend", "host", f"{family}_host.h")
         assert host and re.search(r"template <class L>\s*[^;{]*?\b%s\(" % op, host), f"host/{family}_host.h lacks {op}<L>"
+    contract = _read("common", f"{family}_checks.h") or ""
+    has_contract = re.search(r"^inline\s[^;{]*?\b%s\(" % op, contract, re.M) is not None
+    assert has_contract == (scope == "PUBLIC_OP"), \
+        f"{op}: scope {scope}, amo::checks::{op} in common/{family}_checks.h: {has_contract}"
+    bound = re.search(r"^AMO_OP_CONTRACT\(%s\)" % op, cpu, re.M) is not None
+    assert bound == (scope == "PUBLIC_OP"), f"{op}: scope {scope}, AMO_OP_CONTRACT({op}) in cpu/{family}.cpp: {bound}"
 
 
 def test_no_registration_outside_the_list():
-    """Every AMO_CPU_KERNEL / AMO_CXX_AUTOGRAD / AMO_ASCEND_OP in the tree names an op of the list (the
-    C++ build fails too: the op's function is not declared)."""
+    """Every AMO_CPU_KERNEL / AMO_CXX_AUTOGRAD / AMO_ASCEND_OP / AMO_OP_CONTRACT in the tree names an op
+    of the list (the C++ build fails too: the op's function is not declared)."""
     names = {r[0] for r in OPS}
+    macros = r"^\s*(AMO_CPU_KERNEL|AMO_CXX_AUTOGRAD|AMO_ASCEND_OP|AMO_OP_CONTRACT)\((\w+)"
     for path in glob.glob(os.path.join(CSRC, "**", "*.cpp"), recursive=True):
-        for macro, op in re.findall(r"^\s*(AMO_CPU_KERNEL|AMO_CXX_AUTOGRAD|AMO_ASCEND_OP)\((\w+)", _code(open(path).read()), re.M):
+        for macro, op in re.findall(macros, _code(open(path).read()), re.M):
             assert op in names, f"{os.path.relpath(path, ROOT)}: {macro}({op}) but {op} is not in op_list.h"
 
 
@@ -216,16 +222,39 @@ def per_op_lines(rel, text, names=None):
 
 
 def test_shared_files_hold_no_per_op_code():
+    """No shared csrc file names an op, a family or a kernel in its code (comments left out), the op
+    list aside: not the contracts' helpers (common/checks.h), not the contract bindings
+    (cpu/checks_bindings.cpp), not the host helpers (ascend/host/row_map.h takes the row count from
+    the op's check instead of naming it)."""
     shared = _shared_files()
-    assert os.path.join("common", "op_list.h") in shared and os.path.join("cpu", "autograd.cpp") in shared
+    for rel in ("op_list.h", "checks.h", "registry.h", "op_registry.h"):
+        assert os.path.join("common", rel) in shared, rel
+    for rel in (os.path.join("cpu", "autograd.cpp"), os.path.join("cpu", "checks_bindings.cpp"),
+                os.path.join("ascend", "host", "row_map.h")):
+        assert rel in shared, rel
     problems = {}
     for rel in shared:
-        if rel in (os.path.join("common", "op_list.h"), CONTRACTS):
+        if rel == os.path.join("common", "op_list.h"):
             continue
         lines = per_op_lines(rel, open(os.path.join(CSRC, rel)).read())
         if lines:
             problems[rel] = lines[:5]
     assert not problems, f"per-op code in shared files (belongs in the op's own files): {problems}"
+
+
+def shared_per_op_counts():
+    """{shared file: (lines naming an op, a family or a kernel with comments, in code only)} for the
+    files with any; the scan of test_shared_files_hold_no_per_op_code, op list included
+    (docs/design.md, "The C++ op list", quotes the totals)."""
+    names = _per_op_names()
+    pat = re.compile(r"\b(%s)\b" % "|".join(names))
+    out = {}
+    for rel in _shared_files():
+        text = open(os.path.join(CSRC, rel)).read()
+        every = [ln for ln in text.splitlines() if pat.search(ln)]
+        if every:
+            out[rel] = (len(every), len(per_op_lines(rel, text, names)))
+    return out
 
 
 def test_the_shared_file_scan_catches_per_op_code():
@@ -235,3 +264,11 @@ def test_the_shared_file_scan_catches_per_op_code():
     assert per_op_lines("x.cpp", "ASCEND_MOE_OPS_FOR_EACH_OP(AMO_OP_CPU)\n", names) == []
     assert per_op_lines("CMakeLists.txt", "# grouped_gemm\nadd_library(x grouped_gemm.cpp)\n", names) == \
         ["add_library(x grouped_gemm.cpp)"]
+
+
+if __name__ == "__main__":
+    counts = shared_per_op_counts()
+    for rel, (every, code) in sorted(counts.items()):
+        print(f"{rel}: {every} lines naming an op ({code} in code)")
+    print(f"comments included: {sum(e for e, _ in counts.values())} lines in {len(counts)} files; in code: "
+          f"{sum(c for _, c in counts.values())} lines in {sum(1 for _, c in counts.values() if c)} files")

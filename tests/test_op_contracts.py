@@ -434,12 +434,13 @@ def _pair_cases():
 
 @pytest.mark.parametrize("op,args,exc,names", list(_pair_cases()))
 def test_python_and_cpp_checks_agree(op, args, exc, names):
-    """The Python contract (_contracts.FULL) and its C++ twin (common/checks.h, called alone through
-    _C._check_<op>) accept and refuse the same inputs, with the same error type and message."""
-    from ascend_moe_ops.ops import _contracts
+    """The Python contract (the op spec's ``check``) and its C++ twin (``amo::checks::<op>`` in
+    csrc/common/<family>_checks.h, called alone through _C._check_<op>) accept and refuse the same
+    inputs, with the same error type and message."""
+    from ascend_moe_ops import _library
     C = _cpp_checks()
     a = args()
-    py, cpp = _raised(_contracts.FULL[op], a), _raised(getattr(C, f"_check_{op}"), a)
+    py, cpp = _raised(_library.spec(op).check, a), _raised(getattr(C, f"_check_{op}"), a)
     assert py == cpp
     if exc is None:
         assert py is None
@@ -519,8 +520,8 @@ def _on_device(args):
 
 
 def _check_fns(op):
-    from ascend_moe_ops.ops import _contracts
-    fns = [pytest.param(_contracts.FULL[op], id="python")]
+    from ascend_moe_ops import _library
+    fns = [pytest.param(_library.spec(op).check, id="python")]
     if "native" in backends("moe_permute"):
         from ascend_moe_ops import _C
         fns.append(pytest.param(getattr(_C, f"_check_{op}"), id="cpp"))

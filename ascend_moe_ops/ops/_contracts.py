@@ -1,11 +1,16 @@
 """The op contracts, checked at the op boundary: what every ``torch.ops.<namespace>.<op>`` call
 passes through, whichever backend serves it.
 
-* The C++ backends (native CPU kernels, the emulated AscendC glue) run the twin of each check in
-  ``csrc/common/checks.h`` (same rules, same messages).
-* The Python backends (reference, triton) run :data:`FULL` ``[op]`` in their registered kernel.
-* Every namespace's fake (meta) kernel runs :data:`META` ``[op]``: the metadata part (dtype, shape,
-  device, sizes), so a meta-device input mixed with real ones, or a wrong shape under
+An op's contract is the ``check`` (and ``check_meta``) of its spec (``_library.OpSpec``), given by
+its op module: this module holds the shared helpers and the contracts of the ops defined before
+contracts could live in their own module; a new op may define its contract in its op module (as
+``swiglu_probs`` does) and adds nothing here.
+
+* The C++ backends (native CPU kernels, the emulated AscendC glue) run the twin of each check,
+  ``amo::checks::<op>`` in ``csrc/common/<family>_checks.h`` (same rules, same messages).
+* The Python backends (reference, triton) run the spec's ``check`` in their registered kernel.
+* Every namespace's fake (meta) kernel runs the spec's ``check_meta``: the metadata part (dtype,
+  shape, device, sizes), so a meta-device input mixed with real ones, or a wrong shape under
   ``torch.compile``, is refused before anything is traced or allocated.
 
 Errors: a wrong dtype raises ``TypeError``; a wrong shape, device, size or value ``ValueError``
@@ -130,7 +135,7 @@ def output_rows(num_tokens: int, slots: int, num_experts: int, capacity: Optiona
                 num_out_tokens: Optional[int]) -> int:
     """The output row count N of moe_permute, from shapes alone: the one Python definition (used by
     the checks, the fake kernel, the reference and the Triton backend; the C++ one is
-    ``amo::checks::moe_permute_rows`` in csrc/common/checks.h). Arguments as the op takes them
+    ``amo::checks::moe_permute_rows`` in csrc/common/moe_permute_checks.h). Arguments as the op takes them
     (``None`` = not given), already checked."""
     if capacity is not None:
         return num_experts * capacity
@@ -505,18 +510,3 @@ def mla_attention_bwd_meta(grad_out, q, c_kv, k_pe, w, out, l, kv, cu, max_seqle
 def mla_attention_bwd(*args) -> None:
     mla_attention_bwd_meta(*args, values=True)
 
-
-META = {
-    "moe_permute": moe_permute_meta, "moe_unpermute": moe_unpermute_meta,
-    "moe_unpermute_backward": moe_unpermute_backward_meta,
-    "grouped_gemm": grouped_gemm_meta, "grouped_gemm_dw": grouped_gemm_dw_meta,
-    "flash_attention_fwd": flash_attention_fwd_meta, "flash_attention_bwd": flash_attention_bwd_meta,
-    "mla_attention_fwd": mla_attention_fwd_meta, "mla_attention_bwd": mla_attention_bwd_meta,
-}
-FULL = {
-    "moe_permute": moe_permute, "moe_unpermute": moe_unpermute,
-    "moe_unpermute_backward": moe_unpermute_backward,
-    "grouped_gemm": grouped_gemm, "grouped_gemm_dw": grouped_gemm_dw,
-    "flash_attention_fwd": flash_attention_fwd, "flash_attention_bwd": flash_attention_bwd,
-    "mla_attention_fwd": mla_attention_fwd, "mla_attention_bwd": mla_attention_bwd,
-}

@@ -1,7 +1,7 @@
 """Python-type checks of the public wrappers (and of the non-op modules: balance, distributed,
 integrations; a public module, so the framework adapters use no private helper). Every message names the argument and says what was expected and what was given. The
 op contracts themselves (shapes, dtypes, devices, values) are checked at the op boundary:
-``_contracts.py`` and ``csrc/common/checks.h``."""
+the specs' checks (``_contracts.py``) and ``csrc/common/<family>_checks.h``."""
 
 from __future__ import annotations
 

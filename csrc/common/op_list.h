@@ -6,6 +6,8 @@
 // own files, named after its family:
 //
 //   csrc/cpu/<family>.cpp               AMO_CPU_KERNEL(<op>, fn)       (every op)
+//                                       AMO_OP_CONTRACT(<op>)          (PUBLIC_OP ops: _C._check_<op>)
+//   csrc/common/<family>_checks.h       amo::checks::<op>(...)         (PUBLIC_OP ops: the op's contract)
 //   csrc/cpu/<family>_autograd.cpp      AMO_CXX_AUTOGRAD(<op>, fn)     (CXX_GRAD ops)
 //   csrc/ascend/<family>.cpp            AMO_ASCEND_OP(<op>)            (ASCENDC ops)
 //   csrc/ascend/host/<family>_host.h    template <class L> <op>(...)   (ASCENDC ops) and the
@@ -16,7 +18,8 @@
 //   op        schema name (ascend_moe_ops/_library.py)
 //   family    stem of the files above (an op and its backward share one)
 //   scope     PUBLIC_OP: defined in ascend_moe_ops and every backend namespace; its contract is
-//             amo::checks::<op> (common/checks.h). INTERNAL_OP: ascend_moe_ops_native only.
+//             amo::checks::<op> (common/<family>_checks.h, on the shared helpers of common/checks.h).
+//             INTERNAL_OP: ascend_moe_ops_native only.
 //   ascendc   ASCENDC: host code and AscendC kernels (emulator + NPU); NO_ASCENDC: none
 //   autograd  CXX_GRAD: a C++ autograd formula, registered at the Autograd key of the op's namespace
 //             (ascend_moe_ops for PUBLIC_OP, ascend_moe_ops_native for INTERNAL_OP); NO_CXX_GRAD: none

@@ -4,6 +4,8 @@
 //   AMO_CPU_KERNEL(op, fn)     in csrc/cpu/<family>.cpp           the native CPU kernel
 //   AMO_CXX_AUTOGRAD(op, fn)   in csrc/cpu/<family>_autograd.cpp  the C++ autograd kernel (CXX_GRAD ops)
 //   AMO_ASCEND_OP(op)          in csrc/ascend/<family>.cpp        the AscendC host code (host/register.h)
+//   AMO_OP_CONTRACT(op)        in csrc/cpu/<family>.cpp           _C._check_<op>, the contract alone
+//                                                                 (PUBLIC_OP ops; common/registry.h)
 //
 // The shared translation units only expand the list (cpu/module.cpp, cpu/autograd.cpp,
 // cpu/checks_bindings.cpp, ascend/emu_bindings.cpp, ascend/npu_bindings.cpp). So an op missing from

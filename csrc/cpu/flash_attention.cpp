@@ -28,8 +28,9 @@
 #include <limits>
 #include <vector>
 
-#include "common/checks.h"
+#include "common/flash_attention_checks.h"
 #include "common/op_registry.h"
+#include "common/registry.h"
 
 // BLAS from the MKL that the x86 torch wheels link statically (column-major Fortran ABI). Weak:
 // where the symbol is absent the tile products fall back to at::mm on the same buffers.
@@ -423,7 +424,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_c
 
 }  // namespace amo
 
-// ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty cases
+// ---- dispatcher kernels: the op-boundary checks (common/flash_attention_checks.h), the valid empty cases
 // (Tq = 0, B = 0, Hq = 0: no kernel launch; Tk = 0: zeros), then the kernels ----
 namespace {
 std::tuple<at::Tensor, at::Tensor> flash_attention_fwd_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -456,3 +457,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd_o
 // Registered from the op list (common/op_list.h, common/op_registry.h).
 AMO_CPU_KERNEL(flash_attention_fwd, flash_attention_fwd_op)
 AMO_CPU_KERNEL(flash_attention_bwd, flash_attention_bwd_op)
+AMO_OP_CONTRACT(flash_attention_fwd)
+AMO_OP_CONTRACT(flash_attention_bwd)

@@ -2,7 +2,7 @@
 // mla_attention.cpp. Layout: packed tokens, q [Tq, Hq, Dq], k [Tk, Hkv, Dk], v [Tk, Hkv, Dv] (any
 // token/head strides, unit stride in D), sequences delimited by cu_seqlens_q / cu_seqlens_k [B+1];
 // optional shared key part k_rope [Tk, Dr] (one head for all heads: score = q[:, :Dk].k +
-// q[:, Dk:].k_rope). The arguments are checked at the op boundary (common/checks.h).
+// q[:, Dk:].k_rope). The arguments are checked at the op boundary (common/<family>_checks.h).
 #pragma once
 
 #include <torch/extension.h>

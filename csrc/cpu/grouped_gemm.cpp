@@ -34,8 +34,9 @@
 #include "cpu/grouped_gemm_kernel.h"
 
 #include "common/alloc.h"
-#include "common/checks.h"
+#include "common/grouped_gemm_checks.h"
 #include "common/op_registry.h"
+#include "common/registry.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -111,7 +112,7 @@ void run_typed(at::ScalarType dt, const std::vector<Item>& items, MakeArgs make_
   else body(c10::BFloat16{});
 }
 
-// group_sizes as host values (the kernel runs on the host; the op's check, common/checks.h, has
+// group_sizes as host values (the kernel runs on the host; the op's check, common/grouped_gemm_checks.h, has
 // already bounded every entry and the sum).
 std::vector<int64_t> host_sizes(const at::Tensor& group_sizes) {
   at::Tensor gs = group_sizes.to(at::kCPU, at::kLong).contiguous();
@@ -294,7 +295,7 @@ at::Tensor grouped_gemm_dw_cpu(const at::Tensor& a_, const at::Tensor& b_, const
 }  // namespace grouped_gemm_cpu
 }  // namespace amo
 
-// ---- dispatcher kernels: the op-boundary checks (common/checks.h), then the kernels ----
+// ---- dispatcher kernels: the op-boundary checks (common/grouped_gemm_checks.h), then the kernels ----
 namespace {
 at::Tensor grouped_gemm_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& group_sizes, bool trans_b) {
   amo::checks::grouped_gemm(x, w, group_sizes, trans_b);
@@ -310,3 +311,5 @@ at::Tensor grouped_gemm_dw_op(const at::Tensor& a, const at::Tensor& b, const at
 // Registered from the op list (common/op_list.h, common/op_registry.h).
 AMO_CPU_KERNEL(grouped_gemm, grouped_gemm_op)
 AMO_CPU_KERNEL(grouped_gemm_dw, grouped_gemm_dw_op)
+AMO_OP_CONTRACT(grouped_gemm)
+AMO_OP_CONTRACT(grouped_gemm_dw)

@@ -3,8 +3,9 @@
 // up-projected kv, no copy) and the rope key k_pe as the single shared key part.
 // The backward recomputes kv with the very same call when it was not saved, so both recompute
 // modes give the same bits.
-#include "common/checks.h"
+#include "common/mla_attention_checks.h"
 #include "common/op_registry.h"
+#include "common/registry.h"
 #include "cpu/flash_attention.h"
 
 namespace amo {
@@ -52,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_cpu
 }  // namespace
 }  // namespace amo
 
-// ---- dispatcher kernels: the op-boundary checks (common/checks.h), the valid empty case (T = 0),
+// ---- dispatcher kernels: the op-boundary checks (common/mla_attention_checks.h), the valid empty case (T = 0),
 // then the kernels ----
 namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mla_attention_fwd_op(
@@ -87,3 +88,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mla_attention_bwd_op(
 // Registered from the op list (common/op_list.h, common/op_registry.h).
 AMO_CPU_KERNEL(mla_attention_fwd, mla_attention_fwd_op)
 AMO_CPU_KERNEL(mla_attention_bwd, mla_attention_bwd_op)
+AMO_OP_CONTRACT(mla_attention_fwd)
+AMO_OP_CONTRACT(mla_attention_bwd)

@@ -3,7 +3,7 @@
 // ascend_moe_ops_native, dispatch key CPU; _bind_cpu(ns) registers the public ops' kernels (the same
 // C++ functions) for another namespace's CPU key (the public ascend_moe_ops, chosen at import), so
 // the dispatcher calls the C++ kernel directly, no Python in between. Every kernel starts with its
-// op's check from common/checks.h.
+// op's check (common/<family>_checks.h).
 #include <torch/extension.h>
 #include <torch/library.h>
 

@@ -24,8 +24,9 @@
 #include <vector>
 
 #include "common/alloc.h"
-#include "common/checks.h"
+#include "common/moe_permute_checks.h"
 #include "common/op_registry.h"
+#include "common/registry.h"
 #include "common/vec.h"
 
 namespace {
@@ -83,7 +84,7 @@ std::vector<float> slot_probs_f32(const Tensor& probs) {
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
     const Tensor& tokens_in, const Tensor& routing_in, const c10::optional<Tensor>& probs_opt,
     int64_t num_experts, std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> num_out_tokens) {
-  // The op's check (common/checks.h: amo::checks::moe_permute) ran first: the kernel is reached
+  // The op's check (common/moe_permute_checks.h: amo::checks::moe_permute) ran first: the kernel is reached
   // only through moe_permute_op below.
   const bool has_probs = probs_opt.has_value() && probs_opt->defined();
   // Non-contiguous inputs are copied, never misread.
@@ -280,7 +281,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> moe_permute_cpu(
 
 }  // namespace
 
-// ---- dispatcher kernel: the op-boundary check (common/checks.h), then the kernel ----
+// ---- dispatcher kernel: the op-boundary check (common/moe_permute_checks.h), then the kernel ----
 namespace {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_op(
     const at::Tensor& tokens, const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t num_experts,
@@ -292,3 +293,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
 
 // Registered from the op list (common/op_list.h, common/op_registry.h).
 AMO_CPU_KERNEL(moe_permute, moe_permute_op)
+AMO_OP_CONTRACT(moe_permute)

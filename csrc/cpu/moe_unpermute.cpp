@@ -22,8 +22,9 @@
 #include <vector>
 
 #include "common/alloc.h"
-#include "common/checks.h"
+#include "common/moe_unpermute_checks.h"
 #include "common/op_registry.h"
+#include "common/registry.h"
 #include "common/vec.h"
 
 namespace {
@@ -33,7 +34,7 @@ namespace V = amo::vec;
 
 // probs as contiguous fp32 [T, S] (the reference weights by probs.float()), or undefined. The kernels
 // below are reached only through the dispatcher kernels at the end of this file, after the op's check
-// (common/checks.h): shapes, dtypes, devices, row range and unique rows.
+// (common/moe_unpermute_checks.h): shapes, dtypes, devices, row range and unique rows.
 Tensor fp32_probs(const c10::optional<Tensor>& probs) {
   if (!probs.has_value() || !probs->defined()) return Tensor();
   return probs->to(at::kFloat).contiguous();
@@ -309,7 +310,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
 
 }  // namespace
 
-// ---- dispatcher kernels: the op-boundary checks (common/checks.h), then the kernels ----
+// ---- dispatcher kernels: the op-boundary checks (common/moe_unpermute_checks.h), then the kernels ----
 namespace {
 at::Tensor moe_unpermute_op(const at::Tensor& permuted, const at::Tensor& row_id_map,
                             const c10::optional<at::Tensor>& probs) {
@@ -328,3 +329,5 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward_op(const at::Tensor& g
 // Registered from the op list (common/op_list.h, common/op_registry.h).
 AMO_CPU_KERNEL(moe_unpermute, moe_unpermute_op)
 AMO_CPU_KERNEL(moe_unpermute_backward, moe_unpermute_backward_op)
+AMO_OP_CONTRACT(moe_unpermute)
+AMO_OP_CONTRACT(moe_unpermute_backward)

@@ -1357,51 +1357,50 @@ template <typename T>
 inline void rep_touch(const LocalTensor<T>& t, uint64_t span, bool write) {
   t.emu_touch(span * sizeof(T), write);
 }
-template <typename T, typename F>
-void binary_hd(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
-               const RepMask& m, uint8_t repeat, const BinaryRepeatParams& p, F f) {
+// The repeat loop of the high-dimension forms, for N source operands with their block / repeat
+// strides: the checks, every operand's span (dst first, then the sources) and its pipe-model charge,
+// then f(x) per selected element, x[j] the element of source j. Every source element is read before
+// any is written (in-place forms with different strides stay defined).
+template <typename T, size_t N, typename F>
+void repeat_hd(const char* name, const LocalTensor<T>& dst, uint32_t dstBlk, uint32_t dstRep,
+               const LocalTensor<T>* const (&src)[N], const uint32_t (&blk)[N], const uint32_t (&rep)[N],
+               const RepMask& m, uint8_t repeat, F f) {
   arith_type<T>(name);
   check_repeat(repeat, name);
-  const uint64_t sd = rep_span<T>(repeat, m, p.dstBlkStride, p.dstRepStride),
-                 sa = rep_span<T>(repeat, m, p.src0BlkStride, p.src0RepStride),
-                 sb = rep_span<T>(repeat, m, p.src1BlkStride, p.src1RepStride);
-  dst.need(sd, name); a.need(sa, name); b.need(sb, name);
+  const uint64_t sd = rep_span<T>(repeat, m, dstBlk, dstRep);
+  uint64_t ss[N];
+  for (size_t j = 0; j < N; ++j) ss[j] = rep_span<T>(repeat, m, blk[j], rep[j]);
+  dst.need(sd, name);
+  for (size_t j = 0; j < N; ++j) src[j]->need(ss[j], name);
   issue(PIPE_V, name);
-  rep_touch(a, sa, false);
-  rep_touch(b, sb, false);
+  for (size_t j = 0; j < N; ++j) rep_touch(*src[j], ss[j], false);
   rep_touch(dst, sd, true);
-  // read every source element before writing (in-place forms with different strides stay defined)
   std::vector<std::pair<uint64_t, T>> out;
   out.reserve(size_t(repeat) * m.per);
   for (int64_t r = 0; r < repeat; ++r)
     for (int i = 0; i < m.per; ++i) {
       if (!m.on(i)) continue;
-      const float x = static_cast<float>(a.data()[rep_off<T>(r, i, p.src0BlkStride, p.src0RepStride)]);
-      const float y = static_cast<float>(b.data()[rep_off<T>(r, i, p.src1BlkStride, p.src1RepStride)]);
-      out.emplace_back(rep_off<T>(r, i, p.dstBlkStride, p.dstRepStride), static_cast<T>(f(x, y)));
+      float x[N];
+      for (size_t j = 0; j < N; ++j) x[j] = static_cast<float>(src[j]->data()[rep_off<T>(r, i, blk[j], rep[j])]);
+      out.emplace_back(rep_off<T>(r, i, dstBlk, dstRep), static_cast<T>(f(x)));
     }
   for (auto& e : out) dst.data()[e.first] = e.second;
 }
 template <typename T, typename F>
+void binary_hd(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& a, const LocalTensor<T>& b,
+               const RepMask& m, uint8_t repeat, const BinaryRepeatParams& p, F f) {
+  const LocalTensor<T>* const src[2] = {&a, &b};
+  const uint32_t blk[2] = {p.src0BlkStride, p.src1BlkStride}, rep[2] = {p.src0RepStride, p.src1RepStride};
+  repeat_hd<T, 2>(name, dst, p.dstBlkStride, p.dstRepStride, src, blk, rep, m, repeat,
+                  [&](const float* x) { return f(x[0], x[1]); });
+}
+template <typename T, typename F>
 void unary_hd(const char* name, const LocalTensor<T>& dst, const LocalTensor<T>& src, const RepMask& m, uint8_t repeat,
               const UnaryRepeatParams& p, F f) {
-  arith_type<T>(name);
-  check_repeat(repeat, name);
-  const uint64_t sd = rep_span<T>(repeat, m, p.dstBlkStride, p.dstRepStride),
-                 ss = rep_span<T>(repeat, m, p.srcBlkStride, p.srcRepStride);
-  dst.need(sd, name); src.need(ss, name);
-  issue(PIPE_V, name);
-  rep_touch(src, ss, false);
-  rep_touch(dst, sd, true);
-  std::vector<std::pair<uint64_t, T>> out;
-  out.reserve(size_t(repeat) * m.per);
-  for (int64_t r = 0; r < repeat; ++r)
-    for (int i = 0; i < m.per; ++i) {
-      if (!m.on(i)) continue;
-      const float x = static_cast<float>(src.data()[rep_off<T>(r, i, p.srcBlkStride, p.srcRepStride)]);
-      out.emplace_back(rep_off<T>(r, i, p.dstBlkStride, p.dstRepStride), static_cast<T>(f(x)));
-    }
-  for (auto& e : out) dst.data()[e.first] = e.second;
+  const LocalTensor<T>* const srcs[1] = {&src};
+  const uint32_t blk[1] = {p.srcBlkStride}, rep[1] = {p.srcRepStride};
+  repeat_hd<T, 1>(name, dst, p.dstBlkStride, p.dstRepStride, srcs, blk, rep, m, repeat,
+                  [&](const float* x) { return f(x[0]); });
 }
 }  // namespace detail
 
@@ -1833,6 +1832,15 @@ void Fixpipe(const GlobalTensor<D>& dst, const LocalTensor<S>& src, const Fixpip
 
 namespace ascend_emu {
 
+// The first buffer of a block's pipe still allocated, queued or dequeued when the block ends (every
+// AllocTensor needs a FreeTensor), or nullptr.
+inline const Slot* leaked_slot(const PipeState& p) {
+  for (auto& s : p.slots)
+    if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
+      return s.get();
+  return nullptr;
+}
+
 // The kernel's name for the pipe model's messages: kernel_label_override() when a caller set one,
 // else the exported symbol of a kernel function (dladdr), else "an unnamed kernel".
 template <typename F>
@@ -1883,11 +1891,9 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
     kernel(args...);
     dc_end_block(core_id());
     if (c.pipe) {
-      for (auto& s : c.pipe->slots) {
-        if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
-          fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
-               " (every AllocTensor needs a FreeTensor)");
-      }
+      if (const Slot* s = leaked_slot(*c.pipe))
+        fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
+             " (every AllocTensor needs a FreeTensor)");
     }
     if (c.pipe) peak = c.pipe->used > peak ? c.pipe->used : peak;
     c.active = false;
@@ -1898,6 +1904,14 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
 // Memory sizes of an AIC core for launch_cube, and what a block allocated of each.
 struct CubeMem {
   uint64_t l1 = 0, l0a = 0, l0b = 0, l0c = 0;
+  // each memory: the larger of this and what `p` allocated of it
+  void take_max(const PipeState& p) {
+    auto mx = [](uint64_t& a, uint64_t v) { a = v > a ? v : a; };
+    mx(l1, p.usedSpace[kL1]);
+    mx(l0a, p.usedSpace[kL0A]);
+    mx(l0b, p.usedSpace[kL0B]);
+    mx(l0c, p.usedSpace[kL0C]);
+  }
 };
 
 // Run an AIC-only (Cube) kernel once per block, blocks one after another. Each block gets fresh L1,
@@ -1941,16 +1955,10 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
     kernel(args...);
     dc_end_block(core_id());
     if (c.pipe) {
-      for (auto& s : c.pipe->slots) {
-        if (s->state == SlotState::kAllocated || s->state == SlotState::kQueued || s->state == SlotState::kDequeued)
-          fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
-               " (every AllocTensor needs a FreeTensor)");
-      }
-      auto mx = [](uint64_t& a, uint64_t v) { a = v > a ? v : a; };
-      mx(peak.l1, c.pipe->usedSpace[kL1]);
-      mx(peak.l0a, c.pipe->usedSpace[kL0A]);
-      mx(peak.l0b, c.pipe->usedSpace[kL0B]);
-      mx(peak.l0c, c.pipe->usedSpace[kL0C]);
+      if (const Slot* s = leaked_slot(*c.pipe))
+        fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
+             " (every AllocTensor needs a FreeTensor)");
+      peak.take_max(*c.pipe);
     }
     c.active = false;
   }
@@ -2015,20 +2023,14 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
         kernel(args...);
         dc_end_block(core_id());
         if (c.pipe)
-          for (auto& sl : c.pipe->slots)
-            if (sl->state == SlotState::kAllocated || sl->state == SlotState::kQueued || sl->state == SlotState::kDequeued)
-              fail(std::string(aic ? "AIC" : "AIV") + " block ended with " + sl->owner + " still " + state_name(sl->state));
+          if (const Slot* sl = leaked_slot(*c.pipe))
+            fail(std::string(aic ? "AIC" : "AIV") + " block ended with " + sl->owner + " still " + state_name(sl->state));
         std::lock_guard<std::mutex> lk(peakMu);
         if (c.pipe) {
-          auto mx = [](uint64_t& a, uint64_t v) { a = v > a ? v : a; };
-          if (aic) {
-            mx(peak.cube.l1, c.pipe->usedSpace[kL1]);
-            mx(peak.cube.l0a, c.pipe->usedSpace[kL0A]);
-            mx(peak.cube.l0b, c.pipe->usedSpace[kL0B]);
-            mx(peak.cube.l0c, c.pipe->usedSpace[kL0C]);
-          } else {
-            mx(peak.ub, c.pipe->used);
-          }
+          if (aic)
+            peak.cube.take_max(*c.pipe);
+          else
+            peak.ub = c.pipe->used > peak.ub ? c.pipe->used : peak.ub;
         }
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lk(g.m);

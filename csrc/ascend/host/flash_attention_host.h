@@ -1,7 +1,7 @@
 // flash_attention_fwd and flash_attention_bwd on Ascend, written once for every launcher
 // (host/launch.h: NpuLauncher, EmuLauncher).
 //
-// op-boundary checks (common/checks.h; GQA/MQA expand k/v to the q heads here and sum dk/dv per
+// op-boundary checks (common/flash_attention_checks.h; GQA/MQA expand k/v to the q heads here and sum dk/dv per
 // group) -> the Cube path's limits (fp16/bf16, 16-bit copy strides)
 // -> cu_seqlens_q and cu_seqlens_k as int64 on q's device (device casts; the host code below never
 // reads them: the caller's max_seqlen_q / max_seqlen_k, checked against the longest sequences at the
@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-#include "../../common/checks.h"
+#include "../../common/flash_attention_checks.h"
 #include "host/flash_attention_kernels.h"
 #include "host/launch.h"
 #include "tiling/flash_attention_tiling.h"

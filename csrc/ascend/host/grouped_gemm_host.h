@@ -1,6 +1,6 @@
 // grouped_gemm and grouped_gemm_dw on Ascend, written once for every launcher (host/launch.h).
 //
-// op-boundary checks (common/checks.h, group sizes included) -> the Cube path's limits (fp16/bf16,
+// op-boundary checks (common/grouped_gemm_checks.h, group sizes included) -> the Cube path's limits (fp16/bf16,
 // 16-bit copy strides) -> group sizes as int64 on the inputs' device (never read by the host code
 // below) -> tiling (tiling/grouped_gemm_tiling.h: base block, K steps, blockDim over the AIC cores) ->
 // one launch of the AIC-only kernel amo_grouped_gemm / amo_grouped_gemm_dw (kernels/grouped_gemm.cpp).
@@ -10,7 +10,7 @@
 
 #include <ATen/ATen.h>
 
-#include "../../common/checks.h"
+#include "../../common/grouped_gemm_checks.h"
 #include "host/launch.h"
 #include "tiling/grouped_gemm_tiling.h"
 

@@ -1,6 +1,6 @@
 // moe_permute on Ascend, written once for every launcher (host/launch.h: NpuLauncher, EmuLauncher).
 //
-// op-boundary checks (common/checks.h) -> row map (ATen ops on the tensors' device, host/row_map.h)
+// op-boundary checks (common/moe_permute_checks.h) -> row map (ATen ops on the tensors' device, host/row_map.h)
 // -> inverse map (+ the row map itself for the token-major loop) -> tiling (tiling/moe_permute_tiling.h)
 // -> one launch of amo_moe_permute
 // (kernels/moe_permute.cpp) -> probs gathered to the rows (ATen). The schema is defined in
@@ -12,7 +12,7 @@
 #include <optional>
 #include <tuple>
 
-#include "../../common/checks.h"
+#include "../../common/moe_permute_checks.h"
 #include "host/launch.h"
 #include "host/row_map.h"
 #include "tiling/moe_permute_tiling.h"
@@ -28,12 +28,12 @@ template <class L>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute(
     const at::Tensor& tokens, const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t numExperts,
     std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> numOutTokens) {
-  amo::checks::moe_permute(tokens, routing, probs, numExperts, capacity, align, numOutTokens);
+  const int64_t rows = amo::checks::moe_permute(tokens, routing, probs, numExperts, capacity, align, numOutTokens);
   L::check_device(tokens, "tokens");
   L::check_device(routing, "routing");
   auto x = tokens.contiguous();
   const ChipInfo chip = L::vector_chip(x);
-  auto m = compute_row_id_map(routing.contiguous(), probs, numExperts, capacity, align, numOutTokens);
+  auto m = compute_row_id_map(routing.contiguous(), probs, numExperts, capacity, align, numOutTokens, rows);
   const int64_t N = m.numRows, T = x.size(0), H = x.size(1), S = routing.size(1);
   check_rows_fit_int32(N, "the permuted output");
   check_rows_fit_int32(T, "tokens");

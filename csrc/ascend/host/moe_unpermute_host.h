@@ -10,7 +10,7 @@
 
 #include <tuple>
 
-#include "../../common/checks.h"
+#include "../../common/moe_unpermute_checks.h"
 #include "host/launch.h"
 #include "host/row_map.h"
 #include "tiling/moe_unpermute_tiling.h"

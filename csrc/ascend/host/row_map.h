@@ -1,7 +1,7 @@
 // Host-side index math shared by the AscendC glue (csrc/ascend/*.cpp, tensors on the NPU) and the
 // emulated backend (csrc/ascend/emu_bindings.cpp, CPU tensors). ATen ops only, so on an NPU every
 // step runs on the device through torch_npu's kernels, with no host synchronization: all shapes are
-// static (the output row count comes from argument shapes: amo::checks::moe_permute_rows).
+// static (the output row count N comes from argument shapes: the op's check returns it).
 //
 // This is the C++ twin of reference/moe_permute.py::compute_row_id_map (same algorithm, step by
 // step); the parity tests compare its results with the reference bit for bit.
@@ -14,7 +14,6 @@
 #include <optional>
 #include <tuple>
 
-#include "../../common/checks.h"  // amo::checks::moe_permute_rows: the one C++ row count
 #include "tiling/tiling_common.h"
 
 namespace amo_ascend {
@@ -38,11 +37,12 @@ struct RowMap {
   int64_t numRows;             // N
 };
 
-// capacity / numOutTokens as the op takes them (nullopt = not given), already checked (checks.h).
+// capacity / numOutTokens as the op takes them (nullopt = not given), already checked by the op's
+// check, which returned the output row count N (the one C++ row count, from shapes alone).
 inline RowMap compute_row_id_map(const at::Tensor& routing, const c10::optional<at::Tensor>& probs, int64_t E,
-                                 std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> numOutTokens) {
+                                 std::optional<int64_t> capacity, int64_t align, std::optional<int64_t> numOutTokens,
+                                 int64_t N) {
   const int64_t T = routing.size(0), S = routing.size(1);
-  const int64_t N = amo::checks::moe_permute_rows(T, S, E, capacity, align, numOutTokens);
   auto lopts = routing.options().dtype(at::kLong);
   at::Tensor ids;
   if (routing.scalar_type() == at::kBool) {
