@@ -10,18 +10,19 @@ namespace kernels {
 
 // ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
 // Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items FabItemsDealt deals
-// to it (longest first, balanced over the AI Cores), each with its N blocks in step order, PIPELINED over two GM slots (block n
-// uses slot n % 2):
-//   AIC : S, dP of block 0; then for each n: S, dP of block n+1 (lookahead, flag S[(n+1)%2]); wait
-//         P[n%2] (both AIVs); the pass's products of block n -> part slot; flag G[n%2].
-//   AIVs: for each n: wait S[n%2]; P and dS of its half of the query rows -> slot; flag P[n%2]; then
-//         wait G[(n-1)%2] and add block n-1's products to the running sums of its half of the gradient
+// to it (longest first, balanced over the AI Cores), each with its N blocks in step order, PIPELINED
+// over three GM slots (block n uses slot n % 3, kFlashAttentionFusedSlots):
+//   AIC : S, dP of blocks 0 and 1; then for each n: S, dP of block n+2 (lookahead, flag S[(n+2)%3]);
+//         wait P[n%3] (both AIVs); the pass's products of block n -> part slot; flag G[n%3].
+//   AIVs: for each n: wait S[n%3]; P and dS of its half of the query rows -> slot; flag P[n%3]; then
+//         wait G[(n-1)%3] and add block n-1's products to the running sums of its half of the gradient
 //         rows (kept in UB for the whole item); after the last block the rows are written out.
-// Slot hazards: the S/dP slot of block n+1 is rewritten after the AIC waited P of block n-1 (its
-// readers are done); the P/dS slot of block n after the AIVs waited G of block n-2 (the AIC read it
-// before); the part slot of block n after the AIC waited P of block n (set after the AIVs added block
-// n-2). No GM running sums and no zeroing, one launch per pass.
-constexpr uint16_t kFabFlagS = 3, kFabFlagP = 5, kFabFlagG = 7;  // + slot (0 / 1)
+// Slot hazards: the S/dP slot of block n+2 (block n-1's) is rewritten after the AIC waited P of block
+// n-1 (its readers are done); the P/dS slot of block n after the AIVs waited G of block n-3 (the AIC
+// read it before); the part slot of block n after the AIC waited P of block n (set after the AIVs
+// added block n-3). No GM running sums and no zeroing, one launch per pass.
+constexpr int64_t kFabSlots = kFlashAttentionFusedSlots;
+constexpr uint16_t kFabFlagS = 0, kFabFlagP = kFabSlots, kFabFlagG = 2 * kFabSlots;  // + slot (0 .. 2)
 
 template <typename T>
 class FabFused {
@@ -35,13 +36,14 @@ class FabFused {
     g_.Set(g, t);
     score_ = static_cast<uint64_t>(t.baseM) * t.baseM;
     const uint64_t rows = static_cast<uint64_t>(t.baseM) * t.gradCols;
-    // this AI Core's two slots (the phase kernels' per-item workspaces shrink to 2 slots per AI Core);
-    // slot k of S/dP/P/dS starts at k * b * b and its part slot at k * b * gradCols, as FabGradMath expects
-    g_.s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
-    g_.dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp) + group_ * 2 * score_, 2 * score_);
-    g_.p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * 2 * score_, 2 * score_);
-    g_.ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds) + group_ * 2 * score_, 2 * score_);
-    g_.part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part) + group_ * 2 * rows, 2 * rows);
+    // this AI Core's kFabSlots slots (the phase kernels' per-item workspaces shrink to 3 slots per AI
+    // Core); slot k of S/dP/P/dS starts at k * b * b and its part slot at k * b * gradCols, as FabGradMath
+    // expects
+    g_.s.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * kFabSlots * score_, kFabSlots * score_);
+    g_.dp.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.dp) + group_ * kFabSlots * score_, kFabSlots * score_);
+    g_.p.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * kFabSlots * score_, kFabSlots * score_);
+    g_.ds.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.ds) + group_ * kFabSlots * score_, kFabSlots * score_);
+    g_.part.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.part) + group_ * kFabSlots * rows, kFabSlots * rows);
     TPipe pipe;
     if (aic_) {
       cube_.InitBwd(t, &pipe);
@@ -73,9 +75,10 @@ class FabFused {
   __aicore__ inline void Item(int64_t count, const FabNth& nth) {
     if (aic_) {
       ScoresBlock(nth(0), 0);
+      if (count > 1) ScoresBlock(nth(1), 1);
       for (int64_t n = 0; n < count; ++n) {
-        if (n + 1 < count) ScoresBlock(nth(n + 1), (n + 1) % 2);  // overlaps the AIVs' P, dS of block n
-        const int64_t slot = n % 2;
+        if (n + 2 < count) ScoresBlock(nth(n + 2), (n + 2) % kFabSlots);  // overlaps the AIVs' P, dS of n, n + 1
+        const int64_t slot = n % kFabSlots;
         CrossCoreWaitFlag(kFabFlagP + slot);
         grad_.Item(cube_, t_, g_, nth(n), static_cast<int64_t>(slot * score_));
         CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG + slot);
@@ -84,7 +87,7 @@ class FabFused {
     }
     for (int64_t n = 0; n < count; ++n) {
       const FabItem it = nth(n);
-      const int64_t slot = n % 2, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
+      const int64_t slot = n % kFabSlots, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
       const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
       CrossCoreWaitFlag(kFabFlagS + slot);
       for (int64_t c0 = r0; c0 < r1; c0 += Chunk()) GradChunk(it, ws, b, c0, Min64(Chunk(), r1 - c0));
@@ -94,9 +97,9 @@ class FabFused {
       SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
       WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
       CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP + slot);
-      if (n > 0) AccBlock(nth(n - 1), (n - 1) % 2);  // overlaps the AIC's products of block n
+      if (n > 0) AccBlock(nth(n - 1), (n - 1) % kFabSlots);  // overlaps the AIC's products of block n
     }
-    AccBlock(nth(count - 1), (count - 1) % 2);
+    AccBlock(nth(count - 1), (count - 1) % kFabSlots);
   }
 
  private:

@@ -11,20 +11,24 @@ namespace kernels {
 // ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
 // The same math as the four phase kernels, in one kernel: per AI Core (one AIC + its two AIVs) the
 // items FaWalkDealt deals to it (longest first, balanced over the AI Cores), and per item the key
-// blocks j, PIPELINED over two GM slots per workspace (slot j % 2) so the Cube and the vector units
-// overlap:
-//   AIC : S_0 -> slot; then for each j: S_{j+1} -> slot (lookahead, flag S[(j+1)%2]); wait P[j%2]
-//         (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%2].
-//   AIVs: for each j: wait S[j%2]; online softmax of its half of the rows (m, l and alpha_j in UB);
-//         P_j -> slot; flag P[j%2]; then wait O[(j-1)%2] and O = alpha_{j-1} O + O_part_{j-1} (O in
+// blocks j, PIPELINED over three GM slots per workspace (slot j % 3, kFlashAttentionFusedSlots) so the
+// Cube and the vector units overlap:
+//   AIC : S_0, S_1 -> slots; then for each j: S_{j+2} -> slot (lookahead, flag S[(j+2)%3]); wait
+//         P[j%3] (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%3].
+//   AIVs: for each j: wait S[j%3]; online softmax of its half of the rows (m, l and alpha_j in UB);
+//         P_j -> slot; flag P[j%3]; then wait O[(j-1)%3] and O = alpha_{j-1} O + O_partial_{j-1} (O in
 //         UB); after the last block the final update, out = O / l and lse = m + ln(l).
-// So the AIVs' softmax of block j runs while the AIC computes S_{j+1}, and their update of block j-1
-// while it computes P_j V_j. Slot hazards: S slot (j+1)%2 is rewritten after the AIC waited P_{j-1}
-// (its readers are done); P slot j%2 after the AIVs' update j-2 (which waited O_{j-2}, set after the
-// AIC read P_{j-2}); O slot j%2 after the AIC waited P_j (set after the AIVs' update j-2 read it).
-// Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
-// under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
-constexpr uint16_t kFaFlagS = 0, kFaFlagP = 2, kFaFlagO = 4;  // + slot (0 / 1)
+// So the AIC computes S two blocks ahead: the AIVs' round trip for block j (S load, softmax, P store,
+// flags) runs while the AIC works on P_{j-1} V_{j-1} and S_{j+1}, and their update of block j-1 while
+// it computes P_j V_j. Slot hazards: S slot (j+2)%3 (block j-1's) is rewritten after the AIC waited
+// P_{j-1} (its readers are done); P slot j%3 after the AIVs' update j-3 (which waited O_{j-3}, set
+// after the AIC read P_{j-3}); O slot j%3 after the AIC waited P_j (set after the AIVs' update j-3
+// read it: that load precedes, on MTE2, the S load of block j, which precedes the P_j store). The
+// online-softmax state alpha keeps two UB slots (j % 2): the AIVs' order (softmax j, update j-1) is
+// unchanged. Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator,
+// tested under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
+constexpr int64_t kFaSlots = kFlashAttentionFusedSlots;
+constexpr uint16_t kFaFlagS = 0, kFaFlagP = kFaSlots, kFaFlagO = 2 * kFaSlots;  // + slot (0 .. 2)
 
 template <typename T>
 class FaFused {
@@ -39,9 +43,9 @@ class FaFused {
     FaSetCu(cu_, cuK_, g, t);
     score_ = static_cast<uint64_t>(t.baseM) * t.baseN;
     rowsSlot_ = static_cast<uint64_t>(t.baseM) * dva_;
-    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * 2 * score_, 2 * score_);
-    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * 2 * score_, 2 * score_);
-    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart) + group_ * 2 * rowsSlot_, 2 * rowsSlot_);
+    s_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.s) + group_ * kFaSlots * score_, kFaSlots * score_);
+    p_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.p) + group_ * kFaSlots * score_, kFaSlots * score_);
+    o_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.oPart) + group_ * kFaSlots * rowsSlot_, kFaSlots * rowsSlot_);
     TPipe pipe;
     if (aic_) {
       const int64_t dq = t.Dk + t.Dr;
@@ -78,9 +82,10 @@ class FaFused {
     const int64_t qRow = it.seqStart + it.qPos0;
     cube_.LoadQ(t_, q_, qRow, it.head, it.rows);
     ScoresBlock(it, qRow, 0);
+    if (it.keyBlocks > 1) ScoresBlock(it, qRow, 1);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      if (j + 1 < it.keyBlocks) ScoresBlock(it, qRow, j + 1);  // lookahead: overlaps the softmax of j
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
+      if (j + 2 < it.keyBlocks) ScoresBlock(it, qRow, j + 2);  // lookahead: overlaps the softmax of j, j + 1
+      const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
       CrossCoreWaitFlag(kFaFlagP + slot);
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
       cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
@@ -92,7 +97,7 @@ class FaFused {
   }
 
   __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
-    const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+    const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.ScoresQ(c, t_, k_, kr_, it.kvStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
@@ -118,7 +123,7 @@ class FaFused {
       return;
     }
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      const int64_t slot = j % 2, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+      const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
       CrossCoreWaitFlag(kFaFlagS + slot);
       if (r1 > r0) SoftmaxTile(it, r0, r1, j, k0, cols);
       CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
@@ -171,10 +176,10 @@ class FaFused {
   }
 
   __aicore__ inline void SoftmaxTile(const FaItem& it, int64_t r0, int64_t r1, int64_t j, int64_t k0, int64_t cols) {
-    const int64_t R = r1 - r0, n = t_.baseN, slot = j % 2;
+    const int64_t R = r1 - r0, n = t_.baseN, slot = j % kFaSlots, as = j % 2;  // GM slot, alpha slot
     const int32_t cnt = static_cast<int32_t>(R * n), rc = static_cast<int32_t>(R);
     const bool first = j == 0, causal = t_.mask == FlashAttentionMask::kCausal;
-    LocalTensor<float> s = sT_.Get<float>(), m = St(kM), l = St(kL), alpha = St(kAlpha + slot), rmax = St(kMax),
+    LocalTensor<float> s = sT_.Get<float>(), m = St(kM), l = St(kL), alpha = St(kAlpha + as), rmax = St(kMax),
                        rsum = St(kSum), mOld = St(kMOld);
     LocalTensor<T> p = pT_.Get<T>();
     SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous block's vector reads of the S tile are done
@@ -242,7 +247,7 @@ class FaFused {
   }
 
   __aicore__ inline void UpdateTile(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
-    const int64_t slot = j % 2, R = r1 - r0;
+    const int64_t slot = j % kFaSlots, R = r1 - r0;
     CrossCoreWaitFlag(kFaFlagO + slot);
     if (R <= 0) return;
     const int32_t cnt = static_cast<int32_t>(R * dva_);
@@ -253,7 +258,7 @@ class FaFused {
     SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
     WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
     if (j > 0) {
-      RowScalar<false>(o, St(kAlpha + slot), R, dva_);  // o * alpha
+      RowScalar<false>(o, St(kAlpha + j % 2), R, dva_);  // o * alpha
       Add(o, o, part, cnt);
     }
     if (j + 1 == it.keyBlocks) FinishTile(it, r0, R);

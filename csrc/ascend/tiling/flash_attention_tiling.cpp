@@ -170,14 +170,16 @@ FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t)
   if (fwd) {
     w.rows = w.items * t.baseM * static_cast<int64_t>(align_up(t.Dv, 8));
     w.state = w.items * 3 * t.baseM;
-    w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
-    w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(align_up(t.Dv, 8));
+    const int64_t slots = kFlashAttentionFusedSlots;  // pipelined
+    w.fusedScore = slots * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;
+    w.fusedRows = slots * static_cast<int64_t>(t.blockDim) * t.baseM * static_cast<int64_t>(align_up(t.Dv, 8));
   } else {
     w.rows = w.items * t.baseM * t.gradCols;
     w.delta = t.T * t.H;
     w.dkRopeHeads = t.H * t.Tk * t.Dr;
-    w.fusedScore = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;  // two slots: pipelined
-    w.fusedRows = 2 * static_cast<int64_t>(t.blockDim) * t.baseM * t.gradCols;
+    const int64_t slots = kFlashAttentionFusedSlots;  // pipelined
+    w.fusedScore = slots * static_cast<int64_t>(t.blockDim) * t.baseM * t.baseN;
+    w.fusedRows = slots * static_cast<int64_t>(t.blockDim) * t.baseM * t.gradCols;
   }
   return w;
 }

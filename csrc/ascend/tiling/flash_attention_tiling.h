@@ -47,6 +47,9 @@ namespace amo_ascend {
 // Most AI Cores a fused flash attention launch deals its items to (the kernels' FaDeal keeps one load
 // per core on the stack); the tilings cap blockDim here.
 constexpr uint32_t kFlashAttentionMaxCores = 64;
+// GM slots per workspace and AI Core of the fused kernels (amo_fa_fused, amo_fab_fused): the AIC runs
+// up to two blocks ahead of its AIVs (S of blocks j + 1 and j + 2 while they work on block j).
+constexpr uint32_t kFlashAttentionFusedSlots = 3;
 
 enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
 enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
@@ -111,10 +114,10 @@ struct FlashAttentionWorkspace {
   int64_t state;        // forward: items * 3 * baseM
   int64_t delta;        // backward: T * H
   int64_t dkRopeHeads;  // backward: H * Tk * Dr
-  int64_t fusedScore;   // fused kernels (pipelined, two slots per AI Core): S and P (and dP, dS),
-                        // 2 * blockDim * baseM * baseN
-  int64_t fusedRows;    // fused kernels: O_partial slots (forward: 2 * blockDim * baseM * up8(Dv)) or
-                        // gradient-product slots (backward: 2 * blockDim * baseM * gradCols)
+  int64_t fusedScore;   // fused kernels (pipelined, kFlashAttentionFusedSlots slots per AI Core): S and P
+                        // (and dP, dS), slots * blockDim * baseM * baseN
+  int64_t fusedRows;    // fused kernels: O_partial slots (forward: slots * blockDim * baseM * up8(Dv)) or
+                        // gradient-product slots (backward: slots * blockDim * baseM * gradCols)
 };
 FlashAttentionWorkspace flash_attention_workspace(const FlashAttentionTiling& t);
 
