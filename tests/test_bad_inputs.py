@@ -88,6 +88,9 @@ class Case:
     error: Optional[str] = None
     paths: tuple = ("public", "ops")
     exact: bool = False            # compare results bitwise (index outputs, pure copies)
+    allow_error: Optional[str] = None  # a valid input a backend may refuse (a documented limit: fp32 on
+    #                                    the Cube kernels, fp64 on Triton): a TypeError/ValueError
+    #                                    naming this regex, or the spec's result
 
 
 def _tensors(x):
@@ -109,8 +112,9 @@ def _same(a, b, exact) -> Optional[str]:
             continue
         if x.is_floating_point() and not exact:
             xd, yd = x.double(), y.double()
-            same_nonfinite = torch.equal(torch.isfinite(xd), torch.isfinite(yd)) and torch.equal(
-                xd[~torch.isfinite(xd)], yd[~torch.isfinite(yd)])
+            inf_x, inf_y = torch.isinf(xd), torch.isinf(yd)
+            same_nonfinite = torch.equal(torch.isnan(xd), torch.isnan(yd)) and torch.equal(inf_x, inf_y) \
+                and torch.equal(xd[inf_x], yd[inf_y])  # NaN where the spec has NaN, the same infinities
             fin = torch.isfinite(yd)
             if not same_nonfinite or not torch.allclose(xd[fin], yd[fin], rtol=2e-2, atol=2e-2):
                 return f"output {i}: max diff {float((xd - yd).abs().nan_to_num(1e9).max()):.3g}"
@@ -125,6 +129,9 @@ def outcome(case: Case, backend: str, path: str):
         got = case.run(backend, path)
     except ERRORS as e:
         msg = str(e).split("\n")[0]
+        if case.error is None and case.allow_error is not None and isinstance(e, (ValueError, TypeError)) \
+                and re.search(case.allow_error, str(e)):
+            return "ok", f"a documented limit: {msg}"
         if case.error is None:
             return "unclear", f"valid input refused: {type(e).__name__}: {msg}"
         if isinstance(e, (ValueError, TypeError)) or "Expected a value of type" in msg or "argument" in msg:
@@ -161,15 +168,17 @@ TE_MAP = torch.tensor([[1, 0, 0, 0], [0, 1, 1, 0], [0, 1, 0, 1], [0, 0, 1, 1], [
 
 
 def _permute(routing=ROUTING, probs=True, num_experts=4, capacity=None, align=1, num_out_tokens=None, H=8,
-             backward=False, public_kw=None, nc=False):
+             backward=False, public_kw=None, nc=False, probs_fill=None, tamper=None, dtype=None):
     T = routing.shape[0]
     if nc:
         routing = _nc(routing)
 
     def run(backend, path):
-        dt = _dt(backend)
+        dt = dtype or _dt(backend)
         tokens = _f(T, H, dtype=dt, nc=nc)
         p = _probs(routing.shape, dt, 1, nc) if probs else None
+        if p is not None and probs_fill is not None:
+            p = probs_fill(p)
         if backward:
             _leaves(tokens, p)
         if path == "public":
@@ -180,6 +189,8 @@ def _permute(routing=ROUTING, probs=True, num_experts=4, capacity=None, align=1,
         else:
             out = ops_of(backend)("moe_permute")(tokens, routing, p, num_experts, capacity, align, num_out_tokens)
         if backward:
+            if tamper is not None:  # the saved row map, changed behind autograd's back
+                tamper(out[2].data)
             w = torch.linspace(-1, 1, out[0].numel(), dtype=dt).reshape(out[0].shape)
             loss = (out[0] * w).sum() + (out[1] * torch.arange(out[1].numel(), dtype=dt)).sum() if p is not None \
                 else (out[0] * w).sum()
@@ -189,11 +200,24 @@ def _permute(routing=ROUTING, probs=True, num_experts=4, capacity=None, align=1,
     return run
 
 
-def _perm_case(id, error=None, paths=("public", "ops"), **kw):
+def _perm_case(id, error=None, paths=("public", "ops"), allow_error=None, **kw):
     backward = kw.get("backward", False)
     if backward:  # autograd through torch.ops of a backend namespace: the public function only
         paths = ("public",)
-    return Case(id, "moe_permute", _permute(**kw), error, paths)
+    return Case(id, "moe_permute", _permute(**kw), error, paths, allow_error=allow_error)
+
+
+def _nan_at(*where):
+    def fill(p):
+        p = p.clone()
+        for w in where:
+            p[w] = float("nan")
+        return p
+    return fill
+
+
+def _repeat_row(rmap):
+    rmap.view(-1)[1] = rmap.view(-1)[0]
 
 
 PERMUTE = [
@@ -241,17 +265,31 @@ PERMUTE = [
     _perm_case("non_contiguous_all", nc=True),
     _perm_case("non_contiguous_capacity", nc=True, capacity=2),
     _perm_case("non_contiguous_mask", routing=TE_MAP.bool(), nc=True, num_out_tokens=7),
+    # NaN probs under capacity: a NaN ranks below every number (dropped first), ties by position
+    _perm_case("capacity_nan_probs", capacity=2, probs_fill=lambda p: torch.full_like(p, float("nan"))),
+    _perm_case("capacity_some_nan_probs", capacity=2, probs_fill=_nan_at((0, 0), (3, 0), (5, 1))),
+    _perm_case("capacity_nan_probs_mask", routing=TE_MAP.bool(), capacity=1, probs_fill=_nan_at((1, 1), (2, 1))),
+    _perm_case("dropless_nan_probs", probs_fill=lambda p: torch.full_like(p, float("nan"))),
+    # float64 tokens: computed, or refused naming tokens where a backend has no fp64 kernel
+    _perm_case("tokens_float64", dtype=torch.float64, allow_error="tokens"),
+    # the saved row map tampered with between forward and backward (a repeated row)
+    _perm_case("backward_tampered_row_map", "row_id_map", backward=True, tamper=_repeat_row),
+    _perm_case("backward_tampered_mask_row_map", "row_id_map", routing=TE_MAP.bool(), backward=True,
+               tamper=_repeat_row),
 ]
 
 
 # ---------------------------------------------------------------------------------- moe_unpermute
-def _unpermute(rmap, probs=True, N=12, H=8, backward=False, direct_bwd=False, nc=False):
+def _unpermute(rmap, probs=True, N=12, H=8, backward=False, direct_bwd=False, nc=False, tamper=None, dtype=None):
     T, S = rmap.shape
     if nc:
         rmap = _nc(rmap)
 
+    rmap0 = rmap
+
     def run(backend, path):
-        dt = _dt(backend)
+        rmap = rmap0.clone()  # a fresh map per run (a tampering case changes it)
+        dt = dtype or _dt(backend)
         perm = _f(N, H, dtype=dt, seed=2, nc=nc)
         p = _probs((T, S), dt, 3, nc) if probs else None
         if direct_bwd:
@@ -266,16 +304,19 @@ def _unpermute(rmap, probs=True, N=12, H=8, backward=False, direct_bwd=False, nc
             out = ops_of(backend)("moe_unpermute")(perm, rmap, p)
         if not backward:
             return (out,)
+        if tamper is not None:  # the saved row map, changed behind autograd's back
+            tamper(rmap.data)
         grads = torch.autograd.grad((out * _f(T, H, dtype=dt, seed=4)).sum(),
                                     [perm] + ([p] if p is not None else []))
         return (out,) + grads
     return run
 
 
-def _unp_case(id, rmap, error=None, direct_bwd=False, **kw):
+def _unp_case(id, rmap, error=None, direct_bwd=False, allow_error=None, **kw):
     op = "moe_unpermute_backward" if direct_bwd else "moe_unpermute"
     paths = ("ops",) if direct_bwd else (("public",) if kw.get("backward") else ("public", "ops"))
-    return Case(id, op, _unpermute(torch.as_tensor(rmap), direct_bwd=direct_bwd, **kw), error, paths)
+    return Case(id, op, _unpermute(torch.as_tensor(rmap), direct_bwd=direct_bwd, **kw), error, paths,
+                allow_error=allow_error)
 
 
 DUP = [[0, 1], [2, -1], [1, 3], [4, 5]]   # row 1 referenced twice: a tampered map
@@ -299,18 +340,24 @@ UNPERMUTE = [
     _unp_case("topk_0_backward", torch.zeros(4, 0, dtype=torch.int32), direct_bwd=True),
     _unp_case("non_contiguous", GOOD, nc=True),
     _unp_case("non_contiguous_backward", GOOD, nc=True, direct_bwd=True),
+    _unp_case("backward_tampered_row_map", GOOD, "row_id_map", backward=True, tamper=_repeat_row),
+    _unp_case("backward_tampered_row_map_no_probs", GOOD, "row_id_map", backward=True, probs=False,
+              tamper=_repeat_row),
+    _unp_case("permuted_float64", GOOD, dtype=torch.float64, allow_error="permuted"),
 ]
 
 
 # ----------------------------------------------------------------------------------- grouped_gemm
-def _gemm(M=6, K=4, N=5, sizes=(1, 2, 3), trans_b=False, dw=False, backward=False, nc=False, gs_dtype=torch.int64):
-    gs = torch.tensor(sizes, dtype=gs_dtype)
+def _gemm(M=6, K=4, N=5, sizes=(1, 2, 3), trans_b=False, dw=False, backward=False, nc=False, gs_dtype=torch.int64,
+          dtype=None, tamper=None):
+    gs0 = torch.tensor(sizes, dtype=gs_dtype)
     if nc:
-        gs = _nc(gs)
-    E = gs.numel()
+        gs0 = _nc(gs0)
+    E = gs0.numel()
 
     def run(backend, path):
-        dt = _dt(backend, "grouped_gemm")
+        gs = gs0.clone()  # a fresh tensor per run (a tampering case changes it)
+        dt = dtype or _dt(backend, "grouped_gemm")
         if dw:
             a, b = _f(M, K, dtype=dt, nc=nc), _f(M, N, dtype=dt, seed=1, nc=nc)
             return _call(backend, path, "grouped_gemm_dw", lambda: amo.grouped_gemm_dw(a, b, gs), (a, b, gs))
@@ -323,14 +370,16 @@ def _gemm(M=6, K=4, N=5, sizes=(1, 2, 3), trans_b=False, dw=False, backward=Fals
                     (x, w, gs, trans_b))
         if not backward:
             return (out,)
+        if tamper is not None:  # the saved group sizes, changed behind autograd's back
+            tamper(gs.data)
         return (out,) + torch.autograd.grad((out * _f(*out.shape, dtype=dt, seed=5)).sum(), [x, w])
     return run
 
 
-def _gg_case(id, error=None, **kw):
+def _gg_case(id, error=None, allow_error=None, **kw):
     op = "grouped_gemm_dw" if kw.get("dw") else "grouped_gemm"
     paths = ("public",) if kw.get("backward") else ("public", "ops")
-    return Case(id, op, _gemm(**kw), error, paths)
+    return Case(id, op, _gemm(**kw), error, paths, allow_error=allow_error)
 
 
 GROUPED = [
@@ -351,21 +400,36 @@ GROUPED = [
     _gg_case("non_contiguous", nc=True, sizes=(2, 0, 3)),
     _gg_case("non_contiguous_trans_b", nc=True, trans_b=True, gs_dtype=torch.int32),
     _gg_case("dw_non_contiguous", nc=True, dw=True),
+    # dtypes a backend has no kernel for: computed right, or a TypeError naming the argument (Triton:
+    # no fp64 tl.dot; the AscendC Cube kernels: fp16/bf16 only). bf16 on Triton's interpreter runs
+    # as fp32 copies (the interpreter's bf16 tl.dot is wrong)
+    _gg_case("float64", dtype=torch.float64, allow_error=r"grouped_gemm: x must have dtype"),
+    _gg_case("float32", dtype=torch.float32, allow_error=r"grouped_gemm: x must have dtype"),
+    _gg_case("bfloat16", dtype=torch.bfloat16),
+    _gg_case("bfloat16_backward", dtype=torch.bfloat16, backward=True),
+    _gg_case("dw_float64", dw=True, dtype=torch.float64, allow_error=r"grouped_gemm_dw: a must have dtype"),
+    _gg_case("dw_bfloat16", dw=True, dtype=torch.bfloat16),
+    # K past a backend's limit: computed, or a ValueError naming x and weight
+    _gg_case("k_65536", M=2, K=65536, N=2, sizes=(2,), allow_error=r"x and weight"),
+    _gg_case("backward_tampered_sizes", "group_sizes", backward=True, tamper=lambda gs: gs.__setitem__(0, -5)),
 ]
 
 
 # -------------------------------------------------------------------------------- flash attention
-def _attn(Tq=5, Tk=5, Hq=2, Hkv=2, D=8, Dv=None, causal=True, cu_q=None, cu_k=None, backward=False, Dr=0, nc=False):
+def _attn(Tq=5, Tk=5, Hq=2, Hkv=2, D=8, Dv=None, causal=True, cu_q=None, cu_k=None, backward=False, Dr=0, nc=False,
+          dtype=None, max_seqlen=None):
     Dv = D if Dv is None else Dv
     cu_q = torch.tensor([0, Tq]) if cu_q is None else torch.tensor(cu_q)
     cu_k = torch.tensor([0, Tk]) if cu_k is None else torch.tensor(cu_k)
     mq = int((cu_q[1:] - cu_q[:-1]).max()) if cu_q.numel() > 1 else 0
     mk = int((cu_k[1:] - cu_k[:-1]).max()) if cu_k.numel() > 1 else 0
+    if max_seqlen is not None:  # an upper bound far above the longest sequence (valid)
+        mq = mk = max_seqlen
     if nc:
         cu_q, cu_k = _nc(cu_q), _nc(cu_k)
 
     def run(backend, path):
-        dt = _dt(backend, "flash_attention_fwd")
+        dt = dtype or _dt(backend, "flash_attention_fwd")
         q, k = _f(Tq, Hq, D + Dr, dtype=dt, nc=nc), _f(Tk, Hkv, D, dtype=dt, seed=1, nc=nc)
         v = _f(Tk, Hkv, Dv, dtype=dt, seed=2, nc=nc)
         kr = _f(Tk, Dr, dtype=dt, seed=3, nc=nc) if Dr else None
@@ -388,8 +452,8 @@ def _attn(Tq=5, Tk=5, Hq=2, Hkv=2, D=8, Dv=None, causal=True, cu_q=None, cu_k=No
     return run
 
 
-def _fa_case(id, error=None, paths=("public", "ops"), **kw):
-    return Case(id, "flash_attention_fwd", _attn(**kw), error, paths)
+def _fa_case(id, error=None, paths=("public", "ops"), allow_error=None, **kw):
+    return Case(id, "flash_attention_fwd", _attn(**kw), error, paths, allow_error=allow_error)
 
 
 ATTENTION = [
@@ -412,18 +476,26 @@ ATTENTION = [
     _fa_case("gqa_4_to_1", Hq=4, Hkv=1, backward=True),
     _fa_case("non_contiguous", nc=True, backward=True, paths=("ops",)),
     _fa_case("non_contiguous_k_rope", nc=True, Dr=4, backward=True, paths=("ops",)),
+    # max_seqlen is an upper bound: a huge one is valid and must not launch a huge grid
+    _fa_case("max_seqlen_huge", max_seqlen=1 << 40),
+    _fa_case("max_seqlen_huge_backward", max_seqlen=1 << 40, backward=True, paths=("ops",)),
+    # dtypes a backend has no kernel for (the AscendC Cube kernels: fp16/bf16 only)
+    _fa_case("float32", dtype=torch.float32, backward=True, allow_error=r"flash_attention_(fwd|bwd): q must have dtype"),
+    _fa_case("bfloat16", dtype=torch.bfloat16, backward=True),
+    # heads x head dim past the AscendC copy-stride limit: computed, or a ValueError naming q and v
+    _fa_case("heads_times_dim_65536", Tq=2, Tk=2, Hq=256, Hkv=256, D=256, allow_error=r"q and v have H \* Dq"),
 ]
 
 
 # -------------------------------------------------------------------------------------------- MLA
-def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False):
+def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False, dtype=None):
     cu = torch.tensor([0, T]) if cu is None else torch.tensor(cu)
     ms = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
     if nc:
         cu = _nc(cu)
 
     def run(backend, path):
-        dt = _dt(backend, "mla_attention_fwd")
+        dt = dtype or _dt(backend, "mla_attention_fwd")
         q, c, kpe = _f(T, H, Dn + Dr, dtype=dt, nc=nc), _f(T, Dc, dtype=dt, seed=1, nc=nc), _f(T, Dr, dtype=dt,
                                                                                               seed=2, nc=nc)
         w = _f(H * (Dn + Dv), Dc, dtype=dt, seed=3, nc=nc)
@@ -445,8 +517,8 @@ def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False):
     return run
 
 
-def _mla_case(id, error=None, paths=("public", "ops"), **kw):
-    return Case(id, "mla_attention_fwd", _mla(**kw), error, paths)
+def _mla_case(id, error=None, paths=("public", "ops"), allow_error=None, **kw):
+    return Case(id, "mla_attention_fwd", _mla(**kw), error, paths, allow_error=allow_error)
 
 
 MLA = [
@@ -459,6 +531,9 @@ MLA = [
     _mla_case("dv_above_dqk_public", "v_dim", Dn=4, Dr=2, Dv=12, paths=("public",)),
     _mla_case("real_dims_one_head", T=3, H=1, Dn=128, Dr=64, Dv=128, Dc=32),
     _mla_case("non_contiguous", nc=True, backward=True, paths=("ops",)),
+    _mla_case("float32", dtype=torch.float32, backward=True, allow_error=r"mla_attention_(fwd|bwd): q must have dtype"),
+    # num_heads * (qk_nope_dim + v_dim) = 65536 rows of w_kv_up: past the AscendC copy strides
+    _mla_case("w_kv_up_rows_65536", T=2, H=256, Dn=128, Dr=64, Dv=128, Dc=16, allow_error="w_kv_up has shape"),
 ]
 
 CATALOGUE = PERMUTE + UNPERMUTE + GROUPED + ATTENTION + MLA
@@ -475,6 +550,56 @@ def _params():
 def test_bad_or_edge_input(case, backend, path):
     kind, detail = outcome(case, backend, path)
     assert kind == "ok", f"{kind}: {detail}"
+
+
+# ------------------------------------------------------------------ internal ops (adapters' kernels)
+# swiglu_probs, mask_permute, sort_chunks: torch.ops of each backend that implements them (native,
+# reference) and of the public namespace; a meta tensor next to cpu ones must be refused by the fake
+# kernel too (the dispatcher sends such a call there).
+def _meta(*shape, dtype=F32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+INTERNAL = [
+    ("swiglu_probs", "x_float8", lambda: (torch.randn(6, 8).to(torch.float8_e5m2), torch.rand(6)), r"\bx\b"),
+    ("swiglu_probs", "probs_float8", lambda: (torch.randn(6, 8), torch.rand(6).to(torch.float8_e5m2)), "probs"),
+    ("swiglu_probs", "x_odd_columns", lambda: (torch.randn(6, 7), torch.rand(6)), r"\bx\b"),
+    ("swiglu_probs", "probs_meta", lambda: (torch.randn(6, 8), _meta(6)), "probs"),
+    ("swiglu_probs_backward", "grad_out_int", lambda: (torch.ones(6, 4, dtype=torch.int32), torch.randn(6, 8),
+                                                       torch.rand(6)), "grad_out"),
+    ("swiglu_probs_backward", "grad_out_dtype", lambda: (torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 8),
+                                                         torch.rand(6)), "grad_out"),
+    ("swiglu_probs_backward", "grad_out_meta", lambda: (_meta(6, 4), torch.randn(6, 8), torch.rand(6)), "grad_out"),
+    ("swiglu_probs_backward", "grad_out_shape", lambda: (torch.randn(6, 5), torch.randn(6, 8), torch.rand(6)),
+     "grad_out"),
+    ("sort_chunks", "split_sizes_meta", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 3], device="meta"),
+                                                 torch.tensor([2, 0, 1]), None, False), "split_sizes"),
+    ("sort_chunks", "sorted_idxs_meta", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 3]),
+                                                 torch.tensor([2, 0, 1], device="meta"), None, False), "sorted_idxs"),
+    ("sort_chunks", "split_sizes_sum", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 2]), torch.tensor([2, 0, 1]),
+                                                None, False), "split_sizes"),
+    ("sort_chunks", "sorted_idxs_repeated", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 3]),
+                                                     torch.tensor([0, 0, 1]), None, False), "sorted_idxs"),
+    ("mask_permute", "routing_map_int32", lambda: (torch.randn(6, 8), TE_MAP, None, None), "routing_map"),
+    ("mask_permute", "probs_meta", lambda: (torch.randn(6, 8), TE_MAP.bool(), _meta(6, 4), None), "probs"),
+    ("mask_permute", "num_out_tokens_negative", lambda: (torch.randn(6, 8), TE_MAP.bool(), None, -1),
+     "num_out_tokens"),
+]
+
+
+def _internal_params():
+    from ascend_moe_ops import _library
+    for op, id, args, names in INTERNAL:
+        nss = [_library.NAMESPACE] + [_library.BACKENDS[b].namespace for b in backends(op)]
+        for ns in nss:
+            yield pytest.param(op, args, names, ns, id=f"{op}-{id}-{ns}")
+
+
+@pytest.mark.parametrize("op,args,names,ns", list(_internal_params()))
+def test_internal_op_bad_input(op, args, names, ns):
+    from ascend_moe_ops import _library
+    with pytest.raises((TypeError, ValueError), match=names):
+        _library.op(op, ns)(*args())
 
 
 def test_catalogue_ids_are_unique():

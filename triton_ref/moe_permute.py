@@ -96,6 +96,15 @@ def _hist_kernel(routing_ptr, counts_ptr, P, S, E,
 
 
 @triton.jit
+def _prob_key(p):
+    """An int32 key ordered as the fp32 probs (-0.0 equal to 0.0), with NaN below every number: the
+    reference's stable sort of -probs puts NaN last (ties among NaNs: by position)."""
+    b = tl.where(p == 0.0, 0, p.to(tl.int32, bitcast=True))
+    k = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return tl.where(p != p, -2147483647 - 1, k)
+
+
+@triton.jit
 def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
                           IS_MASK: tl.constexpr, HAS_PROBS: tl.constexpr, BLOCK_P: tl.constexpr,
                           CH: tl.constexpr):
@@ -106,19 +115,15 @@ def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
     idx = pid.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     e = _slot_experts(routing_ptr, idx, P, S, E, IS_MASK)
     if HAS_PROBS:
-        p = tl.load(probs_ptr + idx, mask=idx < P, other=0.0).to(tl.float32)
+        p = _prob_key(tl.load(probs_ptr + idx, mask=idx < P, other=0.0).to(tl.float32))
     beaten = tl.zeros([BLOCK_P], dtype=tl.int32)
     for j0 in range(0, P, CH):
         jdx = j0 + tl.arange(0, CH).to(tl.int64)
         ej = _slot_experts(routing_ptr, jdx, P, S, E, IS_MASK)
         earlier = jdx[None, :] < idx[:, None]
         if HAS_PROBS:
-            pj = tl.load(probs_ptr + jdx, mask=jdx < P, other=0.0).to(tl.float32)
-            # a NaN prob ranks below every other prob (ties among NaNs: by position), as the
-            # reference's stable sort of -probs, which puts NaN last
-            pn, pjn = p != p, pj != pj
-            beats = ((pjn[None, :] == 0) & ((pj[None, :] > p[:, None]) | ((pj[None, :] == p[:, None]) & earlier)
-                                             | pn[:, None])) | (pjn[None, :] & pn[:, None] & earlier)
+            pj = _prob_key(tl.load(probs_ptr + jdx, mask=jdx < P, other=0.0).to(tl.float32))
+            beats = (pj[None, :] > p[:, None]) | ((pj[None, :] == p[:, None]) & earlier)
         else:
             beats = earlier
         beats = beats & (ej[None, :] == e[:, None]) & (ej[None, :] >= 0)

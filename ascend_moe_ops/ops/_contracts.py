@@ -13,9 +13,9 @@ contracts could live in their own module; a new op may define its contract in it
   shape, device, sizes), so a meta-device input mixed with real ones, or a wrong shape under
   ``torch.compile``, is refused before anything is traced or allocated.
 
-Errors: a wrong dtype raises ``TypeError``; a wrong shape, device, size or value ``ValueError``
-(the lse dtype of the backward ops: ``RuntimeError``, as the backends that check it themselves have
-always raised). Every message starts with the op and names the argument. Value checks read the
+Errors: a wrong dtype raises ``TypeError`` (the lse of the backward ops too: it was a
+``RuntimeError`` until 2026-12-07); a wrong shape, device, size or value ``ValueError``. Every
+message starts with the op and names the argument. Value checks read the
 data on the CPU; on accelerators they are device-side asserts (no host synchronization).
 """
 
@@ -398,7 +398,7 @@ def cu_seqlens(op, cu, q, max_seqlen, values: bool, name: str = "cu_seqlens", ma
 def lse(op, t, q) -> None:
     want = lse_dtype(q.dtype)
     if t.dtype != want:
-        raise RuntimeError(f"{op}: lse must be {_name(want)} (float64 for float64 inputs), got {_name(t.dtype)}")
+        raise TypeError(f"{op}: lse must be {_name(want)} (float64 for float64 inputs), got {_name(t.dtype)}")
     same_device(op, "lse", t, q)
     shape_is(op, "lse", t, (q.shape[1], q.shape[0]), "[H, T]")
 

@@ -9,7 +9,7 @@
 // check; the existing ops' are in ascend_moe_ops/ops/_contracts.py) with the same messages. Kernels
 // only assert internal invariants.
 //
-// Errors: a wrong dtype raises TypeError (TORCH_CHECK_TYPE); a wrong shape, device, size or value
+// Errors: a wrong dtype (the backward ops' lse too) raises TypeError (TORCH_CHECK_TYPE); a wrong shape, device, size or value
 // raises ValueError (TORCH_CHECK_VALUE). Every message starts with the op and names the argument.
 // Sizes are checked for overflow BEFORE anything is allocated.
 //
@@ -199,9 +199,9 @@ inline at::ScalarType lse_dtype(at::ScalarType t) { return t == at::kDouble ? at
 
 inline void lse(const char* op, const Tensor& l, const Tensor& q) {
   const auto want = lse_dtype(q.scalar_type());
-  // a RuntimeError (not TypeError), as the backends that check it themselves have always raised
-  TORCH_CHECK(l.scalar_type() == want, op, ": lse must be ", dtype_name(want), " (float64 for float64 inputs), got ",
-              dtype_name(l.scalar_type()));
+  // a TypeError, as every wrong dtype (it was a RuntimeError until 2026-12-07)
+  TORCH_CHECK_TYPE(l.scalar_type() == want, op, ": lse must be ", dtype_name(want), " (float64 for float64 inputs), got ",
+                   dtype_name(l.scalar_type()));
   same_device(op, "lse", l, q);
   shape_is(op, "lse", l, {q.size(1), q.size(0)}, "[H, T]");
 }

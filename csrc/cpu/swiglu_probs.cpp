@@ -36,12 +36,15 @@ constexpr int64_t kSerialElems = int64_t(1) << 16;
 void check_inputs(const char* op, const Tensor& x, const Tensor& probs) {
   TORCH_CHECK_VALUE(x.device().is_cpu(), op, ": x must be a CPU tensor, got ", x.device());
   TORCH_CHECK_VALUE(x.dim() == 2, op, ": x must be 2-D [N, 2F], got shape ", x.sizes());
-  TORCH_CHECK_TYPE(at::isFloatingType(x.scalar_type()) && x.scalar_type() != at::kFloat8_e4m3fn,
-                   op, ": x must be float32/float16/bfloat16/float64, got ", x.scalar_type());
+  const auto is_float = [](at::ScalarType t) {
+    return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+  };
+  TORCH_CHECK_TYPE(is_float(x.scalar_type()), op, ": x must have dtype in (float32, float16, bfloat16, float64), got ",
+                   x.scalar_type());
   TORCH_CHECK_VALUE(x.size(1) % 2 == 0, op, ": x must have an even number of columns [N, 2F], got shape ", x.sizes());
   TORCH_CHECK_VALUE(probs.device() == x.device(), op, ": probs is on ", probs.device(), " but x is on ", x.device());
-  TORCH_CHECK_TYPE(at::isFloatingType(probs.scalar_type()), op, ": probs must be a float tensor, got ",
-                   probs.scalar_type());
+  TORCH_CHECK_TYPE(is_float(probs.scalar_type()), op,
+                   ": probs must have dtype in (float32, float16, bfloat16, float64), got ", probs.scalar_type());
   TORCH_CHECK_VALUE(probs.dim() == 1 && probs.size(0) == x.size(0), op, ": probs must have shape (", x.size(0),
                     ",) (one per row of x), got ", probs.sizes());
 }

@@ -86,12 +86,13 @@ FaShape fa_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   FaShape s{};
   s.rope = kRope.has_value() && kRope->defined();
   if (s.rope) L::check_device(*kRope, "k_rope");
-  s.dt = cube_dtype(q, op);
+  s.dt = cube_dtype(q, op, "q");
   s.T = q.size(0), s.Tk = k.size(0), s.H = q.size(1), s.Dq = q.size(2), s.Dk = k.size(2), s.Dv = v.size(2);
   s.Dr = s.rope ? kRope->size(1) : 0;
   s.B = cuSeqlens.numel() - 1;
-  TORCH_CHECK(s.H * s.Dq < 65536 && s.H * s.Dv < 65536, op, " (AscendC): H * Dq = ", s.H * s.Dq, " and H * Dv = ",
-              s.H * s.Dv, " must be < 65536 (16-bit copy strides)");
+  TORCH_CHECK_VALUE(s.H * s.Dq < 65536 && s.H * s.Dv < 65536, op, ": q and v have H * Dq = ", s.H * s.Dq,
+                    " and H * Dv = ", s.H * s.Dv, " (heads times head dim); the AscendC kernels need both < 65536 "
+                    "(16-bit copy strides)");
   return s;
 }
 

@@ -23,9 +23,10 @@ AMO_ASCEND_KERNEL(amo_grouped_gemm_dw, 5)
 namespace amo_ascend {
 namespace host {
 
+// `what`: the op and the arguments the two sizes come from, e.g. "grouped_gemm: x and weight have K and N".
 inline void check_copy_strides(int64_t K, int64_t N, const char* what) {
-  TORCH_CHECK(K < 65536 && N < 65536, what, " (AscendC): ", K, " and ", N,
-              " must be < 65536 (16-bit copy strides)");
+  TORCH_CHECK_VALUE(K < 65536 && N < 65536, what, " = ", K, " and ", N,
+                    "; the AscendC kernels need both < 65536 (16-bit copy strides)");
 }
 
 template <class L>
@@ -48,9 +49,9 @@ at::Tensor grouped_gemm(const at::Tensor& x, const at::Tensor& weight, const at:
   amo::checks::grouped_gemm(x, weight, groupSizes, transB);
   L::check_device(x, "x");
   L::check_device(weight, "weight");
-  const DType dt = cube_dtype(x, "grouped_gemm");
+  const DType dt = cube_dtype(x, "grouped_gemm", "x");
   const int64_t M = x.size(0), K = x.size(1), E = weight.size(0), N = transB ? weight.size(1) : weight.size(2);
-  check_copy_strides(K, N, "grouped_gemm: K and N");
+  check_copy_strides(K, N, "grouped_gemm: x and weight have K and N");
   return gemm_launch<L>(transB ? GroupedGemmLayout::kNT : GroupedGemmLayout::kNN, "amo_grouped_gemm",
                         kernels::amo_grouped_gemm, x, weight, groupSizes, M, K, N, E, {M, N}, dt);
 }
@@ -60,9 +61,9 @@ at::Tensor grouped_gemm_dw(const at::Tensor& a, const at::Tensor& b, const at::T
   amo::checks::grouped_gemm_dw(a, b, groupSizes);
   L::check_device(a, "a");
   L::check_device(b, "b");
-  const DType dt = cube_dtype(a, "grouped_gemm_dw");
+  const DType dt = cube_dtype(a, "grouped_gemm_dw", "a");
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1), E = groupSizes.numel();
-  check_copy_strides(K, N, "grouped_gemm_dw: P and Q");
+  check_copy_strides(K, N, "grouped_gemm_dw: a and b have P and Q");
   return gemm_launch<L>(GroupedGemmLayout::kDW, "amo_grouped_gemm_dw", kernels::amo_grouped_gemm_dw, a, b, groupSizes, M, K,
                         N, E, {E, K, N}, dt);
 }

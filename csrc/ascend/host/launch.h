@@ -111,12 +111,12 @@ at::Tensor pod_bytes(const T& value, bool pinned) {
   return host;
 }
 
-// fp16/bf16 only on the Cube kernels (fp32 accumulation in L0C).
-inline DType cube_dtype(const at::Tensor& t, const char* op) {
-  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, op,
-              " (AscendC Cube kernels): the Ascend Cube kernel takes float16/bfloat16 inputs only (fp32 accumulation "
-              "in L0C), got ", t.scalar_type(), "; fp32 inputs are not implemented on the Cube path: use the native or "
-              "reference backend");
+// fp16/bf16 only on the Cube kernels (fp32 accumulation in L0C): a TypeError naming the argument.
+inline DType cube_dtype(const at::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, op, ": ", name,
+                   " must have dtype in (float16, bfloat16) on the AscendC Cube path: the Ascend Cube kernel takes "
+                   "float16/bfloat16 inputs only (fp32 accumulation in L0C), got ", t.scalar_type(),
+                   "; fp32 inputs are not implemented on the Cube path: use the native or reference backend");
   return t.scalar_type() == at::kHalf ? DType::kF16 : DType::kBF16;
 }
 

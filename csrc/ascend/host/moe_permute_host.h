@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permu
   // token-major (each token read once, stored to its S rows) whenever the map fits the kernel's slot
   // array; the kernel then reads the row map right after `index`
   const int64_t slots = S >= 1 && S <= kPermuteMaxSlots && T > 0 ? S : 0;
-  const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x), chip, L::max_tile_cols(), slots);
+  const MoePermuteTiling t = compute_moe_permute_tiling(N, T, H, dtype_of(x, "moe_permute", "tokens"), chip, L::max_tile_cols(), slots);
   if (t.tokenMajor) index = at::cat({index, m.rowIdMap.reshape({-1}).to(at::kInt)}).contiguous();
   if (t.key != MoePermuteTilingKey::kEmpty)
     L::launch("amo_moe_permute", kernels::amo_moe_permute, vector_plan(t.blockDim, chip, t.ubBytes, true), {}, x, index,

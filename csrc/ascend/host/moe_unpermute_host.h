@@ -37,7 +37,7 @@ at::Tensor moe_unpermute(const at::Tensor& permuted, const at::Tensor& rowIdMap,
   at::Tensor w = probs.has_value() ? probs->to(at::kFloat).contiguous() : at::empty({0}, x.options().dtype(at::kFloat));
   auto out = L::output({T, H}, x.options());
   const MoeUnpermuteTiling t =
-      compute_moe_unpermute_tiling(T, S, N, H, dtype_of(x), probs.has_value(), chip, L::max_tile_cols());
+      compute_moe_unpermute_tiling(T, S, N, H, dtype_of(x, "moe_unpermute", "permuted"), probs.has_value(), chip, L::max_tile_cols());
   if (t.key != MoeUnpermuteTilingKey::kEmpty)
     L::launch("amo_moe_unpermute", kernels::amo_moe_unpermute, vector_plan(t.rows.blockDim, chip, t.ubBytes, true), {}, x, map,
               w, out, L::pod(t, x));
@@ -63,7 +63,8 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad
   auto slot = slot_of_row(map, N);
   at::Tensor w = withProbs ? probs->to(at::kFloat).contiguous() : at::empty({0}, g.options().dtype(at::kFloat));
   auto gradPermuted = L::output({N, H}, g.options().dtype(permuted.scalar_type()));
-  const MoeUnpermuteGradTiling t = compute_moe_unpermute_grad_tiling(T, S, N, H, dtype_of(x), dtype_of(g), withProbs,
+  const MoeUnpermuteGradTiling t = compute_moe_unpermute_grad_tiling(T, S, N, H, dtype_of(x, "moe_unpermute_backward", "permuted"),
+                                                                     dtype_of(g, "moe_unpermute_backward", "grad_out"), withProbs,
                                                                      chip, L::max_tile_cols());
   at::Tensor dots;
   if (t.key != MoeUnpermuteTilingKey::kEmpty) {

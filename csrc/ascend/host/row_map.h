@@ -120,12 +120,16 @@ inline at::Tensor gather_by_row(const at::Tensor& rows, const at::Tensor& rowIdM
   return at::where(kept, g, at::zeros_like(g));
 }
 
-inline DType dtype_of(const at::Tensor& t) {
+// The vector kernels' element type: a TypeError naming the argument for any other dtype (float64
+// passes the op contract but has no AscendC kernel).
+inline DType dtype_of(const at::Tensor& t, const char* op, const char* name) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::kF32;
     case at::kHalf: return DType::kF16;
     case at::kBFloat16: return DType::kBF16;
-    default: TORCH_CHECK(false, "ascend_moe_ops (AscendC): unsupported dtype ", t.scalar_type(), "; expected fp32, fp16 or bf16");
+    default:
+      TORCH_CHECK_TYPE(false, op, ": ", name, " must have dtype in (float32, float16, bfloat16) on the AscendC path, got ",
+                       amo::checks::dtype_name(t.scalar_type()), "; float64 runs on the native and reference backends");
   }
 }
 
