@@ -285,6 +285,21 @@ def test_l2_lru_known_answers():
     assert l2.access([(4096, 64, 1024, 3, 0)]) == (192, 0, 0, 0)
 
 
+def test_l2_partly_held_lines_hit_only_for_their_bytes():
+    """A line keeps the mask of the bytes it holds: a read of a line's other bytes misses for them
+    (a tile whose rows start off a 128-B boundary shares lines with the next tile: those bytes were
+    never fetched), and a re-read of the whole line then hits."""
+    l2 = tl.L2Cache(4 * 128, 128)
+    assert l2.access([(0, 64, 0, 1, 0)]) == (0, 64, 0, 0)
+    assert l2.access([(64, 64, 0, 1, 0)]) == (0, 64, 0, 0)       # same line, other bytes: fetched now
+    assert l2.access([(0, 128, 0, 1, 0)]) == (128, 0, 0, 0)
+    assert l2.access([(200, 40, 0, 1, 1)]) == (0, 0, 40, 0)       # written bytes are held
+    assert l2.access([(128, 128, 0, 1, 0)]) == (40, 88, 0, 0)     # the rest of that line is fetched
+    # two 256-B tiles of a row starting 64 B into a line: the line they share is fetched in two halves
+    a, b = l2.access([(1024 + 64, 256, 0, 1, 0)]), l2.access([(1024 + 320, 256, 0, 1, 0)])
+    assert a == (0, 256, 0, 0) and b == (0, 256, 0, 40)  # b's new lines evict line 1: its 40 dirty bytes
+
+
 def test_l2_write_back_known_answers():
     l2 = tl.L2Cache(4 * 128, 128)
     assert l2.access([(0, 128, 0, 1, 1)]) == (0, 0, 128, 0)       # line 0 written: dirty, nothing to HBM yet

@@ -165,7 +165,9 @@ class L2Cache:
 
     :meth:`access` takes a record's GM runs (address, bytes, stride, count, write) and returns
     (read bytes that hit, read bytes that missed, bytes written, dirty bytes written back to HBM by the
-    lines this access evicted). A read moves only the bytes it touches (sectored lines); a write
+    lines this access evicted). A read moves only the bytes it touches (sectored lines: a line keeps
+    the mask of the bytes it holds, and a read hits only for those; the others are fetched from HBM
+    and join the mask); a write
     allocates its lines without fetching them (sectored: the bytes it writes become the line's dirty
     bytes) and reaches HBM only when its line is evicted: a line rewritten before its eviction costs
     one write-back of the union of the bytes written to it. :meth:`dirty_bytes` is what is left dirty
@@ -175,13 +177,18 @@ class L2Cache:
         self.line = max(1, int(round(line)))
         self.cap = max(0, int(capacity // self.line))
         self.lines: "OrderedDict[int, int]" = OrderedDict()  # line -> dirty byte mask (0: clean)
+        self.valid: Dict[int, int] = {}  # line -> mask of the bytes it holds (read or written)
 
-    def _insert(self, ln: int, mask: int) -> int:
-        """Allocate line ln (absent) with ``mask``; the dirty bytes of the line it evicts, if any."""
+    def _insert(self, ln: int, mask: int, valid: int) -> int:
+        """Allocate line ln (absent) with dirty ``mask`` holding the ``valid`` bytes; the dirty bytes
+        of the line it evicts, if any."""
         lines = self.lines
         lines[ln] = mask
+        self.valid[ln] = valid
         if len(lines) > self.cap:
-            return bin(lines.popitem(last=False)[1]).count("1")
+            old, m = lines.popitem(last=False)
+            del self.valid[old]
+            return m.bit_count()
         return 0
 
     def access(self, runs) -> tuple:
@@ -207,20 +214,25 @@ class L2Cache:
                             if ln in lines:
                                 lines.move_to_end(ln)
                                 lines[ln] |= bits
+                                self.valid[ln] |= bits
                             else:
-                                wb += self._insert(ln, bits)
+                                wb += self._insert(ln, bits, bits)
                     elif ln in lines:
                         lines.move_to_end(ln)
-                        hit += ov
+                        bits = ((1 << ov) - 1) << (b0 - lo)
+                        have = (self.valid[ln] & bits).bit_count()
+                        hit += have
+                        miss += ov - have
+                        self.valid[ln] |= bits
                     else:
                         miss += ov
                         if cap:
-                            wb += self._insert(ln, 0)
+                            wb += self._insert(ln, 0, ((1 << ov) - 1) << (b0 - lo))
                     ln += 1
         return hit, miss, wr, wb
 
     def dirty_bytes(self) -> int:
-        return sum(bin(m).count("1") for m in self.lines.values() if m)
+        return sum(m.bit_count() for m in self.lines.values() if m)
 
 
 class _Flows:
