@@ -187,17 +187,9 @@ def select_overlap(groups: Dict[str, list], forms=OVERLAP_FORMS) -> Dict[str, ob
         raise ValueError("select_overlap: no fit shapes")
     scores = {}
     if len(shapes) >= 2:
-        for f in forms:
-            acc = []
-            for out in shapes:
-                train = [p for s in shapes if s != out for p in groups[s]]
-                ov = fit_overlap(train, f)
-                acc += [1 - abs(_overlap_predict(p, ov) - p[0]) / p[0] for p in groups[out]]
-            scores[f] = statistics.mean(acc)
-        best = forms[0]
-        for f in forms[1:]:
-            if scores[f] > scores[best] + 1e-9:
-                best = f
+        from .sim.costs import leave_out_select
+        best, scores = leave_out_select([groups[s] for s in shapes], list(forms), fit_overlap,
+                                        lambda ov, p: 1 - abs(_overlap_predict(p, ov) - p[0]) / p[0])
     else:
         best = forms[-1]
     ov = fit_overlap([p for s in shapes for p in groups[s]], best)

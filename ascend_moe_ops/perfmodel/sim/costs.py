@@ -24,7 +24,7 @@ import json
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..hardware import HardwareTable
 
@@ -159,6 +159,24 @@ def nnls_relative(X: Sequence[Sequence[float]], y: Sequence[float]) -> List[floa
     return [0.0] * A.shape[1]
 
 
+def leave_out_select(groups: Sequence[Sequence], forms: Sequence[str], fit: Callable, accuracy: Callable):
+    """Model selection by leaving one group out: for each form, fit on all groups but one
+    (``fit(samples, form)``) and score the left-out group's samples (``accuracy(model, sample)``);
+    returns ``(best form, {form: mean accuracy})``, ties (within 1e-9) to the earlier form."""
+    scores = {}
+    for f in forms:
+        acc = []
+        for i in range(len(groups)):
+            model = fit([x for j, g in enumerate(groups) if j != i for x in g], f)
+            acc += [accuracy(model, x) for x in groups[i]]
+        scores[f] = statistics.mean(acc)
+    best = forms[0]
+    for f in forms[1:]:
+        if scores[f] > scores[best] + 1e-9:
+            best = f
+    return best, scores
+
+
 def _curve_time(points: Sequence[Sequence[float]], nbytes: float) -> float:
     """Seconds for ``nbytes`` from a measured ``(bytes, seconds)`` curve: the cost per byte is
     interpolated linearly in ``log(bytes)`` between the neighbouring points and held at the ends."""
@@ -243,14 +261,14 @@ class FittedCosts(CostProvider):
             if not (curves and not any(op.flops for op, _ in rows)
                     and len({op.bytes for op, _ in rows}) >= CURVE_MIN_SAMPLES):
                 continue
-            acc = {"linear": [], "curve": []}
-            for i, (op, t) in enumerate(rows):
-                rest = rows[:i] + rows[i + 1:]
+            def fit_form(rest, form, k=k):
+                if form == "curve":
+                    return lambda op: _curve_time([(o.bytes, s) for o, s in rest], op.bytes)
                 c = cls._linear(rest, k, features)
-                acc["linear"].append(1 - abs(sum(a * b for a, b in zip(c, _features(op))) - t) / t)
-                acc["curve"].append(1 - abs(_curve_time([(o.bytes, s) for o, s in rest], op.bytes) - t) / t)
-            loo[k] = {f: statistics.mean(v) for f, v in acc.items()}
-            if loo[k]["curve"] > loo[k]["linear"] + 1e-9:
+                return lambda op: sum(a * b for a, b in zip(c, _features(op)))
+            best, loo[k] = leave_out_select([[r] for r in rows], ("linear", "curve"), fit_form,
+                                            lambda model, r: 1 - abs(model(r[0]) - r[1]) / r[1])
+            if best == "curve":
                 forms[k] = "curve"
                 crv[k] = [[float(o.bytes), float(s)] for o, s in sorted(rows, key=lambda r: r[0].bytes)]
         return cls(coefs=coefs, note=note, forms=forms, curves=crv, loo=loo)
@@ -358,16 +376,10 @@ class LayerGlue:
         for d, rows in by.items():
             scores = {}
             if len(rows) >= 3:
-                for f in forms:
-                    acc = []
-                    for i, (s, b, m) in enumerate(rows):
-                        g0, g2, gs = cls._solve(rows[:i] + rows[i + 1:], f)
-                        acc.append(1 - abs(s + g0 + g2 * b + gs * s - m) / m)
-                    scores[f] = statistics.mean(acc)
-                best = forms[0]
-                for f in forms[1:]:
-                    if scores[f] > scores[best] + 1e-9:
-                        best = f
+                def acc(c, r):
+                    s, b, m = r
+                    return 1 - abs(s + c[0] + c[1] * b + c[2] * s - m) / m
+                best, scores = leave_out_select([[r] for r in rows], list(forms), cls._solve, acc)
             else:
                 best = forms[0]
             coefs[d], chosen[d], loo[d] = cls._solve(rows, best), best, scores
