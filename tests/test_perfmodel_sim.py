@@ -520,6 +520,21 @@ def test_ep_overlap_terms_known_answers():
     with pytest.raises(ValueError, match="algo must be one of"):
         predict_ep_layer(*args, algo="ring", chunks=1)
     assert tuple(EP_FIT_SHAPE) not in {tuple(v) for v in EP_VALIDATION}
+    # each collective at its own group's latency: the hierarchical dispatcher's 2-rank exchanges
+    # (inter- and intra-node) are priced by those groups, its count header and the flat
+    # dispatcher's exchanges by the whole group's; without per-group figures every group takes it
+    by = LinkFit({"inter": [(1e6, 1e6 / 1e8), (4e6, 4e6 / 1e8)], "intra": [(1e6, 1e6 / 1e10), (2e6, 2e6 / 1e10)]},
+                 latency=5e-4, latency_by={"world": 5e-4, "inter": 1e-4, "intra": 1e-5})
+    for c in (1, 4):
+        h0 = predict_ep_layer(*args, algo="hierarchical", chunks=c)["comm_s"]
+        h1 = predict_ep_layer(Flat(), by, *args[2:], algo="hierarchical", chunks=c)["comm_s"]
+        assert h0 - h1 == pytest.approx(c * (13 * 5e-4 - (5e-4 + 6 * 1.1e-4)), rel=1e-9)
+        assert predict_ep_layer(Flat(), by, *args[2:], algo="flat", chunks=c)["comm_s"] == \
+            pytest.approx(predict_ep_layer(*args, algo="flat", chunks=c)["comm_s"], rel=1e-12)
+    pooled = pooled_links([{"links": {"inter": [(1e5, 1e-3)]}, "latency": 2e-3, "latency_by": {"inter": 1e-3}},
+                           {"links": {"inter": [(1e5, 1e-3)]}, "latency": 4e-3, "latency_by": {"inter": 3e-3}},
+                           {"links": {"inter": [(1e5, 1e-3)]}, "latency": 3e-3, "latency_by": {"inter": 2e-3}}])
+    assert pooled.lat("inter") == 2e-3 and pooled.lat("intra") == 3e-3
 
 
 def test_ep_overlap_form_chosen_by_leave_one_shape_out():

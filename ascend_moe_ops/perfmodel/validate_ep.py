@@ -17,7 +17,8 @@ Prediction (:func:`predict_ep_layer`): ``t(c) = C(1 + rho) + comm(c) - eta*min(C
 ``C`` = the layer's ops on this rank (``T*K`` expert rows over ``E/world`` local experts, plus the
 dispatcher's own reordering: one extra permute/unpermute pair for flat, two for hierarchical)
 priced by the round's fit; ``comm(c)`` = per chunk and exchange (dispatch, combine, and their
-backward passes) the collectives' latency ``lambda`` (a burst of :data:`BURST` tiny all-gathers
+backward passes) the collectives' latency, each at its own group's ``lambda`` (per group --
+every rank, the inter-node pair, the intra-node pair -- a burst of :data:`BURST` tiny all-gathers
 timed as one run, divided by :data:`BURST`) plus the bytes of each link class over its fitted
 bandwidth (:func:`~.sim.traffic.expected_dispatch`). ``rho`` and ``eta`` are fitted
 (:func:`fit_overlap`) on whole layers at the shapes :data:`EP_FIT_SHAPES` (flat and
@@ -75,7 +76,7 @@ ALGOS = ("flat", "hierarchical")
 class LinkFit:
     """``t = a + bytes / bw`` per link class from (bytes, seconds) samples (least squares)."""
 
-    def __init__(self, samples: Dict[str, List[tuple]], latency: float):
+    def __init__(self, samples: Dict[str, List[tuple]], latency: float, latency_by: Dict[str, float] = None):
         self.params = {}
         for cls, pts in samples.items():
             xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -84,13 +85,19 @@ class LinkFit:
             slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 1e-15) if sxx else 1e-15
             self.params[cls] = (max(my - slope * mx, 0.0), slope)
         self.latency = latency
+        # per group ("world", "inter", "intra"): one collective's latency on that group; a group not
+        # measured takes ``latency`` (the world group's)
+        self.latency_by = dict(latency_by or {})
+
+    def lat(self, group: str) -> float:
+        return self.latency_by.get(group, self.latency)
 
     def time(self, cls: str, nbytes: float) -> float:
         a, s = self.params[cls]
         return a + s * nbytes if nbytes > 0 else 0.0
 
     def as_dict(self) -> dict:
-        return {"latency_s": self.latency,
+        return {"latency_s": self.latency, "latency_by_group_s": self.latency_by,
                 **{c: {"a_s": a, "bw_Bps": 1 / s} for c, (a, s) in self.params.items()}}
 
 
@@ -121,13 +128,17 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
     bts = DTYPE_BYTES[dtype]
     tr = expected_dispatch(T, K, E, H, nodes=NODES, local=LOCAL, algo=algo, dtype_bytes=bts)
     per = 1.0 / chunks
-    # flat: header + one all-to-all over every rank per exchange; hierarchical: header, slots+probs
-    # and token rows across nodes, then the intra-node leg
-    colls = 3 if algo == "flat" else 6
+    # collectives per chunk, forward and backward (distributed/dispatcher.py), each at the latency
+    # measured on its own group (a 2-rank exchange is not a 4-rank one): flat, 2 x 3 over every
+    # rank (count header, slots + probs, token rows / the combine and the backward exchanges);
+    # hierarchical, the count header over every rank, then 2 x 3 across nodes (2-rank groups) and
+    # 2 x 3 within the node
+    lat = (6 * links.lat("world") if algo == "flat"
+           else links.lat("world") + 6 * (links.lat("inter") + links.lat("intra")))
     dispatch = links.time("inter", tr["inter_node_bytes"] * per) + links.time("intra", tr["intra_node_bytes"] * per)
     combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
                + links.time("intra", tr["combine_intra_node_bytes"] * per))
-    comm = chunks * (2 * (dispatch + combine) + 2 * colls * links.latency)
+    comm = chunks * (2 * (dispatch + combine) + lat)
     hidden = min(compute, comm) * (1.0 - 1.0 / chunks)
     total = compute * (1.0 + rho) + comm - eta * hidden
     return dict(predicted_s=total, compute_s=compute, comm_s=comm, hideable_s=hidden)
@@ -252,13 +263,19 @@ def _worker(a) -> None:
             for s in cfg["a2a_sizes"]:
                 # bytes this rank sends to the other member(s) of the group: (n-1) * s
                 rnd["links"][cls].append(((n - 1) * s, timed(a2a_case(group, n, s), cfg["runs"])))
-        tiny = torch.zeros(WORLD)
         small = torch.zeros(1)
 
-        def burst():
-            for _ in range(BURST):
-                dist.all_gather_into_tensor(tiny, small)
-        rnd["latency"] = timed(burst, cfg["runs"]) / BURST
+        def burst(group, n):
+            tiny = torch.zeros(n)
+
+            def run():
+                for _ in range(BURST):
+                    dist.all_gather_into_tensor(tiny, small, group=group)
+            return run
+        rnd["latency_by"] = {cls: timed(burst(group, n), cfg["runs"]) / BURST for cls, group, n in
+                             (("world", None, WORLD), ("inter", topo.inter_group, NODES),
+                              ("intra", topo.intra_group, LOCAL))}
+        rnd["latency"] = rnd["latency_by"]["world"]
         samples = []
         for (T, H, F, E, K) in cfg["calibration"]:
             steps = component_steps(T, H, F, E, K, "float32")
@@ -268,7 +285,7 @@ def _worker(a) -> None:
                 samples.append((ops[name], t))
                 rnd["compute"].append(dict(op=name, shape=[T, H, F, E, K], seconds=t))
         fit = FittedCosts.fit(samples)
-        links = LinkFit(rnd["links"], rnd["latency"])
+        links = LinkFit(rnd["links"], rnd["latency"], rnd["latency_by"])
         rnd["fit"] = json.loads(fit.to_json())
         rnd["link_fit"] = links.as_dict()
         cases = [(tuple(v), algo, c) for v in cfg["validation"] + cfg["fit_shapes"] for algo in ALGOS
@@ -352,7 +369,8 @@ def pooled_links(rounds: List[dict]) -> LinkFit:
             for nbytes, t in rd["links"][cls]:
                 by_size.setdefault(nbytes, []).append(t)
         samples[cls] = [(b, statistics.median(ts)) for b, ts in sorted(by_size.items())]
-    return LinkFit(samples, statistics.median(rd["latency"] for rd in rounds))
+    by = {g: statistics.median(rd["latency_by"][g] for rd in rounds) for g in rounds[0].get("latency_by", {})}
+    return LinkFit(samples, statistics.median(rd["latency"] for rd in rounds), by)
 
 
 def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", rounds: int = 0, runs: int = 0,
