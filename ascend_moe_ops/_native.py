@@ -76,9 +76,12 @@ def record_problem(info, running_torch: str, cpu_flags: Optional[set]) -> Option
 
 
 def _warn(module: str, why: str) -> None:
-    if module in _WARNED:
+    # once per module, and once per reason: both extensions share the build record, so a record
+    # problem (another torch, a CPU without AVX2) is one warning, not one per extension
+    if module in _WARNED or ("why", why) in _WARNED:
         return
     _WARNED.add(module)
+    _WARNED.add(("why", why))
     warnings.warn(f"ascend_moe_ops: the compiled extension {module} is not used: {why}. Rebuild it "
                   f"against the installed torch: {REBUILD}. Until then {FALLBACK}.",
                   NativeBuildWarning, stacklevel=3)
