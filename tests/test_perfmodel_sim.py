@@ -478,7 +478,7 @@ def test_ep_overlap_terms_known_answers():
     is no overlap at all (C(1+rho) + comm), eta=1 the ideal pipeline; :func:`fit_overlap` recovers
     rho and eta exactly from layers built with them, and eta stays 1 with one chunk only."""
     from ascend_moe_ops.perfmodel.sim.costs import CostProvider
-    from ascend_moe_ops.perfmodel.validate_ep import EP_FIT_SHAPE, EP_VALIDATION, LinkFit, fit_overlap, predict_ep_layer
+    from ascend_moe_ops.perfmodel.validate_ep import EP_FIT_SHAPES, EP_VALIDATION, LinkFit, fit_overlap, predict_ep_layer
 
     class Flat(CostProvider):
         def time(self, op):
@@ -519,7 +519,7 @@ def test_ep_overlap_terms_known_answers():
         predict_ep_layer(*args, algo="flat", chunks=0)
     with pytest.raises(ValueError, match="algo must be one of"):
         predict_ep_layer(*args, algo="ring", chunks=1)
-    assert tuple(EP_FIT_SHAPE) not in {tuple(v) for v in EP_VALIDATION}
+    assert not {tuple(f) for f in EP_FIT_SHAPES} & {tuple(v) for v in EP_VALIDATION}
     # each collective at its own group's latency: the hierarchical dispatcher's 2-rank exchanges
     # (inter- and intra-node) are priced by those groups, its count header and the flat
     # dispatcher's exchanges by the whole group's; without per-group figures every group takes it

@@ -12,7 +12,8 @@ Method (docs/perfmodel/training_sim.md):
 * **calibration** (microbenchmarks only): each component of ``nn.MoELayer`` -- router, permute,
   fc1/fc2 grouped GEMM, SwiGLU, unpermute, each forward and backward -- timed alone at the
   calibration shapes :data:`CALIBRATION` (none of them a validation shape); per op kind and dtype
-  ``t = c0 + c1*flops + c2*bytes + c3*groups`` is fitted (:class:`~.sim.costs.FittedCosts`);
+  ``t = c0 + c1*flops + c2*bytes + c3*groups`` is fitted (:class:`~.sim.costs.FittedCosts`; for the
+  data-movement kinds a measured cost-per-byte curve competes, chosen by leave-one-out);
 * **layer glue** (a documented departure from component-only calibration): whole ``nn.MoELayer``
   fwd+bwd at the calibration shapes (:func:`calibration_layers`, recompute options cycled),
   to which the per-dtype glue of :class:`~.sim.costs.LayerGlue` is fitted (the framework work

@@ -11,7 +11,7 @@ in alternating rounds (``python -m ascend_moe_ops.perfmodel.validate_ep --out FI
   the real run included);
 * **validation**: ``nn.MoELayer(dispatcher=MoEDispatcher(algorithm))`` forward + backward, flat and
   hierarchical, ``overlap_chunks`` 1 and 4, at shapes never calibrated on (and, for the fit of
-  ``rho``/``eta``, at :data:`EP_FIT_SHAPE`).
+  ``rho``/``eta``, at :data:`EP_FIT_SHAPES`).
 
 Prediction (:func:`predict_ep_layer`): ``t(c) = C(1 + rho) + comm(c) - eta*min(C, comm(c))(1 - 1/c)``.
 ``C`` = the layer's ops on this rank (``T*K`` expert rows over ``E/world`` local experts, plus the
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPE", "EP_FIT_SHAPES", "OVERLAP_FORMS", "predict_ep_layer",
+__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPES", "OVERLAP_FORMS", "predict_ep_layer",
            "fit_overlap", "select_overlap", "run_ep", "summarize_ep",
            "pooled_links",
            "LinkFit"]
@@ -62,8 +62,6 @@ EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
 #: (:func:`select_overlap`); none is a validation shape. Their communication-to-compute ratios
 #: bracket the validation shapes'.
 EP_FIT_SHAPES = ((448, 320, 160, 16, 4), (256, 512, 256, 16, 8), (640, 192, 96, 16, 2))
-#: the first fit shape (kept for callers of the one-shape fit)
-EP_FIT_SHAPE = EP_FIT_SHAPES[0]
 #: the overlap model's forms: which of rho and eta are fitted (the others at the ideal, 0 and 1)
 OVERLAP_FORMS = ("ideal", "rho", "eta", "rho+eta")
 #: back-to-back tiny all-gathers timed as one run: the per-collective latency is the run / BURST
