@@ -37,6 +37,10 @@ PRESETS = {
                   attn=[(1024, 8), (2048, 16)]),
     # the first Pangu attention case only (S=2048 H=16 records ~10 M instructions per kernel)
     "pangu-attn1": dict(T=4096, H=7680, E=256, K=8, gemm=[], attn=[(1024, 8)]),
+    # Pangu Ultra MoE's training sequence (4096) with 2 of the 16 heads a TP8 rank holds (128 / 8):
+    # the time per head is what the 16-head launch spends per head once all 24 AICs are busy (64
+    # items here), at a ninth of the recording cost of S=2048 H=16
+    "pangu-attn4k": dict(T=4096, H=7680, E=256, K=8, gemm=[], attn=[(4096, 2)]),
 }
 DN, DR, DV, DC = 128, 64, 128, 512  # MLA dims of DeepSeek-V3 / Pangu Ultra MoE
 DQK = DN + DR

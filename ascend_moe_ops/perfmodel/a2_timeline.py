@@ -29,7 +29,8 @@ schedules all cores of a launch together:
   address runs charges every byte to HBM;
 - Mmad takes MACs / ``cube_macs_per_cycle_fp16`` (operands padded to 16), vector instructions their
   largest operand / ``vector_bytes_per_cycle``, LoadData its bytes / the L1 -> L0A / L0B rate, each
-  plus a start-up cost per instruction.
+  plus a start-up cost per instruction; a LoadData's data are usable ``mte1_latency_cycles`` after
+  the pipe is done with it (pipelined like the DMA latency; since table v2026-12-07.4).
 
 Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan, at least the
 launch's HBM bytes -- the dirty L2 lines at its end included -- over the HBM bandwidth, plus the launch
@@ -346,6 +347,9 @@ class _Sim:
         self.flag_lat = t["flag_latency_cycles"] * self.cyc
         self.x_lat = t["cross_core_flag_latency_cycles"] * self.cyc
         self.dma_lat = t["dma_latency_cycles"] * self.cyc
+        # a LoadData's data reach L0A/L0B this long after the pipe is done with it (pipelined)
+        self.lat_after = [0.0] * 9
+        self.lat_after[MTE1] = t["mte1_latency_cycles"] * self.cyc
         self.issue_dt = t["issue_cycles"] * self.cyc
         self.events: list = []   # (time, counter, core, rec, phase): 0 the DMA starts (L2 lookup), 1 it ends
         self.counter = 0
@@ -452,7 +456,7 @@ class _Sim:
                         heapq.heappush(self.events, (max(st + fx, self.now), self.counter, ci, i, 0))
                         break
                     en = st + fx
-                    c.start[i], c.end[i], c.busy_end[i] = st, en, en
+                    c.start[i], c.end[i], c.busy_end[i] = st, en + self.lat_after[p], en
                     c.pipe_free[p] = en
         return woken
 
