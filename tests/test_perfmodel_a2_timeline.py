@@ -420,3 +420,29 @@ def test_l2_capacity_and_rate_sensitivity_is_monotone():
     rates = [t(l2_read_bytes_per_cycle=f) for f in (0.5, 0.7, 1.0, 1.3, 2.0)]
     assert all(a >= b * (1 - 1e-9) for a, b in zip(rates, rates[1:])), rates
     assert rates[0] > rates[-1]
+
+
+@pytest.mark.parametrize("case", ["copy", "mmad_chain", "pipe_double", "pipe_single"])
+def test_critical_path_adds_up_to_the_predicted_time(driver, case):
+    m = tl.simulate(launch(driver, case))
+    assert sum(m.critical_path.values()) == pytest.approx(m.predicted_s, rel=1e-9)
+    assert m.critical_path["launch latency"] == pytest.approx(A2["launch_latency_s"])
+    assert min(m.critical_path.values()) > 0
+
+
+def test_critical_path_names_the_stage_that_bounds(driver):
+    # a chain of Mmads: the Cube's busy time is nearly the whole path
+    m = tl.simulate(launch(driver, "mmad_chain"))
+    assert m.critical_path["M busy"] > 0.9 * makespan(m)
+    # single buffering: the path runs through every stage of every tile (load, vector, store)
+    t = A2.scaled(NO_LATENCY)
+    load, vec, store = _stages(t)
+    m = tl.simulate(launch(driver, "pipe_single"), t)
+    cp = m.critical_path
+    assert cp["MTE2 busy"] == pytest.approx(64 * load, rel=0.05)
+    assert cp["V busy"] == pytest.approx(64 * vec, rel=0.05)
+    assert cp["MTE3 busy"] == pytest.approx(64 * store, rel=0.05)
+    # double buffering: the longest stage (the load) carries the path, the others are hidden
+    m = tl.simulate(launch(driver, "pipe_double"), t)
+    assert m.critical_path["MTE2 busy"] > 0.9 * makespan(m, t)
+    assert m.critical_path.get("V busy", 0.0) < 0.05 * makespan(m, t)

@@ -62,3 +62,13 @@ def test_every_shipped_table_is_well_formed(name):
         pytest.skip("no hardware table shipped yet")
     t = hw.load_table(name)
     assert t.name == name and t.params
+
+
+def test_the_docs_print_the_a2_table_as_it_is():
+    """docs/perfmodel/a2_timeline.md shows the current A2 table, row for row (regenerate the section
+    with HardwareTable.markdown() when a2.json changes)."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "perfmodel" / "a2_timeline.md").read_text()
+    t = hw.load_table("a2")
+    assert f"## The table (a2 v{t.version})" in doc
+    assert t.markdown() in doc

@@ -81,6 +81,8 @@ class OpModel:
     busy: Dict[str, float] = dataclasses.field(default_factory=dict)  # of its longest launch
     hbm_bytes: int = 0        # charged to HBM (L2 read misses + writes), all launches
     l2_hit_bytes: int = 0     # GM reads served by L2, all launches
+    #: the causes along the critical path of every launch, summed (seconds; add up to predicted_s)
+    critical_path: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def meets_target(self) -> bool:
@@ -208,7 +210,26 @@ def model_case(c: Case, launches: List[dict], table: HardwareTable, trace_dir: O
     return OpModel(c.op, c.case, pred, roof, 100.0 * roof / pred if pred else 0.0, regime, main.bound, len(ms),
                    sum(m.records for m in ms), c.flops, c.nbytes, c.formula, table.version,
                    sorted({m.kernel for m in ms}), dict(main.busy), sum(m.hbm_bytes for m in ms),
-                   sum(m.l2_hit_bytes for m in ms))
+                   sum(m.l2_hit_bytes for m in ms), _sum_paths(ms))
+
+
+def _sum_paths(ms) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for m in ms:
+        for k, v in m.critical_path.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def format_critical_paths(models: List[OpModel], top: int = 5) -> str:
+    """One line per op: the largest causes along its launches' critical paths, % of its predicted
+    time (a2_timeline.critical_path)."""
+    lines = ["critical path (model): where the predicted time goes, largest causes first"]
+    for m in models:
+        parts = sorted(m.critical_path.items(), key=lambda kv: -kv[1])[:top]
+        lines.append(f"  {m.op} | {m.case}: " + ", ".join(
+            f"{k} {100 * v / m.predicted_s:.0f} %" for k, v in parts if m.predicted_s > 0))
+    return "\n".join(lines)
 
 
 def run(preset: str, table=None, ops: Optional[List[str]] = None, trace_dir: Optional[str] = None,
@@ -302,6 +323,8 @@ def main(argv=None) -> int:
     res = run(a.preset, table, a.ops, a.trace_dir)
     models = [m for _, _, m in res]
     print(format_table(models, f"AscendC kernels, preset {a.preset}: {table.label}"))
+    print()
+    print(format_critical_paths(models))
     sens = None
     if a.sensitivity:
         sens = sensitivity(res, table, keys=a.sensitivity_keys or None)

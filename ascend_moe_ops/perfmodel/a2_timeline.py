@@ -150,6 +150,9 @@ class LaunchModel:
     l2_writeback_bytes: int = 0     # dirty L2 bytes written back to HBM (evictions + the end-of-launch flush)
     l2_flush_s: float = 0.0         # of predicted_s: what the write-back of the lines dirty at the end adds
     l2_dirty_end_bytes: int = 0     # the lines dirty when the last core finishes (in hbm_bytes)
+    #: where the time of the critical path goes (seconds per cause, summing to predicted_s): see
+    #: :func:`critical_path`
+    critical_path: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -605,7 +608,102 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
                        pct_roofline=100.0 * roof / predicted if predicted > 0 else 0.0, gm_bytes=gm, flops=flops,
                        instructions=instr, records=nrec, table_version=t.version, trace=tr,
                        hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit), l2_writeback_bytes=int(sim.l2_wb),
-                       l2_flush_s=flush_s, l2_dirty_end_bytes=int(sim.flush_bytes))
+                       l2_flush_s=flush_s, l2_dirty_end_bytes=int(sim.flush_bytes),
+                       critical_path=critical_path(sim, t["launch_latency_s"]))
+
+
+def critical_path(sim: "_Sim", launch_latency_s: float = 0.0) -> Dict[str, float]:
+    """Where the time of a scheduled launch goes along its critical path (a MODEL).
+
+    Walks back from the instruction that ends last: each instruction contributes its pipe's busy
+    time (``"V busy"``, ``"MTE2 busy"``, ...; a DMA's busy time includes its HBM / L2 transfer) and
+    the latency after it (``"MTE2 latency"``: the GM round trip; ``"MTE1 latency"``; a cross-core
+    flag's propagation is ``"cross-core flag"``); then the walk moves to what released it last: a
+    predecessor on another pipe (plus ``"flag latency"``), the core that set the flag it waited for,
+    the previous instruction of its own pipe, or the scalar unit's in-order dispatch
+    (``"dispatch"``: issue slots, and a cross-core wait or scalar instruction holding every
+    instruction behind it until it completes). Any time an instruction sat ready but unstarted is
+    ``"other"`` (none in this model's rules). ``"L2 write-back at the end"`` and ``"launch
+    latency"`` complete the sum, so the causes add up to the predicted time."""
+    out: Dict[str, float] = {}
+
+    def add(k, v):
+        if v > 0:
+            out[k] = out.get(k, 0.0) + v
+
+    names = PIPES + ("cross-core set", "cross-core wait")
+    last = None
+    for ci, c in enumerate(sim.cores):
+        for i in range(c.n):
+            if c.end[i] is not None and (last is None or c.end[i] > sim.cores[last[0]].end[last[1]]):
+                last = (ci, i)
+    add("L2 write-back at the end", getattr(sim, "flush_s", 0.0))
+    add("launch latency", launch_latency_s)
+    if last is None:
+        return out
+    prev_in_pipe = []
+    for c in sim.cores:
+        pp = [None] * c.n
+        for q in c.fifo:
+            for k in range(1, len(q)):
+                pp[q[k]] = q[k - 1]
+        last_s = {}
+        for i, r in enumerate(c.recs):  # S and cross-core waits run in dispatch order on their own
+            if r[0] in (S, WAIT):
+                pp[i] = last_s.get(r[0])
+                last_s[r[0]] = i
+        prev_in_pipe.append(pp)
+
+    def dispatched(c, i):  # when the scalar unit dispatched record i (the in-order issue cursor)
+        if i == 0:
+            return 0.0, None
+        k = i - 1
+        rk = c.recs[k]
+        if rk[0] in (S, WAIT):
+            return c.end[k], k
+        return c.issue[k] + sim.issue_dt * rk[2], k
+
+    ci, i = last
+    with_latency = True  # False when the walk came through the pipe (freed before the latency ended)
+    guard = sum(c.n for c in sim.cores) * 4 + 16
+    while guard > 0:
+        guard -= 1
+        c = sim.cores[ci]
+        r = c.recs[i]
+        p = r[0]
+        if p == SET:
+            add("cross-core flag", c.end[i] - c.start[i])
+        else:
+            add(f"{names[p]} busy", c.busy_end[i] - c.start[i])
+            if with_latency:
+                add(f"{names[p]} latency", c.end[i] - c.busy_end[i])
+        # what released record i: (time, kind, core, record, flag latency part)
+        cands = []
+        for j in c.deps[i]:
+            fl = sim.flag_lat if c.recs[j][0] != p else 0.0
+            cands.append((c.end[j] + fl, "dep", ci, j, fl))
+        for core, rec in c.xdeps.get(i, ()):
+            cands.append((sim.cores[core].end[rec], "x", core, rec, 0.0))
+        j = prev_in_pipe[ci][i]
+        if j is not None and p != SET:
+            cands.append((c.busy_end[j] if c.recs[j][0] not in (S, WAIT) else c.end[j], "pipe", ci, j, 0.0))
+        d, k = dispatched(c, i)
+        cands.append((d, "disp", ci, k, 0.0))
+        t_rel, kind, cj, j, fl = max(cands, key=lambda x: x[0])
+        add("other", c.start[i] - t_rel)
+        if kind == "disp":
+            # the issue cursor: pipe instructions dispatched back to back, each taking issue slots,
+            # back to an S / wait record (its end released them) or the start of the core
+            while j is not None and c.recs[j][0] not in (S, WAIT):
+                add("dispatch", sim.issue_dt * c.recs[j][2])
+                j = dispatched(c, j)[1]
+            if j is None:
+                break
+            i, with_latency = j, True
+            continue
+        add("flag latency", fl)
+        ci, i, with_latency = cj, j, kind != "pipe"
+    return out
 
 
 def model_launches(launches: Iterable[dict], table=None, *, trace: bool = False) -> List[LaunchModel]:

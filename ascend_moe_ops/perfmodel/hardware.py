@@ -86,6 +86,15 @@ class HardwareTable:
     def assumptions(self) -> list[Param]:
         return [p for p in self.params.values() if p.is_assumption]
 
+    def markdown(self) -> str:
+        """The table as Markdown rows (parameter, value, unit, source or assumption), in file order:
+        what the docs print under "The table" (a test keeps them equal)."""
+        rows = ["| parameter | value | unit | source or assumption |", "|---|---|---|---|"]
+        for p in self.params.values():
+            cite = p.source if p.source is not None else "**assumption**: " + str(p.assumption)
+            rows.append(f"| `{p.key}` | {p.value:g} | {p.unit} | {cite} |")
+        return "\n".join(rows)
+
     def scaled(self, factors: Mapping[str, float]) -> "HardwareTable":
         """A copy with ``params[key].value *= factor`` for each entry of ``factors``."""
         params = dict(self.params)
