@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ASCEND, ROOT, assert_emu_error, compile_cached, run_case, run_json_lines
+from _ascend_cxx import ASCEND, ROOT, assert_emu_error, compile_cached, driver_fixture, rule_cases, run_case, run_json_lines
 from ascend_moe_ops import _backends
 from ascend_moe_ops.reference import flash_attention as ref
 from ascend_moe_ops.testing import assert_close_to_ref, torch_attention_grads
@@ -550,10 +550,7 @@ MIX_RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mix_driver():
-    return compile_cached("emu_mix_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_mix_rules_driver.cpp")],
-                          flags=("-pthread",))
+mix_driver = driver_fixture("emu_mix_rules_driver", flags=("-pthread",))
 
 
 def _mix(exe, case, schedule=None):
@@ -564,7 +561,7 @@ def _mix(exe, case, schedule=None):
     return run_case(exe, case, env=env, timeout=60)
 
 
-@pytest.mark.parametrize("case, match", MIX_RULES, ids=[r[0] for r in MIX_RULES])
+@rule_cases(MIX_RULES)
 def test_emulator_enforces_cross_core_rule(mix_driver, case, match):
     assert_emu_error(_mix(mix_driver, case), case, re.escape(match))
 
