@@ -78,9 +78,12 @@ def run_json_lines(exe, lines, args=()):
     return [json.loads(x) for x in res.stdout.splitlines()]
 
 
-def driver(name, flags=()):
-    """The test program ``tests/cpp/<name>.cpp``, compiled once (:func:`compile_cached`)."""
-    return compile_cached(name, [os.path.join(ROOT, "tests", "cpp", name + ".cpp")], flags=flags)
+def driver(name, flags=(), tilings=()):
+    """The test program ``tests/cpp/<name>.cpp``, compiled once (:func:`compile_cached`); with
+    ``tilings``, linked with the host tiling sources ``csrc/ascend/tiling/tiling_common.cpp`` and
+    ``<tiling>.cpp`` for each of them."""
+    tiling = [os.path.join(ASCEND, "tiling", t + ".cpp") for t in (("tiling_common",) + tuple(tilings) if tilings else ())]
+    return compile_cached(name, [os.path.join(ROOT, "tests", "cpp", name + ".cpp")] + tiling, flags=flags)
 
 
 def driver_fixture(name, flags=()):
