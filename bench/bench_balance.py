@@ -320,6 +320,15 @@ def _log_case(r, log):
         f"next-step oracle {100 * r['cut_next']:5.1f} % -> {100 * r['cut'] / r['cut_next']:5.1f} %")
 
 
+def _simulation_row(op, case, r, drop):
+    """A row of a simulated figure (no time of its own): the result dict ``r`` in ``extra``
+    (floats rounded to 4 places), less its text keys ``drop``."""
+    from ascend_moe_ops.bench import Row
+    return Row(op=op, case=case, backend="reference", dtype="fp64", seconds=float("nan"), limit="none",
+               path="simulation (no timing)",
+               extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k not in drop})
+
+
 def run(ctx):
     """The planner's time per re-plan (timed), then the oracle comparison's and the study's
     figures (simulations: rows with no time of their own)."""
@@ -343,18 +352,12 @@ def run(ctx):
                 f"{r['method']} cut {100 * r['cut']:.1f}% = {100 * r['ratio_next']:.1f}% of the "
                 f"next-step oracle ({100 * r['cut_next']:.1f}%), {100 * r['ratio_interval']:.1f}% of "
                 f"the interval oracle; {r['moves_mean']:.1f} moved/re-plan = {r['gb_mean']:.1f} GB")
-        rows.append(Row(op="balance_oracle", case=case, backend="reference", dtype="fp64",
-                        seconds=float("nan"), limit="none", path="simulation (no timing)",
-                        extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
-                               if k not in ("trace", "method")}))
+        rows.append(_simulation_row("balance_oracle", case, r, ("trace", "method")))
     for r in study(steps=steps, intervals=intervals, quick=ctx.quick, seeds=seeds, log=lambda *_: None):
         case = (f"{r['trace']} E={E} R={R}x{S + int(r['replicas'])} re-plan/{r['interval']}: "
                 f"{r['label']} -> imbalance {r['imbalance']:.3f} (static {r['static']:.3f}, "
                 f"-{r['reduction_pct']:.0f}%), {r['moves_mean']:.1f} moved/re-plan")
-        rows.append(Row(op="balance", case=case, backend="reference", dtype="fp64",
-                        seconds=float("nan"), limit="none", path="simulation (no timing)",
-                        extra={k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
-                               if k not in ("trace", "label")}))
+        rows.append(_simulation_row("balance", case, r, ("trace", "label")))
     return rows
 
 

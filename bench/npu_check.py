@@ -268,6 +268,18 @@ class Run:
         p.add(out, ref64, lowp)
         self.parity.append(p.row())
 
+    def check_fwd_bwd(self, op, case, names, run):
+        """Parity of an attention op: ``run(device, dtype, backend)`` gives the outputs ``names``
+        (forward ``out`` / ``lse``, then the gradients), ours on this device against the reference
+        on CPU in fp64 and in this dtype (skipped with --skip-parity)."""
+        if self.args.skip_parity:
+            return
+        ours = run(self.device, self.dtype, self.ours)
+        ref64 = run("cpu", self.torch.float64, self.reference)
+        lowp = run("cpu", self.dtype, self.reference)
+        for name, a, r, l in zip(names, ours, ref64, lowp):
+            self.check(op, case + (" fwd" if name in ("out", "lse") else " bwd"), name, a, r, l)
+
     def baseline(self, name, candidates):
         """First of ``candidates`` (label, fn) that runs; ``(label, fn, None)`` or
         ``(None, None, reason)``."""
@@ -584,13 +596,7 @@ class Run:
                                                 cu_d, S, S, True, scale)
             return [t.cpu() for t in (out, lse, *grads)]
 
-        if not self.args.skip_parity:
-            ours = run(self.device, self.dtype, self.ours)
-            ref64 = run("cpu", torch.float64, self.reference)
-            lowp = run("cpu", self.dtype, self.reference)
-            for name, a, r, l in zip(["out", "lse", "dq", "dk", "dv", "dk_rope"], ours, ref64, lowp):
-                self.check("flash_attention", case + (" fwd" if name in ("out", "lse") else " bwd"),
-                           name, a, r, l)
+        self.check_fwd_bwd("flash_attention", case, ["out", "lse", "dq", "dk", "dv", "dk_rope"], run)
 
         def ours_fwd():
             with self.ours():
@@ -642,13 +648,7 @@ class Run:
                 grads = ops.mla_attention_bwd(cv(gout), *xs, out, lse, kv, cu.to(dev), *args)
             return [t.cpu() for t in (out, lse, *grads)]
 
-        if not self.args.skip_parity:
-            ours = run(self.device, self.dtype, self.ours)
-            ref64 = run("cpu", torch.float64, self.reference)
-            lowp = run("cpu", self.dtype, self.reference)
-            for name, a, r, l in zip(["out", "lse", "dq", "dc_kv", "dk_pe", "dw_kv_up"], ours, ref64, lowp):
-                self.check("mla_attention", case + (" fwd" if name in ("out", "lse") else " bwd"),
-                           name, a, r, l)
+        self.check_fwd_bwd("mla_attention", case, ["out", "lse", "dq", "dc_kv", "dk_pe", "dw_kv_up"], run)
 
         qd, cd, kd, wd, gd = (self.dev(t.to(self.dtype)) for t in (q, c, kpe, w, gout))
         cud = self.dev(cu)

@@ -76,3 +76,35 @@ def run_json_lines(exe, lines, args=()):
     """Feed ``lines`` to a tiling driver on stdin; one JSON object per output line."""
     res = subprocess.run([exe, *args], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True)
     return [json.loads(x) for x in res.stdout.splitlines()]
+
+
+def driver(name, flags=(), tilings=()):
+    """The test program ``tests/cpp/<name>.cpp``, compiled once (:func:`compile_cached`); with
+    ``tilings``, linked with the host tiling sources ``csrc/ascend/tiling/tiling_common.cpp`` and
+    ``<tiling>.cpp`` for each of them."""
+    tiling = [os.path.join(ASCEND, "tiling", t + ".cpp") for t in (("tiling_common",) + tuple(tilings) if tilings else ())]
+    return compile_cached(name, [os.path.join(ROOT, "tests", "cpp", name + ".cpp")] + tiling, flags=flags)
+
+
+def driver_fixture(name, flags=()):
+    """A module-scoped fixture giving :func:`driver` ``name`` (assign it to the fixture's name)."""
+
+    @pytest.fixture(scope="module")
+    def fixture():
+        return driver(name, flags)
+
+    return fixture
+
+
+def rule_cases(table):
+    """Parametrize a test over the ``(case, match)`` rows of a rule table, each row named by its case."""
+    return pytest.mark.parametrize("case, match", table, ids=[row[0] for row in table])
+
+
+def needs_emu(op):
+    """``(available, skip mark)``: whether the ascendc-emu backend implements ``op`` on CPU, and a
+    mark that skips a test (naming the reason) when it does not."""
+    from ascend_moe_ops import _backends
+    have = "ascendc-emu" in _backends.available_backends(op, "cpu")
+    reason = f"ascend_moe_ops._ascendc_emu is not built or lacks {op} ({_backends.unavailable_reason(op, 'ascendc-emu')})"
+    return have, pytest.mark.skipif(not have, reason=reason)

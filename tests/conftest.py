@@ -41,6 +41,28 @@ def namespaces(op: str):
     return [pytest.param(namespace(b), id=b) for b in backends(op)]
 
 
+def attention_parity_grid(op: str, dtypes):
+    """The parametrization of the attention parity tests: every backend of ``op`` x ``dtypes`` x
+    causal / full x batch / varlen layout. The test is skipped for the reference in low precision
+    (it is the comparison itself): call :func:`skip_reference_lowp` first."""
+    marks = [pytest.mark.parametrize("backend", backends(op)),
+             pytest.mark.parametrize("dtype", dtypes, ids=str),
+             pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"]),
+             pytest.mark.parametrize("layout", ["batch", "varlen"])]
+
+    def apply(fn):
+        for mark in reversed(marks):  # as if written top to bottom above ``fn``
+            fn = mark(fn)
+        return fn
+
+    return apply
+
+
+def skip_reference_lowp(backend: str, dtype) -> None:
+    if backend == "reference" and dtype != torch.float32:
+        pytest.skip("the reference in low precision is the comparison itself")
+
+
 def required_backends():
     return [b for b in os.environ.get("ASCEND_MOE_OPS_REQUIRE", "native,triton,ascendc-emu").split(",") if b]
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
+from _ascend_cxx import assert_emu_error, driver_fixture, rule_cases, run_case
 
 CAUGHT = [
     # rule 1: InitConstValue counts 512-byte fractals on L0A/L0B: a 32-byte count overruns the buffer
@@ -50,12 +50,10 @@ RESULTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def a2_driver():
-    return compile_cached("emu_a2_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_a2_rules_driver.cpp")])
+a2_driver = driver_fixture("emu_a2_rules_driver")
 
 
-@pytest.mark.parametrize("case, match", CAUGHT, ids=[c[0] for c in CAUGHT])
+@rule_cases(CAUGHT)
 def test_a2_rule_is_caught(a2_driver, case, match):
     assert_emu_error(run_case(a2_driver, case), case, match)
 
@@ -112,13 +110,10 @@ GM_RESULTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gm_driver():
-    return compile_cached("emu_gm_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_gm_rules_driver.cpp")],
-                          flags=("-DASCEND_MOE_OPS_EMU", "-pthread"))
+gm_driver = driver_fixture("emu_gm_rules_driver", flags=("-DASCEND_MOE_OPS_EMU", "-pthread"))
 
 
-@pytest.mark.parametrize("case, match", GM_CAUGHT, ids=[c[0] for c in GM_CAUGHT])
+@rule_cases(GM_CAUGHT)
 def test_gm_rule_is_caught(gm_driver, case, match):
     out = run_case(gm_driver, case)
     assert_emu_error(out, case, match)

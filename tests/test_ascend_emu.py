@@ -6,21 +6,17 @@
   knobs), against the reference, and at a DeepSeek-V3 row size.
 """
 
-import os
 import subprocess
 
 import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
-from ascend_moe_ops import _backends
+from _ascend_cxx import assert_emu_error, driver, driver_fixture, needs_emu as _needs_emu, rule_cases, run_case
 from ascend_moe_ops.testing import assert_close_to_ref
 from test_moe_permute import _inputs
 
-HAVE_EMU = "ascendc-emu" in _backends.available_backends("moe_permute", "cpu")
-needs_emu = pytest.mark.skipif(not HAVE_EMU, reason="ascend_moe_ops._ascendc_emu is not built "
-                               f"({_backends.unavailable_reason('moe_permute', 'ascendc-emu')})")
+needs_emu = _needs_emu("moe_permute")[1]
 
 RULES = [
     ("misaligned_datacopy", "DataCopy \\(GM->UB\\) moves whole 32-byte blocks: 7 x float = 28 B"),
@@ -41,12 +37,10 @@ RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def rules_driver():
-    return compile_cached("emu_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_rules_driver.cpp")])
+rules_driver = driver_fixture("emu_rules_driver")
 
 
-@pytest.mark.parametrize("case, match", RULES, ids=[r[0] for r in RULES])
+@rule_cases(RULES)
 def test_emulator_enforces_rule(rules_driver, case, match):
     assert_emu_error(run_case(rules_driver, case), case, match)
 
@@ -121,7 +115,7 @@ def test_deepseek_v3_row_size():
 def test_emulated_float16_and_bfloat16_conversions_match_torch():
     """The emulator's fp32 -> fp16/bf16 conversions (round to nearest even, overflow, subnormals,
     NaN) and back agree with torch bit for bit on all fp16 values, their midpoints and random fp32."""
-    exe = compile_cached("emu_convert_driver", [os.path.join(ROOT, "tests", "cpp", "emu_convert_driver.cpp")])
+    exe = driver("emu_convert_driver")
     every_half = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
     every_bf16 = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     mids = (every_half[:-1].double() + every_half[1:].double()).div(2).float()

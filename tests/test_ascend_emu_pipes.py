@@ -9,11 +9,10 @@ import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
-from ascend_moe_ops import _backends
+from _ascend_cxx import assert_emu_error, driver_fixture, needs_emu, rule_cases, run_case
 from ascend_moe_ops.testing import assert_close_to_ref
 
-HAVE_EMU = "ascendc-emu" in _backends.available_backends("grouped_gemm", "cpu")
+needs_emu = needs_emu("grouped_gemm")[1]
 
 CAUGHT = [
     ("bad_v_mte2", r"pipe race \(write-after-write, missing sync V->MTE2\) in kernel bad_v_mte2, block 0: "
@@ -51,12 +50,10 @@ CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_mte3_mte2", "ok_gm_mte3_mte2", "ok_pipe_a
          "ok_pipe_m_large"]
 
 
-@pytest.fixture(scope="module")
-def pipes_driver():
-    return compile_cached("emu_pipes_driver", [os.path.join(ROOT, "tests", "cpp", "emu_pipes_driver.cpp")])
+pipes_driver = driver_fixture("emu_pipes_driver")
 
 
-@pytest.mark.parametrize("case, match", CAUGHT, ids=[c[0] for c in CAUGHT])
+@rule_cases(CAUGHT)
 def test_pipe_model_catches(pipes_driver, case, match):
     assert_emu_error(run_case(pipes_driver, case), case, match)
 
@@ -95,7 +92,7 @@ def test_strict_model_is_on_in_this_run():
     assert v not in ("0", "off", "false"), "ASCEND_MOE_OPS_EMU_PIPES turns the A2 pipe model off (debugging only)"
 
 
-@pytest.mark.skipif(not HAVE_EMU, reason="ascend_moe_ops._ascendc_emu is not built")
+@needs_emu
 def test_grouped_gemm_at_the_pipe_rules_trigger_shapes(monkeypatch):
     """The grouped GEMM kernel under the strict model where its syncs matter: 16 x 16 tiles
     ((m/16)(n/16) = 1 < 10: PIPE_M barriers between the K steps), K = 40 (K % 16 != 0: the L1 K-padding

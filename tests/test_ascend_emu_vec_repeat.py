@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
+from _ascend_cxx import assert_emu_error, driver_fixture, rule_cases, run_case
 
 KNOWN = ["add_contiguous", "sub_mask_rows", "mul_bitmask", "max_broadcast_operand", "adds_dst_block_stride",
          "muls_exp_masked", "half_duplicate_bitmask", "whole_reduce_rows", "whole_reduce_sum_tree_order",
@@ -22,9 +22,7 @@ RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def driver():
-    return compile_cached("emu_vec_repeat_driver", [os.path.join(ROOT, "tests", "cpp", "emu_vec_repeat_driver.cpp")])
+driver = driver_fixture("emu_vec_repeat_driver")
 
 
 @pytest.mark.parametrize("case", KNOWN)
@@ -32,6 +30,6 @@ def test_known_answer(driver, case):
     assert run_case(driver, case) == "ok"
 
 
-@pytest.mark.parametrize("case, match", RULES, ids=[r[0] for r in RULES])
+@rule_cases(RULES)
 def test_rule(driver, case, match):
     assert_emu_error(run_case(driver, case), case, match)

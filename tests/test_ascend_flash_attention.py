@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ASCEND, ROOT, assert_emu_error, compile_cached, run_case, run_json_lines
+from _ascend_cxx import assert_emu_error, driver as _driver, driver_fixture, rule_cases, run_case, run_json_lines
 from ascend_moe_ops import _backends
 from ascend_moe_ops.reference import flash_attention as ref
 from ascend_moe_ops.testing import assert_close_to_ref, torch_attention_grads
@@ -27,10 +27,7 @@ UB_BUDGET = 196608 - 8192
 
 @pytest.fixture(scope="module")
 def driver():
-    srcs = [os.path.join(ROOT, "tests", "cpp", "flash_attention_tiling_driver.cpp"),
-            os.path.join(ASCEND, "tiling", "tiling_common.cpp"),
-            os.path.join(ASCEND, "tiling", "flash_attention_tiling.cpp")]
-    exe = compile_cached("flash_attention_tiling_driver", srcs, flags=("-O2",))
+    exe = _driver("flash_attention_tiling_driver", flags=("-O2",), tilings=("flash_attention_tiling",))
 
     def run(cases, bwd=False):
         """cases: (H, Dk, Dr, Dv, causal, dtype, cap, aic, cu_q[, cu_k]) (cu_k = cu_q when absent)."""
@@ -308,30 +305,6 @@ def _fa_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None):
     assert_close_to_ref(lse, l64, dtype=dtype, torch_lowp=llo, name="ascendc-emu lse")
 
 
-@needs_emu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
-def test_emu_matches_reference_varlen(monkeypatch, dtype, causal, rope):
-    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")  # many query and key blocks
-    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
-    Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
-    _fa_check([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, dtype, causal)
-
-
-@needs_emu
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_emu_mla_shape(causal):
-    # MLA: 128 nope + 64 shared rope, d_v = 128, default (full) tiles
-    _fa_check([33, 20], 2, 128, 64, 128, torch.bfloat16, causal)
-
-
-@needs_emu
-def test_emu_one_token_and_odd_dims():
-    _fa_check([1], 1, 16, 0, 16, torch.float16, True)
-    _fa_check([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
-
-
 BWD = "flash_attention_bwd"
 
 
@@ -358,28 +331,36 @@ def _fab_check(lens, H, Dk, Dr, Dv, dtype, causal, scale=None, seed=0):
         assert_close_to_ref(g, w, dtype=dtype, torch_lowp=lo, name=f"ascendc-emu {name}")
 
 
+#: the emulated kernels' forward and backward, each checked against the fp64 reference
+CHECKS = {"fwd": _fa_check, "bwd": _fab_check}
+
+
 @needs_emu
+@pytest.mark.parametrize("check", list(CHECKS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("rope", [True, False], ids=["rope", "plain"])
-def test_emu_backward_matches_reference_varlen(monkeypatch, dtype, causal, rope):
+def test_emu_matches_reference_varlen(monkeypatch, check, dtype, causal, rope):
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")  # many query and key blocks per item
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "3")
     Dk, Dr, Dv = (32, 16, 32) if rope else (24, 0, 24)
-    _fab_check([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, dtype, causal)
+    CHECKS[check]([1, 17, 40, 0, 5], 2, Dk, Dr, Dv, dtype, causal)
 
 
 @needs_emu
+@pytest.mark.parametrize("check, lens", [("fwd", [33, 20]), ("bwd", [150, 20])], ids=list(CHECKS))
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_emu_backward_mla_shape(causal):
-    # MLA: 128 nope + 64 shared rope / 128, default (full 128 x 128) blocks, dK_rope summed over heads
-    _fab_check([150, 20], 2, 128, 64, 128, torch.bfloat16, causal)
+def test_emu_mla_shape(check, lens, causal):
+    # MLA: 128 nope + 64 shared rope, d_v = 128, default (full 128 x 128) tiles; the backward sums
+    # dK_rope over the heads
+    CHECKS[check](lens, 2, 128, 64, 128, torch.bfloat16, causal)
 
 
 @needs_emu
-def test_emu_backward_odd_dims_one_token():
-    _fab_check([1], 1, 16, 0, 16, torch.float16, True)
-    _fab_check([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_emu_one_token_and_odd_dims(check):
+    CHECKS[check]([1], 1, 16, 0, 16, torch.float16, True)
+    CHECKS[check]([19, 3], 3, 40, 8, 56, torch.float16, False, scale=0.31)
 
 
 # seqlen_q != seqlen_k on the emulated kernels: per sequence (Lq, Lk) more keys, no keys, no queries,
@@ -550,10 +531,7 @@ MIX_RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mix_driver():
-    return compile_cached("emu_mix_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_mix_rules_driver.cpp")],
-                          flags=("-pthread",))
+mix_driver = driver_fixture("emu_mix_rules_driver", flags=("-pthread",))
 
 
 def _mix(exe, case, schedule=None):
@@ -564,7 +542,7 @@ def _mix(exe, case, schedule=None):
     return run_case(exe, case, env=env, timeout=60)
 
 
-@pytest.mark.parametrize("case, match", MIX_RULES, ids=[r[0] for r in MIX_RULES])
+@rule_cases(MIX_RULES)
 def test_emulator_enforces_cross_core_rule(mix_driver, case, match):
     assert_emu_error(_mix(mix_driver, case), case, re.escape(match))
 

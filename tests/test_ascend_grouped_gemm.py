@@ -10,19 +10,14 @@ Cube-side rules of the emulator.
   tests/test_grouped_gemm.py, and fp32 refused with a clear error.
 """
 
-import os
-
 import pytest
 import torch
 
 import ascend_moe_ops as amo
-from _ascend_cxx import ROOT, assert_emu_error, compile_cached, run_case
-from ascend_moe_ops import _backends
+from _ascend_cxx import assert_emu_error, driver_fixture, needs_emu as _needs_emu, rule_cases, run_case
 from ascend_moe_ops.testing import assert_close_to_ref
 
-HAVE_EMU = "ascendc-emu" in _backends.available_backends("grouped_gemm", "cpu")
-needs_emu = pytest.mark.skipif(not HAVE_EMU, reason="ascend_moe_ops._ascendc_emu is not built or lacks grouped_gemm "
-                               f"({_backends.unavailable_reason('grouped_gemm', 'ascendc-emu')})")
+needs_emu = _needs_emu("grouped_gemm")[1]
 
 RULES = [
     ("l0a_overflow", "L0A overflow: queue #0 buffer 1 needs 40960 B"),
@@ -43,12 +38,10 @@ RULES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cube_driver():
-    return compile_cached("emu_cube_rules_driver", [os.path.join(ROOT, "tests", "cpp", "emu_cube_rules_driver.cpp")])
+cube_driver = driver_fixture("emu_cube_rules_driver")
 
 
-@pytest.mark.parametrize("case, match", RULES, ids=[r[0] for r in RULES])
+@rule_cases(RULES)
 def test_emulator_enforces_cube_rule(cube_driver, case, match):
     assert_emu_error(run_case(cube_driver, case), case, match)
 

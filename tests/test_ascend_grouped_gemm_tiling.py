@@ -3,12 +3,10 @@ driver: every output tile covered exactly once across the AIC cores (forward, in
 past sum(group_sizes), and dW, including empty groups), L1/L0A/L0B/L0C budgets with double
 buffering, 16 x 16 fractal alignment, blockDim <= the AIC count, for real and odd shapes."""
 
-import os
-
 import pytest
 import torch
 
-from _ascend_cxx import ASCEND, ROOT, compile_cached, run_json_lines
+from _ascend_cxx import driver as _driver, run_json_lines
 
 NN, NT, DW = 0, 1, 2
 F32, F16, BF16 = 0, 1, 2
@@ -18,10 +16,7 @@ L1, L0A, L0B, L0C = 512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024
 
 @pytest.fixture(scope="module")
 def driver():
-    srcs = [os.path.join(ROOT, "tests", "cpp", "grouped_gemm_tiling_driver.cpp"),
-            os.path.join(ASCEND, "tiling", "tiling_common.cpp"),
-            os.path.join(ASCEND, "tiling", "grouped_gemm_tiling.cpp")]
-    exe = compile_cached("grouped_gemm_tiling_driver", srcs, flags=("-O2",))
+    exe = _driver("grouped_gemm_tiling_driver", flags=("-O2",), tilings=("grouped_gemm_tiling",))
 
     def run(cases):
         return run_json_lines(exe, [" ".join(str(v) for v in (lay, M, K, N, dt, cap, aic, len(s), *s))

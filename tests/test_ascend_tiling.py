@@ -2,11 +2,9 @@
 row and every H-column is covered exactly once, UB budgets hold with double buffering, buffers are
 32-byte aligned, tails are right, blockDim <= the AIV core count, for real and odd shapes."""
 
-import os
-
 import pytest
 
-from _ascend_cxx import ASCEND, ROOT, compile_cached, run_json_lines
+from _ascend_cxx import driver as _driver, run_json_lines
 
 F32, F16, BF16 = 0, 1, 2
 BYTES = {F32: 4, F16: 2, BF16: 2}
@@ -16,11 +14,7 @@ UB, UB_RESERVED = 196608, 8192
 
 @pytest.fixture(scope="module")
 def driver():
-    srcs = [os.path.join(ROOT, "tests", "cpp", "ascend_tiling_driver.cpp"),
-            os.path.join(ASCEND, "tiling", "tiling_common.cpp"),
-            os.path.join(ASCEND, "tiling", "moe_permute_tiling.cpp"),
-            os.path.join(ASCEND, "tiling", "moe_unpermute_tiling.cpp")]
-    exe = compile_cached("ascend_tiling_driver", srcs)
+    exe = _driver("ascend_tiling_driver", tilings=("moe_permute_tiling", "moe_unpermute_tiling"))
     return lambda lines: run_json_lines(exe, lines)
 
 

@@ -9,7 +9,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import ERROR_FACTOR, assert_close_to_ref, max_abs_err, torch_attention, torch_sdpa
-from conftest import backends, ops_of
+from conftest import attention_parity_grid, backends, ops_of, skip_reference_lowp
 
 _DEFAULT_CAUSAL = inspect.signature(amo.flash_attention).parameters["causal"].default
 OP = "flash_attention_fwd"
@@ -86,14 +86,10 @@ def _check_against_reference(backend, dtype, tensors, **kw):
     return got
 
 
-@pytest.mark.parametrize("backend", _fa_backends())
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("layout", ["batch", "varlen"])
+@attention_parity_grid(OP, DTYPES)
 def test_matches_reference(backend, dtype, causal, layout):
     _skip(backend, dtype)
-    if backend == "reference" and dtype != torch.float32:
-        pytest.skip("the reference in low precision is the comparison itself")
+    skip_reference_lowp(backend, dtype)
     if backend == "ascendc-emu" and dtype == torch.float32:
         pytest.skip("no fp32 on the Ascend Cube path (the refusal is tested in test_ascend_flash_attention.py)")
     Dq, Dv = DIMS.get(backend, REAL_DIMS)

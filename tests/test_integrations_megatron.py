@@ -324,21 +324,11 @@ def test_gradients_match_megatron_core(dtype, drop_and_pad):
 
 
 # ---------------------------------------------------------------- the benchmark's peer
-def _bench_module():
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_moe_permute.py"
-    spec = importlib.util.spec_from_file_location("amo_bench_moe_permute_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_bench_peer_reimplementation_is_megatron(dtype):
     """The benchmark's fallback peer ("megatron-algorithm (reimplemented)") computes what the
     oracle (and megatron-core, when installed) computes, so its timings are of the right work."""
-    bench = _bench_module()
+    from ascend_moe_ops.benchmark.suite import bench_moe_permute as bench
     tokens, mask, probs = make_inputs(40, 24, 8, 3, dtype, skew=True)
     got = bench._alg_permute(tokens, mask, probs)
     _assert_permute_equal(got, alg_permute(tokens, mask, probs))

@@ -10,7 +10,7 @@ import torch
 
 import ascend_moe_ops as amo
 from ascend_moe_ops.testing import assert_close_to_ref, torch_mla_attention
-from conftest import backends, ops_of
+from conftest import attention_parity_grid, backends, ops_of, skip_reference_lowp
 
 _DEFAULT_CAUSAL = inspect.signature(amo.mla_attention).parameters["causal"].default
 OP = "mla_attention_fwd"
@@ -83,14 +83,10 @@ def _run_torch(tensors, dtype, dims, causal=None, softmax_scale=None, cu_seqlens
 NAMES = ("out", "dq", "dc_kv", "dk_pe", "dw_kv_up")
 
 
-@pytest.mark.parametrize("backend", backends(OP))
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("layout", ["batch", "varlen"])
+@attention_parity_grid(OP, DTYPES)
 def test_matches_reference(backend, dtype, causal, layout):
     _skip(backend, dtype)
-    if backend == "reference" and dtype != torch.float32:
-        pytest.skip("the reference in low precision is the comparison itself")
+    skip_reference_lowp(backend, dtype)
     dims = DIMS[_key(backend)]
     if layout == "batch":
         tensors = _inputs(BATCH[_key(backend)], *dims)

@@ -178,16 +178,6 @@ def test_router_validation():
 
 
 # ---------------------------------------------------------------- router options (torchtitan / DeepSeek-V3)
-def _bench_layer_module():
-    import importlib.util
-    import pathlib
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "bench_moe_layer.py"
-    spec = importlib.util.spec_from_file_location("amo_bench_moe_layer_under_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_router_dtype_default_is_the_input_dtype():
     torch.manual_seed(5)
     T, H, E, K = 256, 64, 16, 4
@@ -302,7 +292,7 @@ def test_recompute_is_bitwise_equal(dtype, score_before, capacity_factor, option
 
 
 def test_recompute_permute_saves_at_most_0_7x():
-    bench = _bench_layer_module()
+    from ascend_moe_ops.benchmark.suite import bench_moe_layer as bench
     mem = bench.memory_rows(dict(T=256, H=256, E=16, K=8, F=64))  # the benchmark shape scaled down
     assert mem["recompute_permute"] <= 0.7 * mem["none"], mem
     assert mem["recompute_activation"] < mem["none"], mem

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from _ascend_cxx import ROOT, compile_cached, run_case
+from _ascend_cxx import driver_fixture, run_case
 from ascend_moe_ops.perfmodel import a2_timeline as tl
 from ascend_moe_ops.perfmodel import load_table
 
@@ -20,9 +20,7 @@ A2 = load_table("a2")
 HZ = A2["clock_hz"]
 
 
-@pytest.fixture(scope="module")
-def driver():
-    return compile_cached("emu_timeline_driver", [os.path.join(ROOT, "tests", "cpp", "emu_timeline_driver.cpp")])
+driver = driver_fixture("emu_timeline_driver")
 
 
 _cache = {}

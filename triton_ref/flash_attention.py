@@ -36,63 +36,111 @@ from ._utils import bf16_dot_in_interpreter, to_fp32
 
 
 @triton.jit
+def _seq(CUQ, CUK, b):
+    """(first query row, query length, first key row, key length) of sequence ``b``."""
+    sq = tl.load(CUQ + b).to(tl.int64)
+    sk = tl.load(CUK + b).to(tl.int64)
+    return sq, tl.load(CUQ + b + 1).to(tl.int64) - sq, sk, tl.load(CUK + b + 1).to(tl.int64) - sk
+
+
+@triton.jit
+def _load(P, t, s_t, off, d, tmask, ND):
+    """The tile ``P[t * s_t + off + d]`` (``t``: token rows, ``d``: head-dim columns, broadcast
+    against each other, either way round), 0 where ``tmask`` is false or ``d >= ND``."""
+    return tl.load(P + t * s_t + off + d, mask=tmask & (d < ND), other=0.0)
+
+
+@triton.jit
+def _store(P, t, s_t, off, d, tmask, ND, x):
+    """Store ``x`` (cast to ``P``'s dtype) into the tile of :func:`_load`."""
+    tl.store(P + t * s_t + off + d, x.to(P.dtype.element_ty), mask=tmask & (d < ND))
+
+
+@triton.jit
+def _key_end(m0, Lq, Lk, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One past the last key the query block at ``m0`` sees: with causal the block's last query
+    sees keys up to ``m0 + BLOCK_M - 1 + Lk - Lq``."""
+    hi = Lk
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(Lk, m0 + BLOCK_M + Lk - Lq), 0)
+    return hi
+
+
+@triton.jit
+def _visible(valid, qm, kn, Lq, Lk, CAUSAL: tl.constexpr):
+    """``valid`` ([queries, keys]) and, with causal, key ``kn <= qm + Lk - Lq`` (bottom-right)."""
+    if CAUSAL:
+        valid = valid & (kn[None, :] <= qm[:, None] + (Lk - Lq))
+    return valid
+
+
+@triton.jit
+def _query_block(CUQ, CUK, GROUP, BLOCK_M: tl.constexpr):
+    """The query block of a forward or dQ program (grid: query blocks, sequences, query heads):
+    ``(h, kv head, sq, Lq, sk, Lk, m0, query positions, their mask, their rows)``."""
+    h = tl.program_id(2)
+    sq, Lq, sk, Lk = _seq(CUQ, CUK, tl.program_id(1))
+    m0 = tl.program_id(0) * BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    return h, h // GROUP, sq, Lq, sk, Lk, m0, offs_m, offs_m < Lq, (sq + offs_m)[:, None]
+
+
+@triton.jit
+def _head_cols(BD1: tl.constexpr, BD2: tl.constexpr, BDV: tl.constexpr):
+    """Column indices of the three head-dim tiles: first key part, second key part, value."""
+    return tl.arange(0, BD1), tl.arange(0, BD2), tl.arange(0, BDV)
+
+
+@triton.jit
+def _two_part_rows(P, rows, s_t, off, d1, d2, tmask, D1, D2, HAS_D2: tl.constexpr):
+    """Rows of a tensor whose head dim is split in two parts (q, or k for plain 192-dim heads):
+    columns ``:D1`` and, with ``HAS_D2``, ``D1:D1 + D2`` (else the first part again, unused)."""
+    x1 = _load(P, rows, s_t, off, d1[None, :], tmask[:, None], D1)
+    x2 = x1
+    if HAS_D2:
+        x2 = _load(P, rows, s_t, off + D1, d2[None, :], tmask[:, None], D2)
+    return x1, x2
+
+
+@triton.jit
 def _fwd_kernel(Q, K, K2, V, O, LSE, CUQ, CUK, sm_scale,
                 s_qt, s_qh, s_kt, s_kh, s_k2t, s_k2h, s_vt, s_vh, s_ot, s_oh, s_lh, GROUP,
                 D1, D2, DV,
                 CAUSAL: tl.constexpr, HAS_D2: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BD1: tl.constexpr, BD2: tl.constexpr, BDV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
-    hk = h // GROUP
-    sq = tl.load(CUQ + b).to(tl.int64)
-    Lq = tl.load(CUQ + b + 1).to(tl.int64) - sq
-    sk = tl.load(CUK + b).to(tl.int64)
-    Lk = tl.load(CUK + b + 1).to(tl.int64) - sk
-    m0 = pid_m * BLOCK_M
+    h, hk, sq, Lq, sk, Lk, m0, offs_m, mmask, rows = _query_block(CUQ, CUK, GROUP, BLOCK_M)
     if m0 < Lq:
-        offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
-        d1 = tl.arange(0, BD1)
-        d2 = tl.arange(0, BD2)
-        dv = tl.arange(0, BDV)
-        mmask = offs_m < Lq
-        rows = (sq + offs_m)[:, None]
-        q1 = tl.load(Q + rows * s_qt + h * s_qh + d1[None, :], mask=mmask[:, None] & (d1[None, :] < D1), other=0.0)
-        if HAS_D2:
-            q2 = tl.load(Q + rows * s_qt + h * s_qh + D1 + d2[None, :], mask=mmask[:, None] & (d2[None, :] < D2), other=0.0)
+        d1, d2, dv = _head_cols(BD1, BD2, BDV)
+        q1, q2 = _two_part_rows(Q, rows, s_qt, h * s_qh, d1, d2, mmask, D1, D2, HAS_D2)
         m_i = tl.full([BLOCK_M], float("-inf"), ACC)
         l_i = tl.zeros([BLOCK_M], ACC)
         acc = tl.zeros([BLOCK_M, BDV], ACC)
-        hi = Lk
-        if CAUSAL:  # the last query of the block sees keys up to m0 + BLOCK_M - 1 + Lk - Lq
-            hi = tl.maximum(tl.minimum(Lk, m0 + BLOCK_M + Lk - Lq), 0)
+        hi = _key_end(m0, Lq, Lk, CAUSAL, BLOCK_M)
         for n0 in range(0, hi, BLOCK_N):
             kn = n0 + offs_n
             nmask = kn < hi
             kcols = (sk + kn)[None, :]
-            k1 = tl.load(K + kcols * s_kt + hk * s_kh + d1[:, None], mask=nmask[None, :] & (d1[:, None] < D1), other=0.0)
+            k1 = _load(K, kcols, s_kt, hk * s_kh, d1[:, None], nmask[None, :], D1)
             s = tl.dot(q1, k1, input_precision=PREC, out_dtype=ACC)
             if HAS_D2:
-                k2 = tl.load(K2 + kcols * s_k2t + hk * s_k2h + d2[:, None], mask=nmask[None, :] & (d2[:, None] < D2), other=0.0)
+                k2 = _load(K2, kcols, s_k2t, hk * s_k2h, d2[:, None], nmask[None, :], D2)
                 s += tl.dot(q2, k2, input_precision=PREC, out_dtype=ACC)
             s = s * sm_scale
-            valid = nmask[None, :]
-            if CAUSAL:
-                valid = valid & (kn[None, :] <= offs_m[:, None] + (Lk - Lq))
+            valid = _visible(nmask[None, :], offs_m, kn, Lq, Lk, CAUSAL)
             s = tl.where(valid, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            vv = tl.load(V + (sk + kn)[:, None] * s_vt + hk * s_vh + dv[None, :], mask=nmask[:, None] & (dv[None, :] < DV), other=0.0)
+            vv = _load(V, (sk + kn)[:, None], s_vt, hk * s_vh, dv[None, :], nmask[:, None], DV)
             acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv, input_precision=PREC, out_dtype=ACC)
             m_i = m_new
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         out = acc / l_safe[:, None]  # 0 for a row that saw no key
-        tl.store(O + rows * s_ot + h * s_oh + dv[None, :], out.to(O.dtype.element_ty), mask=mmask[:, None] & (dv[None, :] < DV))
+        _store(O, rows, s_ot, h * s_oh, dv[None, :], mmask[:, None], DV, out)
         lse = tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf"))
         tl.store(LSE + h * s_lh + sq + offs_m, lse.to(LSE.dtype.element_ty), mask=mmask)
 
@@ -119,25 +167,20 @@ def _bwd_dkdv_kernel(Q, K, K2, V, DO, LSE, DELTA, DK, DK2, DV_, CUQ, CUK, sm_sca
     pid_n = tl.program_id(0)
     b = tl.program_id(1)
     hk = tl.program_id(2)  # kv head; the loop below visits the GROUP query heads that read it
-    sq = tl.load(CUQ + b).to(tl.int64)
-    Lq = tl.load(CUQ + b + 1).to(tl.int64) - sq
-    sk = tl.load(CUK + b).to(tl.int64)
-    Lk = tl.load(CUK + b + 1).to(tl.int64) - sk
+    sq, Lq, sk, Lk = _seq(CUQ, CUK, b)
     n0 = pid_n * BLOCK_N
     if n0 < Lk:
         offs_n = n0 + tl.arange(0, BLOCK_N)
         offs_m = tl.arange(0, BLOCK_M)
-        d1 = tl.arange(0, BD1)
-        d2 = tl.arange(0, BD2)
-        dv = tl.arange(0, BDV)
+        d1, d2, dv = _head_cols(BD1, BD2, BDV)
         nmask = offs_n < Lk
         krows = (sk + offs_n)[:, None]
-        k1 = tl.load(K + krows * s_kt + hk * s_kh + d1[None, :], mask=nmask[:, None] & (d1[None, :] < D1), other=0.0)
-        vv = tl.load(V + krows * s_vt + hk * s_vh + dv[None, :], mask=nmask[:, None] & (dv[None, :] < DV), other=0.0)
+        k1 = _load(K, krows, s_kt, hk * s_kh, d1[None, :], nmask[:, None], D1)
+        vv = _load(V, krows, s_vt, hk * s_vh, dv[None, :], nmask[:, None], DV)
         dk1 = tl.zeros([BLOCK_N, BD1], ACC)
         dvacc = tl.zeros([BLOCK_N, BDV], ACC)
         if HAS_D2:
-            k2 = tl.load(K2 + krows * s_k2t + hk * s_k2h + d2[None, :], mask=nmask[:, None] & (d2[None, :] < D2), other=0.0)
+            k2 = _load(K2, krows, s_k2t, hk * s_k2h, d2[None, :], nmask[:, None], D2)
             dk2 = tl.zeros([BLOCK_N, BD2], ACC)
         lo = 0
         if CAUSAL:  # the first query that sees key n0 is n0 - (Lk - Lq)
@@ -148,19 +191,16 @@ def _bwd_dkdv_kernel(Q, K, K2, V, DO, LSE, DELTA, DK, DK2, DV_, CUQ, CUK, sm_sca
                 qm = m0 + offs_m
                 mmask = qm < Lq
                 qrows = (sq + qm)[:, None]
-                q1 = tl.load(Q + qrows * s_qt + h * s_qh + d1[None, :], mask=mmask[:, None] & (d1[None, :] < D1), other=0.0)
+                q1, q2 = _two_part_rows(Q, qrows, s_qt, h * s_qh, d1, d2, mmask, D1, D2, HAS_D2)
                 s = tl.dot(q1, tl.trans(k1), input_precision=PREC, out_dtype=ACC)
                 if HAS_D2:
-                    q2 = tl.load(Q + qrows * s_qt + h * s_qh + D1 + d2[None, :], mask=mmask[:, None] & (d2[None, :] < D2), other=0.0)
                     s += tl.dot(q2, tl.trans(k2), input_precision=PREC, out_dtype=ACC)
                 lse = tl.load(LSE + h * s_lh + sq + qm, mask=mmask, other=0.0)
                 delta = tl.load(DELTA + h * s_lh + sq + qm, mask=mmask, other=0.0)
-                valid = mmask[:, None] & nmask[None, :]
-                if CAUSAL:
-                    valid = valid & (offs_n[None, :] <= qm[:, None] + (Lk - Lq))
+                valid = _visible(mmask[:, None] & nmask[None, :], qm, offs_n, Lq, Lk, CAUSAL)
                 # a row that sees no key (lse = -inf) has no valid entry: p = 0 there
                 p = tl.where(valid, tl.exp(s * sm_scale - lse[:, None]), 0.0)
-                do = tl.load(DO + qrows * s_dot + h * s_doh + dv[None, :], mask=mmask[:, None] & (dv[None, :] < DV), other=0.0)
+                do = _load(DO, qrows, s_dot, h * s_doh, dv[None, :], mmask[:, None], DV)
                 dvacc += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC, out_dtype=ACC)
                 dp = tl.dot(do, tl.trans(vv), input_precision=PREC, out_dtype=ACC)
                 ds = p * (dp - delta[:, None]) * sm_scale
@@ -170,10 +210,10 @@ def _bwd_dkdv_kernel(Q, K, K2, V, DO, LSE, DELTA, DK, DK2, DV_, CUQ, CUK, sm_sca
                 dk1 += tl.dot(tl.trans(ds), q1, input_precision=PREC, out_dtype=ACC)
                 if HAS_D2:
                     dk2 += tl.dot(tl.trans(ds), q2, input_precision=PREC, out_dtype=ACC)
-        tl.store(DK + krows * s_dkt + hk * s_dkh + d1[None, :], dk1.to(DK.dtype.element_ty), mask=nmask[:, None] & (d1[None, :] < D1))
-        tl.store(DV_ + krows * s_dvt + hk * s_dvh + dv[None, :], dvacc.to(DV_.dtype.element_ty), mask=nmask[:, None] & (dv[None, :] < DV))
+        _store(DK, krows, s_dkt, hk * s_dkh, d1[None, :], nmask[:, None], D1, dk1)
+        _store(DV_, krows, s_dvt, hk * s_dvh, dv[None, :], nmask[:, None], DV, dvacc)
         if HAS_D2:
-            tl.store(DK2 + krows * s_dk2t + hk * s_dk2h + d2[None, :], dk2.to(DK2.dtype.element_ty), mask=nmask[:, None] & (d2[None, :] < D2))
+            _store(DK2, krows, s_dk2t, hk * s_dk2h, d2[None, :], nmask[:, None], D2, dk2)
 
 
 @triton.jit
@@ -183,58 +223,40 @@ def _bwd_dq_kernel(Q, K, K2, V, DO, LSE, DELTA, DQ, CUQ, CUK, sm_scale,
                    CAUSAL: tl.constexpr, HAS_D2: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BD1: tl.constexpr, BD2: tl.constexpr, BDV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
-    hk = h // GROUP
-    sq = tl.load(CUQ + b).to(tl.int64)
-    Lq = tl.load(CUQ + b + 1).to(tl.int64) - sq
-    sk = tl.load(CUK + b).to(tl.int64)
-    Lk = tl.load(CUK + b + 1).to(tl.int64) - sk
-    m0 = pid_m * BLOCK_M
+    h, hk, sq, Lq, sk, Lk, m0, offs_m, mmask, qrows = _query_block(CUQ, CUK, GROUP, BLOCK_M)
     if m0 < Lq:
-        offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_n = tl.arange(0, BLOCK_N)
-        d1 = tl.arange(0, BD1)
-        d2 = tl.arange(0, BD2)
-        dv = tl.arange(0, BDV)
-        mmask = offs_m < Lq
-        qrows = (sq + offs_m)[:, None]
-        q1 = tl.load(Q + qrows * s_qt + h * s_qh + d1[None, :], mask=mmask[:, None] & (d1[None, :] < D1), other=0.0)
+        d1, d2, dv = _head_cols(BD1, BD2, BDV)
+        q1, q2 = _two_part_rows(Q, qrows, s_qt, h * s_qh, d1, d2, mmask, D1, D2, HAS_D2)
         if HAS_D2:
-            q2 = tl.load(Q + qrows * s_qt + h * s_qh + D1 + d2[None, :], mask=mmask[:, None] & (d2[None, :] < D2), other=0.0)
             dq2 = tl.zeros([BLOCK_M, BD2], ACC)
-        do = tl.load(DO + qrows * s_dot + h * s_doh + dv[None, :], mask=mmask[:, None] & (dv[None, :] < DV), other=0.0)
+        do = _load(DO, qrows, s_dot, h * s_doh, dv[None, :], mmask[:, None], DV)
         lse = tl.load(LSE + h * s_lh + sq + offs_m, mask=mmask, other=0.0)
         delta = tl.load(DELTA + h * s_lh + sq + offs_m, mask=mmask, other=0.0)
         dq1 = tl.zeros([BLOCK_M, BD1], ACC)
         one_key = _one_key_rows(offs_m, Lq, Lk, CAUSAL)
-        hi = Lk
-        if CAUSAL:
-            hi = tl.maximum(tl.minimum(Lk, m0 + BLOCK_M + Lk - Lq), 0)
+        hi = _key_end(m0, Lq, Lk, CAUSAL, BLOCK_M)
         for n0 in range(0, hi, BLOCK_N):
             kn = n0 + offs_n
             nmask = kn < hi
             krows = (sk + kn)[:, None]
-            k1 = tl.load(K + krows * s_kt + hk * s_kh + d1[None, :], mask=nmask[:, None] & (d1[None, :] < D1), other=0.0)
+            k1 = _load(K, krows, s_kt, hk * s_kh, d1[None, :], nmask[:, None], D1)
             s = tl.dot(q1, tl.trans(k1), input_precision=PREC, out_dtype=ACC)
             if HAS_D2:
-                k2 = tl.load(K2 + krows * s_k2t + hk * s_k2h + d2[None, :], mask=nmask[:, None] & (d2[None, :] < D2), other=0.0)
+                k2 = _load(K2, krows, s_k2t, hk * s_k2h, d2[None, :], nmask[:, None], D2)
                 s += tl.dot(q2, tl.trans(k2), input_precision=PREC, out_dtype=ACC)
-            valid = mmask[:, None] & nmask[None, :]
-            if CAUSAL:
-                valid = valid & (kn[None, :] <= offs_m[:, None] + (Lk - Lq))
+            valid = _visible(mmask[:, None] & nmask[None, :], offs_m, kn, Lq, Lk, CAUSAL)
             p = tl.where(valid, tl.exp(s * sm_scale - lse[:, None]), 0.0)
-            vv = tl.load(V + krows * s_vt + hk * s_vh + dv[None, :], mask=nmask[:, None] & (dv[None, :] < DV), other=0.0)
+            vv = _load(V, krows, s_vt, hk * s_vh, dv[None, :], nmask[:, None], DV)
             dp = tl.dot(do, tl.trans(vv), input_precision=PREC, out_dtype=ACC)
             ds = p * (dp - delta[:, None]) * sm_scale
             ds = tl.where(one_key[:, None], 0.0, ds).to(k1.dtype)
             dq1 += tl.dot(ds, k1, input_precision=PREC, out_dtype=ACC)
             if HAS_D2:
                 dq2 += tl.dot(ds, k2, input_precision=PREC, out_dtype=ACC)
-        tl.store(DQ + qrows * s_dqt + h * s_dqh + d1[None, :], dq1.to(DQ.dtype.element_ty), mask=mmask[:, None] & (d1[None, :] < D1))
+        _store(DQ, qrows, s_dqt, h * s_dqh, d1[None, :], mmask[:, None], D1, dq1)
         if HAS_D2:
-            tl.store(DQ + qrows * s_dqt + h * s_dqh + D1 + d2[None, :], dq2.to(DQ.dtype.element_ty), mask=mmask[:, None] & (d2[None, :] < D2))
+            _store(DQ, qrows, s_dqt, h * s_dqh + D1, d2[None, :], mmask[:, None], D2, dq2)
 
 
 def _pow2(n: int) -> int:

@@ -7,25 +7,22 @@ from __future__ import annotations
 
 import torch
 
-from ascend_moe_ops.reference.mla_attention import _split, up_project as _kv
+from ascend_moe_ops.reference.mla_attention import latent_kv, saved_kv
 
 from . import flash_attention as _fa
 
 
 def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim,
                       v_dim, softmax_scale, causal, save_kv):
-    kv = _kv(c_kv, w_kv_up)
-    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    kv, k_nope, v = latent_kv(c_kv, w_kv_up, num_heads, qk_nope_dim, v_dim)
     out, lse = _fa.flash_attention_fwd(q, k_nope, v, k_pe, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                        causal, softmax_scale)
-    return out, lse, (kv if save_kv else kv.new_empty((0,)))
+    return out, lse, saved_kv(kv, save_kv)
 
 
 def mla_attention_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen,
                       num_heads, qk_nope_dim, v_dim, softmax_scale, causal):
-    if kv.numel() == 0:
-        kv = _kv(c_kv, w_kv_up)
-    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    kv, k_nope, v = latent_kv(c_kv, w_kv_up, num_heads, qk_nope_dim, v_dim, kv)
     dq, dk, dv, dk_pe = _fa.flash_attention_bwd(grad_out, q, k_nope, v, k_pe, out, lse, cu_seqlens,
                                                 cu_seqlens, max_seqlen, max_seqlen, causal, softmax_scale)
     dkv = torch.cat([dk, dv], dim=-1).reshape(kv.shape)

@@ -121,6 +121,15 @@ def _launched(what: str) -> None:
         fn(what)
 
 
+def _issue(what: str, group, pending: Optional[Pending], alive: Sequence[Tensor], call) -> None:
+    """Issue the collective ``call(async_op)`` under :func:`guarded`: synchronous without
+    ``pending``, else asynchronous with its work (and the tensors ``alive`` it reads or writes)
+    added to ``pending``."""
+    work = guarded(what, group, lambda: call(pending is not None))
+    if pending is not None:
+        pending.add(work, *alive, what=what, group=group)
+
+
 def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Optional[Pending],
          what: str = "all_to_all"):
     x = x.contiguous()
@@ -129,10 +138,8 @@ def _a2a(x: Tensor, send: Sequence[int], recv: Sequence[int], group, pending: Op
     if group_size(group) == 1:
         out.copy_(x[: sum(send)])
         return out
-    work = guarded(what, group, lambda: dist.all_to_all_single(
-        out, x, list(recv), list(send), group=group, async_op=pending is not None))
-    if pending is not None:
-        pending.add(work, x, what=what, group=group)
+    _issue(what, group, pending, (x,), lambda async_op: dist.all_to_all_single(
+        out, x, list(recv), list(send), group=group, async_op=async_op))
     return out
 
 
@@ -146,10 +153,8 @@ def _all_gather(x: Tensor, group, pending: Optional[Pending], what: str = "all_g
         return out
     if x.numel() == 0:  # every member knows the global size is 0: nothing to move
         return out
-    work = guarded(what, group, lambda: all_gather_raw(out, x, group=group,
-                                                       async_op=pending is not None))
-    if pending is not None:
-        pending.add(work, x, what=what, group=group)
+    _issue(what, group, pending, (x,), lambda async_op: all_gather_raw(
+        out, x, group=group, async_op=async_op))
     return out
 
 
@@ -170,8 +175,8 @@ def _reduce_scatter(x: Tensor, group, pending: Optional[Pending], what: str = "r
         # byte-optimal ((n-1)/n of the input per rank), sums in rank order (deterministic) and
         # accumulates in fp32 (fp64 for fp64) before rounding once.
         chunks = torch.empty_like(x)
-        work = guarded(what, group, lambda: dist.all_to_all_single(
-            chunks, x, group=group, async_op=pending is not None))
+        _issue(what, group, pending, (x, chunks), lambda async_op: dist.all_to_all_single(
+            chunks, x, group=group, async_op=async_op))
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
 
         def finish():
@@ -181,13 +186,10 @@ def _reduce_scatter(x: Tensor, group, pending: Optional[Pending], what: str = "r
         if pending is None:
             finish()
         else:
-            pending.add(work, x, chunks, what=what, group=group)
             pending.then(finish)
         return out
-    work = guarded(what, group, lambda: reduce_scatter_raw(
-        out, x, op=dist.ReduceOp.SUM, group=group, async_op=pending is not None))
-    if pending is not None:
-        pending.add(work, x, what=what, group=group)
+    _issue(what, group, pending, (x,), lambda async_op: reduce_scatter_raw(
+        out, x, op=dist.ReduceOp.SUM, group=group, async_op=async_op))
     return out
 
 

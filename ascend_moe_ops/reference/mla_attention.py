@@ -29,6 +29,20 @@ def _split(kv, num_heads, qk_nope_dim, v_dim):
     return kvh[..., :qk_nope_dim], kvh[..., qk_nope_dim:]
 
 
+def latent_kv(c_kv, w_kv_up, num_heads, qk_nope_dim, v_dim, kv=None):
+    """``(kv, k_nope, v)``: the up-projected latent (``kv`` as given, recomputed with
+    :func:`up_project` when it is ``None`` or empty, i.e. not saved) and its per-head nope key and
+    value (views of ``kv``, no copy)."""
+    if kv is None or kv.numel() == 0:
+        kv = up_project(c_kv, w_kv_up)
+    return (kv,) + _split(kv, num_heads, qk_nope_dim, v_dim)
+
+
+def saved_kv(kv, save_kv):
+    """What the forward returns as ``kv``: the tensor itself, or an empty one when not saved."""
+    return kv if save_kv else kv.new_empty((0,))
+
+
 def _attention_bwd_acc(grad_out, q, k_nope, v, k_pe, causal, softmax_scale, cu_seqlens, max_seqlen):
     """The attention backward with the gradients left in the accumulation dtype (fp32 inputs)."""
     acc = _fa.acc_dtype(q.dtype)
@@ -39,19 +53,16 @@ def _attention_bwd_acc(grad_out, q, k_nope, v, k_pe, causal, softmax_scale, cu_s
 
 def mla_attention_fwd(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim,
                       v_dim, softmax_scale, causal, save_kv):
-    kv = up_project(c_kv, w_kv_up)
-    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    kv, k_nope, v = latent_kv(c_kv, w_kv_up, num_heads, qk_nope_dim, v_dim)
     k = _fa.full_keys(k_nope, k_pe, num_heads)
     out, lse = _fa.flash_attention_fwd(q, k, v, None, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, causal,
                                       softmax_scale)
-    return out, lse, (kv if save_kv else kv.new_empty((0,)))
+    return out, lse, saved_kv(kv, save_kv)
 
 
 def mla_attention_bwd(grad_out, q, c_kv, k_pe, w_kv_up, out, lse, kv, cu_seqlens, max_seqlen,
                       num_heads, qk_nope_dim, v_dim, softmax_scale, causal):
-    if kv.numel() == 0:
-        kv = up_project(c_kv, w_kv_up)
-    k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
+    kv, k_nope, v = latent_kv(c_kv, w_kv_up, num_heads, qk_nope_dim, v_dim, kv)
     dq, dk_nope, dv, dk_pe = _attention_bwd_acc(grad_out, q, k_nope, v, k_pe, causal,
                                                 softmax_scale, cu_seqlens, max_seqlen)
     acc = dq.dtype

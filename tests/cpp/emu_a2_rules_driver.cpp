@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "emu/kernel_operator_emu.h"
+#include "emu_case_main.h"
 
 using namespace AscendC;
 
@@ -309,15 +310,12 @@ static void stale_read(bool invalidate) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  const std::string name = argv[1];
-  try {
+  const auto outcome = emu_driver::run_case_by_name(argc, argv, [](const std::string& name) {
     auto cc = cube_cases();
     auto vc = vec_cases();
     if (cc.count(name)) {
-      ascend_emu::CubeMem caps{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024};
       ascend_emu::set_kernel(name.c_str());
-      ascend_emu::launch_cube(1, caps, cc[name]);
+      ascend_emu::launch_cube(1, emu_driver::a2_cube_mem(), cc[name]);
     } else if (vc.count(name)) {
       ascend_emu::set_kernel(name.c_str());
       ascend_emu::launch(2, 4096, vc[name]);
@@ -333,13 +331,11 @@ int main(int argc, char** argv) {
     } else if (name == "stale_read_invalidated") {
       stale_read(true);
     } else {
-      std::printf("unknown case\n");
-      return 2;
+      return false;
     }
-  } catch (const ascend_emu::EmuError& e) {
-    std::printf("EmuError: %s\n", e.what());
-    return 0;
-  }
+    return true;
+  });
+  if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   std::printf("%s\n", g_result.c_str());
   return 0;
 }

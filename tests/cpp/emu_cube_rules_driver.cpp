@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "emu/kernel_operator_emu.h"
+#include "emu_case_main.h"
 
 using namespace AscendC;
 
@@ -237,9 +238,7 @@ static std::map<std::string, std::function<void()>> cube_kernels() {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  std::string name = argv[1];
-  try {
+  const auto outcome = emu_driver::run_case_by_name(argc, argv, [](const std::string& name) {
     if (name == "l1_on_aiv") {
       // vector launch: Cube memories do not exist on an AIV core
       ascend_emu::launch(1, 184 * 1024, [] {
@@ -250,17 +249,12 @@ int main(int argc, char** argv) {
     } else {
       auto ks = cube_kernels();
       auto it = ks.find(name);
-      if (it == ks.end()) {
-        std::printf("unknown case\n");
-        return 2;
-      }
-      ascend_emu::CubeMem caps{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024};
-      ascend_emu::launch_cube(1, caps, it->second);
+      if (it == ks.end()) return false;
+      ascend_emu::launch_cube(1, emu_driver::a2_cube_mem(), it->second);
     }
-  } catch (const ascend_emu::EmuError& e) {
-    std::printf("EmuError: %s\n", e.what());
-    return 0;
-  }
+    return true;
+  });
+  if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   std::printf("%s\n", g_result.c_str());
   return 0;
 }

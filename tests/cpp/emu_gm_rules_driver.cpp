@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/kernel_common.h"
+#include "emu_case_main.h"
 
 using namespace AscendC;
 
@@ -249,12 +250,10 @@ static void tiling_twice(bool copyTiling) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  const std::string name = argv[1];
-  try {
+  const auto outcome = emu_driver::run_case_by_name(argc, argv, [](const std::string& name) {
     auto vc = vec_cases();
     auto mc = mix_cases();
-    ascend_emu::CubeMem caps{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024};
+    const ascend_emu::CubeMem caps = emu_driver::a2_cube_mem();
     if (vc.count(name)) {
       for (auto& h : g_h) h = half(2048.0f);
       ascend_emu::set_kernel(name.c_str());
@@ -272,13 +271,11 @@ int main(int argc, char** argv) {
     } else if (name == "tiling_raw_stale" || name == "tiling_copy_ok") {
       tiling_twice(name == "tiling_copy_ok");
     } else {
-      std::printf("unknown case\n");
-      return 2;
+      return false;
     }
-  } catch (const ascend_emu::EmuError& e) {
-    std::printf("EmuError: %s\n", e.what());
-    return 0;
-  }
+    return true;
+  });
+  if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   std::printf("%s\n", g_result.c_str());
   return 0;
 }

@@ -107,7 +107,7 @@ static std::map<std::string, std::function<void()>> kernels() {
 
 int main(int argc, char** argv) {
   const auto outcome = emu_driver::run_named_case(argc, argv, kernels(), [](const std::function<void()>& k) {
-    ascend_emu::launch_mix(3, 184 * 1024, ascend_emu::CubeMem{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024}, k);
+    ascend_emu::launch_mix(3, 184 * 1024, emu_driver::a2_cube_mem(), k);
   });
   if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   if (std::string(argv[1]) == "ids") {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "emu/kernel_operator_emu.h"
+#include "emu_case_main.h"
 
 using namespace AscendC;
 
@@ -326,25 +327,20 @@ static std::map<std::string, std::function<void()>> cube_cases() {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
-  const std::string name = argv[1];
-  ascend_emu::kernel_label_override() = name;
-  auto vs = vector_cases();
-  auto cs = cube_cases();
-  try {
+  const auto outcome = emu_driver::run_case_by_name(argc, argv, [](const std::string& name) {
+    ascend_emu::kernel_label_override() = name;
+    auto vs = vector_cases();
+    auto cs = cube_cases();
     if (vs.count(name)) {
       ascend_emu::launch(1, 184 * 1024, vs[name]);
     } else if (cs.count(name)) {
-      ascend_emu::CubeMem caps{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024};
-      ascend_emu::launch_cube(1, caps, cs[name]);
+      ascend_emu::launch_cube(1, emu_driver::a2_cube_mem(), cs[name]);
     } else {
-      std::printf("unknown case\n");
-      return 2;
+      return false;
     }
-  } catch (const ascend_emu::EmuError& e) {
-    std::printf("EmuError: %s\n", e.what());
-    return 0;
-  }
+    return true;
+  });
+  if (outcome != emu_driver::kRan) return emu_driver::exit_code(outcome);
   std::printf("ok\n");
   return 0;
 }
