@@ -80,7 +80,7 @@ OVERLAP_FORMS = ("ideal", "rho", "eta", "rho+eta")
 #: microbenchmarked (:func:`exchange_bytes`, :class:`ExchangeFit`): dispatch + combine, forward and
 #: backward, identity experts, per algorithm and chunk count. None shares T, H with a validation
 #: shape (nor with a fit shape); their bytes bracket the validation shapes'.
-EP_EXCHANGE_SIZES = ((192, 256, 16, 2), (576, 224, 16, 3), (320, 448, 16, 5), (224, 576, 16, 8))
+EP_EXCHANGE_SIZES = ((192, 256, 16, 2), (576, 224, 16, 3), (320, 448, 16, 5), (288, 576, 16, 8))
 #: how the communication ``comm(c)`` is priced: ``links`` (per chunk and exchange the collectives'
 #: latency plus bytes over each link class's bandwidth) or ``exchange`` (the dispatcher's own
 #: exchange, microbenchmarked, :class:`ExchangeFit`); chosen with the overlap form (:func:`select_ep_model`)
