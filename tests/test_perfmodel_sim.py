@@ -564,3 +564,130 @@ def test_ep_overlap_form_chosen_by_leave_one_shape_out():
         fit_overlap(layers(0.0, 0.5, 1.0), "both")
     assert len(EP_FIT_SHAPES) >= 3
     assert not {tuple(f[:3]) for f in EP_FIT_SHAPES} & {tuple(v[:3]) for v in EP_VALIDATION}
+
+
+def test_ep_exchange_form_known_answers():
+    """The ``exchange`` communication form: :class:`ExchangeFit` recovers ``a + b*bytes`` per
+    algorithm and chunk count; :func:`predict_ep_layer` with it prices ``comm(c)`` at the layer's
+    exchanged bytes and leaves the reordering (in the exchange's microbenchmark) out of ``C``;
+    :func:`select_ep_model` picks the communication form the layers were built with, by
+    leave-one-shape-out over the fit shapes; the calibration sizes never share T, H with a
+    validation (or fit) shape."""
+    from ascend_moe_ops.perfmodel.sim.costs import CostProvider
+    from ascend_moe_ops.perfmodel.sim.traffic import expected_dispatch
+    from ascend_moe_ops.perfmodel.validate_ep import (COMM_FORMS, EP_EXCHANGE_SIZES, EP_FIT_SHAPES, EP_VALIDATION,
+                                                      ExchangeFit, LinkFit, exchange_bytes, predict_ep_layer,
+                                                      select_ep_model)
+
+    class Flat(CostProvider):
+        def time(self, op):
+            return 1e-3
+
+    law = {("flat", 1): (2e-3, 1e-8), ("flat", 4): (9e-3, 1.5e-8), ("hierarchical", 1): (4e-3, 2e-8),
+           ("hierarchical", 4): (1.5e-2, 2.5e-8)}
+    xf = ExchangeFit({k: [(b, a + s * b) for b in (1e5, 1e6, 3e6)] for k, (a, s) in law.items()})
+    for k, (a, s) in law.items():
+        assert xf.time(*k, 2e6) == pytest.approx(a + s * 2e6)
+    with pytest.raises(ValueError, match="no exchange microbenchmark"):
+        xf.time("flat", 2, 1e6)
+    tr = expected_dispatch(256, 4, 16, 64, nodes=2, local=2, algo="hierarchical", dtype_bytes=4)
+    nb = exchange_bytes(256, 64, 16, 4, algo="hierarchical")
+    assert nb == pytest.approx(2 * (tr["inter_node_bytes"] + tr["intra_node_bytes"] + tr["combine_inter_node_bytes"]
+                                    + tr["combine_intra_node_bytes"]))
+    assert exchange_bytes(256, 64, 16, 4, algo="flat") == pytest.approx(2 * 2 * 256 * 4 * 64 * 4 * 3 / 4)
+    lf = LinkFit({"inter": [(1e6, 1e6 / 1e8), (4e6, 4e6 / 1e8)], "intra": [(1e6, 1e6 / 1e10), (2e6, 2e6 / 1e10)]},
+                 latency=5e-4)
+    args = (Flat(), lf, 256, 64, 32, 16, 4)
+    for algo in ("flat", "hierarchical"):
+        links = predict_ep_layer(*args, algo=algo, chunks=1)
+        one = predict_ep_layer(*args, algo=algo, chunks=1, exchange=xf)
+        # router + fc1 + swiglu + fc2 and their backward: 8 ops at 1 ms, no permute / unpermute
+        assert one["compute_s"] == pytest.approx(8e-3) and links["compute_s"] > one["compute_s"]
+        assert one["comm_s"] == pytest.approx(xf.time(algo, 1, exchange_bytes(256, 64, 16, 4, algo=algo)))
+        assert one["predicted_s"] == pytest.approx(one["compute_s"] + one["comm_s"])
+        four = predict_ep_layer(*args, algo=algo, chunks=4, exchange=xf)
+        assert four["comm_s"] == pytest.approx(xf.time(algo, 4, exchange_bytes(256, 64, 16, 4, algo=algo)))
+        big, small = max(four["compute_s"], four["comm_s"]), min(four["compute_s"], four["comm_s"])
+        assert four["predicted_s"] == pytest.approx(big + small / 4)
+
+    # layers built with one communication form (and eta = 0.5): that form is chosen, exactly
+    def groups(truth):
+        out = {}
+        for i, (T, H) in enumerate(((256, 64), (384, 96), (192, 128))):
+            pts = []
+            for algo in ("flat", "hierarchical"):
+                for c in (1, 4):
+                    by = {}
+                    for cf, x in (("links", None), ("exchange", xf)):
+                        q = predict_ep_layer(Flat(), lf, T, H, 32, 16, 4, algo=algo, chunks=c, exchange=x)
+                        by[cf] = (q["compute_s"], q["comm_s"], q["hideable_s"])
+                    C, k, h = by[truth]
+                    pts.append((C + k - 0.5 * h, by))
+            out[f"s{i}"] = pts
+        return out
+    for truth in COMM_FORMS:
+        got = select_ep_model(groups(truth))
+        assert got["comm"] == truth and got["form"] == f"{truth}/eta" and got["eta"] == pytest.approx(0.5)
+        assert got["loso"][f"{truth}/eta"] == pytest.approx(1.0)
+        assert set(got["loso"]) == {f"{c}/{o}" for c in COMM_FORMS for o in ("ideal", "rho", "eta", "rho+eta")}
+    # a report from before the exchange microbenchmark: the links form only
+    old = {k: [(m, {"links": by["links"]}) for m, by in v] for k, v in groups("exchange").items()}
+    assert select_ep_model(old)["comm"] == "links"
+    with pytest.raises(ValueError, match="no communication form"):
+        select_ep_model(old, ("exchange",))
+    assert len(EP_EXCHANGE_SIZES) >= 3
+    seen = {tuple(v[:2]) for v in EP_VALIDATION} | {tuple(f[:2]) for f in EP_FIT_SHAPES}
+    assert not {tuple(x[:2]) for x in EP_EXCHANGE_SIZES} & seen
+
+
+def test_ep_summarize_reanalyses_exchange_records():
+    """:func:`summarize_ep` re-runs the analysis from the ``raw`` records alone: the exchange
+    records (pooled over rounds: per size the median) give the exchange fit, and layers built with
+    the exchange form and the ideal pipeline are predicted exactly, with ``exchange`` chosen;
+    without the exchange records (an older report) the links form is used."""
+    import json
+    from ascend_moe_ops.perfmodel.sim.costs import CostProvider
+    from ascend_moe_ops.perfmodel.validate_ep import (EP_FIT_SHAPES, EP_VALIDATION, ExchangeFit, LinkFit,
+                                                      exchange_bytes, predict_ep_layer, summarize_ep)
+
+    class Flat(CostProvider):
+        def time(self, op):
+            return 1e-3
+
+    law = {("flat", 1): (2e-3, 1e-8), ("flat", 4): (9e-3, 1.5e-8), ("hierarchical", 1): (4e-3, 2e-8),
+           ("hierarchical", 4): (1.5e-2, 2.5e-8)}
+    sizes = ((192, 256, 16, 2), (576, 224, 16, 3), (320, 448, 16, 5))
+    links = {"inter": [(b, 1e-3 + b / 5e7) for b in (6.5e4, 2.6e5, 1e6)],
+             "intra": [(b, 1e-4 + b / 1e9) for b in (6.5e4, 2.6e5, 1e6)]}
+    lf = LinkFit(links, 2e-3, {"world": 2e-3, "inter": 1e-3, "intra": 1e-3})
+    xf = ExchangeFit({k: [(exchange_bytes(*s, algo=k[0]), a + b * exchange_bytes(*s, algo=k[0])) for s in sizes]
+                      for k, (a, b) in law.items()})
+
+    def rnd(scale):
+        layers = {}
+        for v in list(EP_VALIDATION) + list(EP_FIT_SHAPES):
+            for algo in ("flat", "hierarchical"):
+                for c in (1, 4):
+                    p = predict_ep_layer(Flat(), lf, *v, algo=algo, chunks=c)
+                    px = predict_ep_layer(Flat(), lf, *v, algo=algo, chunks=c, exchange=xf)
+                    layers[f"{list(v)}|{algo}|{c}"] = dict(
+                        measured_s=px["predicted_s"], **p,
+                        exchange={k: px[k] for k in ("compute_s", "comm_s", "hideable_s")})
+        exch = [dict(size=list(s), algo=a, chunks=c, bytes=exchange_bytes(*s, algo=a),
+                     seconds=scale * (law[(a, c)][0] + law[(a, c)][1] * exchange_bytes(*s, algo=a)))
+                for s in sizes for (a, c) in law]
+        return dict(links=links, latency=2e-3, latency_by=lf.latency_by, layers=layers, exchange=exch,
+                    link_fit=lf.as_dict(), exchange_fit=None)
+    raw = json.loads(json.dumps({"rounds": [rnd(1.0), rnd(3.0), rnd(1.0)]}))  # one disturbed round
+    rep = summarize_ep(raw)
+    assert rep["overlap_fit"]["comm"] == "exchange" and rep["overlap_fit"]["overlap"] == "ideal"
+    assert rep["mean_accuracy"] == pytest.approx(1.0) and rep["worst_accuracy"] == pytest.approx(1.0)
+    assert len(rep["validation"]) == 4 * len(EP_VALIDATION) and set(rep["by_comm_form"]) == {"links", "exchange"}
+    assert rep["pooled_exchange_fit"]["flat|4"]["a_s"] == pytest.approx(9e-3)
+    for r in raw["rounds"]:
+        del r["exchange"]
+        for rec in r["layers"].values():
+            del rec["exchange"]
+    old = summarize_ep(raw)
+    assert old["overlap_fit"]["comm"] == "links" and set(old["by_comm_form"]) == {"links"}
+    assert old["pooled_exchange_fit"] is None

@@ -8,26 +8,39 @@ in alternating rounds (``python -m ascend_moe_ops.perfmodel.validate_ep --out FI
   the intra-node group at a few sizes (fitted ``t = a + bytes / bw`` per link class), a tiny
   all-gather (latency of one collective), and the component ops of the layer
   (:func:`~.validate.component_steps`) at calibration shapes, all ranks at once (the contention of
-  the real run included);
+  the real run included); and the **dispatcher's own exchange** -- ``MoEDispatcher`` dispatch ->
+  identity experts -> combine through the layer's chunked pipeline
+  (:func:`~ascend_moe_ops.distributed.moe_forward_overlapped`), forward and backward, no expert
+  compute -- per algorithm and chunk count at the sizes :data:`EP_EXCHANGE_SIZES` (fitted
+  ``t = a + b * bytes`` per algorithm and chunk count, :class:`ExchangeFit`);
 * **validation**: ``nn.MoELayer(dispatcher=MoEDispatcher(algorithm))`` forward + backward, flat and
   hierarchical, ``overlap_chunks`` 1 and 4, at shapes never calibrated on (and, for the fit of
   ``rho``/``eta``, at :data:`EP_FIT_SHAPES`).
 
-Prediction (:func:`predict_ep_layer`): ``t(c) = C(1 + rho) + comm(c) - eta*min(C, comm(c))(1 - 1/c)``.
-``C`` = the layer's ops on this rank (``T*K`` expert rows over ``E/world`` local experts, plus the
-dispatcher's own reordering: one extra permute/unpermute pair for flat, two for hierarchical)
-priced by the round's fit; ``comm(c)`` = per chunk and exchange (dispatch, combine, and their
-backward passes) the collectives' latency, each at its own group's ``lambda`` (per group --
-every rank, the inter-node pair, the intra-node pair -- a burst of :data:`BURST` tiny all-gathers
-timed as one run, divided by :data:`BURST`) plus the bytes of each link class over its fitted
-bandwidth (:func:`~.sim.traffic.expected_dispatch`). ``rho`` and ``eta`` are fitted
-(:func:`fit_overlap`) on whole layers at the shapes :data:`EP_FIT_SHAPES` (flat and
-hierarchical, every chunk count), none a validation shape; which of them are fitted at all (the
-form: :data:`OVERLAP_FORMS`) is chosen by leave-one-shape-out over those fit shapes
-(:func:`select_overlap`); ``rho=0, eta=1`` (the ideal pipeline) is reported beside. Timings: the harness (``measure(runs=..., setup=barrier)``), median
+Prediction (:func:`predict_ep_layer`): ``t(c) = C(1 + rho) + comm(c) - eta*min(C, comm(c))(1 - 1/c)``,
+with two competing communication forms (:data:`COMM_FORMS`):
+
+* ``links``: ``C`` = the layer's ops on this rank (``T*K`` expert rows over ``E/world`` local
+  experts, plus the dispatcher's own reordering: one extra permute/unpermute pair for flat, two
+  for hierarchical) priced by the round's fit; ``comm(c)`` = per chunk and exchange (dispatch,
+  combine, and their backward passes) the collectives' latency, each at its own group's
+  ``lambda`` (per group -- every rank, the inter-node pair, the intra-node pair -- a burst of
+  :data:`BURST` tiny all-gathers timed as one run, divided by :data:`BURST`) plus the bytes of each
+  link class over its fitted bandwidth (:func:`~.sim.traffic.expected_dispatch`);
+* ``exchange``: ``comm(c)`` = the exchange microbenchmark's fit for this algorithm and chunk
+  count at the layer's exchanged bytes (:func:`exchange_bytes`); it includes the dispatcher's
+  reordering, so ``C`` is the router and the experts only.
+
+``rho`` and ``eta`` are fitted (:func:`fit_overlap`) on whole layers at the shapes
+:data:`EP_FIT_SHAPES` (flat and hierarchical, every chunk count), none a validation shape; the
+communication form and which of ``rho``/``eta`` are fitted at all (the overlap form:
+:data:`OVERLAP_FORMS`) are chosen together by leave-one-shape-out over those fit shapes
+(:func:`select_ep_model`); ``rho=0, eta=1`` (the ideal pipeline) is reported beside, and so is
+each communication form's own best (a diagnostic). Timings: the harness (``measure(runs=..., setup=barrier)``), median
 of the runs; a step's time is the slowest rank's; each figure the median over rounds, with the
 spread over rounds; the layers are measured in a shuffled order per round (the same on every
-rank). :func:`summarize_ep` re-runs the analysis of a saved report's ``raw`` records.
+rank). :func:`summarize_ep` re-runs the analysis of a saved report's ``raw`` records (the
+exchange microbenchmark's records are among them).
 """
 
 from __future__ import annotations
@@ -46,10 +59,9 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPES", "OVERLAP_FORMS", "predict_ep_layer",
-           "fit_overlap", "select_overlap", "run_ep", "summarize_ep",
-           "pooled_links",
-           "LinkFit"]
+__all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPES", "EP_EXCHANGE_SIZES", "OVERLAP_FORMS",
+           "COMM_FORMS", "predict_ep_layer", "fit_overlap", "select_overlap", "select_ep_model", "run_ep",
+           "summarize_ep", "pooled_links", "pooled_exchange", "exchange_bytes", "LinkFit", "ExchangeFit"]
 
 NODES, LOCAL = 2, 2
 WORLD = NODES * LOCAL
@@ -64,6 +76,15 @@ EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
 EP_FIT_SHAPES = ((448, 320, 160, 16, 4), (256, 512, 256, 16, 8), (640, 192, 96, 16, 2))
 #: the overlap model's forms: which of rho and eta are fitted (the others at the ideal, 0 and 1)
 OVERLAP_FORMS = ("ideal", "rho", "eta", "rho+eta")
+#: the sizes (T per rank, H, E global, K) at which the dispatcher's own exchange is
+#: microbenchmarked (:func:`exchange_bytes`, :class:`ExchangeFit`): dispatch + combine, forward and
+#: backward, identity experts, per algorithm and chunk count. None shares T, H with a validation
+#: shape (nor with a fit shape); their bytes bracket the validation shapes'.
+EP_EXCHANGE_SIZES = ((192, 256, 16, 2), (576, 224, 16, 3), (320, 448, 16, 5), (288, 576, 16, 8))
+#: how the communication ``comm(c)`` is priced: ``links`` (per chunk and exchange the collectives'
+#: latency plus bytes over each link class's bandwidth) or ``exchange`` (the dispatcher's own
+#: exchange, microbenchmarked, :class:`ExchangeFit`); chosen with the overlap form (:func:`select_ep_model`)
+COMM_FORMS = ("links", "exchange")
 #: back-to-back tiny all-gathers timed as one run: the per-collective latency is the run / BURST
 BURST = 16
 A2A_SIZES = (64 << 10, 256 << 10, 1 << 20)
@@ -71,17 +92,21 @@ CHUNKS = (1, 4)
 ALGOS = ("flat", "hierarchical")
 
 
+def _line(pts) -> tuple:
+    """``(a, s)`` of ``t = a + s * x`` from ``(x, t)`` points (least squares), ``s`` kept above 0
+    and ``a`` at least 0 (a negative intercept is clipped, the slope is kept)."""
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 1e-15) if sxx else 1e-15
+    return max(my - slope * mx, 0.0), slope
+
+
 class LinkFit:
     """``t = a + bytes / bw`` per link class from (bytes, seconds) samples (least squares)."""
 
     def __init__(self, samples: Dict[str, List[tuple]], latency: float, latency_by: Dict[str, float] = None):
-        self.params = {}
-        for cls, pts in samples.items():
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            mx, my = statistics.mean(xs), statistics.mean(ys)
-            sxx = sum((x - mx) ** 2 for x in xs)
-            slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 1e-15) if sxx else 1e-15
-            self.params[cls] = (max(my - slope * mx, 0.0), slope)
+        self.params = {cls: _line(pts) for cls, pts in samples.items()}
         self.latency = latency
         # per group ("world", "inter", "intra"): one collective's latency on that group; a group not
         # measured takes ``latency`` (the world group's)
@@ -99,17 +124,54 @@ class LinkFit:
                 **{c: {"a_s": a, "bw_Bps": 1 / s} for c, (a, s) in self.params.items()}}
 
 
+def exchange_bytes(T: int, H: int, E: int, K: int, *, algo: str, dtype: str = "float32") -> float:
+    """Bytes one rank sends in one layer's exchanges (uniform routing,
+    :func:`~.sim.traffic.expected_dispatch`): dispatch and combine, both link classes, forward and
+    backward (the backward passes send the same bytes the other way)."""
+    from .sim.costs import DTYPE_BYTES
+    from .sim.traffic import expected_dispatch
+    tr = expected_dispatch(T, K, E, H, nodes=NODES, local=LOCAL, algo=algo, dtype_bytes=DTYPE_BYTES[dtype])
+    return 2.0 * (tr["inter_node_bytes"] + tr["intra_node_bytes"] + tr["combine_inter_node_bytes"]
+                  + tr["combine_intra_node_bytes"])
+
+
+class ExchangeFit:
+    """The dispatcher's own exchange, microbenchmarked: ``t = a + b * bytes`` per algorithm and
+    chunk count (least squares over the calibration sizes, ``bytes`` from :func:`exchange_bytes`).
+    ``samples`` maps ``(algo, chunks)`` to ``(bytes, seconds)`` points. The measured time is the
+    whole chunked exchange with no expert compute: the collectives, gloo's own work, and the
+    dispatcher's reordering of the rows (its permutes/unpermutes)."""
+
+    def __init__(self, samples: Dict[tuple, List[tuple]]):
+        self.params = {(str(a), int(c)): _line(pts) for (a, c), pts in samples.items()}
+
+    def time(self, algo: str, chunks: int, nbytes: float) -> float:
+        try:
+            a, s = self.params[(algo, int(chunks))]
+        except KeyError:
+            raise ValueError(f"ExchangeFit: no exchange microbenchmark for {algo} with {chunks} chunk(s) "
+                             f"(measured: {sorted(self.params)})") from None
+        return a + s * nbytes
+
+    def as_dict(self) -> dict:
+        return {f"{a}|{c}": {"a_s": p[0], "s_per_byte": p[1]} for (a, c), p in sorted(self.params.items())}
+
+
 def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: int, *, algo: str,
-                     chunks: int, dtype: str = "float32", rho: float = 0.0, eta: float = 1.0) -> Dict[str, float]:
+                     chunks: int, dtype: str = "float32", rho: float = 0.0, eta: float = 1.0,
+                     exchange: "ExchangeFit" = None) -> Dict[str, float]:
     """Predicted fwd+bwd seconds of one rank's EP MoE layer (see the module docstring):
     ``t(c) = C*(1 + rho) + comm(c) - eta * min(C, comm(c)) * (1 - 1/c)``.
 
-    ``C``: the layer's ops on this rank priced by ``costs``; ``comm(c)``: per chunk and exchange
-    the collectives' latency, plus the bytes of each link class over its fitted bandwidth (the
-    bytes do not grow with ``c``, the latencies do). ``rho``: the layer's compute beyond its
-    microbenchmarked ops (fitted); ``eta``: the fraction of the ideal overlap the chunked pipeline
-    achieves (fitted). ``rho=0, eta=1`` is the ideal pipeline: ``C + comm`` for one chunk,
-    ``max + min/c`` for ``c``."""
+    Communication form ``links`` (``exchange=None``): ``C`` = the layer's ops on this rank plus
+    the dispatcher's reorderings, priced by ``costs``; ``comm(c)`` = per chunk and exchange the
+    collectives' latency, plus the bytes of each link class over its fitted bandwidth (the bytes
+    do not grow with ``c``, the latencies do). Form ``exchange`` (an :class:`ExchangeFit`):
+    ``comm(c)`` = the microbenchmarked exchange of ``c`` chunks at this layer's bytes, which
+    includes the dispatcher's reordering, so ``C`` holds the router and the experts only (no
+    permute / unpermute). ``rho``: the layer's compute beyond its microbenchmarked ops (fitted);
+    ``eta``: the fraction of the ideal overlap the chunked pipeline achieves (fitted).
+    ``rho=0, eta=1`` is the ideal pipeline: ``C + comm`` for one chunk, ``max + min/c`` for ``c``."""
     from .sim.costs import DTYPE_BYTES
     from .sim.layers import moe_layer_ops
     from .sim.traffic import expected_dispatch
@@ -119,6 +181,12 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
         raise ValueError(f"algo must be one of {ALGOS}, got {algo!r}")
     f, b = moe_layer_ops(T, H, F, E, K, dtype=dtype, experts_per_device=E // WORLD)
     ops = f + b
+    if exchange is not None:  # the reordering is in the exchange's microbenchmark
+        compute = sum(costs.time(o) for o in ops if o.kind not in _REORDER_KINDS)
+        comm = exchange.time(algo, chunks, exchange_bytes(T, H, E, K, algo=algo, dtype=dtype))
+        hidden = min(compute, comm) * (1.0 - 1.0 / chunks)
+        return dict(predicted_s=compute * (1.0 + rho) + comm - eta * hidden, compute_s=compute, comm_s=comm,
+                    hideable_s=hidden)
     extra = 1 if algo == "flat" else 2
     by = {o.name: o for o in ops}
     ops += [by["permute"], by["unpermute"], by["permute_bwd"], by["unpermute_bwd"]] * extra
@@ -140,6 +208,11 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
     hidden = min(compute, comm) * (1.0 - 1.0 / chunks)
     total = compute * (1.0 + rho) + comm - eta * hidden
     return dict(predicted_s=total, compute_s=compute, comm_s=comm, hideable_s=hidden)
+
+
+#: the op kinds of the layer that are the dispatcher's work in the EP layer (in the exchange form,
+#: priced inside the exchange microbenchmark)
+_REORDER_KINDS = ("permute", "unpermute", "permute_bwd", "unpermute_bwd")
 
 
 def fit_overlap(points, form: str = "rho+eta") -> Dict[str, float]:
@@ -205,6 +278,42 @@ def select_overlap(groups: Dict[str, list], forms=OVERLAP_FORMS) -> Dict[str, ob
     return dict(ov, form=best, loso=scores)
 
 
+def _model_fit(points, form: str) -> Dict[str, object]:
+    comm, of = form.split("/")
+    return dict(fit_overlap([(m, *by[comm]) for m, by in points], of), comm=comm, overlap=of)
+
+
+def _model_accuracy(model, point) -> float:
+    m, by = point
+    return 1 - abs(_overlap_predict((m, *by[model["comm"]]), model) - m) / m
+
+
+def select_ep_model(groups: Dict[str, list], comm_forms=COMM_FORMS, forms=OVERLAP_FORMS) -> Dict[str, object]:
+    """The communication form (:data:`COMM_FORMS`) and the overlap form (:data:`OVERLAP_FORMS`)
+    chosen together from the fit shapes' layers only, as :func:`select_overlap` chooses the
+    overlap form: ``groups`` maps each fit shape to its ``(measured, {comm form: (compute, comm,
+    hideable)})`` points; each pair ``"comm/overlap"`` is scored by leave-one-shape-out
+    (:func:`~.sim.costs.leave_out_select`; ties to the earlier pair, ``links`` before
+    ``exchange``, simpler overlap forms first) and the best is refitted on every fit layer.
+    Returns ``rho``, ``eta``, ``comm``, ``overlap``, ``form`` (the pair) and ``loso`` (every
+    pair's score). The communication forms are those of ``comm_forms`` every point has."""
+    shapes = list(groups)
+    if not shapes:
+        raise ValueError("select_ep_model: no fit shapes")
+    pts = [p for s in shapes for p in groups[s]]
+    comms = [c for c in comm_forms if all(c in by for _, by in pts)]
+    if not comms:
+        raise ValueError(f"select_ep_model: no communication form of {tuple(comm_forms)} priced on every fit layer")
+    pairs = [f"{c}/{o}" for c in comms for o in forms]
+    scores = {}
+    if len(shapes) >= 2:
+        from .sim.costs import leave_out_select
+        best, scores = leave_out_select([groups[s] for s in shapes], pairs, _model_fit, _model_accuracy)
+    else:
+        best = pairs[-1]
+    return dict(_model_fit(pts, best), form=best, loso=scores)
+
+
 # ----------------------------------------------------------------------------- worker
 def _worker(a) -> None:
     import warnings
@@ -244,6 +353,29 @@ def _worker(a) -> None:
             torch.manual_seed(7)
             layers[(tuple(v), algo)] = MoELayer(H, E, F, K, dispatcher=MoEDispatcher(topo, E, algorithm=algo))
 
+    from ..distributed.overlap import moe_forward_overlapped
+    exch_inputs, exch_disp = {}, {}
+    for (T, H, E, K) in cfg["exchange_sizes"]:
+        for algo in ALGOS:  # construction is collective: the same order on every rank
+            if (algo, E) not in exch_disp:
+                exch_disp[(algo, E)] = MoEDispatcher(topo, E, algorithm=algo)
+        g = torch.Generator().manual_seed(300 + a.rank)
+        ids = torch.rand(T, E, generator=g).topk(K, dim=1).indices  # K distinct uniform experts
+        probs = torch.softmax(torch.randn(T, K, generator=g), dim=1)
+        exch_inputs[(T, H, E, K)] = (torch.randn(T, H, generator=g), ids, probs, torch.randn(T, H, generator=g))
+
+    def exchange_step(size, algo, chunks):
+        """The dispatcher's exchange alone: dispatch -> identity experts -> combine, and backward."""
+        T, H, E, K = size
+        disp = exch_disp[(algo, E)]
+        x, ids, probs, gy = exch_inputs[size]
+
+        def step():
+            xs, ps = x.detach().requires_grad_(), probs.detach().requires_grad_()
+            moe_forward_overlapped(disp, xs, ids, ps, lambda rows, tpe: rows.view_as(rows), (),
+                                   chunks=chunks, overlap=chunks > 1).backward(gy)
+        return step
+
     def layer_step(key, algo, chunks):
         layer = layers[(key, algo)]
         x, gy = inputs[key]
@@ -254,7 +386,7 @@ def _worker(a) -> None:
             layer(x.detach().requires_grad_()).backward(gy)
         return step
 
-    out = {"rounds": []}
+    out = {"rounds": [], "exchange_sizes": cfg["exchange_sizes"]}
     for r in range(cfg["rounds"]):
         rnd = {"links": {"inter": [], "intra": []}, "compute": [], "layers": {}}
         for cls, group, n in (("inter", topo.inter_group, NODES), ("intra", topo.intra_group, LOCAL)):
@@ -286,13 +418,27 @@ def _worker(a) -> None:
         links = LinkFit(rnd["links"], rnd["latency"], rnd["latency_by"])
         rnd["fit"] = json.loads(fit.to_json())
         rnd["link_fit"] = links.as_dict()
+        # the dispatcher's own exchange at the calibration sizes, every algorithm and chunk count
+        rnd["exchange"] = []
+        xcases = [(tuple(sz), algo, c) for sz in cfg["exchange_sizes"] for algo in ALGOS for c in cfg["chunks"]]
+        random.Random(2000 + r).shuffle(xcases)
+        for sz, algo, c in xcases:
+            t = timed(exchange_step(sz, algo, c), cfg["runs"])
+            rnd["exchange"].append(dict(size=list(sz), algo=algo, chunks=c, seconds=t,
+                                        bytes=exchange_bytes(*sz, algo=algo)))
+        xfit = _exchange_fit(rnd["exchange"]) if rnd["exchange"] else None
+        rnd["exchange_fit"] = xfit.as_dict() if xfit else None
         cases = [(tuple(v), algo, c) for v in cfg["validation"] + cfg["fit_shapes"] for algo in ALGOS
                  for c in cfg["chunks"]]
         random.Random(1000 + r).shuffle(cases)  # same order on every rank; interleaved over rounds
         for v, algo, c in cases:
             m = timed(layer_step(v, algo, c), cfg["runs"])
             p = predict_ep_layer(fit, links, *v, algo=algo, chunks=c)
-            rnd["layers"][f"{list(v)}|{algo}|{c}"] = dict(measured_s=m, **p)
+            rec = dict(measured_s=m, **p)
+            if xfit is not None:
+                px = predict_ep_layer(fit, links, *v, algo=algo, chunks=c, exchange=xfit)
+                rec["exchange"] = {k: px[k] for k in ("compute_s", "comm_s", "hideable_s")}
+            rnd["layers"][f"{list(v)}|{algo}|{c}"] = rec
         out["rounds"].append(rnd)
     if a.rank == 0:
         Path(a.out).write_text(json.dumps(out))
@@ -306,9 +452,9 @@ def _netns_helpers():
     return importlib.import_module("ascend_moe_ops.benchmark.suite.bench_ep_dispatcher")
 
 
-def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: float = 540,
+def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: float = 900,
            calibration=None, validation=None, fit_shapes=EP_FIT_SHAPES, a2a_sizes=A2A_SIZES, chunks=CHUNKS,
-           log=print) -> dict:
+           exchange_sizes=EP_EXCHANGE_SIZES, log=print) -> dict:
     """Run the EP calibration/validation on the emulated two-node cluster; returns the report
     (``skipped`` with the reason when namespaces are unavailable)."""
     bench = _netns_helpers()
@@ -317,12 +463,15 @@ def run_ep(*, rounds: int = 3, runs: int = 5, rate: str = "1gbit", timeout: floa
         return dict(skipped=f"the emulated two-node cluster cannot run here: {why}")
     cfg = dict(rounds=rounds, runs=runs, calibration=calibration or EP_CALIBRATION,
                validation=validation or EP_VALIDATION, fit_shapes=[list(f) for f in fit_shapes],
-               a2a_sizes=list(a2a_sizes),
+               a2a_sizes=list(a2a_sizes), exchange_sizes=[list(x) for x in exchange_sizes],
                chunks=list(chunks))
     cal_keys = {tuple(c[:3]) for c in cfg["calibration"]} | {tuple(f[:3]) for f in fit_shapes}
+    exch_keys = {tuple(x[:2]) for x in exchange_sizes}
     for v in cfg["validation"]:
         if tuple(v[:3]) in cal_keys:
             raise AssertionError(f"EP validation shape {v} shares T, H, F with a calibration shape")
+        if tuple(v[:2]) in exch_keys:
+            raise AssertionError(f"EP validation shape {v} shares T, H with an exchange calibration size")
     fd, out = tempfile.mkstemp(suffix=".json", prefix="amo_ep_validate_")
     os.close(fd)
     start = time.monotonic()
@@ -371,53 +520,99 @@ def pooled_links(rounds: List[dict]) -> LinkFit:
     return LinkFit(samples, statistics.median(rd["latency"] for rd in rounds), by)
 
 
+def _exchange_fit(records) -> ExchangeFit:
+    samples: Dict[tuple, List[tuple]] = {}
+    for rec in records:
+        samples.setdefault((rec["algo"], int(rec["chunks"])), []).append((rec["bytes"], rec["seconds"]))
+    return ExchangeFit(samples)
+
+
+def pooled_exchange(rounds: List[dict]):
+    """One :class:`ExchangeFit` from every round's exchange records: per algorithm, chunk count
+    and size the median over rounds, then ``a + b * bytes``; ``None`` when the rounds have none
+    (a report from before the exchange microbenchmark)."""
+    by: Dict[tuple, List[float]] = {}
+    for rd in rounds:
+        for rec in rd.get("exchange") or ():
+            by.setdefault((rec["algo"], int(rec["chunks"]), tuple(rec["size"]), rec["bytes"]), []).append(rec["seconds"])
+    if not by:
+        return None
+    return _exchange_fit([dict(algo=a, chunks=c, bytes=b, seconds=statistics.median(ts))
+                          for (a, c, _, b), ts in sorted(by.items())])
+
+
 def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", rounds: int = 0, runs: int = 0,
-                 seconds: float = 0.0, calibration=None) -> dict:
-    """The report from the workers' raw per-round records: medians over rounds, the overlap
-    model's form and ``rho``/``eta`` from the fit shapes' layers only (:func:`select_overlap`), the
-    validation table (the fit shapes left out). Also re-runs the analysis of a saved report:
-    ``summarize_ep(json.load(f)["raw"], fit_shapes=...)``."""
+                 seconds: float = 0.0, calibration=None, comm_forms=COMM_FORMS) -> dict:
+    """The report from the workers' raw per-round records: medians over rounds, the
+    communication form (:data:`COMM_FORMS`: the links' fit pooled over rounds, or the exchange
+    microbenchmark pooled over rounds) and the overlap model's form and ``rho``/``eta``, chosen
+    together from the fit shapes' layers only (:func:`select_ep_model`), the validation table (the
+    fit shapes left out). ``by_comm_form`` gives, per communication form, the best overlap form on
+    the fit shapes and the validation accuracy it would have had (a diagnostic: the choice is the
+    fit shapes'). Also re-runs the analysis of a saved report:
+    ``summarize_ep(json.load(f)["raw"], fit_shapes=...)`` (a report from before the exchange
+    microbenchmark has the ``links`` form only)."""
     med = statistics.median
     keys = sorted(raw["rounds"][0]["layers"], key=lambda k: (k.split("|")[0], k.split("|")[1], int(k.split("|")[2])))
+    links = pooled_links(raw["rounds"])  # one round's fit is noisy: pooled over rounds
+    xfit = pooled_exchange(raw["rounds"])
     rows = {}
     for key in keys:
-        per = [rd["layers"][key] for rd in raw["rounds"]]
-        rows[key] = {f: med(p[f] for p in per) for f in ("measured_s", "compute_s", "comm_s", "hideable_s")}
-        rows[key]["measured_per_round"] = [p["measured_s"] for p in per]
-    links = pooled_links(raw["rounds"])
-    for key in keys:  # communication from the links pooled over rounds (one round's fit is noisy)
         shape, algo, c = key.split("|")
-        comm = predict_ep_layer(_NoCompute(), links, *json.loads(shape), algo=algo, chunks=int(c))["comm_s"]
-        rows[key]["comm_s"] = comm
-        rows[key]["hideable_s"] = min(rows[key]["compute_s"], comm) * (1.0 - 1.0 / int(c))
+        v, c = json.loads(shape), int(c)
+        per = [rd["layers"][key] for rd in raw["rounds"]]
+        cl = med(p["compute_s"] for p in per)
+        comm = predict_ep_layer(_NoCompute(), links, *v, algo=algo, chunks=c)["comm_s"]
+        by = {"links": (cl, comm, min(cl, comm) * (1.0 - 1.0 / c))}
+        if xfit is not None and all("exchange" in p for p in per):
+            cx = med(p["exchange"]["compute_s"] for p in per)
+            kx = predict_ep_layer(_NoCompute(), links, *v, algo=algo, chunks=c, exchange=xfit)["comm_s"]
+            by["exchange"] = (cx, kx, min(cx, kx) * (1.0 - 1.0 / c))
+        rows[key] = dict(measured_s=med(p["measured_s"] for p in per), by_comm=by,
+                         measured_per_round=[p["measured_s"] for p in per])
     fit_keys = [json.dumps(list(f)) for f in fit_shapes]
-    ov = select_overlap({fk: [(r["measured_s"], r["compute_s"], r["comm_s"], r["hideable_s"])
-                              for k, r in rows.items() if k.split("|")[0] == fk] for fk in fit_keys})
+    groups = {fk: [(r["measured_s"], r["by_comm"]) for k, r in rows.items() if k.split("|")[0] == fk]
+              for fk in fit_keys}
+    ov = select_ep_model(groups, comm_forms)
+    per_form = {cf: select_ep_model(groups, (cf,)) for cf in comm_forms
+                if all(cf in r["by_comm"] for r in rows.values())}
+    for r in rows.values():
+        r["compute_s"], r["comm_s"], r["hideable_s"] = r["by_comm"][ov["comm"]]
     table = []
     for key in keys:
         shape, algo, c = key.split("|")
         if shape in fit_keys:
             continue
         r = rows[key]
-        ideal = r["compute_s"] + r["comm_s"] - r["hideable_s"]
-        p = r["compute_s"] * (1 + ov["rho"]) + r["comm_s"] - ov["eta"] * r["hideable_s"]
         m = r["measured_s"]
+        ideal = r["compute_s"] + r["comm_s"] - r["hideable_s"]
+        p = _overlap_predict((m, r["compute_s"], r["comm_s"], r["hideable_s"]), ov)
         T, H, F, E, K = json.loads(shape)
+        by_comm = {}
+        for cf, mod in per_form.items():
+            q = _overlap_predict((m, *r["by_comm"][cf]), mod)
+            by_comm[cf] = dict(predicted_s=q, accuracy=1 - abs(q - m) / m, compute_s=r["by_comm"][cf][0],
+                               comm_s=r["by_comm"][cf][1])
         table.append(dict(T=T, H=H, F=F, E=E, K=K, algo=algo, overlap_chunks=int(c), predicted_s=p, measured_s=m,
                           accuracy=1 - abs(p - m) / m, ideal_pipeline_s=ideal, ideal_accuracy=1 - abs(ideal - m) / m,
-                          compute_s=r["compute_s"], comm_s=r["comm_s"],
+                          compute_s=r["compute_s"], comm_s=r["comm_s"], by_comm_form=by_comm,
                           measured_spread=(max(r["measured_per_round"]) - min(r["measured_per_round"])) / m,
                           measured_per_round=r["measured_per_round"]))
     acc = [r["accuracy"] for r in table]
+    by_form = {cf: dict(mod, mean_accuracy=statistics.mean(t["by_comm_form"][cf]["accuracy"] for t in table),
+                        worst_accuracy=min(t["by_comm_form"][cf]["accuracy"] for t in table))
+               for cf, mod in per_form.items()}
     return dict(rate=rate, nodes=NODES, local=LOCAL, rounds=rounds or len(raw["rounds"]), runs=runs, seconds=seconds,
                 validation=table, mean_accuracy=statistics.mean(acc), worst_accuracy=min(acc),
                 ideal_mean_accuracy=statistics.mean(r["ideal_accuracy"] for r in table),
                 ideal_worst_accuracy=min(r["ideal_accuracy"] for r in table),
                 mean_measured_spread=statistics.mean(r["measured_spread"] for r in table),
-                overlap_fit=ov, fit_shapes=[list(f) for f in fit_shapes],
+                overlap_fit=ov, by_comm_form=by_form, fit_shapes=[list(f) for f in fit_shapes],
                 fit_layers={k: rows[k] for k in keys if k.split("|")[0] in fit_keys},
                 link_fits=[rd["link_fit"] for rd in raw["rounds"]], pooled_link_fit=links.as_dict(),
-                calibration_shapes=calibration,
+                exchange_fits=[rd.get("exchange_fit") for rd in raw["rounds"]],
+                pooled_exchange_fit=xfit.as_dict() if xfit is not None else None,
+                calibration_shapes=calibration, exchange_sizes=raw.get("exchange_sizes"),
                 load_average=os.getloadavg(), raw=raw)
 
 
@@ -435,11 +630,16 @@ def format_ep_table(rep: dict) -> str:
     ov = rep["overlap_fit"]
     lines.append(f"\nEP: mean accuracy {100 * rep['mean_accuracy']:.1f} %, worst {100 * rep['worst_accuracy']:.1f} % "
                  f"(ideal pipeline, rho=0 eta=1: {100 * rep['ideal_mean_accuracy']:.1f} % / "
-                 f"{100 * rep['ideal_worst_accuracy']:.1f} %; overlap form {ov.get('form', 'rho+eta')} chosen by "
-                 f"leave-one-shape-out over the fit shapes {rep['fit_shapes']} ("
+                 f"{100 * rep['ideal_worst_accuracy']:.1f} %; communication / overlap form {ov.get('form', 'rho+eta')} "
+                 f"chosen by leave-one-shape-out over the fit shapes {rep['fit_shapes']} ("
                  + ", ".join(f"{k} {100 * v:.1f} %" for k, v in ov.get("loso", {}).items())
                  + f"): rho={ov['rho']:.3f}, eta={ov['eta']:.3f}; mean spread over rounds {100 * rep['mean_measured_spread']:.0f} %; "
                  f"{rep['rounds']} rounds x {rep['runs']} runs, veth {rep['rate']}, {rep['seconds']:.0f} s)")
+    for cf, mod in rep.get("by_comm_form", {}).items():
+        lines.append(f"  with comm form {cf} (its best overlap form {mod['overlap']}, rho={mod['rho']:.3f}, "
+                     f"eta={mod['eta']:.3f}): mean {100 * mod['mean_accuracy']:.1f} %, worst "
+                     f"{100 * mod['worst_accuracy']:.1f} %; per row "
+                     + ", ".join(f"{100 * r['by_comm_form'][cf]['accuracy']:.1f}" for r in rep["validation"]) + " %")
     return "\n".join(lines)
 
 
