@@ -18,7 +18,8 @@ the commands below):
 
 Set ``ASCEND_MOE_OPS_NO_NATIVE=1`` to skip every compiled part (the package then runs on its
 reference and Triton backends). The CPU extension is portable by default: x86-64-v3 (AVX2 + FMA)
-everywhere, plus the grouped-GEMM tile kernels for AVX-512, AVX512_BF16 and AMX, chosen at run time;
+everywhere, plus the grouped-GEMM tile kernels for AVX-512, AVX512_BF16 and AMX and the unpermute's
+per-token loops for AVX-512, chosen at run time;
 ``ASCEND_MOE_OPS_NATIVE_ARCH=1`` (or ``ASCEND_MOE_OPS_MARCH=<cpu>``) builds for one CPU instead.
 Every build writes ``ascend_moe_ops/_build_info.py`` (torch version, flags), which the package checks
 at import.
@@ -85,9 +86,10 @@ def require_torch():
 
 def cpu_arch_flags():
     """(-march and -D flags, the build kind): portable by default on x86-64 (x86-64-v3 everywhere,
-    the grouped-GEMM tile kernels also compiled for AVX-512 / AVX512_BF16 / AMX and chosen at run
-    time); -march=native with ASCEND_MOE_OPS_NATIVE_ARCH=1 or ASCEND_MOE_OPS_MARCH=native; any other
-    ASCEND_MOE_OPS_MARCH value is passed to -march (none: no -march flag)."""
+    the grouped-GEMM tile kernels also compiled for AVX-512 / AVX512_BF16 / AMX and the unpermute's
+    loops for AVX-512, chosen at run time); -march=native with ASCEND_MOE_OPS_NATIVE_ARCH=1 or
+    ASCEND_MOE_OPS_MARCH=native; any other ASCEND_MOE_OPS_MARCH value is passed to -march (none: no
+    -march flag)."""
     march = os.environ.get("ASCEND_MOE_OPS_MARCH", "")
     if os.environ.get("ASCEND_MOE_OPS_NATIVE_ARCH") == "1" or march == "native":
         return ["-march=native"], "native"
@@ -102,9 +104,12 @@ def cpu_arch_flags():
 
 def write_build_info(kind, cxx):
     """ascend_moe_ops/_build_info.py: what the extension was built against, checked at import
-    (ascend_moe_ops/_native.py)."""
+    (ascend_moe_ops/_native.py), with the instruction sets of the per-ISA kernel copies (portable
+    builds; a fixed -march has one copy, listed as [])."""
     import torch
-    isa = {"portable": ["avx2", "avx512", "avx512_bf16", "amx"]}.get(kind, [])
+    portable = kind == "portable"
+    isa = ["avx2", "avx512", "avx512_bf16", "amx"] if portable else []
+    unpermute_isa = ["avx2", "avx512"] if portable else []
     text = ('"""Written by setup.py when the C++ extension was built; checked at import (_native.py)."""\n'
             f"TORCH_VERSION = {torch.__version__.split('+')[0]!r}\n"
             f"TORCH_FULL_VERSION = {str(torch.__version__)!r}\n"
@@ -112,6 +117,7 @@ def write_build_info(kind, cxx):
             f"BUILD_KIND = {kind!r}\n"
             f"CPU_FLAGS = {[f for f in cxx if f.startswith(('-m', '-DAMO_'))]!r}\n"
             f"GROUPED_GEMM_ISA = {isa!r}\n"
+            f"UNPERMUTE_ISA = {unpermute_isa!r}\n"
             f"MACHINE = {platform.machine()!r}\n")
     with open(os.path.join(ROOT, "ascend_moe_ops", "_build_info.py"), "w") as f:
         f.write(text)

@@ -134,8 +134,9 @@ def extension(module: str = "ascend_moe_ops._C"):
 
 def cpu_capability() -> Optional[dict]:
     """The CPU level the native kernels run at: ``detected`` (CPU and OS), ``chosen`` (after
-    ASCEND_MOE_OPS_CPU_CAPABILITY), ``grouped_gemm_kernels`` (the tile kernels running) and
-    ``build`` (``portable`` or ``march``); None without a usable extension."""
+    ASCEND_MOE_OPS_CPU_CAPABILITY), ``grouped_gemm_kernels`` (the tile kernels running),
+    ``unpermute_kernels`` (the unpermute's loops running: ``avx2`` or ``avx512`` in a portable build)
+    and ``build`` (``portable`` or ``march``); None without a usable extension."""
     mod = extension()
     if mod is None or not hasattr(mod, "_cpu_capability"):
         return None

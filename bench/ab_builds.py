@@ -1,4 +1,5 @@
-"""A/B timing of two builds of the package in one run: the grouped GEMM and the permute.
+"""A/B timing of two builds of the package in one run: the grouped GEMM, the permute and the unpermute
+(forward and backward).
 
 Each build is a directory holding an ``ascend_moe_ops`` package with its compiled extension (a source
 checkout after ``python setup.py build_ext --inplace``, or a folder an install went to). Two builds of
@@ -30,6 +31,7 @@ CASES = {
     "gg_fp32_fwd_fine": ("gg", dict(E=64, rows=64, K=512, N=256, dtype="float32", trans_b=False)),
     "permute_bf16": ("permute", dict(T=2048, H=2048, E=64, K=8, dtype="bfloat16")),
     "unpermute_bf16": ("unpermute", dict(T=2048, H=2048, E=64, K=8, dtype="bfloat16")),
+    "unpermute_bwd_bf16": ("unpermute_bwd", dict(T=2048, H=2048, E=64, K=8, dtype="bfloat16")),
 }
 
 
@@ -75,6 +77,10 @@ def _worker(threads: int) -> None:
             return lambda: amo.moe_permute(tok, idx, num_experts=E)
         res = amo.moe_permute(tok, idx, num_experts=E)
         probs = torch.rand(T, K, generator=g)
+        if kind == "unpermute_bwd":
+            grad_out = torch.randn(T, H, generator=g).to(dt)
+            bwd = torch.ops.ascend_moe_ops.moe_unpermute_backward.default
+            return lambda: bwd(grad_out, res.tokens, res.row_id_map, probs)
         return lambda: amo.moe_unpermute(res.tokens, res.row_id_map, probs)
 
     print(json.dumps(info), flush=True)

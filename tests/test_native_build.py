@@ -2,7 +2,8 @@
 run-time choice of the CPU level of a portable build (csrc/cpu/cpu_capability.cpp): the record
 matches the running torch; a mismatch, a missing or a broken extension warns with the rebuild
 command and falls back to the reference kernels (no crash); every level the CPU supports gives the
-same grouped GEMM results; bad values of ASCEND_MOE_OPS_CPU_CAPABILITY are refused or capped."""
+same grouped GEMM and unpermute results; bad values of ASCEND_MOE_OPS_CPU_CAPABILITY are refused or
+capped."""
 
 import json
 import os
@@ -44,6 +45,9 @@ def test_build_record_matches_the_running_torch():
     if info.BUILD_KIND == "portable":
         assert info.CPU_FLAGS == ["-march=x86-64-v3", "-DAMO_PORTABLE_ISA=1"]
         assert info.GROUPED_GEMM_ISA == list(LEVELS)
+        assert info.UNPERMUTE_ISA == ["avx2", "avx512"]
+    else:
+        assert getattr(info, "UNPERMUTE_ISA", []) == []
 
 
 def test_record_problem_names_what_differs():
@@ -151,7 +155,7 @@ def _expected_level(flags):
 @needs_ext
 def test_detected_level_follows_the_cpu_flags():
     cap = _native.cpu_capability()
-    assert set(cap) == {"detected", "chosen", "grouped_gemm_kernels", "build"}
+    assert set(cap) == {"detected", "chosen", "grouped_gemm_kernels", "unpermute_kernels", "build"}
     exp = _expected_level(cpu_flags())
     if exp is not None:
         assert cap["detected"] == exp
@@ -159,11 +163,20 @@ def test_detected_level_follows_the_cpu_flags():
         assert cap["chosen"] == cap["detected"]
     if cap["build"] == "portable":
         assert cap["grouped_gemm_kernels"] == cap["chosen"]
+        assert cap["unpermute_kernels"] == _unpermute_level(cap["chosen"])
     else:
         assert cap["grouped_gemm_kernels"] == "march"
+        assert cap["unpermute_kernels"] == "march"
 
 
-# computes grouped GEMMs on the tile kernels (fixed inputs) and saves them with the level that ran
+def _unpermute_level(chosen):
+    """The copy of the unpermute loops a portable build runs at the chosen level (AVX2 or AVX-512)."""
+    return "avx2" if chosen == "avx2" else "avx512"
+
+
+# computes grouped GEMMs on the tile kernels and unpermutes (forward and backward; H = 200 takes the
+# 128-column blocks, the 16-column steps and the masked tail; the large bf16 case the streaming
+# stores) from fixed inputs, and saves them with the level that ran
 _COMPUTE = r"""
 import json, torch, ascend_moe_ops as amo
 from ascend_moe_ops import _native
@@ -179,6 +192,18 @@ for dt in (torch.float32, torch.float16, torch.bfloat16):
     out[n + "_fwd"] = amo.grouped_gemm(x, w, gs)
     out[n + "_dx"] = amo.grouped_gemm(x, wt, gs, trans_b=True)
     out[n + "_dw"] = amo.grouped_gemm_dw(x, dy, gs)
+unperm_bwd = torch.ops.ascend_moe_ops.moe_unpermute_backward.default
+for dt, T, S, H in ((torch.float32, 37, 3, 200), (torch.float16, 37, 3, 200), (torch.bfloat16, 37, 3, 200),
+                    (torch.bfloat16, 1024, 2, 8192)):
+    rid = torch.randperm(T * S).view(T, S)
+    rid[::5, 1] = -1
+    p = torch.randn(T * S, H).to(dt)
+    pr = torch.rand(T, S)
+    g = torch.randn(T, H).to(dt)
+    n = f"{str(dt).split('.')[1]}_{H}"
+    out[n + "_unpermute"] = amo.moe_unpermute(p, rid, pr)
+    out[n + "_unpermute_dx"], out[n + "_unpermute_dprobs"] = unperm_bwd(g, p, rid, pr)
+    out[n + "_unpermute_dx_noprobs"] = unperm_bwd(g, p, rid, None)[0]
 torch.save(out, OUT_PATH)
 print(json.dumps(_native.cpu_capability()))
 """
@@ -196,12 +221,13 @@ def test_every_supported_level_gives_the_same_results(tmp_path):
         env = {"ASCEND_MOE_OPS_CPU_CAPABILITY": lvl, "AMO_GG_MM": "0"}
         ran = _last_json(_run(_COMPUTE.replace("OUT_PATH", repr(str(path))), env))
         assert ran["chosen"] == lvl and ran["grouped_gemm_kernels"] == lvl, ran
+        assert ran["unpermute_kernels"] == _unpermute_level(lvl), ran
         results[lvl] = torch.load(path)
     base = results[levels[0]]
     for lvl in levels[1:]:
         for name, t in results[lvl].items():
             assert torch.equal(t, base[name]), f"{name}: level {lvl} differs from {levels[0]}"
-    assert len(base) == 9
+    assert len(base) == 9 + 4 * 4
 
 
 @needs_ext

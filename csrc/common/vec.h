@@ -20,7 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
-// A per-ISA unit of a portable build (cpu/grouped_gemm_kernel_<isa>.cpp) sets AMO_ISA_AVX512 and
+// A per-ISA unit of a portable build (cpu/grouped_gemm_kernel_<isa>.cpp,
+// cpu/moe_unpermute_kernel_avx512.cpp) sets AMO_ISA_AVX512 and
 // includes this header under `#pragma GCC target(...)`; every other unit follows its -march.
 #if defined(AMO_ISA_AVX512)
 #include <immintrin.h>

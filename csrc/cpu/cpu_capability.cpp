@@ -4,6 +4,7 @@
 
 #include "common/registry.h"
 #include "cpu/grouped_gemm_kernel.h"
+#include "cpu/moe_unpermute_kernel.h"
 
 #include <c10/util/Exception.h>
 
@@ -120,6 +121,7 @@ AMO_REGISTER(cpu_capability) {
         d["detected"] = amo::cpu::name(amo::cpu::detected());
         d["chosen"] = amo::cpu::name(amo::cpu::chosen());
         d["grouped_gemm_kernels"] = amo::grouped_gemm_cpu::tile_kernels().name;
+        d["unpermute_kernels"] = amo::unpermute_cpu::kernels().name;
 #if AMO_PORTABLE_ISA
         d["build"] = "portable";
 #else
@@ -128,5 +130,5 @@ AMO_REGISTER(cpu_capability) {
         return d;
       },
       "the CPU capability level: detected, chosen (after ASCEND_MOE_OPS_CPU_CAPABILITY), the grouped-GEMM "
-      "tile kernels running, and the build kind (portable or a fixed -march)");
+      "tile kernels and the unpermute loops running, and the build kind (portable or a fixed -march)");
 }

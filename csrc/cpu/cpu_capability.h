@@ -1,8 +1,9 @@
 // The CPU instruction-set level the native kernels run at, chosen at run time (as ATen does with
 // ATEN_CPU_CAPABILITY): what the CPU and the OS support (CPUID, XGETBV; AMX also needs Linux's
 // permission for the tile data state), lowered with ASCEND_MOE_OPS_CPU_CAPABILITY. A portable build
-// (the default) compiles the hot grouped-GEMM tile kernels once per level and runs the chosen one;
-// a -march=native build has one copy, for the build CPU (docs/environment.md, README "Install").
+// (the default) compiles the hot grouped-GEMM tile kernels once per level, and the unpermute's
+// per-token loops for AVX2 and AVX-512 (moe_unpermute_kernel.h), and runs the copies of the chosen
+// level; a -march=native build has one copy, for the build CPU (docs/environment.md, README "Install").
 #pragma once
 
 namespace amo {

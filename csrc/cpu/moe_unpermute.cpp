@@ -1,7 +1,7 @@
 // Native CPU moe_unpermute and its backward. Spec: ascend_moe_ops/reference/moe_unpermute.py.
 //
 // Forward: out[t] = sum_s w[t,s] * permuted[row_id_map[t,s]] over kept slots (0 <= row < N), in
-// fp32 registers (AVX-512 FMA; fp16/bf16 converted on load and rounded to nearest even on store),
+// fp32 registers (fp16/bf16 converted on load and rounded to nearest even on store),
 // slots in ascending order. Each output element is produced by one thread in a fixed order, so the
 // result is bitwise identical run to run and for any thread count. Rows of slots that are not kept
 // are never read. Parallel over tokens; a token's kept rows are summed in blocks of 128 columns
@@ -12,6 +12,12 @@
 // rows no slot points to are exactly zero; grad_probs[t,s] = <permuted[row], grad_out[t]> in fp32.
 // fp64 inputs (permuted in the forward, grad_out in the backward) are computed in fp64 instead, as
 // the reference does for its oracle runs.
+//
+// This file prepares the tensors and splits the tokens over the threads; the per-token loops of both
+// directions are moe_unpermute_kernel_impl.h, compiled once per instruction set (in a portable build
+// an AVX2 and an AVX-512 copy, chosen at run time with the grouped GEMM's level, cpu/cpu_capability.h;
+// with -march=native one copy). The vector layer (common/vec.h) gives the same bits on every
+// instruction set, so every copy gives the same results.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -26,6 +32,7 @@
 #include "common/op_registry.h"
 #include "common/registry.h"
 #include "common/vec.h"
+#include "cpu/moe_unpermute_kernel.h"
 
 namespace {
 
@@ -47,73 +54,16 @@ inline bool small_problem(int64_t rows, int64_t H, size_t elem) {
   return rows * H * static_cast<int64_t>(elem) < (int64_t(8) << 20);
 }
 
-template <typename T, bool NT>
-inline void put(T* p, V::VecF v) {
-  if constexpr (NT) {
-    V::store_nt(p, v);
-  } else {
-    V::store(p, v);
-  }
+// Streaming stores need every row start aligned to one vector of the element type (es bytes each).
+bool rows_stream_aligned(const void* base, int64_t H, int64_t es) {
+  const int64_t vbytes = V::kWidth * es;
+  return (reinterpret_cast<uintptr_t>(base) % vbytes == 0) && ((H * es) % vbytes == 0);
 }
 
-// o[:H] = sum_k w[k] * rows[k][:H], fp32 accumulation in slot order. The `nn` rows `next` of the
-// token this thread combines next are prefetched block by block, one token ahead: the K rows of a
-// token lie at random places, and the hardware prefetchers restart on each of them (Pangu shape,
-// T=4096, H=7680, K=8, bf16, 2 threads: 17.6-22.9 ms without, 16.3-17.5 ms with, 2 x 3 alternated
-// rounds, 2026-12-02).
-template <typename T, bool NT>
-void combine_row(T* o, const T* const* rows, const float* w, int64_t nk, int64_t H,
-                 const T* const* next = nullptr, int64_t nn = 0) {
-  constexpr int64_t W = V::kWidth;
-  constexpr int64_t B = 8 * W;
-  constexpr int64_t kLine = 64;
-  int64_t c = 0;
-  for (; c + B <= H; c += B) {
-    for (int64_t k = 0; k < nn; ++k) {
-      const char* q = reinterpret_cast<const char*>(next[k] + c);
-      for (int64_t b = 0; b < B * static_cast<int64_t>(sizeof(T)); b += kLine) __builtin_prefetch(q + b, 0, 2);
-    }
-    V::VecF a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
-    V::VecF a4 = V::zero(), a5 = V::zero(), a6 = V::zero(), a7 = V::zero();
-    for (int64_t k = 0; k < nk; ++k) {
-      const V::VecF wk = V::set1(w[k]);
-      const T* r = rows[k] + c;
-      a0 = V::fma(V::load(r + 0 * W), wk, a0);
-      a1 = V::fma(V::load(r + 1 * W), wk, a1);
-      a2 = V::fma(V::load(r + 2 * W), wk, a2);
-      a3 = V::fma(V::load(r + 3 * W), wk, a3);
-      a4 = V::fma(V::load(r + 4 * W), wk, a4);
-      a5 = V::fma(V::load(r + 5 * W), wk, a5);
-      a6 = V::fma(V::load(r + 6 * W), wk, a6);
-      a7 = V::fma(V::load(r + 7 * W), wk, a7);
-    }
-    put<T, NT>(o + c + 0 * W, a0);
-    put<T, NT>(o + c + 1 * W, a1);
-    put<T, NT>(o + c + 2 * W, a2);
-    put<T, NT>(o + c + 3 * W, a3);
-    put<T, NT>(o + c + 4 * W, a4);
-    put<T, NT>(o + c + 5 * W, a5);
-    put<T, NT>(o + c + 6 * W, a6);
-    put<T, NT>(o + c + 7 * W, a7);
-  }
-  for (; c + W <= H; c += W) {
-    V::VecF a = V::zero();
-    for (int64_t k = 0; k < nk; ++k) a = V::fma(V::load(rows[k] + c), V::set1(w[k]), a);
-    put<T, NT>(o + c, a);
-  }
-  if (c < H) {
-    const V::Mask m = V::tail_mask(H - c);
-    V::VecF a = V::zero();
-    for (int64_t k = 0; k < nk; ++k) a = V::fma(V::load(rows[k] + c, m), V::set1(w[k]), a);
-    V::store(o + c, a, m);
-  }
-}
-
-// Streaming stores need every row start aligned to one vector of T.
-template <typename T>
-bool rows_stream_aligned(const T* base, int64_t H) {
-  const int64_t vbytes = V::kWidth * static_cast<int64_t>(sizeof(T));
-  return (reinterpret_cast<uintptr_t>(base) % vbytes == 0) && ((H * static_cast<int64_t>(sizeof(T))) % vbytes == 0);
+// The dtypes the per-token loops (moe_unpermute_kernel_impl.h) take: fp32, fp16, bf16, and for the
+// backward's permuted / grad_permuted also fp64 (fp64 grad_out and the fp64 forward run plain loops here).
+bool kernel_dtype_ok(at::ScalarType dt, bool fp64_ok) {
+  return dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || (fp64_ok && dt == at::kDouble);
 }
 
 Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in, const c10::optional<Tensor>& probs_opt) {
@@ -149,79 +99,25 @@ Tensor moe_unpermute_cpu(const Tensor& permuted_in, const Tensor& row_id_map_in,
     });
     return out;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, permuted.scalar_type(), "moe_unpermute_cpu", [&] {
-    using T_ = scalar_t;
-    const T_* src = permuted.data_ptr<T_>();
-    T_* dst = out.data_ptr<T_>();
-    const bool stream = T * H * static_cast<int64_t>(sizeof(T_)) >= V::kStreamBytes && rows_stream_aligned(dst, H);
-    const int64_t grain = small_problem(N, H, sizeof(T_)) ? std::max<int64_t>(T, 1)
-                                                          : std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
-    at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
-      // the kept rows of token t (and of t + 1, prefetched while t is combined)
-      std::vector<const T_*> rp(static_cast<size_t>(S)), rn(static_cast<size_t>(S));
-      std::vector<float> w(static_cast<size_t>(S)), wn(static_cast<size_t>(S));
-      auto gather = [&](int64_t t, std::vector<const T_*>& r_out, std::vector<float>& w_out) {
-        int64_t nk = 0;
-        for (int64_t s = 0; s < S; ++s) {
-          const int64_t r = map[t * S + s];
-          if (r < 0 || r >= N) continue;  // not kept (or out of range): never read
-          r_out[nk] = src + r * H;
-          w_out[nk] = pw ? pw[t * S + s] : 1.0f;
-          ++nk;
-        }
-        return nk;
-      };
-      int64_t nk = tb < te ? gather(tb, rp, w) : 0;
-      for (int64_t t = tb; t < te; ++t) {
-        const int64_t nn = t + 1 < te ? gather(t + 1, rn, wn) : 0;
-        if (stream)
-          combine_row<T_, true>(dst + t * H, rp.data(), w.data(), nk, H, rn.data(), nn);
-        else
-          combine_row<T_, false>(dst + t * H, rp.data(), w.data(), nk, H, rn.data(), nn);
-        std::swap(rp, rn);
-        std::swap(w, wn);
-        nk = nn;
-      }
-      if (stream) V::sfence();
-    });
-  });
+  // fp32 / fp16 / bf16: the per-token loops of the chosen instruction set (moe_unpermute_kernel.h)
+  const at::ScalarType dt = permuted.scalar_type();
+  TORCH_INTERNAL_ASSERT(kernel_dtype_ok(dt, false), "moe_unpermute (CPU): unexpected dtype ", dt);
+  const int64_t es = static_cast<int64_t>(permuted.element_size());
+  amo::unpermute_cpu::ForwardArgs a;
+  a.dtype = dt;
+  a.src = permuted.data_ptr();
+  a.dst = out.data_ptr();
+  a.map = map;
+  a.w = pw;
+  a.N = N;
+  a.H = H;
+  a.S = S;
+  a.stream = T * H * es >= V::kStreamBytes && rows_stream_aligned(out.data_ptr(), H, es);
+  const int64_t grain = small_problem(N, H, es) ? std::max<int64_t>(T, 1)
+                                               : std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
+  static const amo::unpermute_cpu::Kernels& k = amo::unpermute_cpu::kernels();
+  at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) { k.forward(a, tb, te); });
   return out;
-}
-
-// grad row for one slot: d[:H] = w * g[:H]; returns <p[:H], g[:H]> when p != nullptr.
-template <typename G, typename P, bool NT>
-float backward_slot(P* d, const G* g, const P* p, float w, int64_t H) {
-  constexpr int64_t W = V::kWidth;
-  const V::VecF wv = V::set1(w);
-  V::VecF a0 = V::zero(), a1 = V::zero(), a2 = V::zero(), a3 = V::zero();
-  int64_t c = 0;
-  for (; c + 4 * W <= H; c += 4 * W) {
-    const V::VecF g0 = V::load(g + c), g1 = V::load(g + c + W), g2 = V::load(g + c + 2 * W),
-                  g3 = V::load(g + c + 3 * W);
-    put<P, NT>(d + c, V::mul(g0, wv));
-    put<P, NT>(d + c + W, V::mul(g1, wv));
-    put<P, NT>(d + c + 2 * W, V::mul(g2, wv));
-    put<P, NT>(d + c + 3 * W, V::mul(g3, wv));
-    if (p) {
-      a0 = V::fma(V::load(p + c), g0, a0);
-      a1 = V::fma(V::load(p + c + W), g1, a1);
-      a2 = V::fma(V::load(p + c + 2 * W), g2, a2);
-      a3 = V::fma(V::load(p + c + 3 * W), g3, a3);
-    }
-  }
-  for (; c + W <= H; c += W) {
-    const V::VecF gv = V::load(g + c);
-    put<P, NT>(d + c, V::mul(gv, wv));
-    if (p) a0 = V::fma(V::load(p + c), gv, a0);
-  }
-  if (c < H) {
-    const V::Mask m = V::tail_mask(H - c);
-    const V::VecF gv = V::load(g + c, m);
-    V::store(d + c, V::mul(gv, wv), m);
-    if (p) a0 = V::fma(V::load(p + c, m), gv, a0);
-  }
-  if (!p) return 0.f;
-  return V::reduce_add(V::add(V::add(a0, a1), V::add(a2, a3)));
 }
 
 std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in, const Tensor& permuted_in,
@@ -251,7 +147,7 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
       const G* g = grad_out.data_ptr<G>();
       const P* x = probs.defined() && H > 0 ? permuted.data_ptr<P>() : nullptr;
       P* d = grad_permuted.data_ptr<P>();
-      const bool stream = N * H * static_cast<int64_t>(sizeof(P)) >= V::kStreamBytes && rows_stream_aligned(d, H);
+      const bool stream = N * H * static_cast<int64_t>(sizeof(P)) >= V::kStreamBytes && rows_stream_aligned(d, H, static_cast<int64_t>(sizeof(P)));
       if constexpr (std::is_same_v<G, double>) {
         // fp64 grad_out: products and dot products in fp64, like the reference; plain loops.
         const Tensor p64 = probs.defined() ? probs_opt->to(at::kDouble).contiguous() : Tensor();
@@ -282,23 +178,26 @@ std::tuple<Tensor, Tensor> moe_unpermute_backward_cpu(const Tensor& grad_out_in,
         amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), false);
         return;
       }
+      TORCH_INTERNAL_ASSERT(kernel_dtype_ok(grad_out.scalar_type(), false) && kernel_dtype_ok(permuted.scalar_type(), true),
+                            "moe_unpermute_backward (CPU): unexpected dtypes");
+      amo::unpermute_cpu::BackwardArgs a;
+      a.g_dtype = grad_out.scalar_type();
+      a.p_dtype = permuted.scalar_type();
+      a.g = g;
+      a.x = x;
+      a.d = d;
+      a.map = map;
+      a.w = pw;
+      a.gp = gp;
+      a.filled = filled.data();
+      a.N = N;
+      a.H = H;
+      a.S = S;
+      a.stream = stream;
       const int64_t grain = small_problem(N, H, sizeof(P)) ? std::max<int64_t>(T, 1)
                                                           : std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, H * std::max<int64_t>(S, 1)));
-      at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) {
-        for (int64_t t = tb; t < te; ++t) {
-          for (int64_t s = 0; s < S; ++s) {
-            const int64_t i = t * S + s;
-            const int64_t r = map[i];
-            if (r < 0 || r >= N) continue;
-            filled[r] = 1;
-            const float w = pw ? pw[i] : 1.0f;
-            const float dot = stream ? backward_slot<G, P, true>(d + r * H, g + t * H, x ? x + r * H : nullptr, w, H)
-                                     : backward_slot<G, P, false>(d + r * H, g + t * H, x ? x + r * H : nullptr, w, H);
-            if (gp) gp[i] = dot;
-          }
-        }
-        if (stream) V::sfence();
-      });
+      static const amo::unpermute_cpu::Kernels& k = amo::unpermute_cpu::kernels();
+      at::parallel_for(0, T, grain, [&](int64_t tb, int64_t te) { k.backward(a, tb, te); });
       // rows no slot points to: exactly zero
       amo::zero_rows(reinterpret_cast<char*>(d), filled, H * static_cast<int64_t>(sizeof(P)), stream);
     });
