@@ -66,6 +66,9 @@ def work(n):
     return (2 * ((n + 63) // 64) + 7) // 8 * 8 * 4
 
 
+FUSED_SLOTS = 4  # kFlashAttentionFusedSlots: GM slots per workspace and AI Core of the fused kernels
+
+
 def fuse_extras(base, dbl, tri, causal):
     """The fused kernels' UB plan: the base, then the double buffers (bit 0) if they fit the budget,
     then the causal mask triangle (bit 1) if it fits too; returns (bytes, fusedPipe)."""
@@ -98,8 +101,10 @@ def check_budgets(t, Dk, Dr, Dv, causal):
     fused = R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + R * ostride * 2 + u8(R) * 8 * 4 + 10 * u8(R) * 4 + 32 + \
         u16(Dv) * 2
     # AIV pipeline extras, each only where it fits the UB the base plan leaves: a second S and P tile and
-    # an 11th state vector, then (causal) the mask triangle of N + 2R - 1 rows
-    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + u8(R) * 4, (N + 2 * R - 1) * N * 4, causal)
+    # the alphas of the blocks in flight (FUSED_SLOTS of them: 2 more state vectors), then (causal) the mask
+    # triangle of N + 2R - 1 rows
+    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + (FUSED_SLOTS - 2) * u8(R) * 4, (N + 2 * R - 1) * N * 4,
+                              causal)
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET and t["fusedPipe"] == pipe
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 

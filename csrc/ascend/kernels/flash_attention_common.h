@@ -200,6 +200,15 @@ __aicore__ inline void FaRowScalar(const LocalTensor<float>& x, const LocalTenso
   }
 }
 
+// Cross-core flag id of GM slot `slot` of the fused kernels' hand-off `kind` (0: S ready, 1: P ready,
+// 2: O_partial / gradient products ready): kind * slots + slot, except that 11 (one of SyncAll's ids
+// 11..14) is moved to 15.
+__aicore__ inline uint16_t FaFlag(int64_t kind, int64_t slot) {
+  const int64_t id = kind * static_cast<int64_t>(kFlashAttentionFusedSlots) + slot;
+  return static_cast<uint16_t>(id >= 11 && id <= 14 ? id + 4 : id);
+}
+static_assert(3 * kFlashAttentionFusedSlots <= 12, "fused flash attention: flag ids 0..10 and 15 (11..14 are SyncAll's)");
+
 // The causal mask triangle of a vector tile of R rows and n columns (UB, fa_tri_rows(n, R) x n fp32):
 // row i is 0 in columns [0, i - (R - 1)) and -inf from there, so rows c + R - 1 .. c + 2R - 2 are the
 // additive mask of a tile whose row u sees u + c columns (for 1 - R < c < n). Built once per launch

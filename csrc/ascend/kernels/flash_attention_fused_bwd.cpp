@@ -24,7 +24,7 @@ namespace kernels {
 // read it before); the part slot of block n after the AIC waited P of block n (set after the AIVs
 // added block n-3). No GM running sums and no zeroing, one launch per pass.
 constexpr int64_t kFabSlots = kFlashAttentionFusedSlots;
-constexpr uint16_t kFabFlagS = 0, kFabFlagP = kFabSlots, kFabFlagG = 2 * kFabSlots;  // + slot (0 .. 2)
+constexpr int64_t kFabFlagS = 0, kFabFlagP = 1, kFabFlagG = 2;  // hand-off kinds of FaFlag(kind, slot)
 
 template <typename T>
 class FabFused {
@@ -84,14 +84,14 @@ class FabFused {
 
   __aicore__ inline void Item(int64_t count, const FabNth& nth) {
     if (aic_) {
-      ScoresBlock(nth(0), 0);
-      if (count > 1) ScoresBlock(nth(1), 1);
+      for (int64_t n = 0; n < kFabSlots - 1 && n < count; ++n) ScoresBlock(nth(n), n);
       for (int64_t n = 0; n < count; ++n) {
-        if (n + 2 < count) ScoresBlock(nth(n + 2), (n + 2) % kFabSlots);  // overlaps the AIVs' P, dS of n, n + 1
+        // lookahead: overlaps the AIVs' P, dS of n .. n + kFabSlots - 2
+        if (n + kFabSlots - 1 < count) ScoresBlock(nth(n + kFabSlots - 1), (n + kFabSlots - 1) % kFabSlots);
         const int64_t slot = n % kFabSlots;
-        CrossCoreWaitFlag(kFabFlagP + slot);
+        CrossCoreWaitFlag(FaFlag(kFabFlagP, slot));
         grad_.Item(cube_, t_, g_, nth(n), static_cast<int64_t>(slot * score_));
-        CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG + slot);
+        CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagG, slot));
       }
       return;
     }
@@ -106,7 +106,7 @@ class FabFused {
     }
     const int64_t r0 = sub_ * t_.vecRows, C = Chunk();
     FabItem it = nth(0), accIt = it;
-    CrossCoreWaitFlag(kFabFlagS + 0);
+    CrossCoreWaitFlag(FaFlag(kFabFlagS, 0));
     if (r0 < it.rows) Prefetch(it, 0, r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
     for (int64_t n = 0; n < count; ++n) {
       const int64_t slot = n % kFabSlots, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
@@ -123,12 +123,12 @@ class FabFused {
       // loads of AccBlock(n - 2), whose slot the AIC overwrites once it has this flag (issue 30).
       SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
       WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP + slot);
+      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFabFlagP, slot));
       const FabItem prev = it;
       if (n + 1 < count) {
         it = nth(n + 1);
         const int64_t ns = (n + 1) % kFabSlots;
-        CrossCoreWaitFlag(kFabFlagS + ns);
+        CrossCoreWaitFlag(FaFlag(kFabFlagS, ns));
         if (r0 < it.rows)
           Prefetch(it, static_cast<int64_t>(ns * score_), r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
       }
@@ -146,7 +146,7 @@ class FabFused {
  private:
   __aicore__ inline void ScoresBlock(const FabItem& it, int64_t slot) {
     qk_.Item(cube_, t_, g_, it, static_cast<int64_t>(slot * score_));
-    CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS + slot);
+    CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagS, slot));
   }
 
   // ---- vector side, tile-wise: chunks of up to Chunk() rows per DMA / vector instruction -------------
@@ -272,7 +272,7 @@ class FabFused {
   // and vector instruction (the vector instructions run over all gradCols columns: in the Q pass those
   // past AccCols() are neither loaded nor written out); written out at the item's last block.
   __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
-    CrossCoreWaitFlag(kFabFlagG + slot);
+    CrossCoreWaitFlag(FaFlag(kFabFlagG, slot));
     const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows), gc = t_.gradCols;
     const int64_t C = Chunk();
     // the product rows of chunk k + 1 load while chunk k is added (nbuf_ == 2)

@@ -31,7 +31,7 @@ namespace kernels {
 // Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
 // under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
 constexpr int64_t kFaSlots = kFlashAttentionFusedSlots;
-constexpr uint16_t kFaFlagS = 0, kFaFlagP = kFaSlots, kFaFlagO = 2 * kFaSlots;  // + slot (0 .. 2)
+constexpr int64_t kFaFlagS = 0, kFaFlagP = 1, kFaFlagO = 2;  // hand-off kinds of FaFlag(kind, slot)
 
 template <typename T>
 class FaFused {
@@ -61,7 +61,7 @@ class FaFused {
     } else {
       const uint32_t r8 = Up8(t.vecRows);
       nbuf_ = (t.fusedPipe & kFaPipeDouble) ? 2 : 1;
-      lag_ = nbuf_ == 2 ? 2 : 1;  // the O update trails the softmax by lag_ blocks (alpha of lag_ + 1 in flight)
+      lag_ = nbuf_ == 2 ? kFaSlots - 1 : 1;  // the O update trails the softmax by lag_ blocks (alpha of lag_ + 1 in flight)
       tri_ = t.mask == FlashAttentionMask::kCausal && (t.fusedPipe & kFaPipeTri) != 0;
       rows_.Init(pipe, t, false, true);  // EmptyRow's buffers (items without keys)
       for (int64_t b = 0; b < nbuf_; ++b) {  // one TBuf per tile (the emulator tracks each buffer's accesses)
@@ -94,17 +94,17 @@ class FaFused {
     if (it.keyBlocks == 0) return;  // the item sees no key: the AIVs write out 0 / lse -inf, no hand-off
     const int64_t qRow = it.seqStart + it.qPos0;
     cube_.LoadQ(t_, q_, qRow, it.head, it.rows);
-    ScoresBlock(it, qRow, 0);
-    if (it.keyBlocks > 1) ScoresBlock(it, qRow, 1);
+    for (int64_t j = 0; j < kFaSlots - 1 && j < it.keyBlocks; ++j) ScoresBlock(it, qRow, j);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      if (j + 2 < it.keyBlocks) ScoresBlock(it, qRow, j + 2);  // lookahead: overlaps the softmax of j, j + 1
+      // lookahead: overlaps the softmax of j .. j + kFaSlots - 2
+      if (j + kFaSlots - 1 < it.keyBlocks) ScoresBlock(it, qRow, j + kFaSlots - 1);
       const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
-      CrossCoreWaitFlag(kFaFlagP + slot);
+      CrossCoreWaitFlag(FaFlag(kFaFlagP, slot));
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
       cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
                    t_.Dv, cols, true);
       cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO + slot);
+      CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagO, slot));
     }
     cube_.FreeQ();
   }
@@ -114,7 +114,7 @@ class FaFused {
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.ScoresQ(c, t_, k_, kr_, it.kvStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
-    CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
+    CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagS, slot));
   }
 
   // ---- vector side: tile-wise, this AIV's rows [r0, r1) of the item as one [R x baseN] tile --------
@@ -154,7 +154,7 @@ class FaFused {
     for (int64_t j = 0; j < kb; ++j) {
       const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
       if (has) SoftmaxTile(it, r0, r1, j, k0, cols);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
+      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFaFlagP, slot));
       if (j + 1 < kb) LoadS(it, j + 1, r0, r1);
       if (j >= lag_) {
         LoadO(it, j - lag_, r0, r1);
@@ -178,7 +178,7 @@ class FaFused {
   // with that tile's previous block).
   __aicore__ inline void LoadS(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
     const int64_t slot = j % kFaSlots, n = t_.baseN, b = j % nbuf_, R = r1 - r0;
-    CrossCoreWaitFlag(kFaFlagS + slot);
+    CrossCoreWaitFlag(FaFlag(kFaFlagS, slot));
     if (R <= 0) return;
     const event_t ev = static_cast<event_t>(kEvS + b);
     WaitFlag<HardEvent::V_MTE2>(ev);
@@ -189,7 +189,7 @@ class FaFused {
   // Wait for O_partial_j and load this AIV's rows of it (into O itself for the first block).
   __aicore__ inline void LoadO(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
     const int64_t slot = j % kFaSlots, R = r1 - r0;
-    CrossCoreWaitFlag(kFaFlagO + slot);
+    CrossCoreWaitFlag(FaFlag(kFaFlagO, slot));
     if (R <= 0) return;
     WaitFlag<HardEvent::V_MTE2>(kEvO);  // o / part are reloaded: the last update's vector reads of them are done
     DataCopy(j == 0 ? oAcc_.Get<float>() : part_.Get<float>(), o_[slot * rowsSlot_ + r0 * dva_],

@@ -27,12 +27,13 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   uint64_t fused = R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 + 10 * r8 * 4 + 32 +
                    align_up(t.Dv, 16) * e;
   // extras of the AIV pipeline, each only where it fits what the base plan leaves (fusedPipe; the base
-  // plan alone decides baseM / baseN): the second S and P tiles and the third alpha, then the causal
-  // mask triangle
+  // plan alone decides baseM / baseN): the second S and P tiles and the alphas of the blocks the O
+  // update trails by (kFlashAttentionFusedSlots - 1 in flight), then the causal mask triangle
   t.fusedPipe = 0;
   const uint64_t budget = ub_budget(chip);
-  if (fused + R * N * 4 + R * N * e + r8 * 4 <= budget) {
-    fused += R * N * 4 + R * N * e + r8 * 4;
+  const uint64_t dbl = R * N * 4 + R * N * e + (kFlashAttentionFusedSlots - 2) * r8 * 4;
+  if (fused + dbl <= budget) {
+    fused += dbl;
     t.fusedPipe |= kFaPipeDouble;
     const uint64_t tri = fa_tri_rows(N, R) * N * 4;
     if (t.mask == FlashAttentionMask::kCausal && fused + tri <= budget) {

@@ -50,8 +50,9 @@ namespace amo_ascend {
 // per core on the stack); the tilings cap blockDim here.
 constexpr uint32_t kFlashAttentionMaxCores = 64;
 // GM slots per workspace and AI Core of the fused kernels (amo_fa_fused, amo_fab_fused): the AIC runs
-// up to two blocks ahead of its AIVs (S of blocks j + 1 and j + 2 while they work on block j).
-constexpr uint32_t kFlashAttentionFusedSlots = 3;
+// up to kFlashAttentionFusedSlots - 1 blocks ahead of its AIVs (S of blocks j + 1 .. j + 3 while they
+// work on block j; three slots and two blocks before 2026-12-07, v07.4).
+constexpr uint32_t kFlashAttentionFusedSlots = 4;
 
 enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
 enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
