@@ -63,7 +63,20 @@ def work(n):
     return (2 * ((n + 63) // 64) + 7) // 8 * 8 * 4
 
 
-def check_budgets(t, Dk, Dr, Dv):
+FUSED_SLOTS = 4  # kFlashAttentionFusedSlots: GM slots per workspace and AI Core of the fused kernels
+
+
+def fuse_extras(base, dbl, tri, causal):
+    """The fused kernels' UB plan: the base, then the double buffers (bit 0) if they fit the budget,
+    then the causal mask triangle (bit 1) if it fits too; returns (bytes, fusedPipe)."""
+    if base + dbl > UB_BUDGET:
+        return base, 0
+    if causal and base + dbl + tri <= UB_BUDGET:
+        return base + dbl + tri, 3
+    return base + dbl, 1
+
+
+def check_budgets(t, Dk, Dr, Dv, causal):
     M, N, R = t["baseM"], t["baseN"], t["vecRows"]
     assert M % 16 == 0 and N % 16 == 0 and M > 0 and N > 0, "16 x 16 fractal alignment"
     assert t["l1Buffers"] >= 2 and t["l0Buffers"] >= 2 and t["ubBuffers"] >= 2, "double buffering"
@@ -84,7 +97,12 @@ def check_budgets(t, Dk, Dr, Dv):
     ostride = u8(Dv) if u8(Dv) * 2 % 32 == 0 else u16(Dv)
     fused = R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + R * ostride * 2 + u8(R) * 8 * 4 + 10 * u8(R) * 4 + 32 + \
         u16(Dv) * 2
-    assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
+    # AIV pipeline extras, each only where it fits the UB the base plan leaves: a second S and P tile and
+    # the alphas of the blocks in flight (FUSED_SLOTS of them: 2 more state vectors), then (causal) the mask
+    # triangle of N + 2R - 1 rows
+    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + (FUSED_SLOTS - 2) * u8(R) * 4, (N + 2 * R - 1) * N * 4,
+                              causal)
+    assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET and t["fusedPipe"] == pipe
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
 
@@ -98,7 +116,7 @@ def test_every_query_row_exactly_once(driver, causal, cap):
         assert 1 <= r["blockDim"] <= 24, name
         if cap:
             assert r["baseM"] <= cap and r["baseN"] <= cap, name
-        check_budgets(r, Dk, Dr, Dv)
+        check_budgets(r, Dk, Dr, Dv, causal)
 
 
 def test_mla_shape_uses_full_blocks(driver):
@@ -147,7 +165,7 @@ def test_seqlen_q_ne_seqlen_k_items(driver, causal, cap):
         assert r["ok"] and r["coverage"] == "ok", (name, r)
         assert r["items"] == H * sum(-(-n // r["baseM"]) for n in lq), name
         assert r["steps"] == -(-max(lk) // r["baseN"]), name
-        check_budgets(r, Dk, Dr, Dv)
+        check_budgets(r, Dk, Dr, Dv, causal)
     v = driver([cases[0]])[0]
     b = v["baseM"]
     # keyless items: the Lk = 0 sequence (4 queries), and causal the query blocks of the 70 / 3
@@ -167,7 +185,7 @@ def test_bwd_seqlen_q_ne_seqlen_k_rows(driver, causal, cap):
         assert r["ok"] and r["coverage"] == "ok", (name, r)
         # one workspace bound for both passes: the longer of the two sides
         assert r["items"] == H * len(lq) * -(-max(lq + lk) // r["baseM"]), name
-        check_bwd_budgets(r, Dk, Dr, Dv)
+        check_bwd_budgets(r, Dk, Dr, Dv, causal)
 
 
 def test_seqlen_k_without_keys_is_empty(driver):
@@ -177,7 +195,7 @@ def test_seqlen_k_without_keys_is_empty(driver):
     assert fwd["ok"] and fwd["key"] == 0 and bwd["ok"] and bwd["key"] == 0
 
 
-def check_bwd_budgets(t, Dk, Dr, Dv):
+def check_bwd_budgets(t, Dk, Dr, Dv, causal):
     b, R = t["baseM"], t["vecRows"]
     assert t["baseN"] == b and b % 16 == 0 and b > 0, "square 16-aligned blocks"
     assert t["l1Buffers"] >= 2 and t["l0Buffers"] >= 2, "double buffering planned"
@@ -204,7 +222,11 @@ def check_bwd_budgets(t, Dk, Dr, Dv):
     c = min(R, 16)
     fused = 2 * c * b * 4 + 2 * c * b * 2 + R * gc * 4 + c * gc * 4 + c * gc * 2 + 2 * u8(c) * 4 + 2 * u8(c) * 8 * 4 + \
         u16(max(Dk, Dr, Dv)) * 2
-    assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET
+    # extras where they fit: a second chunk of S, dP, P, dS, lse, delta (and delta as loaded) and of
+    # product rows; then (causal) the mask triangle of a chunk (b + 2c - 1 rows)
+    fused, pipe = fuse_extras(fused, 2 * c * b * 4 + 2 * c * b * 2 + 2 * u8(c) * 4 + u8(c) * 8 * 4 + c * gc * 4,
+                              (b + 2 * c - 1) * b * 4, causal)
+    assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET and t["fusedPipe"] == pipe
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
 
@@ -218,7 +240,7 @@ def test_bwd_every_gradient_row_exactly_once(driver, causal, cap):
         assert 1 <= r["blockDim"] <= 5, name
         if cap:
             assert r["baseM"] <= cap, name
-        check_bwd_budgets(r, Dk, Dr, Dv)
+        check_bwd_budgets(r, Dk, Dr, Dv, causal)
 
 
 def test_bwd_mla_and_plain_192_block_sizes(driver):

@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
           << ",\"vecRows\":" << t.vecRows << ",\"gradCols\":" << t.gradCols << ",\"l1Buffers\":" << t.l1Buffers
           << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"l1Bytes\":" << t.l1Bytes
           << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes << ",\"l0cBytes\":" << t.l0cBytes
-          << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"deltaRows\":" << t.deltaRows
+          << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"fusedPipe\":" << t.fusedPipe << ",\"deltaRows\":" << t.deltaRows
           << ",\"items\":" << w.items
           << ",\"steps\":" << w.steps
           << ",\"blocks\":" << blocks << ",\"fusedMaxKV\":" << fusedMax[0] << ",\"plainMaxKV\":" << plainMax[0]
@@ -240,7 +240,7 @@ int main(int argc, char** argv) {
         << ",\"baseN\":" << t.baseN << ",\"vecRows\":" << t.vecRows << ",\"l1Buffers\":" << t.l1Buffers
         << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"ubBuffers\":" << t.ubBuffers
         << ",\"l1Bytes\":" << t.l1Bytes << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes
-        << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes
+        << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"fusedPipe\":" << t.fusedPipe
         << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"items\":" << items << ",\"keyless\":" << keyless
         << ",\"steps\":" << flash_attention_workspace(t).steps << ",\"fusedMax\":" << fusedMax
         << ",\"plainMax\":" << plainMax << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";

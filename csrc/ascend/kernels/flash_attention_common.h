@@ -200,6 +200,36 @@ __aicore__ inline void FaRowScalar(const LocalTensor<float>& x, const LocalTenso
   }
 }
 
+// Cross-core flag id of GM slot `slot` of the fused kernels' hand-off `kind` (0: S ready, 1: P ready,
+// 2: O_partial / gradient products ready): kind * slots + slot, except that 11 (one of SyncAll's ids
+// 11..14) is moved to 15.
+__aicore__ inline uint16_t FaFlag(int64_t kind, int64_t slot) {
+  const int64_t id = kind * static_cast<int64_t>(kFlashAttentionFusedSlots) + slot;
+  return static_cast<uint16_t>(id >= 11 && id <= 14 ? id + 4 : id);
+}
+static_assert(3 * kFlashAttentionFusedSlots <= 12, "fused flash attention: flag ids 0..10 and 15 (11..14 are SyncAll's)");
+
+// The causal mask triangle of a vector tile of R rows and n columns (UB, fa_tri_rows(n, R) x n fp32):
+// row i is 0 in columns [0, i - (R - 1)) and -inf from there, so rows c + R - 1 .. c + 2R - 2 are the
+// additive mask of a tile whose row u sees u + c columns (for 1 - R < c < n). Built once per launch
+// with ~(n + R) / 4 instructions: rows 0 .. R - 1 all -inf, the next 8 rows by bit masks, every later
+// row the one 8 rows up moved right by one 32-byte block (Muls by 1: exact on 0 and -inf).
+__aicore__ inline void FaBuildTri(const LocalTensor<float>& tri, int64_t n, int64_t R) {
+  const int64_t rows = static_cast<int64_t>(fa_tri_rows(static_cast<uint64_t>(n), static_cast<uint64_t>(R)));
+  const int32_t negInf = static_cast<int32_t>(0xFF800000u);
+  LocalTensor<int32_t> ti = tri.template ReinterpretCast<int32_t>();
+  Duplicate(ti, static_cast<int32_t>(0), static_cast<int32_t>(rows * n));
+  Duplicate(ti, negInf, static_cast<int32_t>(R * n));
+  for (int64_t i = R; i < R + 8 && i < rows; ++i) FaMaskCols(ti, n, i, 1, i - R + 1, negInf);
+  const uint8_t rep = static_cast<uint8_t>(n / 8);
+  for (int64_t i0 = R + 8; i0 < rows; i0 += 8) {
+    const uint8_t g = static_cast<uint8_t>(Min64(8, rows - i0));
+    for (int64_t c0 = 0; c0 < n - 8; c0 += 64)
+      Muls(tri[static_cast<uint32_t>(i0 * n + 8 + c0)], tri[static_cast<uint32_t>((i0 - 8) * n + c0)], 1.0f,
+           static_cast<uint64_t>(Min64(64, n - 8 - c0)), g, UnaryRepeatParams(1, 1, rep, rep));
+  }
+}
+
 // ---- Cube phases ------------------------------------------------------------------------------------
 template <typename T>
 class FaCube {

@@ -14,15 +14,17 @@ namespace kernels {
 // over three GM slots (block n uses slot n % 3, kFlashAttentionFusedSlots):
 //   AIC : S, dP of blocks 0 and 1; then for each n: S, dP of block n+2 (lookahead, flag S[(n+2)%3]);
 //         wait P[n%3] (both AIVs); the pass's products of block n -> part slot; flag G[n%3].
-//   AIVs: for each n: wait S[n%3]; P and dS of its half of the query rows -> slot; flag P[n%3]; then
-//         wait G[(n-1)%3] and add block n-1's products to the running sums of its half of the gradient
-//         rows (kept in UB for the whole item); after the last block the rows are written out.
+//   AIVs: for each n: P and dS of its half of the query rows -> slot, in chunks whose S, dP, lse and
+//         delta are loaded one chunk ahead (two buffers where the UB has room: tiling fusedPipe);
+//         flag P[n%3]; wait S[(n+1)%3] and load the first chunk of block n+1; then wait G[(n-1)%3]
+//         and add block n-1's products (loaded one chunk ahead too) to the running sums of its half of
+//         the gradient rows (kept in UB for the whole item); after the last block the rows are written out.
 // Slot hazards: the S/dP slot of block n+2 (block n-1's) is rewritten after the AIC waited P of block
 // n-1 (its readers are done); the P/dS slot of block n after the AIVs waited G of block n-3 (the AIC
 // read it before); the part slot of block n after the AIC waited P of block n (set after the AIVs
 // added block n-3). No GM running sums and no zeroing, one launch per pass.
 constexpr int64_t kFabSlots = kFlashAttentionFusedSlots;
-constexpr uint16_t kFabFlagS = 0, kFabFlagP = kFabSlots, kFabFlagG = 2 * kFabSlots;  // + slot (0 .. 2)
+constexpr int64_t kFabFlagS = 0, kFabFlagP = 1, kFabFlagG = 2;  // hand-off kinds of FaFlag(kind, slot)
 
 template <typename T>
 class FabFused {
@@ -49,17 +51,25 @@ class FabFused {
       cube_.InitBwd(t, &pipe);
     } else {
       const uint32_t c = Chunk(), c8 = Up8(c), b = t.baseM;
+      nbuf_ = (t.fusedPipe & kFaPipeDouble) ? 2 : 1;
+      tri_ = t.mask == FlashAttentionMask::kCausal && (t.fusedPipe & kFaPipeTri) != 0;
       pipe.InitBuffer(accBuf_, t.vecRows * t.gradCols * sizeof(float));
-      pipe.InitBuffer(partBuf_, c * t.gradCols * sizeof(float));
-      pipe.InitBuffer(sT_, c * b * sizeof(float));
-      pipe.InitBuffer(dpT_, c * b * sizeof(float));
-      pipe.InitBuffer(pT_, c * b * sizeof(T));
-      pipe.InitBuffer(dsT_, c * b * sizeof(T));
+      for (int64_t k = 0; k < nbuf_; ++k) {  // one TBuf per buffer (the emulator tracks each buffer's accesses)
+        pipe.InitBuffer(partBuf_[k], c * t.gradCols * sizeof(float));
+        pipe.InitBuffer(sT_[k], c * b * sizeof(float));
+        pipe.InitBuffer(dpT_[k], c * b * sizeof(float));
+        pipe.InitBuffer(pT_[k], c * b * sizeof(T));
+        pipe.InitBuffer(dsT_[k], c * b * sizeof(T));
+        pipe.InitBuffer(vecs_[k], 2 * c8 * sizeof(float));       // lse, delta of the chunk's rows
+        pipe.InitBuffer(deltaBlk_[k], c8 * 8 * sizeof(float));   // delta as loaded: one 32-byte row each
+      }
       pipe.InitBuffer(outT_, c * t.gradCols * sizeof(T));
-      pipe.InitBuffer(vecs_, 2 * c8 * sizeof(float));    // lse, delta of the chunk's rows
-      pipe.InitBuffer(deltaBlk_, c8 * 8 * sizeof(float));  // delta as loaded: one 32-byte row each
       pipe.InitBuffer(bcast_, c8 * 8 * sizeof(float));
       rows_.Init(pipe, t, &g_, false, true);  // the output row of WriteZeroGrads / the row-wise WriteGrad
+      if (tri_) {
+        pipe.InitBuffer(triT_, static_cast<uint32_t>(fa_tri_rows(b, c) * b * sizeof(float)));
+        FaBuildTri(triT_.Get<float>(), b, c);  // overlaps the AIC's first scores
+      }
     }
     FabWalkItems(t, g_.cu, g_.cuK, group_, GetBlockNum(), *this);
   }
@@ -74,38 +84,69 @@ class FabFused {
 
   __aicore__ inline void Item(int64_t count, const FabNth& nth) {
     if (aic_) {
-      ScoresBlock(nth(0), 0);
-      if (count > 1) ScoresBlock(nth(1), 1);
+      for (int64_t n = 0; n < kFabSlots - 1 && n < count; ++n) ScoresBlock(nth(n), n);
       for (int64_t n = 0; n < count; ++n) {
-        if (n + 2 < count) ScoresBlock(nth(n + 2), (n + 2) % kFabSlots);  // overlaps the AIVs' P, dS of n, n + 1
+        // lookahead: overlaps the AIVs' P, dS of n .. n + kFabSlots - 2
+        if (n + kFabSlots - 1 < count) ScoresBlock(nth(n + kFabSlots - 1), (n + kFabSlots - 1) % kFabSlots);
         const int64_t slot = n % kFabSlots;
-        CrossCoreWaitFlag(kFabFlagP + slot);
+        CrossCoreWaitFlag(FaFlag(kFabFlagP, slot));
         grad_.Item(cube_, t_, g_, nth(n), static_cast<int64_t>(slot * score_));
-        CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagG + slot);
+        CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagG, slot));
       }
       return;
     }
+    // Software pipeline (nbuf_ == 2): chunk u + 1's S, dP, lse and delta are loaded (MTE2) while the
+    // vector unit works on chunk u -- within a block issued before chunk u's vector work, across blocks
+    // after the P flag of block n (then the cross-core wait for S_{n+1} sits where its data are needed
+    // next); the P / dS tiles and the product rows alternate between two buffers as well.
+    for (int64_t k = 0; k < nbuf_; ++k) {
+      SetFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvC + k));  // chunk buffers free
+      SetFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvC + k));
+      SetFlag<HardEvent::V_S>(static_cast<event_t>(kEvC + k));
+    }
+    const int64_t r0 = sub_ * t_.vecRows, C = Chunk();
+    FabItem it = nth(0), accIt = it;
+    CrossCoreWaitFlag(FaFlag(kFabFlagS, 0));
+    if (r0 < it.rows) Prefetch(it, 0, r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
     for (int64_t n = 0; n < count; ++n) {
-      const FabItem it = nth(n);
       const int64_t slot = n % kFabSlots, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
-      const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
-      CrossCoreWaitFlag(kFabFlagS + slot);
-      for (int64_t c0 = r0; c0 < r1; c0 += Chunk()) GradChunk(it, ws, b, c0, Min64(Chunk(), r1 - c0));
+      const int64_t r1 = Min64(it.rows, r0 + t_.vecRows);
+      for (int64_t c0 = r0; c0 < r1; c0 += C) {
+        const int64_t R = Min64(C, r1 - c0), nx = c0 + C;
+        if (nbuf_ == 2 && nx < r1) Prefetch(it, ws, nx, Min64(C, r1 - nx), unit_ + 1);
+        GradChunk(it, ws, b, c0, R, unit_);
+        if (nbuf_ == 1 && nx < r1) Prefetch(it, ws, nx, Min64(C, r1 - nx), unit_ + 1);
+        ++unit_;
+      }
       // The set fires after MTE3's earlier work only. When this AIV's half of the block is empty there
       // is no store before it, so MTE3 first waits for MTE2: the flag then also covers the part-slot
       // loads of AccBlock(n - 2), whose slot the AIC overwrites once it has this flag (issue 30).
       SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
       WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFabFlagP + slot);
-      if (n > 0) AccBlock(nth(n - 1), (n - 1) % kFabSlots);  // overlaps the AIC's products of block n
+      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFabFlagP, slot));
+      const FabItem prev = it;
+      if (n + 1 < count) {
+        it = nth(n + 1);
+        const int64_t ns = (n + 1) % kFabSlots;
+        CrossCoreWaitFlag(FaFlag(kFabFlagS, ns));
+        if (r0 < it.rows)
+          Prefetch(it, static_cast<int64_t>(ns * score_), r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
+      }
+      if (n > 0) AccBlock(accIt, (n - 1) % kFabSlots);  // overlaps the AIC's products of block n
+      accIt = prev;
     }
-    AccBlock(nth(count - 1), (count - 1) % kFabSlots);
+    AccBlock(accIt, (count - 1) % kFabSlots);
+    for (int64_t k = 0; k < nbuf_; ++k) {
+      WaitFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvC + k));
+      WaitFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvC + k));
+      WaitFlag<HardEvent::V_S>(static_cast<event_t>(kEvC + k));
+    }
   }
 
  private:
   __aicore__ inline void ScoresBlock(const FabItem& it, int64_t slot) {
     qk_.Item(cube_, t_, g_, it, static_cast<int64_t>(slot * score_));
-    CrossCoreSetFlag<2, PIPE_FIX>(kFabFlagS + slot);
+    CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagS, slot));
   }
 
   // ---- vector side, tile-wise: chunks of up to Chunk() rows per DMA / vector instruction -------------
@@ -115,71 +156,105 @@ class FabFused {
   static constexpr uint32_t kChunk = 16;
   __aicore__ inline uint32_t Chunk() const { return t_.vecRows < kChunk ? t_.vecRows : kChunk; }
 
-  __aicore__ inline void GradChunk(const FabItem& it, int64_t ws, int64_t b, int64_t c0, int64_t R) {
+  static constexpr int kEvC = 2, kEvP = 4;  // event ids + buffer: chunk tiles (S, dP, lse, delta, P, dS); product rows
+
+  // Load chunk u's S, dP (fp32), lse and delta (one 32-byte row each) into buffer u % nbuf_, once the
+  // vector unit (and the scalar copy of delta) are done with that buffer's previous chunk.
+  __aicore__ inline void Prefetch(const FabItem& it, int64_t ws, int64_t c0, int64_t R, int64_t u) {
+    const int64_t b = t_.baseM, k = u % nbuf_;
+    const event_t ev = static_cast<event_t>(kEvC + k);
+    const int32_t cnt = static_cast<int32_t>(R * b);
+    const int64_t tok0 = it.seqStart + it.qPos0 + c0;
+    WaitFlag<HardEvent::V_MTE2>(ev);  // the vector reads of this buffer's s / dp / lse are done
+    SetFlag<HardEvent::S_MTE2>(EVENT_ID0);  // and the scalar reads of its dblk
+    WaitFlag<HardEvent::S_MTE2>(EVENT_ID0);
+    DataCopy(STile(k), g_.s[ws + c0 * b], static_cast<uint32_t>(cnt));
+    DataCopy(DpTile(k), g_.dp[ws + c0 * b], static_cast<uint32_t>(cnt));
+    DataCopyPadExtParams<float> none;
+    DataCopyPad(Lse(k), g_.lse[it.head * t_.T + tok0], DataCopyExtParams{1, static_cast<uint32_t>(R * 4), 0, 0, 0}, none);
+    DataCopyPad(DBlk(k), g_.delta[tok0 * t_.H + it.head],
+                DataCopyExtParams{static_cast<uint16_t>(R), 4, static_cast<uint32_t>((t_.H - 1) * 4), 0, 0}, none);
+    SetFlag<HardEvent::MTE2_S>(ev);
+    SetFlag<HardEvent::MTE2_V>(ev);
+  }
+
+  __aicore__ inline LocalTensor<float> STile(int64_t k) { return sT_[k].Get<float>(); }
+  __aicore__ inline LocalTensor<float> DpTile(int64_t k) { return dpT_[k].Get<float>(); }
+  __aicore__ inline LocalTensor<T> PTile(int64_t k) { return pT_[k].Get<T>(); }
+  __aicore__ inline LocalTensor<T> DsTile(int64_t k) { return dsT_[k].Get<T>(); }
+  __aicore__ inline LocalTensor<float> Lse(int64_t k) { return vecs_[k].Get<float>(); }
+  __aicore__ inline LocalTensor<float> Delta(int64_t k) { return vecs_[k].Get<float>()[Up8(Chunk())]; }
+  __aicore__ inline LocalTensor<float> DBlk(int64_t k) { return deltaBlk_[k].Get<float>(); }
+
+  __aicore__ inline void GradChunk(const FabItem& it, int64_t ws, int64_t b, int64_t c0, int64_t R, int64_t u) {
     const int32_t cnt = static_cast<int32_t>(R * b);
     const bool causal = t_.mask == FlashAttentionMask::kCausal;
-    LocalTensor<float> s = sT_.Get<float>(), dp = dpT_.Get<float>(), lse = vecs_.Get<float>(),
-                       delta = vecs_.Get<float>()[Up8(Chunk())], dblk = deltaBlk_.Get<float>(), bc = bcast_.Get<float>();
-    LocalTensor<T> p = pT_.Get<T>(), ds = dsT_.Get<T>();
-    const int64_t tok0 = it.seqStart + it.qPos0 + c0;
-    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous chunk's vector reads of s / dp / lse are done
-    WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-    SetFlag<HardEvent::S_MTE2>(EVENT_ID0);  // and the scalar reads of dblk
-    WaitFlag<HardEvent::S_MTE2>(EVENT_ID0);
-    DataCopy(s, g_.s[ws + c0 * b], static_cast<uint32_t>(cnt));
-    DataCopy(dp, g_.dp[ws + c0 * b], static_cast<uint32_t>(cnt));
-    DataCopyPadExtParams<float> none;
-    DataCopyPad(lse, g_.lse[it.head * t_.T + tok0], DataCopyExtParams{1, static_cast<uint32_t>(R * 4), 0, 0, 0}, none);
-    DataCopyPad(dblk, g_.delta[tok0 * t_.H + it.head],
-                DataCopyExtParams{static_cast<uint16_t>(R), 4, static_cast<uint32_t>((t_.H - 1) * 4), 0, 0}, none);
-    SetFlag<HardEvent::MTE2_S>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE2_S>(EVENT_ID0);
-    SetFlag<HardEvent::V_S>(EVENT_ID0);  // the previous chunk's vector reads of delta are done
-    WaitFlag<HardEvent::V_S>(EVENT_ID0);
-    for (int64_t u = 0; u < R; ++u) delta.SetValue(u, dblk.GetValue(u * 8));  // delta rows are H apart in GM
+    const int64_t k = u % nbuf_;
+    const event_t ev = static_cast<event_t>(kEvC + k);
+    LocalTensor<float> s = STile(k), dp = DpTile(k), lse = Lse(k), delta = Delta(k), dblk = DBlk(k),
+                       bc = bcast_.Get<float>();
+    LocalTensor<T> p = PTile(k), ds = DsTile(k);
+    WaitFlag<HardEvent::MTE2_S>(ev);  // this chunk's delta rows are in (Prefetch)
+    WaitFlag<HardEvent::V_S>(ev);     // the vector reads of this buffer's delta (two chunks ago) are done
+    for (int64_t r = 0; r < R; ++r) delta.SetValue(r, dblk.GetValue(r * 8));  // delta rows are H apart in GM
     SetFlag<HardEvent::S_V>(EVENT_ID0);
     WaitFlag<HardEvent::S_V>(EVENT_ID0);
-    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_V>(ev);  // s / dp / lse are in (Prefetch)
     Muls(s, s, t_.softmaxScale, cnt);
     LocalTensor<int32_t> si = s.template ReinterpretCast<int32_t>();
     const int32_t negInf = static_cast<int32_t>(0xFF800000u);
     if (!causal) {
       if (it.cols < b) FaMaskCols(si, b, 0, R, it.cols, negInf);
+    } else if (tri_) {
+      CausalTri(s, R, it.qPos0 + c0 + it.lenK - it.lenQ - it.k0 + 1);  // row r sees min(cols, r + c) keys
+      if (it.cols < b) FaMaskCols(si, b, 0, R, it.cols, negInf);
     } else {
-      for (int64_t u = 0; u < R; ++u) {
-        const int64_t v = Valid(it, c0 + u);
-        if (v < b) FaMaskCols(si, b, u, 1, v > 0 ? v : 0, negInf);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t v = Valid(it, c0 + r);
+        if (v < b) FaMaskCols(si, b, r, 1, v > 0 ? v : 0, negInf);
       }
     }
     FaRowScalar<true>(s, lse, bc, R, b, b);  // scale * S - lse
     Exp(s, s, cnt);                           // P in fp32
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID1);    // the previous chunk's P / dS stores are done
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID1);
+    WaitFlag<HardEvent::MTE3_V>(ev);          // the stores of this buffer's P / dS (two chunks ago) are done
     Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
     FaRowScalar<true>(dp, delta, bc, R, b, b);  // dP - delta
+    SetFlag<HardEvent::V_S>(ev);                // the last vector read of delta (Brcb)
     Mul(dp, dp, s, cnt);                        // dS = P * (dP - delta)
     Cast(ds, dp, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
+    SetFlag<HardEvent::V_MTE2>(ev);  // the last vector reads of s / dp / lse
     // zeros of the row form: dS past a row's visible columns; P and dS of a row without a visible key
     // (its lse may be -inf); dS of a row that sees one key only (see GradRow)
-    LocalTensor<int16_t> pi = p.template ReinterpretCast<int16_t>(), di = ds.template ReinterpretCast<int16_t>();
-    for (int64_t u = 0; u < R; ++u) {
-      const int64_t v = causal ? Valid(it, c0 + u) : it.cols;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t v = causal ? Valid(it, c0 + r) : it.cols;
       if (v <= 0) {
-        ZeroFill(p[u * b], static_cast<uint32_t>(b));
-        ZeroFill(ds[u * b], static_cast<uint32_t>(b));
-      } else if (Visible(it, c0 + u) <= 1) {
-        ZeroFill(ds[u * b], static_cast<uint32_t>(b));
+        ZeroFill(p[r * b], static_cast<uint32_t>(b));
+        ZeroFill(ds[r * b], static_cast<uint32_t>(b));
+      } else if (Visible(it, c0 + r) <= 1) {
+        ZeroFill(ds[r * b], static_cast<uint32_t>(b));
       } else if (v < b && causal) {
-        FaMaskCols(di, b, u, 1, v, static_cast<int16_t>(0));
+        FaMaskCols(ds.template ReinterpretCast<int16_t>(), b, r, 1, v, static_cast<int16_t>(0));
       }
     }
-    if (!causal && it.cols < b) FaMaskCols(di, b, 0, R, it.cols, static_cast<int16_t>(0));
-    (void)pi;
+    if (!causal && it.cols < b) FaMaskCols(ds.template ReinterpretCast<int16_t>(), b, 0, R, it.cols, static_cast<int16_t>(0));
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     DataCopy(g_.p[ws + c0 * b], p, static_cast<uint32_t>(cnt));
     DataCopy(g_.ds[ws + c0 * b], ds, static_cast<uint32_t>(cnt));
+    SetFlag<HardEvent::MTE3_V>(ev);
+  }
+
+  // Causal mask of the R x b chunk whose row u sees u + c columns (before the column limit of the
+  // block): as the forward's CausalTri, with the triangle of Chunk() rows.
+  __aicore__ inline void CausalTri(const LocalTensor<float>& s, int64_t R, int64_t c) {
+    const int64_t n = t_.baseM;
+    if (c >= n) return;
+    const int32_t cnt = static_cast<int32_t>(R * n);
+    if (c + R - 1 <= 0) {
+      Duplicate(s.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), cnt);
+      return;
+    }
+    Add(s, s, triT_.Get<float>()[static_cast<uint32_t>((c + Chunk() - 1) * n)], cnt);
   }
 
   // Columns of block it that query row r of the block sees (causal: up to its last key), and keys it
@@ -197,38 +272,51 @@ class FabFused {
   // and vector instruction (the vector instructions run over all gradCols columns: in the Q pass those
   // past AccCols() are neither loaded nor written out); written out at the item's last block.
   __aicore__ inline void AccBlock(const FabItem& it, int64_t slot) {
-    CrossCoreWaitFlag(kFabFlagG + slot);
+    CrossCoreWaitFlag(FaFlag(kFabFlagG, slot));
     const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows), gc = t_.gradCols;
-    const int64_t base = slot * static_cast<int64_t>(t_.baseM) * gc;
-    LocalTensor<float> part = partBuf_.Get<float>();
-    const int64_t n = rows_.AccCols();
-    for (int64_t c0 = g0; c0 < g1; c0 += Chunk()) {
-      const int64_t R = Min64(Chunk(), g1 - c0);
+    const int64_t C = Chunk();
+    // the product rows of chunk k + 1 load while chunk k is added (nbuf_ == 2)
+    for (int64_t k = 0; k < nbuf_; ++k) SetFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvP + k));
+    if (g0 < g1) LoadPart(it, slot, g0, Min64(C, g1 - g0), 0);
+    for (int64_t c0 = g0, k = 0; c0 < g1; c0 += C, ++k) {
+      const int64_t R = Min64(C, g1 - c0), nx = c0 + C;
+      if (nbuf_ == 2 && nx < g1) LoadPart(it, slot, nx, Min64(C, g1 - nx), k + 1);
       const int32_t cnt = static_cast<int32_t>(R * gc);
-      LocalTensor<float> acc = accBuf_.Get<float>()[(c0 - g0) * gc];
-      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // part is reloaded: the previous chunk's Add / Muls read it
-      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-      if (n == gc) {
-        DataCopy(part, g_.part[base + c0 * gc], static_cast<uint32_t>(cnt));
-      } else {  // Q pass: only the AccCols() columns the pass wrote, rows gc apart in GM and in UB
-        const uint32_t len = static_cast<uint32_t>(n * 4);
-        DataCopyPadExtParams<float> none;
-        DataCopyPad(part, g_.part[base + c0 * gc],
-                    DataCopyExtParams{static_cast<uint16_t>(R), len, static_cast<uint32_t>((gc - n) * 4),
-                                      static_cast<uint32_t>((gc * 4 - (len + 31) / 32 * 32) / 32), 0},
-                    none);
-      }
-      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      const event_t ev = static_cast<event_t>(kEvP + k % nbuf_);
+      LocalTensor<float> acc = accBuf_.Get<float>()[(c0 - g0) * gc], part = partBuf_[k % nbuf_].Get<float>();
+      WaitFlag<HardEvent::MTE2_V>(ev);
       if (it.first) Muls(acc, part, 1.0f, cnt);  // start the running sum (x * 1 is exact)
       else Add(acc, acc, part, cnt);
+      SetFlag<HardEvent::V_MTE2>(ev);  // part buffer read
+      if (nbuf_ == 1 && nx < g1) LoadPart(it, slot, nx, Min64(C, g1 - nx), k + 1);
     }
+    for (int64_t k = 0; k < nbuf_; ++k) WaitFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvP + k));
     if (!it.last) return;
     if (!TileOut()) {
       for (int64_t r = g0; r < g1; ++r) rows_.WriteGrad(it, r, accBuf_.Get<float>()[(r - g0) * gc]);
       return;
     }
     for (int64_t c0 = g0; c0 < g1; c0 += Chunk()) WriteChunk(it, c0, Min64(Chunk(), g1 - c0), accBuf_.Get<float>()[(c0 - g0) * gc]);
+  }
+
+  // Product rows [c0, c0 + R) of the part slot into part buffer k % nbuf_ (in the Q pass only the
+  // AccCols() columns the pass wrote, rows gc apart in GM and in UB).
+  __aicore__ inline void LoadPart(const FabItem& it, int64_t slot, int64_t c0, int64_t R, int64_t k) {
+    const int64_t gc = t_.gradCols, n = rows_.AccCols(), base = slot * static_cast<int64_t>(t_.baseM) * gc;
+    const event_t ev = static_cast<event_t>(kEvP + k % nbuf_);
+    LocalTensor<float> part = partBuf_[k % nbuf_].Get<float>();
+    WaitFlag<HardEvent::V_MTE2>(ev);  // this buffer's previous Add / Muls read it
+    if (n == gc) {
+      DataCopy(part, g_.part[base + c0 * gc], static_cast<uint32_t>(R * gc));
+    } else {
+      const uint32_t len = static_cast<uint32_t>(n * 4);
+      DataCopyPadExtParams<float> none;
+      DataCopyPad(part, g_.part[base + c0 * gc],
+                  DataCopyExtParams{static_cast<uint16_t>(R), len, static_cast<uint32_t>((gc - n) * 4),
+                                    static_cast<uint32_t>((gc * 4 - (len + 31) / 32 * 32) / 32), 0},
+                  none);
+    }
+    SetFlag<HardEvent::MTE2_V>(ev);
   }
 
   // The gradient rows leave as whole chunks when every segment starts on a 32-byte boundary of the
@@ -285,7 +373,10 @@ class FabFused {
   FabQkMath<T> qk_;
   FabGradMath<T> grad_;
   FabRows<T> rows_;
-  TBuf<TPosition::VECCALC> accBuf_, partBuf_, sT_, dpT_, pT_, dsT_, outT_, vecs_, deltaBlk_, bcast_;
+  TBuf<TPosition::VECCALC> accBuf_, partBuf_[2], sT_[2], dpT_[2], pT_[2], dsT_[2], outT_, vecs_[2], deltaBlk_[2], bcast_, triT_;
+  int64_t nbuf_ = 1;   // buffers of the chunk tiles and product rows (2: the next chunk is prefetched)
+  int64_t unit_ = 0;   // chunks of this AIV so far: chunk u uses buffer u % nbuf_
+  bool tri_ = false;   // the causal mask triangle is in UB (triT_)
 };
 
 }  // namespace kernels

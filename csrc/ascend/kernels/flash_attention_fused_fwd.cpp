@@ -15,20 +15,23 @@ namespace kernels {
 // Cube and the vector units overlap:
 //   AIC : S_0, S_1 -> slots; then for each j: S_{j+2} -> slot (lookahead, flag S[(j+2)%3]); wait
 //         P[j%3] (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%3].
-//   AIVs: for each j: wait S[j%3]; online softmax of its half of the rows (m, l and alpha_j in UB);
-//         P_j -> slot; flag P[j%3]; then wait O[(j-1)%3] and O = alpha_{j-1} O + O_partial_{j-1} (O in
-//         UB); after the last block the final update, out = O / l and lse = m + ln(l).
-// So the AIC computes S two blocks ahead: the AIVs' round trip for block j (S load, softmax, P store,
-// flags) runs while the AIC works on P_{j-1} V_{j-1} and S_{j+1}, and their update of block j-1 while
-// it computes P_j V_j. Slot hazards: S slot (j+2)%3 (block j-1's) is rewritten after the AIC waited
-// P_{j-1} (its readers are done); P slot j%3 after the AIVs' update j-3 (which waited O_{j-3}, set
-// after the AIC read P_{j-3}); O slot j%3 after the AIC waited P_j (set after the AIVs' update j-3
-// read it: that load precedes, on MTE2, the S load of block j, which precedes the P_j store). The
-// online-softmax state alpha keeps two UB slots (j % 2): the AIVs' order (softmax j, update j-1) is
-// unchanged. Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator,
-// tested under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
+//   AIVs (a software pipeline, where the UB holds two S and two P tiles: tiling fusedPipe): the S tile
+//         of block 0 is loaded; then for each j: online softmax of its half of the rows on S tile j % 2
+//         (m, l and alpha_j in UB); P_j -> slot; flag P[j%3]; wait S[(j+1)%3] and load S_{j+1} into the
+//         other tile (it lands while the vector unit works); wait O[(j-2)%3], load O_partial_{j-2} and
+//         O = alpha_{j-2} O + O_partial_{j-2} (O in UB); after the last block the last two updates,
+//         out = O / l and lse = m + ln(l). Without the second tiles the update trails by one block.
+// So the AIC computes S two blocks ahead, the AIVs' S loads run one block ahead of their softmax, and
+// their update of block j-2 waits for a P V product the AIC could start two softmaxes earlier.
+// Slot hazards: S slot (j+2)%3 (block j-1's) is rewritten after the AIC waited P_{j-1} (the AIVs
+// loaded S_{j-1} before their softmax j-1); P slot j%3 after the AIVs loaded O_{j-3} (iteration j-1,
+// set after the AIC read P_{j-3}); O slot j%3 after the AIC waited P_j (the AIVs' load of O_{j-3}
+// precedes, through their update j-3 and the softmax j on the vector unit, the P_j store). The
+// online-softmax state alpha keeps lag + 1 UB slots (j % 3, or j % 2 without the second tiles).
+// Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
+// under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
 constexpr int64_t kFaSlots = kFlashAttentionFusedSlots;
-constexpr uint16_t kFaFlagS = 0, kFaFlagP = kFaSlots, kFaFlagO = 2 * kFaSlots;  // + slot (0 .. 2)
+constexpr int64_t kFaFlagS = 0, kFaFlagP = 1, kFaFlagO = 2;  // hand-off kinds of FaFlag(kind, slot)
 
 template <typename T>
 class FaFused {
@@ -57,14 +60,24 @@ class FaFused {
       if (t.Dr) kr_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.kRope), static_cast<uint64_t>(t.Tk * t.Dr));
     } else {
       const uint32_t r8 = Up8(t.vecRows);
+      nbuf_ = (t.fusedPipe & kFaPipeDouble) ? 2 : 1;
+      lag_ = nbuf_ == 2 ? kFaSlots - 1 : 1;  // the O update trails the softmax by lag_ blocks (alpha of lag_ + 1 in flight)
+      tri_ = t.mask == FlashAttentionMask::kCausal && (t.fusedPipe & kFaPipeTri) != 0;
       rows_.Init(pipe, t, false, true);  // EmptyRow's buffers (items without keys)
-      pipe.InitBuffer(sT_, t.vecRows * t.baseN * sizeof(float));
-      pipe.InitBuffer(pT_, t.vecRows * t.baseN * sizeof(T));
+      for (int64_t b = 0; b < nbuf_; ++b) {  // one TBuf per tile (the emulator tracks each buffer's accesses)
+        pipe.InitBuffer(sT_[b], t.vecRows * t.baseN * sizeof(float));
+        pipe.InitBuffer(pT_[b], t.vecRows * t.baseN * sizeof(T));
+      }
       pipe.InitBuffer(oAcc_, t.vecRows * dva_ * sizeof(float));
       pipe.InitBuffer(part_, t.vecRows * dva_ * sizeof(float));
       pipe.InitBuffer(outT_, t.vecRows * OutStride() * sizeof(T));
       pipe.InitBuffer(bcast_, r8 * 8 * sizeof(float));
-      pipe.InitBuffer(state_, 10 * r8 * sizeof(float));  // m, l, alpha x 2 slots, max, sum, tmp, m_old, 1/l, lse
+      // m, l, alpha x (lag_ + 1) slots, max, sum, tmp, m_old, 1/l, lse
+      pipe.InitBuffer(state_, (9 + lag_) * r8 * sizeof(float));
+      if (tri_) {
+        pipe.InitBuffer(triT_, static_cast<uint32_t>(fa_tri_rows(t.baseN, t.vecRows) * t.baseN * sizeof(float)));
+        FaBuildTri(triT_.Get<float>(), t.baseN, t.vecRows);  // overlaps the AIC's first scores
+      }
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
@@ -81,17 +94,17 @@ class FaFused {
     if (it.keyBlocks == 0) return;  // the item sees no key: the AIVs write out 0 / lse -inf, no hand-off
     const int64_t qRow = it.seqStart + it.qPos0;
     cube_.LoadQ(t_, q_, qRow, it.head, it.rows);
-    ScoresBlock(it, qRow, 0);
-    if (it.keyBlocks > 1) ScoresBlock(it, qRow, 1);
+    for (int64_t j = 0; j < kFaSlots - 1 && j < it.keyBlocks; ++j) ScoresBlock(it, qRow, j);
     for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      if (j + 2 < it.keyBlocks) ScoresBlock(it, qRow, j + 2);  // lookahead: overlaps the softmax of j, j + 1
+      // lookahead: overlaps the softmax of j .. j + kFaSlots - 2
+      if (j + kFaSlots - 1 < it.keyBlocks) ScoresBlock(it, qRow, j + kFaSlots - 1);
       const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
-      CrossCoreWaitFlag(kFaFlagP + slot);
+      CrossCoreWaitFlag(FaFlag(kFaFlagP, slot));
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
       cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
                    t_.Dv, cols, true);
       cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
-      CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagO + slot);
+      CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagO, slot));
     }
     cube_.FreeQ();
   }
@@ -101,13 +114,14 @@ class FaFused {
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.ScoresQ(c, t_, k_, kr_, it.kvStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
-    CrossCoreSetFlag<2, PIPE_FIX>(kFaFlagS + slot);
+    CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagS, slot));
   }
 
   // ---- vector side: tile-wise, this AIV's rows [r0, r1) of the item as one [R x baseN] tile --------
   // Per key block: one DMA of the S tile, the online softmax of all R rows with repeat-form vector
   // instructions (per-row operands laid out one 32-byte block per row by Brcb; row reductions by
-  // WholeReduceMax / WholeReduceSum over 64-column chunks), one DMA of the P tile. The same fp32
+  // WholeReduceMax / WholeReduceSum over 64-column chunks; the causal mask as one Add of rows of the
+  // mask triangle where the UB has room, CausalTri), one DMA of the P tile. The same fp32
   // operations per element, in the same order, as the phase kernels' SoftmaxRow / UpdateRow / FinishRow
   // (bitwise equal results): masked columns are -inf before the max (so they add exp(-inf) = 0 to a
   // row sum, as ReduceSum's lanes past its count do), Sub(s, m) is Adds(s, -m), and the scalar state
@@ -122,19 +136,81 @@ class FaFused {
       }
       return;
     }
-    for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
-      CrossCoreWaitFlag(kFaFlagS + slot);
-      if (r1 > r0) SoftmaxTile(it, r0, r1, j, k0, cols);
-      CrossCoreSetFlag<2, PIPE_MTE3>(kFaFlagP + slot);
-      if (j > 0) UpdateTile(it, j - 1, r0, r1);  // overlaps the AIC's P_j V_j
+    // Software pipeline: the S tile of block j + 1 is loaded (MTE2) while the vector unit works on block
+    // j (nbuf_ S / P tiles, their own event ids per tile), and the O update trails the softmax by lag_
+    // blocks (2 with the double tiles, so the AIC has had two softmaxes' time for P V), its O_partial
+    // load issued once the softmax of block j is dispatched. A cross-core wait holds the AIV's dispatch,
+    // so each sits after the vector work queued before it: S_{j+1} and O_{j-lag} after block j's softmax.
+    const bool has = r1 > r0;
+    const int64_t kb = it.keyBlocks;
+    if (has) {
+      for (int64_t b = 0; b < nbuf_; ++b) {
+        SetFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvS + b));  // the S tiles are free
+        SetFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvS + b));  // the P tiles are free
+      }
+      SetFlag<HardEvent::V_MTE2>(kEvO);  // O / O_partial are free
     }
-    UpdateTile(it, it.keyBlocks - 1, r0, r1);
+    LoadS(it, 0, r0, r1);
+    for (int64_t j = 0; j < kb; ++j) {
+      const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+      if (has) SoftmaxTile(it, r0, r1, j, k0, cols);
+      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFaFlagP, slot));
+      if (j + 1 < kb) LoadS(it, j + 1, r0, r1);
+      if (j >= lag_) {
+        LoadO(it, j - lag_, r0, r1);
+        UpdateTile(it, j - lag_, r0, r1);  // overlaps the AIC's P_j V_j
+      }
+    }
+    for (int64_t j = kb > lag_ ? kb - lag_ : 0; j < kb; ++j) {
+      LoadO(it, j, r0, r1);
+      UpdateTile(it, j, r0, r1);
+    }
+    if (has) {
+      for (int64_t b = 0; b < nbuf_; ++b) {
+        WaitFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvS + b));
+        WaitFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvS + b));
+      }
+      WaitFlag<HardEvent::V_MTE2>(kEvO);
+    }
   }
+
+  // Wait for S_j and load this AIV's rows of it into S tile j % nbuf_ (once the vector unit is done
+  // with that tile's previous block).
+  __aicore__ inline void LoadS(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
+    const int64_t slot = j % kFaSlots, n = t_.baseN, b = j % nbuf_, R = r1 - r0;
+    CrossCoreWaitFlag(FaFlag(kFaFlagS, slot));
+    if (R <= 0) return;
+    const event_t ev = static_cast<event_t>(kEvS + b);
+    WaitFlag<HardEvent::V_MTE2>(ev);
+    DataCopy(STile(b), s_[slot * score_ + r0 * n], static_cast<uint32_t>(R * n));
+    SetFlag<HardEvent::MTE2_V>(ev);
+  }
+
+  // Wait for O_partial_j and load this AIV's rows of it (into O itself for the first block).
+  __aicore__ inline void LoadO(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
+    const int64_t slot = j % kFaSlots, R = r1 - r0;
+    CrossCoreWaitFlag(FaFlag(kFaFlagO, slot));
+    if (R <= 0) return;
+    WaitFlag<HardEvent::V_MTE2>(kEvO);  // o / part are reloaded: the last update's vector reads of them are done
+    DataCopy(j == 0 ? oAcc_.Get<float>() : part_.Get<float>(), o_[slot * rowsSlot_ + r0 * dva_],
+             static_cast<uint32_t>(R * dva_));
+    SetFlag<HardEvent::MTE2_V>(EVENT_ID1);
+  }
+
+  __aicore__ inline LocalTensor<float> STile(int64_t b) { return sT_[b].Get<float>(); }
+  __aicore__ inline LocalTensor<T> PTile(int64_t b) { return pT_[b].Get<T>(); }
+  static constexpr int kEvS = 2;  // event ids kEvS + tile of the S tiles (V <-> MTE2) and P tiles (MTE3 -> V)
+  static constexpr event_t kEvO = 4;  // V -> MTE2: the O update read O / O_partial
 
   // State vectors (up8(vecRows) fp32 each) in state_: m, l, alpha of slot 0 / 1, row max, row sum (and
   // chunk partials), m_old, 1 / l, lse; per-row broadcast blocks (8 fp32 per row) in bcast_.
-  __aicore__ inline LocalTensor<float> St(uint32_t k) const { return state_.Get<float>()[k * Up8(t_.vecRows)]; }
+  __aicore__ inline LocalTensor<float> St(uint32_t k) const {
+    // alpha slots kAlpha .. kAlpha + lag_; the vectors after them shift by lag_ - 1
+    return state_.Get<float>()[(k > kAlpha + 1 ? k + lag_ - 1 : k) * Up8(t_.vecRows)];
+  }
+  __aicore__ inline LocalTensor<float> Alpha(int64_t j) const {
+    return state_.Get<float>()[static_cast<uint32_t>((kAlpha + j % (lag_ + 1)) * Up8(t_.vecRows))];
+  }
   static constexpr uint32_t kM = 0, kL = 1, kAlpha = 2, kMax = 4, kSum = 5, kTmp = 6, kMOld = 7, kRl = 8, kLse = 9;
 
   __aicore__ inline void VS() {
@@ -176,27 +252,31 @@ class FaFused {
   }
 
   __aicore__ inline void SoftmaxTile(const FaItem& it, int64_t r0, int64_t r1, int64_t j, int64_t k0, int64_t cols) {
-    const int64_t R = r1 - r0, n = t_.baseN, slot = j % kFaSlots, as = j % 2;  // GM slot, alpha slot
+    const int64_t R = r1 - r0, n = t_.baseN, slot = j % kFaSlots, b = j % nbuf_;  // GM slot, UB tile
     const int32_t cnt = static_cast<int32_t>(R * n), rc = static_cast<int32_t>(R);
     const bool first = j == 0, causal = t_.mask == FlashAttentionMask::kCausal;
-    LocalTensor<float> s = sT_.Get<float>(), m = St(kM), l = St(kL), alpha = St(kAlpha + as), rmax = St(kMax),
-                       rsum = St(kSum), mOld = St(kMOld);
-    LocalTensor<T> p = pT_.Get<T>();
-    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous block's vector reads of the S tile are done
-    WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-    DataCopy(s, s_[slot * score_ + r0 * n], static_cast<uint32_t>(R * n));
-    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    const event_t ev = static_cast<event_t>(kEvS + b);
+    LocalTensor<float> s = STile(b), m = St(kM), l = St(kL), alpha = Alpha(j), rmax = St(kMax), rsum = St(kSum),
+                       mOld = St(kMOld);
+    LocalTensor<T> p = PTile(b);
+    WaitFlag<HardEvent::MTE2_V>(ev);  // this block's S tile is in (LoadS)
     Muls(s, s, t_.softmaxScale, cnt);
     // columns a row does not see (past the block's keys, or causal past the row's last key) := -inf
     int64_t empty = 0;  // rows that see no key of this block
     if (!causal) {
       if (cols < n) MaskCols(s, 0, R, cols);
     } else {
-      for (int64_t u = 0; u < R; ++u) {
-        const int64_t valid = Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1);
-        if (valid <= 0) ++empty;
-        if (valid < n) MaskCols(s, u, 1, valid > 0 ? valid : 0);
+      const int64_t c = it.qPos0 + r0 + it.off - k0 + 1;  // row u sees min(cols, u + c) columns
+      for (int64_t u = 0; u < R; ++u)
+        if (Min64(cols, u + c) <= 0) ++empty;
+      if (tri_) {
+        CausalTri(s, R, c);
+        if (cols < n) MaskCols(s, 0, R, cols);
+      } else {
+        for (int64_t u = 0; u < R; ++u) {
+          const int64_t valid = Min64(cols, u + c);
+          if (valid < n) MaskCols(s, u, 1, valid > 0 ? valid : 0);
+        }
       }
     }
     RowReduce<true>(rmax, s, R);
@@ -218,13 +298,30 @@ class FaFused {
       Mul(l, l, alpha, rc);
       Add(l, l, rsum, rc);  // l = l_old * alpha + rowsum
     }
-    SetFlag<HardEvent::MTE3_V>(EVENT_ID1);  // the previous P tile's store is done before the cast rewrites it
-    WaitFlag<HardEvent::MTE3_V>(EVENT_ID1);
+    WaitFlag<HardEvent::MTE3_V>(ev);  // the store of this P tile's previous block is done
     Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
+    SetFlag<HardEvent::V_MTE2>(ev);  // the last vector read of this S tile
     if (first && empty) FixEmptyRows(it, r0, R, k0, cols);
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     DataCopy(p_[slot * score_ + r0 * n], p, static_cast<uint32_t>(cnt));
+    SetFlag<HardEvent::MTE3_V>(ev);
+  }
+
+  // Causal mask of the R x n tile whose row u sees u + c columns: nothing when every row sees the whole
+  // block, all -inf when none sees a key, else one Add of the triangle's rows from c + vecRows - 1 (0 in
+  // the columns a row sees, -inf past them). x + 0 = x (a -0 becomes +0, which changes no result: it
+  // only meets max, subtractions that give +-0 and exp) and x + -inf = -inf for every finite x, as
+  // the per-row masks that the tile would otherwise take (up to two bit-mask Duplicates per row).
+  __aicore__ inline void CausalTri(const LocalTensor<float>& s, int64_t R, int64_t c) {
+    const int64_t n = t_.baseN;
+    if (c >= n) return;
+    const int32_t cnt = static_cast<int32_t>(R * n);
+    if (c + R - 1 <= 0) {
+      Duplicate(s.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), cnt);
+      return;
+    }
+    Add(s, s, triT_.Get<float>()[static_cast<uint32_t>((c + t_.vecRows - 1) * n)], cnt);
   }
 
   // Rows that see no key at all (causal, the item's first block): a zero P row, m = l = 0, alpha = 1,
@@ -232,8 +329,8 @@ class FaFused {
   // a key of the block needs no fix: m = max(m_old, -inf) = m_old, alpha = exp(0) = 1, P = exp(-inf) = 0
   // and l = l_old * 1 + 0 = l_old, exactly SoftmaxRow's state.
   __aicore__ inline void FixEmptyRows(const FaItem& it, int64_t r0, int64_t R, int64_t k0, int64_t cols) {
-    LocalTensor<float> m = St(kM), l = St(kL), alpha = St(kAlpha);
-    LocalTensor<T> p = pT_.Get<T>();
+    LocalTensor<float> m = St(kM), l = St(kL), alpha = Alpha(0);
+    LocalTensor<T> p = PTile(0);
     VS();
     for (int64_t u = 0; u < R; ++u) {
       if (Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1) > 0) continue;
@@ -247,21 +344,17 @@ class FaFused {
   }
 
   __aicore__ inline void UpdateTile(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
-    const int64_t slot = j % kFaSlots, R = r1 - r0;
-    CrossCoreWaitFlag(kFaFlagO + slot);
+    const int64_t R = r1 - r0;
     if (R <= 0) return;
     const int32_t cnt = static_cast<int32_t>(R * dva_);
     LocalTensor<float> o = oAcc_.Get<float>(), part = part_.Get<float>();
-    SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // o / part are reloaded: earlier vector reads of them are done
-    WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
-    DataCopy(j == 0 ? o : part, o_[slot * rowsSlot_ + r0 * dva_], static_cast<uint32_t>(cnt));
-    SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
-    WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+    WaitFlag<HardEvent::MTE2_V>(EVENT_ID1);  // O_partial_j is in (LoadO)
     if (j > 0) {
-      RowScalar<false>(o, St(kAlpha + j % 2), R, dva_);  // o * alpha
+      RowScalar<false>(o, Alpha(j), R, dva_);  // o * alpha
       Add(o, o, part, cnt);
     }
     if (j + 1 == it.keyBlocks) FinishTile(it, r0, R);
+    SetFlag<HardEvent::V_MTE2>(kEvO);
   }
 
   // out = O / l in the input dtype, lse = m + ln(l); rows with l = 0 (no key seen): out 0, lse -inf.
@@ -309,12 +402,14 @@ class FaFused {
 
   FlashAttentionTiling t_;
   uint32_t dva_ = 0, sub_ = 0;
+  int64_t nbuf_ = 1, lag_ = 1;  // S / P tiles; blocks the O update trails the softmax
+  bool tri_ = false;            // the causal mask triangle is in UB (triT_)
   uint64_t score_ = 0, rowsSlot_ = 0;  // elements of one S / P slot and of one O_partial slot
   int64_t group_ = 0;
   bool aic_ = false;
   FaCube<T> cube_;
   FaRows<T> rows_;
-  TBuf<TPosition::VECCALC> oAcc_, part_, state_, sT_, pT_, outT_, bcast_;
+  TBuf<TPosition::VECCALC> oAcc_, part_, state_, sT_[2], pT_[2], outT_, bcast_, triT_;
   GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
   GlobalTensor<float> s_, o_, lse_;

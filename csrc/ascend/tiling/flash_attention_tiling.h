@@ -28,7 +28,9 @@
 //         up8(Dv) fp32 each), the output tile (vecRows x up8(Dv) or up16(Dv), input dtype), per-row
 //         broadcast blocks (up8(vecRows) x 8 fp32), 10 state vectors of up8(vecRows) fp32 (m, l, alpha of
 //         the two blocks in flight, row max, row sum, chunk partial, m_old, 1 / l, lse), and 8 fp32 +
-//         one output row for items without keys.
+//         one output row for items without keys. Extras where they fit (fusedPipe): a second S and P
+//         tile and an 11th state vector (alpha of three blocks in flight), then the causal mask
+//         triangle (fa_tri_rows(baseN, vecRows) x baseN fp32).
 //   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
 //         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
 //         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
@@ -48,8 +50,9 @@ namespace amo_ascend {
 // per core on the stack); the tilings cap blockDim here.
 constexpr uint32_t kFlashAttentionMaxCores = 64;
 // GM slots per workspace and AI Core of the fused kernels (amo_fa_fused, amo_fab_fused): the AIC runs
-// up to two blocks ahead of its AIVs (S of blocks j + 1 and j + 2 while they work on block j).
-constexpr uint32_t kFlashAttentionFusedSlots = 3;
+// up to kFlashAttentionFusedSlots - 1 blocks ahead of its AIVs (S of blocks j + 1 .. j + 3 while they
+// work on block j; three slots and two blocks before 2026-12-07, v07.4).
+constexpr uint32_t kFlashAttentionFusedSlots = 4;
 
 enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
 enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
@@ -83,7 +86,15 @@ struct FlashAttentionTiling {
   uint32_t gradCols;    // backward: fp32 row width of the gradient workspaces, up8(Dk) + up8(Dr) + up8(Dv)
   uint32_t ubFusedBytes;  // fused mixed kernels (amo_fa_fused / amo_fab_fused): UB per AIV
   uint32_t deltaRows;     // backward: rows per tile of amo_fab_delta (0: row by row; set when Dv % 16 == 0)
+  uint32_t fusedPipe;     // fused kernels' AIV extras, planned only where they fit the UB left over by the
+                          // base plan (so they never change baseM / baseN): bit 0 (kFaPipeDouble) a second
+                          // score tile and P tile (forward; backward: S and dP) for the prefetch of the next
+                          // block, bit 1 (kFaPipeTri) the causal mask triangle (causal only)
 };
+constexpr uint32_t kFaPipeDouble = 1, kFaPipeTri = 2;
+// Rows of the causal mask triangle of a vector tile of `rows` rows and n columns: n + 2 rows - 1 (row i
+// is 0 in columns [0, i - rows + 1) and -inf from there).
+constexpr uint64_t fa_tri_rows(uint64_t n, uint64_t rows) { return n + 2 * rows - 1; }
 
 // Device addresses handed to the phase kernels as one GM block (uint64 each; the kernels read them
 // with CopyTiling and cast to GM_ADDR). Workspaces are fp32 unless noted; sizes in elements from
