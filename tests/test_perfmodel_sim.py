@@ -640,6 +640,43 @@ def test_ep_exchange_form_known_answers():
     assert not {tuple(x[:2]) for x in EP_EXCHANGE_SIZES} & seen
 
 
+def test_ep_overlap_terms_per_algorithm():
+    """:func:`select_ep_model` with the dispatch algorithm on each fit point: layers whose flat
+    and hierarchical exchanges overlap differently (eta 0.2 and 0.8, rho 0.1 and 0.3) are fitted
+    per algorithm, exactly, and :func:`overlap_terms` hands each algorithm its own terms; layers
+    built with one pair keep the shared scope (a tie goes to the simpler, shared candidate)."""
+    from ascend_moe_ops.perfmodel.validate_ep import OVERLAP_FORMS, overlap_terms, select_ep_model
+
+    truth = {"flat": (0.1, 0.2), "hierarchical": (0.3, 0.8)}
+
+    def groups(terms):
+        out = {}
+        for i, (C, k) in enumerate(((4e-3, 6e-3), (5e-3, 3e-3), (2e-3, 5e-3))):
+            pts = []
+            for algo in ("flat", "hierarchical"):
+                for c in (1, 4):
+                    kk = k * (1.5 if algo == "hierarchical" else 1.0) * (1 + 0.2 * (c - 1))
+                    h = min(C, kk) * (1 - 1 / c)
+                    rho, eta = terms[algo]
+                    pts.append((C * (1 + rho) + kk - eta * h, {"exchange": (C, kk, h)}, algo))
+            out[f"s{i}"] = pts
+        return out
+
+    got = select_ep_model(groups(truth), ("exchange",))
+    assert got["scope"] == "per-algorithm" and got["form"] == "exchange/rho+eta/per-algorithm"
+    assert got["loso"]["exchange/rho+eta/per-algorithm"] == pytest.approx(1.0)
+    assert max(v for f, v in got["loso"].items() if not f.endswith("per-algorithm")) < 0.999
+    for algo, (rho, eta) in truth.items():
+        assert overlap_terms(got, algo) == pytest.approx(dict(rho=rho, eta=eta))
+    shared = select_ep_model(groups({a: (0.1, 0.5) for a in truth}), ("exchange",))
+    assert shared["scope"] == "shared" and shared["form"] == "exchange/rho+eta"
+    assert overlap_terms(shared, "flat") == overlap_terms(shared, "hierarchical") == pytest.approx(dict(rho=0.1, eta=0.5))
+    assert set(shared["loso"]) == {f"exchange/{o}{s}" for o in OVERLAP_FORMS for s in ("", "/per-algorithm")}
+    # points without their algorithm (an older caller): the shared scope only
+    two = {k: [p[:2] for p in v] for k, v in groups(truth).items()}
+    assert select_ep_model(two, ("exchange",))["scope"] == "shared"
+
+
 def test_ep_summarize_reanalyses_exchange_records():
     """:func:`summarize_ep` re-runs the analysis from the ``raw`` records alone: the exchange
     records (pooled over rounds: per size the median) give the exchange fit, and layers built with

@@ -33,8 +33,9 @@ with two competing communication forms (:data:`COMM_FORMS`):
 
 ``rho`` and ``eta`` are fitted (:func:`fit_overlap`) on whole layers at the shapes
 :data:`EP_FIT_SHAPES` (flat and hierarchical, every chunk count), none a validation shape; the
-communication form and which of ``rho``/``eta`` are fitted at all (the overlap form:
-:data:`OVERLAP_FORMS`) are chosen together by leave-one-shape-out over those fit shapes
+communication form, which of ``rho``/``eta`` are fitted at all (the overlap form:
+:data:`OVERLAP_FORMS`) and whether one pair serves both dispatch algorithms or each has its own
+(:data:`OVERLAP_SCOPES`) are chosen together by leave-one-shape-out over those fit shapes
 (:func:`select_ep_model`); ``rho=0, eta=1`` (the ideal pipeline) is reported beside, and so is
 each communication form's own best (a diagnostic). Timings: the harness (``measure(runs=..., setup=barrier)``), median
 of the runs; a step's time is the slowest rank's; each figure the median over rounds, with the
@@ -60,7 +61,7 @@ from pathlib import Path
 from typing import Dict, List
 
 __all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPES", "EP_EXCHANGE_SIZES", "OVERLAP_FORMS",
-           "COMM_FORMS", "predict_ep_layer", "fit_overlap", "select_overlap", "select_ep_model", "run_ep",
+           "OVERLAP_SCOPES", "COMM_FORMS", "overlap_terms", "predict_ep_layer", "fit_overlap", "select_overlap", "select_ep_model", "run_ep",
            "summarize_ep", "pooled_links", "pooled_exchange", "exchange_bytes", "LinkFit", "ExchangeFit"]
 
 NODES, LOCAL = 2, 2
@@ -76,6 +77,10 @@ EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
 EP_FIT_SHAPES = ((448, 320, 160, 16, 4), (256, 512, 256, 16, 8), (640, 192, 96, 16, 2))
 #: the overlap model's forms: which of rho and eta are fitted (the others at the ideal, 0 and 1)
 OVERLAP_FORMS = ("ideal", "rho", "eta", "rho+eta")
+#: whether rho and eta are one pair for every dispatch algorithm (``shared``) or one pair per
+#: algorithm (``per-algorithm``: the flat and the hierarchical exchange may contend with the expert
+#: compute and overlap with it differently); chosen with the forms (:func:`select_ep_model`)
+OVERLAP_SCOPES = ("shared", "per-algorithm")
 #: the sizes (T per rank, H, E global, K) at which the dispatcher's own exchange is
 #: microbenchmarked (:func:`exchange_bytes`, :class:`ExchangeFit`): dispatch + combine, forward and
 #: backward, identity experts, per algorithm and chunk count. None shares T, H with a validation
@@ -278,33 +283,61 @@ def select_overlap(groups: Dict[str, list], forms=OVERLAP_FORMS) -> Dict[str, ob
     return dict(ov, form=best, loso=scores)
 
 
+def _point_algo(point):
+    """The dispatch algorithm of a fit point ``(measured, by[, algo])`` (None when not recorded)."""
+    return point[2] if len(point) > 2 else None
+
+
 def _model_fit(points, form: str) -> Dict[str, object]:
-    comm, of = form.split("/")
-    return dict(fit_overlap([(m, *by[comm]) for m, by in points], of), comm=comm, overlap=of)
+    """Fit the pair ``"comm/overlap"`` (one ``rho``/``eta`` for every point) or
+    ``"comm/overlap/per-algorithm"`` (one pair per dispatch algorithm, in ``by_algo``)."""
+    comm, of, *scope = form.split("/")
+    if not scope:
+        return dict(fit_overlap([(p[0], *p[1][comm]) for p in points], of), comm=comm, overlap=of, scope="shared")
+    by_algo = {}
+    for algo in sorted({_point_algo(p) for p in points}):
+        by_algo[algo] = fit_overlap([(p[0], *p[1][comm]) for p in points if _point_algo(p) == algo], of)
+    return dict(comm=comm, overlap=of, scope="per-algorithm", by_algo=by_algo)
+
+
+def overlap_terms(model, algo: str) -> Dict[str, float]:
+    """``rho`` and ``eta`` of a fitted EP model (:func:`select_ep_model`) for dispatch ``algo``."""
+    if model.get("scope") == "per-algorithm":
+        return model["by_algo"][algo]
+    return dict(rho=model["rho"], eta=model["eta"])
 
 
 def _model_accuracy(model, point) -> float:
-    m, by = point
-    return 1 - abs(_overlap_predict((m, *by[model["comm"]]), model) - m) / m
+    m, by = point[0], point[1]
+    return 1 - abs(_overlap_predict((m, *by[model["comm"]]), overlap_terms(model, _point_algo(point))) - m) / m
 
 
-def select_ep_model(groups: Dict[str, list], comm_forms=COMM_FORMS, forms=OVERLAP_FORMS) -> Dict[str, object]:
-    """The communication form (:data:`COMM_FORMS`) and the overlap form (:data:`OVERLAP_FORMS`)
-    chosen together from the fit shapes' layers only, as :func:`select_overlap` chooses the
-    overlap form: ``groups`` maps each fit shape to its ``(measured, {comm form: (compute, comm,
-    hideable)})`` points; each pair ``"comm/overlap"`` is scored by leave-one-shape-out
-    (:func:`~.sim.costs.leave_out_select`; ties to the earlier pair, ``links`` before
-    ``exchange``, simpler overlap forms first) and the best is refitted on every fit layer.
-    Returns ``rho``, ``eta``, ``comm``, ``overlap``, ``form`` (the pair) and ``loso`` (every
-    pair's score). The communication forms are those of ``comm_forms`` every point has."""
+def select_ep_model(groups: Dict[str, list], comm_forms=COMM_FORMS, forms=OVERLAP_FORMS,
+                    scopes=OVERLAP_SCOPES) -> Dict[str, object]:
+    """The communication form (:data:`COMM_FORMS`), the overlap form (:data:`OVERLAP_FORMS`) and
+    its scope (:data:`OVERLAP_SCOPES`) chosen together from the fit shapes' layers only, as
+    :func:`select_overlap` chooses the overlap form: ``groups`` maps each fit shape to its
+    ``(measured, {comm form: (compute, comm, hideable)}, algo)`` points (``algo`` may be left out:
+    then only the shared scope is scored); each candidate ``"comm/overlap"`` (shared) or
+    ``"comm/overlap/per-algorithm"`` is scored by leave-one-shape-out
+    (:func:`~.sim.costs.leave_out_select`; ties to the earlier candidate: ``links`` before
+    ``exchange``, simpler overlap forms first, shared before per-algorithm) and the best is
+    refitted on every fit layer. Returns ``comm``, ``overlap``, ``scope``, ``rho`` and ``eta``
+    (shared) or ``by_algo`` (per algorithm; :func:`overlap_terms` reads either), ``form`` (the
+    candidate) and ``loso`` (every candidate's score). The communication forms are those of
+    ``comm_forms`` every point has."""
     shapes = list(groups)
     if not shapes:
         raise ValueError("select_ep_model: no fit shapes")
     pts = [p for s in shapes for p in groups[s]]
-    comms = [c for c in comm_forms if all(c in by for _, by in pts)]
+    comms = [c for c in comm_forms if all(c in p[1] for p in pts)]
     if not comms:
         raise ValueError(f"select_ep_model: no communication form of {tuple(comm_forms)} priced on every fit layer")
     pairs = [f"{c}/{o}" for c in comms for o in forms]
+    if "per-algorithm" in scopes and all(_point_algo(p) is not None for p in pts):
+        pairs += [f"{c}/{o}/per-algorithm" for c in comms for o in forms]
+    if "shared" not in scopes:
+        pairs = [p for p in pairs if p.endswith("/per-algorithm")]
     scores = {}
     if len(shapes) >= 2:
         from .sim.costs import leave_out_select
@@ -571,7 +604,7 @@ def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", ro
         rows[key] = dict(measured_s=med(p["measured_s"] for p in per), by_comm=by,
                          measured_per_round=[p["measured_s"] for p in per])
     fit_keys = [json.dumps(list(f)) for f in fit_shapes]
-    groups = {fk: [(r["measured_s"], r["by_comm"]) for k, r in rows.items() if k.split("|")[0] == fk]
+    groups = {fk: [(r["measured_s"], r["by_comm"], k.split("|")[1]) for k, r in rows.items() if k.split("|")[0] == fk]
               for fk in fit_keys}
     ov = select_ep_model(groups, comm_forms)
     per_form = {cf: select_ep_model(groups, (cf,)) for cf in comm_forms
@@ -586,11 +619,11 @@ def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", ro
         r = rows[key]
         m = r["measured_s"]
         ideal = r["compute_s"] + r["comm_s"] - r["hideable_s"]
-        p = _overlap_predict((m, r["compute_s"], r["comm_s"], r["hideable_s"]), ov)
+        p = _overlap_predict((m, r["compute_s"], r["comm_s"], r["hideable_s"]), overlap_terms(ov, algo))
         T, H, F, E, K = json.loads(shape)
         by_comm = {}
         for cf, mod in per_form.items():
-            q = _overlap_predict((m, *r["by_comm"][cf]), mod)
+            q = _overlap_predict((m, *r["by_comm"][cf]), overlap_terms(mod, algo))
             by_comm[cf] = dict(predicted_s=q, accuracy=1 - abs(q - m) / m, compute_s=r["by_comm"][cf][0],
                                comm_s=r["by_comm"][cf][1])
         table.append(dict(T=T, H=H, F=F, E=E, K=K, algo=algo, overlap_chunks=int(c), predicted_s=p, measured_s=m,
@@ -616,6 +649,12 @@ def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", ro
                 load_average=os.getloadavg(), raw=raw)
 
 
+def _terms_text(model) -> str:
+    if model.get("scope") == "per-algorithm":
+        return "; ".join(f"{a}: rho={t['rho']:.3f}, eta={t['eta']:.3f}" for a, t in model["by_algo"].items())
+    return f"rho={model['rho']:.3f}, eta={model['eta']:.3f}"
+
+
 def format_ep_table(rep: dict) -> str:
     if "skipped" in rep:
         return rep["skipped"]
@@ -633,12 +672,11 @@ def format_ep_table(rep: dict) -> str:
                  f"{100 * rep['ideal_worst_accuracy']:.1f} %; communication / overlap form {ov.get('form', 'rho+eta')} "
                  f"chosen by leave-one-shape-out over the fit shapes {rep['fit_shapes']} ("
                  + ", ".join(f"{k} {100 * v:.1f} %" for k, v in ov.get("loso", {}).items())
-                 + f"): rho={ov['rho']:.3f}, eta={ov['eta']:.3f}; mean spread over rounds {100 * rep['mean_measured_spread']:.0f} %; "
+                 + f"): {_terms_text(ov)}; mean spread over rounds {100 * rep['mean_measured_spread']:.0f} %; "
                  f"{rep['rounds']} rounds x {rep['runs']} runs, veth {rep['rate']}, {rep['seconds']:.0f} s)")
     for cf, mod in rep.get("by_comm_form", {}).items():
-        lines.append(f"  with comm form {cf} (its best overlap form {mod['overlap']}, rho={mod['rho']:.3f}, "
-                     f"eta={mod['eta']:.3f}): mean {100 * mod['mean_accuracy']:.1f} %, worst "
-                     f"{100 * mod['worst_accuracy']:.1f} %; per row "
+        lines.append(f"  with comm form {cf} (its best overlap form {mod['form'].split('/', 1)[1]}, {_terms_text(mod)}): "
+                     f"mean {100 * mod['mean_accuracy']:.1f} %, worst {100 * mod['worst_accuracy']:.1f} %; per row "
                      + ", ".join(f"{100 * r['by_comm_form'][cf]['accuracy']:.1f}" for r in rep["validation"]) + " %")
     return "\n".join(lines)
 
