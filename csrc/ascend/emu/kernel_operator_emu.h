@@ -1857,6 +1857,35 @@ std::string kernel_label(const F& f) {
   return "an unnamed kernel";
 }
 
+// Start block `idx` of `num` on this thread's core context: an AIV block gets a UB of `ubCapacity`
+// bytes and no Cube memories, an AIC block the Cube memories `cap` (by space) and no UB, all filled
+// with 0xFF; a fresh pipe and pipe model, the GM model told which core runs.
+inline void begin_block(BlockContext& c, uint32_t idx, uint32_t num, bool aic, uint64_t ubCapacity,
+                        const uint64_t (&cap)[kNumSpaces], bool pipesOn, const std::string& label) {
+  c.blockIdx = idx;
+  c.blockNum = num;
+  c.aic = aic;
+  c.ubCapacity = aic ? 0 : ubCapacity;
+  c.ub.assign(aic ? 0 : ubCapacity, 0xFF);
+  for (int s = 1; s < kNumSpaces; ++s) {
+    c.cap[s] = aic ? cap[s] : 0;
+    c.mem[s].assign(aic ? cap[s] : 0, 0xFF);
+  }
+  c.pipe.reset();
+  c.active = true;
+  c.model.reset(pipesOn, !aic, idx, label);
+  gm_begin_block(core_id());
+}
+
+// End of a block's kernel: the data cache model's end of block, then every queue tensor must have
+// been freed (`who` names the block in the error).
+inline void end_block(BlockContext& c, const std::string& who) {
+  dc_end_block(core_id());
+  if (!c.pipe) return;
+  if (const Slot* s = leaked_slot(*c.pipe))
+    fail(who + " ended with " + s->owner + " still " + state_name(s->state) + " (every AllocTensor needs a FreeTensor)");
+}
+
 // Run `kernel(args...)` once per block, blocks one after another, each with a fresh UB of
 // `ubCapacity` bytes filled with 0xFF; then check that the block freed every queue tensor.
 // Returns the most UB any block allocated (the host compares it with the tiling's UB plan).
@@ -1876,25 +1905,13 @@ uint64_t launch(uint32_t blockDim, uint64_t ubCapacity, F&& kernel, Args... args
       current_kernel().clear();
     }
   } reset;
+  const uint64_t noCube[kNumSpaces] = {};
   dc_begin_launch();
   gm_begin_launch(pipesOn);
   for (uint32_t b = 0; b < blockDim; ++b) {
-    c.blockIdx = b;
-    c.blockNum = blockDim;
-    c.ubCapacity = ubCapacity;
-    c.ub.assign(ubCapacity, 0xFF);
-    c.aic = false;
-    c.pipe.reset();
-    c.active = true;
-    c.model.reset(pipesOn, true, b, name);
-    gm_begin_block(core_id());
+    begin_block(c, b, blockDim, false, ubCapacity, noCube, pipesOn, name);
     kernel(args...);
-    dc_end_block(core_id());
-    if (c.pipe) {
-      if (const Slot* s = leaked_slot(*c.pipe))
-        fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
-             " (every AllocTensor needs a FreeTensor)");
-    }
+    end_block(c, "block " + std::to_string(b));
     if (c.pipe) peak = c.pipe->used > peak ? c.pipe->used : peak;
     c.active = false;
   }
@@ -1939,27 +1956,10 @@ CubeMem launch_cube(uint32_t blockDim, CubeMem caps, F&& kernel, Args... args) {
   dc_begin_launch();
   gm_begin_launch(pipesOn);
   for (uint32_t b = 0; b < blockDim; ++b) {
-    c.blockIdx = b;
-    c.blockNum = blockDim;
-    c.ubCapacity = 0;
-    c.ub.clear();
-    for (int s = 1; s < kNumSpaces; ++s) {
-      c.cap[s] = cap[s];
-      c.mem[s].assign(cap[s], 0xFF);
-    }
-    c.aic = true;
-    c.pipe.reset();
-    c.active = true;
-    c.model.reset(pipesOn, false, b, name);
-    gm_begin_block(core_id());
+    begin_block(c, b, blockDim, true, 0, cap, pipesOn, name);
     kernel(args...);
-    dc_end_block(core_id());
-    if (c.pipe) {
-      if (const Slot* s = leaked_slot(*c.pipe))
-        fail("block " + std::to_string(b) + " ended with " + s->owner + " still " + state_name(s->state) +
-             " (every AllocTensor needs a FreeTensor)");
-      peak.take_max(*c.pipe);
-    }
+    end_block(c, "block " + std::to_string(b));
+    if (c.pipe) peak.take_max(*c.pipe);
     c.active = false;
   }
   return peak;
@@ -2004,27 +2004,13 @@ MixMem launch_mix(uint32_t groups, uint64_t ubCapacity, CubeMem caps, F&& kernel
         }
       }
       auto& c = ctx();
-      c.blockIdx = aic ? grp : 2 * grp + sub;
-      c.blockNum = groups;
-      c.aic = aic;
       c.sub = sub;
       c.mix = &g;
-      c.ubCapacity = aic ? 0 : ubCapacity;
-      c.ub.assign(aic ? 0 : ubCapacity, 0xFF);
-      for (int s = 1; s < kNumSpaces; ++s) {
-        c.cap[s] = aic ? cap[s] : 0;
-        c.mem[s].assign(aic ? cap[s] : 0, 0xFF);
-      }
-      c.pipe.reset();
-      c.active = true;
-      c.model.reset(pipesOn, !aic, c.blockIdx, name + (aic ? " (AIC)" : " (AIV)"));
-      gm_begin_block(core_id());
+      begin_block(c, aic ? grp : 2 * grp + sub, groups, aic, ubCapacity, cap, pipesOn,
+                  name + (aic ? " (AIC)" : " (AIV)"));
       try {
         kernel(args...);
-        dc_end_block(core_id());
-        if (c.pipe)
-          if (const Slot* sl = leaked_slot(*c.pipe))
-            fail(std::string(aic ? "AIC" : "AIV") + " block ended with " + sl->owner + " still " + state_name(sl->state));
+        end_block(c, std::string(aic ? "AIC" : "AIV") + " block");
         std::lock_guard<std::mutex> lk(peakMu);
         if (c.pipe) {
           if (aic)
