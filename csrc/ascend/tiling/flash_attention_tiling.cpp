@@ -8,6 +8,24 @@ namespace amo_ascend {
 
 namespace {
 
+// The fused kernels' AIV pipeline extras (fusedPipe), planned after their base UB plan of `fused`
+// bytes so that they never change baseM / baseN: the double buffers (`dbl` bytes) where they fit the
+// UB budget, then, with a causal mask, the mask triangle (`tri` bytes) where it fits too; sets
+// ubFusedBytes to the total.
+void plan_fused_extras(FlashAttentionTiling& t, uint64_t fused, uint64_t dbl, uint64_t tri, const ChipInfo& chip) {
+  t.fusedPipe = 0;
+  const uint64_t budget = ub_budget(chip);
+  if (fused + dbl <= budget) {
+    fused += dbl;
+    t.fusedPipe |= kFaPipeDouble;
+    if (t.mask == FlashAttentionMask::kCausal && fused + tri <= budget) {
+      fused += tri;
+      t.fusedPipe |= kFaPipeTri;
+    }
+  }
+  t.ubFusedBytes = static_cast<uint32_t>(fused);
+}
+
 // Fill the byte plan of t for its baseM / baseN.
 void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
@@ -24,24 +42,13 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   // output tile (R x its row stride), per-row broadcast blocks (8 fp32 per row), 10 state vectors, and
   // EmptyRow's 8 fp32 + output row
   const uint64_t outStride = (dv8 * e) % 32 == 0 ? dv8 : align_up(t.Dv, 16);
-  uint64_t fused = R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 + 10 * r8 * 4 + 32 +
+  const uint64_t fused = R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 + 10 * r8 * 4 + 32 +
                    align_up(t.Dv, 16) * e;
   // extras of the AIV pipeline, each only where it fits what the base plan leaves (fusedPipe; the base
   // plan alone decides baseM / baseN): the second S and P tiles and the alphas of the blocks the O
   // update trails by (kFlashAttentionFusedSlots - 1 in flight), then the causal mask triangle
-  t.fusedPipe = 0;
-  const uint64_t budget = ub_budget(chip);
-  const uint64_t dbl = R * N * 4 + R * N * e + (kFlashAttentionFusedSlots - 2) * r8 * 4;
-  if (fused + dbl <= budget) {
-    fused += dbl;
-    t.fusedPipe |= kFaPipeDouble;
-    const uint64_t tri = fa_tri_rows(N, R) * N * 4;
-    if (t.mask == FlashAttentionMask::kCausal && fused + tri <= budget) {
-      fused += tri;
-      t.fusedPipe |= kFaPipeTri;
-    }
-  }
-  t.ubFusedBytes = static_cast<uint32_t>(fused);
+  plan_fused_extras(t, fused, R * N * 4 + R * N * e + (kFlashAttentionFusedSlots - 2) * r8 * 4,
+                    fa_tri_rows(N, R) * N * 4, chip);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
@@ -84,24 +91,13 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   // rows (c x gradCols, input dtype), lse and delta (2 x up8(c) fp32), delta as loaded and the per-row
   // broadcast blocks (2 x up8(c) x 8 fp32), and the output row of the row-wise path
   const uint64_t c = std::min<uint64_t>(t.vecRows, 16), c8 = align_up(c, 8), gc = t.gradCols;
-  uint64_t fused = 2 * c * b * 4 + 2 * c * b * e + uint64_t(t.vecRows) * gc * 4 + c * gc * 4 + c * gc * e + 2 * c8 * 4 +
+  const uint64_t fused = 2 * c * b * 4 + 2 * c * b * e + uint64_t(t.vecRows) * gc * 4 + c * gc * 4 + c * gc * e + 2 * c8 * 4 +
                    2 * c8 * 8 * 4 + dmax * e;
   // extras where they fit (as the forward's): a second chunk of S, dP (fp32), P, dS, lse and delta (as
   // loaded too) and of product rows, for the prefetch of the next chunk; then the causal mask triangle
   // of a chunk
-  t.fusedPipe = 0;
-  const uint64_t budget = ub_budget(chip);
-  const uint64_t dbl = 2 * c * b * 4 + 2 * c * b * e + 2 * c8 * 4 + c8 * 8 * 4 + c * gc * 4;
-  if (fused + dbl <= budget) {
-    fused += dbl;
-    t.fusedPipe |= kFaPipeDouble;
-    const uint64_t tri = fa_tri_rows(b, c) * b * 4;
-    if (t.mask == FlashAttentionMask::kCausal && fused + tri <= budget) {
-      fused += tri;
-      t.fusedPipe |= kFaPipeTri;
-    }
-  }
-  t.ubFusedBytes = static_cast<uint32_t>(fused);
+  plan_fused_extras(t, fused, 2 * c * b * 4 + 2 * c * b * e + 2 * c8 * 4 + c8 * 8 * 4 + c * gc * 4,
+                    fa_tri_rows(b, c) * b * 4, chip);
 }
 
 uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {
