@@ -211,8 +211,12 @@ def check_bwd_budgets(t, Dk, Dr, Dv, causal):
     # R a multiple of 8 in [8, 64]), the R sums and a chunk's partials
     R_d = min(64, max(8, 65536 // (Dv * 12) // 8 * 8)) if Dv % 16 == 0 else 0
     assert t["deltaRows"] == R_d
+    # tile-wise amo_fab_dkrope when Dr > 0 and Dr % 16 == 0: R tokens of the running sum, two head rows
+    # (fp32) and the rounded output (within 64 KiB, R a multiple of 8 in [8, 128])
+    R_k = min(128, max(8, 65536 // (Dr * 14) // 8 * 8)) if Dr and Dr % 16 == 0 else 0
+    assert t["dkropeRows"] == R_k
     ub = max(2 * b * 4 + 2 * b * 2, 2 * gc * 4 + u16(max(Dk, Dr, Dv)) * 2,
-             2 * d * 4 + 2 * d * 2 + work(d) + 32, R_d * Dv * 12 + 2 * u8(R_d) * 4)
+             2 * d * 4 + 2 * d * 2 + work(d) + 32, R_d * Dv * 12 + 2 * u8(R_d) * 4, R_k * Dr * 14)
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
     assert l1 <= L1 and l0a <= L0A and l0b <= L0B and l0c <= L0C and ub <= UB_BUDGET
     assert R == math.ceil(b / 2)
@@ -376,6 +380,15 @@ def test_emu_mla_shape(check, lens, causal):
     # MLA: 128 nope + 64 shared rope, d_v = 128, default (full 128 x 128) tiles; the backward sums
     # dK_rope over the heads
     CHECKS[check](lens, 2, 128, 64, 128, torch.bfloat16, causal)
+
+
+@needs_emu
+def test_emu_backward_dk_rope_tiles(monkeypatch):
+    """amo_fab_dkrope tile-wise (Dr % 16 == 0): 290 key tokens in tiles of 128 on 2 AIVs (core 0 takes
+    tiles 0 and 2, the last one partial), 4 heads (the next head's rows load into the other buffer
+    while this one is added), against the fp64 reference."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "1")
+    _fab_check([200, 90], 4, 32, 16, 32, torch.bfloat16, True)
 
 
 @needs_emu

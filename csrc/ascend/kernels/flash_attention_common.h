@@ -1417,6 +1417,10 @@ class FabDkRope {
   __aicore__ inline void Run(const FlashAttentionBwdArgs& g, const FlashAttentionTiling& t) {
     TPipe pipe;
     g_.Set(g, t);
+    if (t.dkropeRows > 0) {
+      RunTiles(pipe, t);
+      return;
+    }
     FabDelta<T>::InitRowBuffers(pipe, t, xBuf_, yBuf_, sumBuf_, rowBuf_, work_, red_);
     LocalTensor<T> o = xBuf_.Get<T>();
     LocalTensor<float> sum = sumBuf_.Get<float>(), row = rowBuf_.Get<float>();
@@ -1443,6 +1447,48 @@ class FabDkRope {
   }
 
  private:
+  // Tile-wise (t.dkropeRows = R > 0, planned when Dr is a multiple of 16): the per-head rows of R
+  // consecutive tokens are contiguous in dkrh ([H][Tk][Dr] fp32), so tile k (tokens [kR, kR + R), on
+  // core k % blockNum) takes one DMA per head and one Add over the whole tile per head, in head order
+  // -- per element the same fp32 additions in the same order as the row form, so dK_rope is bitwise the
+  // same -- through a two-deep input queue (head h + 1 loads while head h is added); then one Cast and
+  // one DMA of the tile's rows.
+  __aicore__ inline void RunTiles(TPipe& pipe, const FlashAttentionTiling& t) {
+    const int64_t R = t.dkropeRows, d = t.Dr;
+    pipe.InitBuffer(sumBuf_, R * d * sizeof(float));
+    pipe.InitBuffer(inQ_, 2, R * d * sizeof(float));
+    pipe.InitBuffer(xBuf_, R * d * sizeof(T));
+    LocalTensor<float> sum = sumBuf_.Get<float>();
+    LocalTensor<T> o = xBuf_.Get<T>();
+    for (int64_t tok0 = GetBlockIdx() * R; tok0 < t.Tk; tok0 += GetBlockNum() * R) {
+      const uint32_t cnt = static_cast<uint32_t>(Min64(R, t.Tk - tok0) * d);
+      auto load = [&](int64_t h) {
+        LocalTensor<float> x = inQ_.template AllocTensor<float>();
+        DataCopy(x, g_.dkrh[(h * t.Tk + tok0) * d], cnt);
+        inQ_.EnQue(x);
+      };
+      SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous tile's Adds and Cast read sum
+      WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
+      DataCopy(sum, g_.dkrh[tok0 * d], cnt);
+      if (t.H > 1) load(1);
+      SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+      for (int64_t h = 1; h < t.H; ++h) {
+        if (h + 1 < t.H) load(h + 1);
+        LocalTensor<float> x = inQ_.template DeQue<float>();
+        Add(sum, sum, x, static_cast<int32_t>(cnt));
+        inQ_.FreeTensor(x);
+      }
+      Cast(o, sum, RoundMode::CAST_RINT, cnt);
+      SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
+      DataCopy(g_.dkro[tok0 * d], o, cnt);
+      SetFlag<HardEvent::MTE3_V>(EVENT_ID0);  // the next tile's Cast overwrites o
+      WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
+    }
+  }
+
+  TQue<TPosition::VECIN, 2> inQ_;
   FabTensors<T> g_;
   TBuf<TPosition::VECCALC> xBuf_, yBuf_, sumBuf_, rowBuf_, work_, red_;
 };

@@ -60,6 +60,7 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
 //         delta / dK_rope reduction: two fp32 rows and two input-dtype rows of up16(max(Dv, Dr)), work, 8 fp32
 //         tile-wise delta (Dv % 16 == 0): deltaRows rows of dout, out (input dtype) and their fp32 casts,
 //         2 x up8(deltaRows) fp32
+//         tile-wise dK_rope sum (Dr % 16 == 0): dkropeRows tokens of three fp32 rows and one input-dtype row
 void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
@@ -84,7 +85,18 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
     t.deltaRows = static_cast<uint32_t>(std::min<uint64_t>(64, std::max<uint64_t>(8, 65536 / perRow / 8 * 8)));
     delta = t.deltaRows * perRow + 2 * align_up(t.deltaRows, 8) * 4;
   }
-  t.ubBytes = std::max({softmax, acc, reduce, delta});
+  // amo_fab_dkrope tile-wise when Dr is a multiple of 16 (a token's dK_rope row is whole 32-byte blocks
+  // in fp32 and in the input dtype): R tokens of the running sum and of two per-head rows (fp32, the
+  // next head's loaded while this one is added) and of the rounded output; R a multiple of 8 in
+  // [8, 128] with the four tiles within 64 KiB
+  t.dkropeRows = 0;
+  uint64_t dkrope = 0;
+  if (t.Dr > 0 && t.Dr % 16 == 0) {
+    const uint64_t perTok = uint64_t(t.Dr) * (3 * 4 + e);
+    t.dkropeRows = static_cast<uint32_t>(std::min<uint64_t>(128, std::max<uint64_t>(8, 65536 / perTok / 8 * 8)));
+    dkrope = t.dkropeRows * perTok;
+  }
+  t.ubBytes = std::max({softmax, acc, reduce, delta, dkrope});
   // fused pass kernel amo_fab_fused, per AIV, tile-wise in chunks of c = min(vecRows, 16) rows: S and
   // dP (c x b fp32 each), P and dS (c x b, input dtype), the running sums of its vecRows gradient rows
   // (fp32, kept in UB for the whole item), a chunk of product rows (c x gradCols fp32) and of output

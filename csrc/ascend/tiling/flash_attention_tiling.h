@@ -90,6 +90,8 @@ struct FlashAttentionTiling {
                           // base plan (so they never change baseM / baseN): bit 0 (kFaPipeDouble) a second
                           // score tile and P tile (forward; backward: S and dP) for the prefetch of the next
                           // block, bit 1 (kFaPipeTri) the causal mask triangle (causal only)
+  uint32_t dkropeRows;    // backward: key tokens per tile of amo_fab_dkrope (0: token by token; set when Dr > 0
+                          // and Dr % 16 == 0)
 };
 constexpr uint32_t kFaPipeDouble = 1, kFaPipeTri = 2;
 // Rows of the causal mask triangle of a vector tile of `rows` rows and n columns: n + 2 rows - 1 (row i
