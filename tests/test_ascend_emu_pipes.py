@@ -20,6 +20,9 @@ CAUGHT = [
                    r"on PIPE_MTE2 \(issue #3, write\) are not ordered"),
     ("bad_mte2_v", r"pipe race \(read-after-write, missing sync MTE2->V\) in kernel bad_mte2_v.*"
                    r"DataCopy \(GM->UB\) on PIPE_MTE2 \(issue #1, write\) and Adds on PIPE_V \(issue #2, read\)"),
+    ("bad_prefetch_same_half", r"pipe race \(read-after-write, missing sync MTE2->V\) in kernel bad_prefetch_same_half, "
+                               r"block 0: UB bytes \[256, 512\) of TBuf #1: DataCopy \(GM->UB\) on PIPE_MTE2 "
+                               r"\(issue #3, write\) and Add on PIPE_V \(issue #4, read\)"),
     ("bad_mte3_mte2", r"write-after-read, missing sync MTE3->MTE2.*DataCopy \(UB->GM\) on PIPE_MTE3"),
     ("bad_gm_mte3_mte2", r"pipe race \(read-after-write, missing sync MTE3->MTE2\) in kernel bad_gm_mte3_mte2, block 0: "
                          r"GM bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\) of global memory: DataCopy \(UB->GM\) on PIPE_MTE3 "
@@ -45,7 +48,7 @@ CAUGHT = [
                    r"PipeBarrier<PIPE_M>\(\)"),
 ]
 
-CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_mte3_mte2", "ok_gm_mte3_mte2", "ok_pipe_all", "ok_scalar_wait", "ok_queues",
+CLEAN = ["ok_v_mte2", "ok_mte2_v", "ok_prefetch_other_half", "ok_mte3_mte2", "ok_gm_mte3_mte2", "ok_pipe_all", "ok_scalar_wait", "ok_queues",
          "ok_auto_sync_scalar_side", "ok_event_ids", "ok_cube_path", "ok_l0_fill_mmad", "ok_l1_fill_nd2nz", "ok_pipe_m",
          "ok_pipe_m_large"]
 

@@ -58,6 +58,24 @@ static void load_then_compute(bool mte2_v) {
   Adds(t, t, 1.0f, 64);
 }
 
+// Double buffering in one TBuf: half 0 loaded and synced, half 1 loaded (the next head) while V adds
+// half 0 (fine), or while V adds half 1 (a race: nothing orders that load before the read).
+static void prefetch_other_half(bool read_loaded_half) {
+  TPipe pipe;
+  TBuf<TPosition::VECCALC> s, b;
+  pipe.InitBuffer(s, 256);
+  pipe.InitBuffer(b, 512);
+  auto sum = s.Get<float>(), rows = b.Get<float>();
+  DataCopy(sum, gt(g_in), 64);
+  DataCopy(rows, gt(g_in)[64], 64);
+  SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+  DataCopy(rows[64], gt(g_in)[128], 64);
+  Add(sum, sum, rows[read_loaded_half ? 64 : 0], 64);
+  SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
+  WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
+}
+
 // A row stored (MTE3 reads it) and then reloaded (MTE2 overwrites it).
 static void store_then_reload(bool mte3_mte2) {
   TPipe pipe;
@@ -204,6 +222,8 @@ static std::map<std::string, std::function<void()>> vector_cases() {
       {"ok_v_mte2", [] { reload(true); }},
       {"bad_mte2_v", [] { load_then_compute(false); }},
       {"ok_mte2_v", [] { load_then_compute(true); }},
+      {"ok_prefetch_other_half", [] { prefetch_other_half(false); }},
+      {"bad_prefetch_same_half", [] { prefetch_other_half(true); }},
       {"bad_mte3_mte2", [] { store_then_reload(false); }},
       {"ok_mte3_mte2", [] { store_then_reload(true); }},
       {"bad_gm_mte3_mte2", [] { gm_store_then_load(false); }},

@@ -178,9 +178,14 @@ class PipeModel {
     a.write = write;
     a.known = vc_[q];
     a.instr = cur_.name;
-    if (!list.empty()) {  // merge with the last record of the same pipe and kind when contiguous
+    // merge with the last record when it is the same instruction's (e.g. the rows of one strided DMA)
+    // and contiguous; never across instructions: the merged record would carry the later one's
+    // sequence number, so an access ordered after the earlier instruction but not the later one,
+    // reading only the earlier one's bytes, would be reported as a race (a load into one half of a
+    // buffer while the vector unit reads the other half)
+    if (!list.empty()) {
       Access& l = list.back();
-      if (l.pipe == q && l.write == write && l.lo <= hi && lo <= l.hi) {
+      if (l.issue == a.issue && l.pipe == q && l.write == write && l.lo <= hi && lo <= l.hi) {
         a.lo = l.lo < lo ? l.lo : lo;
         a.hi = l.hi > hi ? l.hi : hi;
         l = a;
