@@ -1462,19 +1462,14 @@ class FabDkRope {
     LocalTensor<T> o = xBuf_.Get<T>();
     for (int64_t tok0 = GetBlockIdx() * R; tok0 < t.Tk; tok0 += GetBlockNum() * R) {
       const uint32_t cnt = static_cast<uint32_t>(Min64(R, t.Tk - tok0) * d);
-      auto load = [&](int64_t h) {
-        LocalTensor<float> x = inQ_.template AllocTensor<float>();
-        DataCopy(x, g_.dkrh[(h * t.Tk + tok0) * d], cnt);
-        inQ_.EnQue(x);
-      };
       SetFlag<HardEvent::V_MTE2>(EVENT_ID0);  // the previous tile's Adds and Cast read sum
       WaitFlag<HardEvent::V_MTE2>(EVENT_ID0);
       DataCopy(sum, g_.dkrh[tok0 * d], cnt);
-      if (t.H > 1) load(1);
+      if (t.H > 1) LoadHead(g_.dkrh[(t.Tk + tok0) * d], cnt);
       SetFlag<HardEvent::MTE2_V>(EVENT_ID0);
       WaitFlag<HardEvent::MTE2_V>(EVENT_ID0);
       for (int64_t h = 1; h < t.H; ++h) {
-        if (h + 1 < t.H) load(h + 1);
+        if (h + 1 < t.H) LoadHead(g_.dkrh[((h + 1) * t.Tk + tok0) * d], cnt);
         LocalTensor<float> x = inQ_.template DeQue<float>();
         Add(sum, sum, x, static_cast<int32_t>(cnt));
         inQ_.FreeTensor(x);
@@ -1486,6 +1481,13 @@ class FabDkRope {
       SetFlag<HardEvent::MTE3_V>(EVENT_ID0);  // the next tile's Cast overwrites o
       WaitFlag<HardEvent::MTE3_V>(EVENT_ID0);
     }
+  }
+
+  // one head's rows of the tile into the input queue
+  __aicore__ inline void LoadHead(const GlobalTensor<float>& src, uint32_t cnt) {
+    LocalTensor<float> x = inQ_.template AllocTensor<float>();
+    DataCopy(x, src, cnt);
+    inQ_.EnQue(x);
   }
 
   TQue<TPosition::VECIN, 2> inQ_;
