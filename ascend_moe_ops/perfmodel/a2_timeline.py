@@ -351,7 +351,7 @@ class _Sim:
         self.x_lat = t["cross_core_flag_latency_cycles"] * self.cyc
         self.dma_lat = t["dma_latency_cycles"] * self.cyc
         # a LoadData's data reach L0A/L0B this long after the pipe is done with it (pipelined)
-        self.lat_after = [0.0] * 9
+        self.lat_after = [0.0] * (WAIT + 1)  # per record kind
         self.lat_after[MTE1] = t["mte1_latency_cycles"] * self.cyc
         self.issue_dt = t["issue_cycles"] * self.cyc
         self.events: list = []   # (time, counter, core, rec, phase): 0 the DMA starts (L2 lookup), 1 it ends

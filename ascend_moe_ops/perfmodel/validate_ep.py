@@ -72,7 +72,7 @@ EP_CALIBRATION = [(256, 256, 128, 4, 4), (768, 320, 96, 4, 2), (512, 384, 192, 4
 EP_VALIDATION = [(512, 256, 128, 16, 4), (384, 384, 192, 16, 6)]
 #: the whole-layer shapes (T per rank, H, F, E global, K) the overlap terms rho and eta are fitted
 #: on (flat and hierarchical, every chunk count), and the form of the overlap model chosen
-#: (:func:`select_overlap`); none is a validation shape. Their communication-to-compute ratios
+#: (:func:`select_ep_model`); none is a validation shape. Their communication-to-compute ratios
 #: bracket the validation shapes'.
 EP_FIT_SHAPES = ((448, 320, 160, 16, 4), (256, 512, 256, 16, 8), (640, 192, 96, 16, 2))
 #: the overlap model's forms: which of rho and eta are fitted (the others at the ideal, 0 and 1)
@@ -189,7 +189,7 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
     if exchange is not None:  # the reordering is in the exchange's microbenchmark
         compute = sum(costs.time(o) for o in ops if o.kind not in _REORDER_KINDS)
         comm = exchange.time(algo, chunks, exchange_bytes(T, H, E, K, algo=algo, dtype=dtype))
-        hidden = min(compute, comm) * (1.0 - 1.0 / chunks)
+        hidden = _hideable(compute, comm, chunks)
         return dict(predicted_s=compute * (1.0 + rho) + comm - eta * hidden, compute_s=compute, comm_s=comm,
                     hideable_s=hidden)
     extra = 1 if algo == "flat" else 2
@@ -210,9 +210,14 @@ def predict_ep_layer(costs, links: LinkFit, T: int, H: int, F: int, E: int, K: i
     combine = (links.time("inter", tr["combine_inter_node_bytes"] * per)
                + links.time("intra", tr["combine_intra_node_bytes"] * per))
     comm = chunks * (2 * (dispatch + combine) + lat)
-    hidden = min(compute, comm) * (1.0 - 1.0 / chunks)
+    hidden = _hideable(compute, comm, chunks)
     total = compute * (1.0 + rho) + comm - eta * hidden
     return dict(predicted_s=total, compute_s=compute, comm_s=comm, hideable_s=hidden)
+
+
+def _hideable(compute: float, comm: float, chunks: int) -> float:
+    """What a ``chunks``-deep pipeline can hide at best: ``min(C, comm) * (1 - 1/c)``."""
+    return min(compute, comm) * (1.0 - 1.0 / chunks)
 
 
 #: the op kinds of the layer that are the dispatcher's work in the EP layer (in the exchange form,
@@ -264,23 +269,17 @@ def _overlap_predict(p, ov) -> float:
 
 def select_overlap(groups: Dict[str, list], forms=OVERLAP_FORMS) -> Dict[str, object]:
     """The overlap form and its fit from the fit shapes' layers only: ``groups`` maps each fit
-    shape to its ``(measured, compute, comm, hideable)`` points. Each form of ``forms`` is scored
-    by leave-one-shape-out (fit on the other shapes' layers, predict the left-out shape's, mean
-    accuracy ``1 - |p - m| / m``); the best wins (ties, within 1e-9, to the earlier, simpler form)
-    and is refitted on every fit layer. With one fit shape there is nothing to leave out: the
-    last form is used (the earlier behaviour)."""
-    shapes = list(groups)
-    if not shapes:
+    shape to its ``(measured, compute, comm, hideable)`` points. :func:`select_ep_model` with one
+    communication form and the shared scope: each form of ``forms`` is scored by
+    leave-one-shape-out (mean accuracy ``1 - |p - m| / m``); the best wins (ties, within 1e-9, to
+    the earlier, simpler form) and is refitted on every fit layer. With one fit shape there is
+    nothing to leave out: the last form is used. Returns ``rho``, ``eta``, ``form``, ``loso``."""
+    if not groups:
         raise ValueError("select_overlap: no fit shapes")
-    scores = {}
-    if len(shapes) >= 2:
-        from .sim.costs import leave_out_select
-        best, scores = leave_out_select([groups[s] for s in shapes], list(forms), fit_overlap,
-                                        lambda ov, p: 1 - abs(_overlap_predict(p, ov) - p[0]) / p[0])
-    else:
-        best = forms[-1]
-    ov = fit_overlap([p for s in shapes for p in groups[s]], best)
-    return dict(ov, form=best, loso=scores)
+    one = {s: [(p[0], {"links": tuple(p[1:])}) for p in pts] for s, pts in groups.items()}
+    m = select_ep_model(one, ("links",), tuple(forms), ("shared",))
+    return dict(rho=m["rho"], eta=m["eta"], form=m["overlap"],
+                loso={f.split("/", 1)[1]: v for f, v in m["loso"].items()})
 
 
 def _point_algo(point):
@@ -596,11 +595,11 @@ def summarize_ep(raw: dict, *, fit_shapes=EP_FIT_SHAPES, rate: str = "1gbit", ro
         per = [rd["layers"][key] for rd in raw["rounds"]]
         cl = med(p["compute_s"] for p in per)
         comm = predict_ep_layer(_NoCompute(), links, *v, algo=algo, chunks=c)["comm_s"]
-        by = {"links": (cl, comm, min(cl, comm) * (1.0 - 1.0 / c))}
+        by = {"links": (cl, comm, _hideable(cl, comm, c))}
         if xfit is not None and all("exchange" in p for p in per):
             cx = med(p["exchange"]["compute_s"] for p in per)
             kx = predict_ep_layer(_NoCompute(), links, *v, algo=algo, chunks=c, exchange=xfit)["comm_s"]
-            by["exchange"] = (cx, kx, min(cx, kx) * (1.0 - 1.0 / c))
+            by["exchange"] = (cx, kx, _hideable(cx, kx, c))
         rows[key] = dict(measured_s=med(p["measured_s"] for p in per), by_comm=by,
                          measured_per_round=[p["measured_s"] for p in per])
     fit_keys = [json.dumps(list(f)) for f in fit_shapes]

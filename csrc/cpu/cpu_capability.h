@@ -6,6 +6,18 @@
 // level; a -march=native build has one copy, for the build CPU (docs/environment.md, README "Install").
 #pragma once
 
+// The `#pragma GCC target` of each level's units in a portable build (grouped_gemm_kernel_{avx512,
+// avx512_bf16,amx}.cpp, moe_unpermute_kernel_avx512.cpp), written once: units of one level must
+// compile the vector layer's inline functions in its namespace with the same target, or the copies
+// the linker keeps would differ. AMO_ISA_TARGET_PUSH(AMO_TARGET_AVX512) ... AMO_ISA_TARGET_POP().
+#define AMO_TARGET_AVX512 "avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512bw,avx512vl,avx512dq,avx512cd"
+#define AMO_TARGET_AVX512_BF16 AMO_TARGET_AVX512, "avx512bf16"
+#define AMO_TARGET_AMX AMO_TARGET_AVX512_BF16, "amx-tile,amx-bf16"
+#define AMO_ISA_PRAGMA_(x) _Pragma(#x)
+#define AMO_ISA_PRAGMA(x) AMO_ISA_PRAGMA_(x)
+#define AMO_ISA_TARGET_PUSH(...) _Pragma("GCC push_options") AMO_ISA_PRAGMA(GCC target(__VA_ARGS__))
+#define AMO_ISA_TARGET_POP() _Pragma("GCC pop_options")
+
 namespace amo {
 namespace cpu {
 

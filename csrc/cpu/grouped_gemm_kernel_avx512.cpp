@@ -18,17 +18,17 @@
 #include <type_traits>
 
 #include "common/bf16.h"
+#include "cpu/cpu_capability.h"
 
 #if AMO_PORTABLE_ISA
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512bw,avx512vl,avx512dq,avx512cd")
+AMO_ISA_TARGET_PUSH(AMO_TARGET_AVX512)
 #define AMO_ISA_AVX512 1
 #define AMO_ISA_AVX512_BF16 0
 #define AMO_ISA_AMX 0
 #define AMO_GG_NS isa_avx512
 #define AMO_VEC_NS isa_avx512
 #include "cpu/grouped_gemm_kernel_impl.h"
-#pragma GCC pop_options
+AMO_ISA_TARGET_POP()
 
 AMO_GG_DEFINE_TABLE(tile_kernels_avx512, "avx512")
 #endif

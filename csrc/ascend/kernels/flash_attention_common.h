@@ -230,6 +230,23 @@ __aicore__ inline void FaBuildTri(const LocalTensor<float>& tri, int64_t n, int6
   }
 }
 
+// Causal mask of an R x n fp32 tile s whose row u sees u + c columns (R at most the Rt rows the
+// triangle tri of FaBuildTri(tri, n, Rt) was built for): nothing when every row sees the whole block,
+// all -inf when none sees a key, else one Add of the triangle's rows from c + Rt - 1 (0 in the columns
+// a row sees, -inf past them). x + 0 = x (a -0 becomes +0, which changes no result: it only meets max,
+// subtractions that give +-0 and exp) and x + -inf = -inf for every finite x, as the per-row masks
+// that the tile would otherwise take (up to two bit-mask Duplicates per row).
+__aicore__ inline void FaCausalTri(const LocalTensor<float>& s, const LocalTensor<float>& tri, int64_t n, int64_t Rt,
+                                   int64_t R, int64_t c) {
+  if (c >= n) return;
+  const int32_t cnt = static_cast<int32_t>(R * n);
+  if (c + R - 1 <= 0) {
+    Duplicate(s.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), cnt);
+    return;
+  }
+  Add(s, s, tri[static_cast<uint32_t>((c + Rt - 1) * n)], cnt);
+}
+
 // ---- Cube phases ------------------------------------------------------------------------------------
 template <typename T>
 class FaCube {

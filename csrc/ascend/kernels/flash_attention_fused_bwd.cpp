@@ -245,16 +245,9 @@ class FabFused {
   }
 
   // Causal mask of the R x b chunk whose row u sees u + c columns (before the column limit of the
-  // block): as the forward's CausalTri, with the triangle of Chunk() rows.
+  // block): FaCausalTri, with the triangle of Chunk() rows.
   __aicore__ inline void CausalTri(const LocalTensor<float>& s, int64_t R, int64_t c) {
-    const int64_t n = t_.baseM;
-    if (c >= n) return;
-    const int32_t cnt = static_cast<int32_t>(R * n);
-    if (c + R - 1 <= 0) {
-      Duplicate(s.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), cnt);
-      return;
-    }
-    Add(s, s, triT_.Get<float>()[static_cast<uint32_t>((c + Chunk() - 1) * n)], cnt);
+    FaCausalTri(s, triT_.Get<float>(), t_.baseM, Chunk(), R, c);
   }
 
   // Columns of block it that query row r of the block sees (causal: up to its last key), and keys it

@@ -308,20 +308,10 @@ class FaFused {
     SetFlag<HardEvent::MTE3_V>(ev);
   }
 
-  // Causal mask of the R x n tile whose row u sees u + c columns: nothing when every row sees the whole
-  // block, all -inf when none sees a key, else one Add of the triangle's rows from c + vecRows - 1 (0 in
-  // the columns a row sees, -inf past them). x + 0 = x (a -0 becomes +0, which changes no result: it
-  // only meets max, subtractions that give +-0 and exp) and x + -inf = -inf for every finite x, as
-  // the per-row masks that the tile would otherwise take (up to two bit-mask Duplicates per row).
+  // Causal mask of the R x n tile whose row u sees u + c columns (FaCausalTri, the triangle of
+  // vecRows rows).
   __aicore__ inline void CausalTri(const LocalTensor<float>& s, int64_t R, int64_t c) {
-    const int64_t n = t_.baseN;
-    if (c >= n) return;
-    const int32_t cnt = static_cast<int32_t>(R * n);
-    if (c + R - 1 <= 0) {
-      Duplicate(s.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), cnt);
-      return;
-    }
-    Add(s, s, triT_.Get<float>()[static_cast<uint32_t>((c + t_.vecRows - 1) * n)], cnt);
+    FaCausalTri(s, triT_.Get<float>(), t_.baseN, t_.vecRows, R, c);
   }
 
   // Rows that see no key at all (causal, the item's first block): a zero P row, m = l = 0, alpha = 1,
