@@ -109,6 +109,25 @@ def test_single_buffering_costs_the_sum_of_its_stages(driver):
             tl.simulate(launch(driver, "pipe_single"), table).predicted_s
 
 
+def test_a_repeat_form_vector_instruction_costs_its_iterations_not_its_span(driver):
+    """The vector unit runs a repeat-form instruction as repeatTimes iterations of 256 B (API reference,
+    repeatTimes), whatever its strides and mask: two 64-column halves of a 64 x 128 fp32 tile cost what
+    the whole tile costs in the count form, and a one-block mask costs a whole iteration per repeat.
+    (Charging the span of the strided operands, as the model did before, doubled the halves' cost.)"""
+    rec = launch(driver, "vec_repeat")
+    names = rec["names"]
+    local = {}
+    for r in rec["cores"][0]["recs"]:
+        if r[0] == tl.V:
+            local[names[r[1]]] = local.get(names[r[1]], 0) + r[5]
+    assert local["Add"] == 2 * 64 * 256        # 2 instructions x 64 repeats x 256 B
+    assert local["Sub"] == 64 * 128 * 4        # the count form: the tile's bytes
+    assert local["Add"] == local["Sub"]
+    assert local["Mul"] == 64 * 256            # 64 repeats, 32 B each touched: 64 iterations
+    m = tl.simulate(rec)
+    assert m.busy["V"] > 0
+
+
 def test_a_missing_flag_is_rejected_not_modelled_faster(driver):
     out = run_case(driver, "pipe_missing_flag")
     assert out.startswith("EmuError") and "missing sync MTE2->V" in out, out

@@ -121,6 +121,27 @@ static void pipeline_kernel(PipeVariant v) {
   }
 }
 
+// ---- vector instructions of the repeat form: their cost is their iterations, not their span ------
+// One AIV, a 64 x 128 fp32 tile: Add over two 64-column halves (2 instructions x 64 repeats, row
+// stride 16 blocks), Sub over the whole tile in the count form (32 KB = 128 iterations), Mul with an
+// 8-element mask (64 repeats that touch 32 B each, 2 KB in all, spread over the tile).
+constexpr uint32_t kVecRows = 64, kVecCols = 128;
+
+static void vec_repeat_kernel() {
+  TPipe pipe;
+  TBuf<TPosition::VECCALC> xb, yb;
+  pipe.InitBuffer(xb, kVecRows * kVecCols * sizeof(float));
+  pipe.InitBuffer(yb, kVecRows * kVecCols * sizeof(float));
+  LocalTensor<float> x = xb.Get<float>(), y = yb.Get<float>();
+  Duplicate(x, 1.0f, static_cast<int32_t>(kVecRows * kVecCols));
+  Duplicate(y, 2.0f, static_cast<int32_t>(kVecRows * kVecCols));
+  const uint8_t rep = kVecCols / 8;
+  const BinaryRepeatParams p(1, 1, 1, rep, rep, rep);
+  for (uint32_t c0 = 0; c0 < kVecCols; c0 += 64) Add(x[c0], x[c0], y[c0], 64, kVecRows, p);
+  Sub(x, x, y, static_cast<int32_t>(kVecRows * kVecCols));
+  Mul(x, x, y, 8, kVecRows, p);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const std::string name = argv[1];
@@ -137,6 +158,9 @@ int main(int argc, char** argv) {
       ascend_emu::timeline::start(true);  // 24 x 200 Mmads of 128^3: timing only
       ascend_emu::launch_cube(kCubeBlocks, ascend_emu::CubeMem{512 * 1024, 64 * 1024, 64 * 1024, 128 * 1024},
                               mmad_chain_kernel);
+    } else if (name == "vec_repeat") {
+      ascend_emu::timeline::start(false);
+      ascend_emu::launch(1, 192 * 1024, vec_repeat_kernel);
     } else if (pipes.count(name)) {
       const PipeVariant v = pipes[name];
       ascend_emu::timeline::start(false);

@@ -1357,6 +1357,11 @@ template <typename T>
 inline void rep_touch(const LocalTensor<T>& t, uint64_t span, bool write) {
   t.emu_touch(span * sizeof(T), write);
 }
+// The timeline's charge of a repeat-form vector instruction: `repeats` iterations of 256 B each (the
+// spans above order the accesses; they include the stride gaps, which cost no iteration).
+inline void rep_work(int64_t repeats) {
+  if (auto* tl = ascend_emu::ctx().model.tl()) tl->vec_iterations(static_cast<uint64_t>(repeats));
+}
 // The repeat loop of the high-dimension forms, for N source operands with their block / repeat
 // strides: the checks, every operand's span (dst first, then the sources) and its pipe-model charge,
 // then f(x) per selected element, x[j] the element of source j. Every source element is read before
@@ -1375,6 +1380,7 @@ void repeat_hd(const char* name, const LocalTensor<T>& dst, uint32_t dstBlk, uin
   issue(PIPE_V, name);
   for (size_t j = 0; j < N; ++j) rep_touch(*src[j], ss[j], false);
   rep_touch(dst, sd, true);
+  rep_work(repeat);
   std::vector<std::pair<uint64_t, T>> out;
   out.reserve(size_t(repeat) * m.per);
   for (int64_t r = 0; r < repeat; ++r)
@@ -1467,6 +1473,7 @@ void duplicate_hd(const LocalTensor<T>& dst, const T& v, const RepMask& m, uint8
   dst.need(sd, "Duplicate");
   issue(PIPE_V, "Duplicate");
   rep_touch(dst, sd, true);
+  rep_work(repeat);
   for (int64_t r = 0; r < repeat; ++r)
     for (int i = 0; i < m.per; ++i)
       if (m.on(i)) dst.data()[rep_off<T>(r, i, blk, rep)] = v;
@@ -1504,6 +1511,7 @@ void whole_reduce(const char* name, const LocalTensor<T>& dst, const LocalTensor
   issue(PIPE_V, name);
   rep_touch(src, ss, false);
   rep_touch(dst, sd, true);
+  rep_work(repeat);
   std::vector<float> res(static_cast<size_t>(repeat));
   constexpr int per = 256 / sizeof(T);
   for (int32_t r = 0; r < repeat; ++r) {
@@ -1574,6 +1582,7 @@ void Brcb(const LocalTensor<T>& dst, const LocalTensor<T>& src, const uint8_t re
   detail::issue(PIPE_V, "Brcb");
   src.emu_touch(ss * sizeof(T), false);
   dst.emu_touch(sd * sizeof(T), true);
+  detail::rep_work(repeatTimes);
   for (int64_t r = 0; r < repeatTimes; ++r)
     for (int b = 0; b < 8; ++b) {
       const T v = src.data()[r * 8 + b];

@@ -99,6 +99,17 @@ class CoreRec {
       curMax_ = bytes;
     }
   }
+  // A vector instruction of the repeat (high-dimension) form: the vector unit runs it as `repeats`
+  // iterations of one 256-byte (8 x 32 B block) step each, whatever its strides or mask (API reference,
+  // repeatTimes), so its work is repeats x 256 B, not the span of its strided operands.
+  void vec_iterations(uint64_t repeats) {
+    if (recs_.empty()) return;
+    const uint64_t bytes = repeats * kVecIterationBytes;
+    Rec& r = recs_.back();
+    r.local = r.local - curMax_ + bytes;
+    curMax_ = bytes;
+  }
+  static constexpr uint64_t kVecIterationBytes = 256;
   void join(const TlClock& c) {  // an auto-sync edge of the current instruction
     if (recs_.empty()) return;
     for (int i = 0; i < kPipes; ++i) recs_.back().clock[i] = c[i] > recs_.back().clock[i] ? c[i] : recs_.back().clock[i];
