@@ -84,8 +84,11 @@ def check_budgets(t, Dk, Dr, Dv, causal):
     u8 = lambda x: (x + 7) // 8 * 8
     dk, dr, dv = u16(Dk), (u16(Dr) if Dr else 0), u16(Dv)
     l1 = M * (dk + dr) * 2 + t["l1Buffers"] * (N * (dk + dr + dv) * 2 + M * N * 2)
-    l0a = t["l0Buffers"] * M * max(dk, dr, N) * 2
-    l0b = t["l0Buffers"] * N * max(dk, dr, dv) * 2
+    # Q . K^T in column chunks of qkChunk (a multiple of 16, never below 64 or the other L0 operands)
+    dq = min(dk, t["qkChunk"]) if t["qkChunk"] else dk
+    assert dq % 16 == 0 and (dq == dk or dq >= max(64, dr, dv, N))
+    l0a = t["l0Buffers"] * M * max(dq, dr, N) * 2
+    l0b = t["l0Buffers"] * N * max(dq, dr, dv) * 2
     l0c = t["l0cBuffers"] * M * max(N, dv) * 4
     ub = t["ubBuffers"] * R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + 3 * u8(R) * 4 + work(N) + 32
     assert (t["l1Bytes"], t["l0aBytes"], t["l0bBytes"], t["l0cBytes"], t["ubBytes"]) == (l1, l0a, l0b, l0c, ub)
@@ -124,6 +127,17 @@ def test_mla_shape_uses_full_blocks(driver):
     assert r["ok"] and r["key"] == 2
     assert (r["baseM"], r["baseN"], r["vecRows"]) == (128, 128, 64)
     assert r["blockDim"] == 24
+
+
+def test_wide_qk_heads_split_the_head_dim_not_the_blocks(driver):
+    # Pangu / DeepSeek q/k heads of 192 without a shared rope key: a whole 192-wide Q row in each of two
+    # L0A buffers would allow only 80-row blocks; Q . K^T as two Mmads (128 + 64 columns) keeps 128 x 128
+    (r,) = driver([(2, 192, 0, 128, True, BF16, 0, 24, [0, 4096])])
+    assert r["ok"] and (r["baseM"], r["baseN"], r["qkChunk"]) == (128, 128, 128)
+    check_budgets(r, 192, 0, 128, True)
+    # heads that fit whole keep one Mmad
+    (r,) = driver([(16, 128, 64, 128, True, BF16, 0, 24, [0, 4096])])
+    assert r["qkChunk"] == 128 and r["baseM"] == 128
 
 
 def test_few_items_few_cores(driver):
@@ -380,6 +394,17 @@ def test_emu_mla_shape(check, lens, causal):
     # MLA: 128 nope + 64 shared rope, d_v = 128, default (full 128 x 128) tiles; the backward sums
     # dK_rope over the heads
     CHECKS[check](lens, 2, 128, 64, 128, torch.bfloat16, causal)
+
+
+@needs_emu
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_emu_wide_qk_heads_in_head_dim_chunks(monkeypatch, causal):
+    """q/k heads of 200 (no rope key) at the default 128 x 128 blocks: Q . K^T as two Mmads of 128 and
+    72 columns (the second zero-padded to 80) accumulating in L0C; the forward against the fp64
+    reference, and fused == phase kernels bitwise (forward and backward)."""
+    monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "2")
+    _fa_check([130, 7], 1, 200, 0, 64, torch.bfloat16, causal)
+    _assert_fused_equals_phases(monkeypatch, [130, 7], 1, 200, 0, 64, causal=causal, seeds=(2, 3))
 
 
 @needs_emu

@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
           << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"l1Bytes\":" << t.l1Bytes
           << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes << ",\"l0cBytes\":" << t.l0cBytes
           << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"fusedPipe\":" << t.fusedPipe << ",\"deltaRows\":" << t.deltaRows
-          << ",\"dkropeRows\":" << t.dkropeRows
+          << ",\"dkropeRows\":" << t.dkropeRows << ",\"qkChunk\":" << t.qkChunk
           << ",\"items\":" << w.items
           << ",\"steps\":" << w.steps
           << ",\"blocks\":" << blocks << ",\"fusedMaxKV\":" << fusedMax[0] << ",\"plainMaxKV\":" << plainMax[0]
@@ -242,6 +242,7 @@ int main(int argc, char** argv) {
         << ",\"l0Buffers\":" << t.l0Buffers << ",\"l0cBuffers\":" << t.l0cBuffers << ",\"ubBuffers\":" << t.ubBuffers
         << ",\"l1Bytes\":" << t.l1Bytes << ",\"l0aBytes\":" << t.l0aBytes << ",\"l0bBytes\":" << t.l0bBytes
         << ",\"l0cBytes\":" << t.l0cBytes << ",\"ubBytes\":" << t.ubBytes << ",\"ubFusedBytes\":" << t.ubFusedBytes << ",\"fusedPipe\":" << t.fusedPipe
+        << ",\"qkChunk\":" << t.qkChunk
         << ",\"vecBlockDim\":" << t.vecBlockDim << ",\"items\":" << items << ",\"keyless\":" << keyless
         << ",\"steps\":" << flash_attention_workspace(t).steps << ",\"fusedMax\":" << fusedMax
         << ",\"plainMax\":" << plainMax << ",\"coverage\":\"" << (err.empty() ? "ok" : err) << "\"}";

@@ -251,10 +251,18 @@ __aicore__ inline void FaCausalTri(const LocalTensor<float>& s, const LocalTenso
 template <typename T>
 class FaCube {
  public:
+  // Columns of the Q . K^T chunk that starts at head-dim column k0 (the tiling's qkChunk, a multiple of
+  // 16; 0 or >= Dk: the whole head dim, one Mmad). The callers run at least one chunk (Dk = 0: one
+  // Mmad with K = 0, as before the chunks).
+  __aicore__ static inline int64_t QkCols(const FlashAttentionTiling& t, int64_t k0) {
+    const int64_t chunk = t.qkChunk && t.qkChunk < t.Dk ? static_cast<int64_t>(t.qkChunk) : t.Dk;
+    const int64_t left = t.Dk - k0;
+    return left < chunk ? left : chunk;
+  }
   // Forward buffers: Q parts / P on the A side, K parts / V on the B side, S / O_partial in L0C. The L1
   // budget keeps room for the fused forward's Q block (InitQ).
   __aicore__ inline void Init(const FlashAttentionTiling& t, TPipe* pipe) {
-    const uint32_t dk = Up16(t.Dk), dr = t.Dr ? Up16(t.Dr) : 0, dv = Up16(t.Dv);
+    const uint32_t dk = Up16(QkCols(t, 0)), dr = t.Dr ? Up16(t.Dr) : 0, dv = Up16(t.Dv);  // dk: one Q . K^T chunk
     uint32_t wa = dk > dr ? dk : dr;
     wa = wa > t.baseN ? wa : t.baseN;
     uint32_t wb = dk > dr ? dk : dr;
@@ -390,7 +398,15 @@ class FaCube {
   // Mmads as Scores, A taken from L1.
   __aicore__ inline void ScoresQ(const LocalTensor<float>& c, const FlashAttentionTiling& t, const GlobalTensor<T>& k,
                                  const GlobalTensor<T>& kr, int64_t kRow, int64_t h, int64_t rows, int64_t cols) {
-    MatMulQ(c, 0, k[(kRow * t.H + h) * t.Dk], t.H * t.Dk, rows, cols, t.Dk, true);
+    // Q_nope . K^T in column chunks of the head dim (t.qkChunk): chunk k0 of Q starts at element
+    // up16(rows) * k0 of the NZ block ((m, k) fractals k-major)
+    int64_t k0 = 0;
+    do {
+      const int64_t w = QkCols(t, k0);
+      MatMulQ(c, static_cast<uint32_t>(Up16(rows) * k0), k[(kRow * t.H + h) * t.Dk + k0], t.H * t.Dk, rows, cols, w,
+              k0 == 0);
+      k0 += w;
+    } while (k0 < t.Dk);
     if (t.rope == FlashAttentionRope::kSharedKey)
       MatMulQ(c, Up16(rows) * Up16(t.Dk), kr[kRow * t.Dr], t.Dr, rows, cols, t.Dr, false);
   }
@@ -450,7 +466,13 @@ class FaCube {
                                 const GlobalTensor<T>& k, const GlobalTensor<T>& kr, int64_t qRow, int64_t kRow,
                                 int64_t h, int64_t rows, int64_t cols) {
     const int64_t dq = t.Dk + t.Dr;
-    MatMul(c, q[(qRow * t.H + h) * dq], t.H * dq, k[(kRow * t.H + h) * t.Dk], t.H * t.Dk, true, rows, cols, t.Dk, true);
+    int64_t k0 = 0;
+    do {  // Q_nope . K^T in column chunks of the head dim (t.qkChunk)
+      const int64_t w = QkCols(t, k0);
+      MatMul(c, q[(qRow * t.H + h) * dq + k0], t.H * dq, k[(kRow * t.H + h) * t.Dk + k0], t.H * t.Dk, true, rows, cols,
+             w, k0 == 0);
+      k0 += w;
+    } while (k0 < t.Dk);
     if (t.rope == FlashAttentionRope::kSharedKey)
       MatMul(c, q[(qRow * t.H + h) * dq + t.Dk], t.H * dq, kr[kRow * t.Dr], t.Dr, true, rows, cols, t.Dr, false);
   }

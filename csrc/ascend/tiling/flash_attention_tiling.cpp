@@ -32,9 +32,10 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
   const uint64_t M = t.baseM, N = t.baseN, e = 2;
   const uint64_t dk = align_up(t.Dk, 16), dr = t.Dr ? align_up(t.Dr, 16) : 0, dv = align_up(t.Dv, 16);
+  const uint64_t dq = t.qkChunk ? std::min<uint64_t>(dk, t.qkChunk) : dk;  // Q . K^T columns per Mmad
   t.l1Bytes = M * (dk + dr) * e + t.l1Buffers * (N * (dk + dr + dv) * e + M * N * e);
-  t.l0aBytes = t.l0Buffers * M * std::max<uint64_t>({dk, dr, N}) * e;
-  t.l0bBytes = t.l0Buffers * N * std::max<uint64_t>({dk, dr, dv}) * e;
+  t.l0aBytes = t.l0Buffers * M * std::max<uint64_t>({dq, dr, N}) * e;
+  t.l0bBytes = t.l0Buffers * N * std::max<uint64_t>({dq, dr, dv}) * e;
   t.l0cBytes = t.l0cBuffers * M * std::max<uint64_t>(N, dv) * 4;
   const uint64_t R = t.vecRows, dv8 = align_up(t.Dv, 8), r8 = align_up(R, 8);
   t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + reduce_max_work_bytes(N) + 32;
@@ -156,10 +157,15 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64
   const uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(align_up(std::max<int64_t>(maxSeqlen, 1), 16), cap));
   t.baseM = want;
   t.baseN = want;
+  t.qkChunk = static_cast<uint32_t>(align_up(Dk, 16));
   plan(t, chip);
-  // Shrink the larger of the two blocks (keys first) until every memory fits.
+  // Split the Q . K^T head dim into narrower Mmads (down to the widest other L0 operand, and not below
+  // 64 columns) before shrinking a block; then shrink the larger of the two blocks (keys first) until
+  // every memory fits.
+  const uint64_t otherL0 = std::max<uint64_t>({uint64_t(64), Dr ? align_up(Dr, 16) : 0, align_up(Dv, 16)});
   while (!fits(t, chip)) {
-    if (t.baseN >= t.baseM && t.baseN > 16) t.baseN -= 16;
+    if (t.qkChunk > otherL0 && t.qkChunk > t.baseN) t.qkChunk -= 16;
+    else if (t.baseN >= t.baseM && t.baseN > 16) t.baseN -= 16;
     else if (t.baseM > 16) t.baseM -= 16;
     else if (t.l0cBuffers > 1) t.l0cBuffers = 1;
     else throw std::invalid_argument("flash_attention tiling: head dims too large for L0/L1/UB (Dk=" +
@@ -184,6 +190,7 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, i
   FlashAttentionTiling t = compute_flash_attention_tiling(T, Tk, H, Dk, Dr, Dv, B, maxSeqlenQ, maxSeqlenK, causal,
                                                           dtype, chip, maxBase);
   t.baseM = t.baseN = std::max(t.baseM, t.baseN);
+  t.qkChunk = 0;  // the backward's L0 plan (plan_bwd) holds whole head-dim rows: one Mmad per product
   t.gradCols = static_cast<uint32_t>(align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8));
   plan_bwd(t, chip);
   while (!fits(t, chip)) {

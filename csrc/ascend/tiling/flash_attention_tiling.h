@@ -20,8 +20,11 @@
 //   L1  : Q block baseM x up16(Dq) (nope and rope parts, one buffer), and per key block, l1Buffers deep:
 //         K block baseN x up16(Dk), K-rope block baseN x up16(Dr), V block baseN x up16(Dv),
 //         P block baseM x baseN (the fp16/bf16 probabilities written back by the vector side)
-//   L0A : l0Buffers x baseM x max(up16(Dk), up16(Dr), baseN)           (Q parts, then P)
-//   L0B : l0Buffers x max(baseN x up16(Dk), baseN x up16(Dr), baseN x up16(Dv))   (K^T parts, then V)
+//   L0A : l0Buffers x baseM x max(dq, up16(Dr), baseN)           (Q parts, then P)
+//   L0B : l0Buffers x max(baseN x dq, baseN x up16(Dr), baseN x up16(Dv))   (K^T parts, then V)
+//         dq = min(up16(Dk), qkChunk): Q . K^T runs as ceil(Dk / qkChunk) Mmads over column chunks of
+//         the head dim (accumulating in L0C) where a whole Dk row would shrink baseM / baseN (e.g. the
+//         Pangu / DeepSeek 192-wide q/k heads: 128 + 64 at 128 x 128 blocks instead of 80 x 80 blocks)
 //   L0C : l0cBuffers x baseM x max(baseN, up16(Dv)) fp32                (S, then O_partial)
 //   UB of the fused kernel amo_fa_fused (ubFusedBytes), tile-wise: the S tile (vecRows x baseN fp32),
 //         the P tile (vecRows x baseN, input dtype), the O accumulator and O_partial tiles (vecRows x
@@ -92,6 +95,9 @@ struct FlashAttentionTiling {
                           // block, bit 1 (kFaPipeTri) the causal mask triangle (causal only)
   uint32_t dkropeRows;    // backward: key tokens per tile of amo_fab_dkrope (0: token by token; set when Dr > 0
                           // and Dr % 16 == 0)
+  uint32_t qkChunk;       // forward: columns of Dk per Q . K^T Mmad (a multiple of 16; the Mmads accumulate
+                          // into one L0C tile); 0 or >= Dk: one Mmad. Set where a whole up16(Dk) row would
+                          // make the L0A / L0B tiles shrink the blocks below what the head dims allow
 };
 constexpr uint32_t kFaPipeDouble = 1, kFaPipeTri = 2;
 // Rows of the causal mask triangle of a vector tile of `rows` rows and n columns: n + 2 rows - 1 (row i
