@@ -215,7 +215,9 @@ def check_bwd_budgets(t, Dk, Dr, Dv, causal):
     assert t["l1Buffers"] >= 2 and t["l0Buffers"] >= 2, "double buffering planned"
     u16 = lambda x: (x + 15) // 16 * 16
     u8 = lambda x: (x + 7) // 8 * 8
-    W = max(b, u16(Dk), u16(Dr) if Dr else 0, u16(Dv))
+    dq = min(u16(Dk), t["qkChunk"]) if t["qkChunk"] else u16(Dk)  # head-dim chunk of the Q / K products
+    assert dq % 16 == 0 and (dq == u16(Dk) or dq >= max(64, u16(Dr) if Dr else 0, u16(Dv), b))
+    W = max(b, dq, u16(Dr) if Dr else 0, u16(Dv))
     gc = u8(Dk) + u8(Dr) + u8(Dv)
     assert t["gradCols"] == gc and gc % 8 == 0, "gradient rows of whole 32-byte blocks"
     l1, l0a, l0b, l0c = 2 * t["l1Buffers"] * b * W * 2, t["l0Buffers"] * b * W * 2, t["l0Buffers"] * b * W * 2, \
@@ -266,9 +268,10 @@ def test_bwd_mla_and_plain_192_block_sizes(driver):
                          (16, 192, 0, 128, True, BF16, 0, 24, [0, 4096])], bwd=True)
     assert mla["ok"] and plain["ok"]
     # MLA: W = 128, 128 x 128 blocks fit double-buffered L0A (2 x 128 x 128 x 2 B = 64 KiB).
-    # Plain 192/128: W = 192, double-buffered L0A needs 2 x b x 192 x 2 B <= 64 KiB -> b = 80.
+    # Plain 192/128: a whole 192-wide row would need 2 x b x 192 x 2 B <= 64 KiB -> b = 80; in head-dim
+    # chunks of 128 (Q . K^T in two K-chunks, dK and dQ in two N-chunks) W = 128 and b = 128.
     assert (mla["baseM"], mla["gradCols"]) == (128, 128 + 64 + 128)
-    assert (plain["baseM"], plain["gradCols"]) == (80, 192 + 128)
+    assert (plain["baseM"], plain["gradCols"], plain["qkChunk"]) == (128, 192 + 128, 128)
     assert mla["blockDim"] == 24 and mla["vecBlockDim"] == 48
     # causal: the KV pass skips blocks above the diagonal: 16 heads x (32 * 33 / 2) blocks per pass
     assert mla["blocks"] == 2 * 16 * 32 * 33 // 2
@@ -400,10 +403,12 @@ def test_emu_mla_shape(check, lens, causal):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_emu_wide_qk_heads_in_head_dim_chunks(monkeypatch, causal):
     """q/k heads of 200 (no rope key) at the default 128 x 128 blocks: Q . K^T as two Mmads of 128 and
-    72 columns (the second zero-padded to 80) accumulating in L0C; the forward against the fp64
-    reference, and fused == phase kernels bitwise (forward and backward)."""
+    72 columns (the second zero-padded to 80) accumulating in L0C, the backward's dK and dQ products in
+    two column chunks each; forward and backward against the fp64 reference, and fused == phase kernels
+    bitwise (forward and backward)."""
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_AIC", "2")
     _fa_check([130, 7], 1, 200, 0, 64, torch.bfloat16, causal)
+    _fab_check([130, 7], 1, 200, 0, 64, torch.bfloat16, causal)
     _assert_fused_equals_phases(monkeypatch, [130, 7], 1, 200, 0, 64, causal=causal, seeds=(2, 3))
 
 

@@ -275,7 +275,7 @@ class FaCube {
   // the padded head dims (see compute_flash_attention_bwd_tiling).
   __aicore__ inline void InitBwd(const FlashAttentionTiling& t, TPipe* pipe) {
     uint32_t w = t.baseM;
-    const uint32_t dims[3] = {Up16(t.Dk), Up16(t.Dr), Up16(t.Dv)};
+    const uint32_t dims[3] = {static_cast<uint32_t>(Up16(QkCols(t, 0))), Up16(t.Dr), Up16(t.Dv)};  // one Dk chunk
     for (uint32_t d : dims) w = d > w ? d : w;
     InitSizes(pipe, t, t.baseM * w, t.baseM * w, t.baseM * w, 0);
   }
@@ -1108,13 +1108,20 @@ struct FabGradMath {
   }
 
   // dst (m x n rows of the gradient workspace) = A . B with A = the b x b block at `a` (transposed when
-  // transA) and B = k x n rows of `bm` with row stride bStride.
+  // transA) and B = k x n rows of `bm` with row stride bStride; in column chunks of t.qkChunk (each its
+  // own L0C tile and Fixpipe: every output column is its own sum, so the chunks change no bit).
   __aicore__ inline void Product(FaCube<T>& cube, const FlashAttentionTiling& t, const GlobalTensor<float>& dst,
                                  const GlobalTensor<T>& a, const GlobalTensor<T>& bm, int64_t bStride, int64_t m,
                                  int64_t n, int64_t k, bool transA) {
-    LocalTensor<float> c = cube.l0C_.template AllocTensor<float>();
-    cube.MatMul(c, a, t.baseM, bm, bStride, false, m, n, k, true, transA);
-    cube.Store(dst, c, m, n, t.gradCols);
+    const int64_t chunk = t.qkChunk && static_cast<int64_t>(t.qkChunk) < n ? static_cast<int64_t>(t.qkChunk) : n;
+    int64_t n0 = 0;
+    do {
+      const int64_t w = n - n0 < chunk ? n - n0 : chunk;
+      LocalTensor<float> c = cube.l0C_.template AllocTensor<float>();
+      cube.MatMul(c, a, t.baseM, bm[n0], bStride, false, m, w, k, true, transA);
+      cube.Store(dst[n0], c, m, w, t.gradCols);
+      n0 += w;
+    } while (n0 < n);
   }
 };
 

@@ -66,7 +66,10 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
   const uint64_t b = t.baseM, e = 2;
-  const uint64_t W = std::max<uint64_t>({b, align_up(t.Dk, 16), t.Dr ? align_up(t.Dr, 16) : 0, align_up(t.Dv, 16)});
+  // Q . K^T, dK = dS^T . Q and dQ = dS . K run in head-dim chunks of qkChunk columns (K-chunks of the
+  // score, N-chunks of the two gradient products)
+  const uint64_t dk = align_up(t.Dk, 16), dq = t.qkChunk ? std::min<uint64_t>(dk, t.qkChunk) : dk;
+  const uint64_t W = std::max<uint64_t>({b, dq, t.Dr ? align_up(t.Dr, 16) : 0, align_up(t.Dv, 16)});
   t.l1Bytes = 2 * t.l1Buffers * b * W * e;
   t.l0aBytes = t.l0Buffers * b * W * e;
   t.l0bBytes = t.l0Buffers * b * W * e;
@@ -190,11 +193,15 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, i
   FlashAttentionTiling t = compute_flash_attention_tiling(T, Tk, H, Dk, Dr, Dv, B, maxSeqlenQ, maxSeqlenK, causal,
                                                           dtype, chip, maxBase);
   t.baseM = t.baseN = std::max(t.baseM, t.baseN);
-  t.qkChunk = 0;  // the backward's L0 plan (plan_bwd) holds whole head-dim rows: one Mmad per product
+  t.qkChunk = static_cast<uint32_t>(align_up(Dk, 16));
   t.gradCols = static_cast<uint32_t>(align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8));
   plan_bwd(t, chip);
+  // as the forward: narrower head-dim chunks (not below 64 columns or the other operands) before
+  // smaller blocks
+  const uint64_t otherL0 = std::max<uint64_t>({uint64_t(64), Dr ? align_up(Dr, 16) : 0, align_up(Dv, 16)});
   while (!fits(t, chip)) {
-    if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
+    if (t.qkChunk > otherL0 && t.qkChunk > t.baseM) t.qkChunk -= 16;
+    else if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
     else throw std::invalid_argument("flash_attention backward tiling: head dims too large for L0/L1/UB (Dk=" +
                                      std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
     plan_bwd(t, chip);

@@ -95,9 +95,10 @@ struct FlashAttentionTiling {
                           // block, bit 1 (kFaPipeTri) the causal mask triangle (causal only)
   uint32_t dkropeRows;    // backward: key tokens per tile of amo_fab_dkrope (0: token by token; set when Dr > 0
                           // and Dr % 16 == 0)
-  uint32_t qkChunk;       // forward: columns of Dk per Q . K^T Mmad (a multiple of 16; the Mmads accumulate
-                          // into one L0C tile); 0 or >= Dk: one Mmad. Set where a whole up16(Dk) row would
-                          // make the L0A / L0B tiles shrink the blocks below what the head dims allow
+  uint32_t qkChunk;       // columns of Dk per Mmad (a multiple of 16): forward and backward Q . K^T in K-chunks
+                          // accumulating into one L0C tile, the backward's dK = dS^T . Q and dQ = dS . K in
+                          // N-chunks (one L0C tile and Fixpipe each); 0 or >= Dk: one Mmad. Narrower than Dk
+                          // where a whole up16(Dk) row would make the L0 tiles shrink the blocks
 };
 constexpr uint32_t kFaPipeDouble = 1, kFaPipeTri = 2;
 // Rows of the causal mask triangle of a vector tile of `rows` rows and n columns: n + 2 rows - 1 (row i
