@@ -185,6 +185,19 @@ def test_drop_stats():
         drop_stats(ids, num_experts=4)
 
 
+@pytest.mark.parametrize("args, name", [((10, 2, 0, 1.0), "num_experts"), ((10, 2, -4, 1.0), "num_experts"),
+                                        ((-5, 2, 4, 1.0), "num_tokens"), ((10, 0, 4, 1.0), "topk"),
+                                        ((10, -1, 4, 1.0), "topk")])
+def test_capacity_for_rejects_bad_sizes(args, name):
+    """Every size of the capacity rule is checked, not only capacity_factor: E = 0 was a
+    ZeroDivisionError, a negative E or T a negative capacity, K = 0 a capacity of 0."""
+    with pytest.raises(ValueError, match=rf"^{name} must be >= "):
+        capacity_for(*args)
+    with pytest.raises(TypeError, match="^num_experts must be an int"):
+        capacity_for(10, 2, 4.0, 1.0)
+    assert capacity_for(0, 2, 4, 1.5) == 0          # T = 0 is valid
+
+
 # ================================================================================================
 # predictor
 

@@ -209,7 +209,17 @@ class DropStats(NamedTuple):
 
 
 def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: float) -> int:
-    """``C = ceil(capacity_factor · T · K / E)`` rows per expert (the usual capacity rule)."""
+    """``C = ceil(capacity_factor · T · K / E)`` rows per expert (the usual capacity rule).
+
+    ``num_tokens`` ``T >= 0``, ``topk`` ``K >= 1`` and ``num_experts`` ``E >= 1`` are ints (a
+    symbolic size under ``torch.compile`` too); anything else is a ``ValueError`` /
+    ``TypeError`` naming the argument."""
+    for name, value, minimum in (("num_tokens", num_tokens, 0), ("topk", topk, 1),
+                                 ("num_experts", num_experts, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
             or not math.isfinite(capacity_factor) or capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
