@@ -185,6 +185,26 @@ def test_drop_stats():
         drop_stats(ids, num_experts=4)
 
 
+@pytest.mark.parametrize("routing, err", [
+    (torch.tensor([[5, 1]]), ValueError), (torch.tensor([[-2, 1]]), ValueError),
+    (torch.tensor([[1.7, 0.2]]), TypeError), (torch.ones(2, 5, dtype=torch.bool), ValueError),
+    (torch.tensor([1, 2]), ValueError)])
+def test_expert_counts_rejects_what_aux_loss_rejects(routing, err):
+    """expert_counts used to drop out-of-range ids, truncate float ids and count a mask of the
+    wrong width; it now refuses the routing that aux_loss and drop_stats refuse, with the same
+    error type, naming ``routing``."""
+    with pytest.raises(err, match="^routing"):
+        expert_counts(routing, 3)
+    if routing.dim() == 2:
+        for other in (lambda: aux_loss(torch.rand(routing.shape[0], 3), routing, topk=2),
+                      lambda: drop_stats(routing, num_experts=3, capacity=1)):
+            with pytest.raises(err, match="^routing"):
+                other()
+    with pytest.raises(ValueError, match="^num_experts must be >= 1"):
+        expert_counts(torch.tensor([[0, 1]]), 0)
+    assert expert_counts(torch.tensor([[2, -1], [2, 0]]), 3).tolist() == [1, 0, 2]
+
+
 @pytest.mark.parametrize("args, name", [((10, 2, 0, 1.0), "num_experts"), ((10, 2, -4, 1.0), "num_experts"),
                                         ((-5, 2, 4, 1.0), "num_tokens"), ((10, 0, 4, 1.0), "topk"),
                                         ((10, -1, 4, 1.0), "topk")])
