@@ -575,6 +575,24 @@ def test_plan_replicas_and_routing():
     assert counts.max() - counts.min() <= 1
 
 
+def test_placement_wrong_lengths_name_the_argument():
+    """A wrong-length expert_load or token_index was a broadcasting RuntimeError (or, for a
+    token_index that broadcast, a silently wrong routing); now a ValueError naming it."""
+    pl = Placement.contiguous(4, 2, 2)
+    with pytest.raises(ValueError, match=r"^expert_load must have shape \(4,\) \(one load per expert\), got \(3,\)"):
+        pl.rank_loads(torch.ones(3))
+    with pytest.raises(ValueError, match=r"^expert_load must have shape \(4,\)"):
+        pl.rank_loads(torch.ones(1))                       # used to broadcast to 4 equal loads
+    assert pl.rank_loads([1.0, 2.0, 3.0, 4.0]).tolist() == [3.0, 7.0]
+    ids = torch.tensor([[0, 1], [2, 3], [1, -1]])
+    for bad in (torch.arange(2), torch.arange(1), torch.arange(6).view(3, 2)):
+        with pytest.raises(ValueError, match="^token_index must"):
+            pl.physical_slots(ids, bad)
+    with pytest.raises(TypeError, match="^token_index must have dtype"):
+        pl.physical_slots(ids, torch.arange(3.0))
+    assert torch.equal(pl.physical_slots(ids, torch.arange(3)), pl.physical_slots(ids))
+
+
 def test_placement_errors():
     with pytest.raises(ValueError, match="do not fit"):
         plan_placement(torch.ones(10), 3, 3)
