@@ -222,6 +222,27 @@ def test_non_contiguous_inputs(backend):
 
 
 @pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("probs, kept", [
+    ([0.5 + 1e-12, 0.5 + 3e-12], 0),   # higher second, equal in fp32: a tie, the first kept
+    ([0.5, 0.5 + 2 ** -20], 1),         # apart in fp32: the higher kept
+    ([1e300, 1e301], 0),                # both +inf in fp32: a tie
+    ([1e-300, 1e-200], 0),              # both 0 in fp32: a tie
+    ([0.0, -0.0], 0), ([-0.0, 0.0], 0),  # signed zeros tie
+    ([float("nan"), -1.0], 1),          # NaN below every number
+])
+def test_capacity_ranks_fp64_probs_as_fp32(backend, probs, kept):
+    """The documented capacity ranking (docs/ops/moe_permute.md, Modes): probs compared as float32
+    values on every backend, fp64 ones rounded to nearest first, ties kept by position."""
+    dt = torch.float16 if backend == "ascendc-emu" else torch.float32
+    routing = torch.tensor([[0], [0], [1]])
+    p = torch.tensor([[probs[0]], [probs[1]], [0.3]], dtype=torch.float64)
+    with amo.use_backend(backend):
+        res = amo.moe_permute(torch.randn(3, 4, dtype=dt), routing, p, num_experts=2, capacity=1)
+    want = [0, -1, 1] if kept == 0 else [-1, 0, 1]
+    assert res.row_id_map.flatten().tolist() == want
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
 def test_unused_tokens_do_not_leak_nan(backend):
     tokens, routing, probs = _inputs(16, 8, 4, 2, "index", torch.float32)
     routing[3] = -1
