@@ -508,6 +508,41 @@ def test_triton_capacity_row_map_is_its_own(monkeypatch, kind, probs_dtype):
     assert (res.tokens_per_expert <= C).all() and (res.group_sizes == C).all()
 
 
+def _many_experts_case(E, T=40, K=2, seed=7):
+    """Ids over ``E`` experts with crowded experts in the first and in the last expert tile."""
+    g = torch.Generator().manual_seed(seed)
+    routing = torch.randint(-1, E, (T, K), generator=g)
+    routing[: T // 2, 0] = E - 1
+    routing[T // 2:, 1] = 3
+    return torch.randn(T, 8, generator=g), routing, torch.rand(T, K, generator=g)
+
+
+@pytest.mark.skipif("triton" not in backends("moe_permute"), reason="triton backend not available")
+@pytest.mark.parametrize("E", [4097, 16385])
+@pytest.mark.parametrize("mode", [dict(), dict(capacity=3), dict(align=4), dict(num_out_tokens=30, align=2)],
+                         ids=["dropless", "capacity", "align", "num_out_tokens"])
+def test_triton_more_experts_than_one_block(E, mode):
+    """num_experts above 16384 (documented max 2**20) failed in the Triton kernels ("numel
+    (2097152) exceeds triton maximum tensor numel"): the count and scan kernels now take the
+    experts tile by tile (4095 per histogram program, 4096 per scan step in the interpreter);
+    bitwise equal to the reference across tiles, the num_out_tokens budget and group starts
+    carried from tile to tile."""
+    tokens, routing, probs = _many_experts_case(E)
+    _assert_same(_run("triton", tokens, routing, probs, num_experts=E, **mode),
+                 _run("reference", tokens, routing, probs, num_experts=E, **mode))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("triton" not in backends("moe_permute"), reason="triton backend not available")
+def test_triton_documented_max_experts():
+    """E = 2**20, the documented maximum (dropless: the capacity and align outputs have E * C
+    rows, which the interpreter zero-fills slowly)."""
+    E = 2 ** 20
+    tokens, routing, probs = _many_experts_case(E, T=16)
+    _assert_same(_run("triton", tokens, routing, probs, num_experts=E),
+                 _run("reference", tokens, routing, probs, num_experts=E))
+
+
 @pytest.mark.parametrize("backend", [b for b in backends("moe_permute") if b == "ascendc-emu"])
 @pytest.mark.parametrize("mode", [dict(), dict(capacity=3), dict(align=4)], ids=["dropless", "capacity", "align"])
 def test_permute_more_slots_than_the_token_major_loop(backend, mode):
