@@ -171,7 +171,8 @@ class OpSpec:
     outputs of a valid empty call, or ``None`` (the C++ kernels do the same after their check).
     ``public``: listed and exported (else an internal op of the adapters). ``backends``: the
     backends that implement it (``None``: every one). ``composite``: backend name -> ``factory(ns)``
-    giving a Python kernel composed of that namespace's ops (MLA on the Ascend kernels).
+    giving a Python kernel composed of that namespace's ops (MLA on the Ascend kernels); it is the
+    whole kernel (also served on PrivateUse1 by ``_npu``), so it runs ``check`` and ``empty`` itself.
     ``module``: the op module's name (set by :func:`define`).
     """
 

@@ -185,6 +185,39 @@ def test_drop_stats():
         drop_stats(ids, num_experts=4)
 
 
+@pytest.mark.parametrize("routing, err", [
+    (torch.tensor([[5, 1]]), ValueError), (torch.tensor([[-2, 1]]), ValueError),
+    (torch.tensor([[1.7, 0.2]]), TypeError), (torch.ones(2, 5, dtype=torch.bool), ValueError),
+    (torch.tensor([1, 2]), ValueError)])
+def test_expert_counts_rejects_what_aux_loss_rejects(routing, err):
+    """expert_counts used to drop out-of-range ids, truncate float ids and count a mask of the
+    wrong width; it now refuses the routing that aux_loss and drop_stats refuse, with the same
+    error type, naming ``routing``."""
+    with pytest.raises(err, match="^routing"):
+        expert_counts(routing, 3)
+    if routing.dim() == 2:
+        for other in (lambda: aux_loss(torch.rand(routing.shape[0], 3), routing, topk=2),
+                      lambda: drop_stats(routing, num_experts=3, capacity=1)):
+            with pytest.raises(err, match="^routing"):
+                other()
+    with pytest.raises(ValueError, match="^num_experts must be >= 1"):
+        expert_counts(torch.tensor([[0, 1]]), 0)
+    assert expert_counts(torch.tensor([[2, -1], [2, 0]]), 3).tolist() == [1, 0, 2]
+
+
+@pytest.mark.parametrize("args, name", [((10, 2, 0, 1.0), "num_experts"), ((10, 2, -4, 1.0), "num_experts"),
+                                        ((-5, 2, 4, 1.0), "num_tokens"), ((10, 0, 4, 1.0), "topk"),
+                                        ((10, -1, 4, 1.0), "topk")])
+def test_capacity_for_rejects_bad_sizes(args, name):
+    """Every size of the capacity rule is checked, not only capacity_factor: E = 0 was a
+    ZeroDivisionError, a negative E or T a negative capacity, K = 0 a capacity of 0."""
+    with pytest.raises(ValueError, match=rf"^{name} must be >= "):
+        capacity_for(*args)
+    with pytest.raises(TypeError, match="^num_experts must be an int"):
+        capacity_for(10, 2, 4.0, 1.0)
+    assert capacity_for(0, 2, 4, 1.5) == 0          # T = 0 is valid
+
+
 # ================================================================================================
 # predictor
 
@@ -540,6 +573,24 @@ def test_plan_replicas_and_routing():
     many = torch.zeros(1200, 1, dtype=torch.int64)
     counts = torch.bincount(pl.physical_slots(many).flatten(), minlength=R * S)[slots0]
     assert counts.max() - counts.min() <= 1
+
+
+def test_placement_wrong_lengths_name_the_argument():
+    """A wrong-length expert_load or token_index was a broadcasting RuntimeError (or, for a
+    token_index that broadcast, a silently wrong routing); now a ValueError naming it."""
+    pl = Placement.contiguous(4, 2, 2)
+    with pytest.raises(ValueError, match=r"^expert_load must have shape \(4,\) \(one load per expert\), got \(3,\)"):
+        pl.rank_loads(torch.ones(3))
+    with pytest.raises(ValueError, match=r"^expert_load must have shape \(4,\)"):
+        pl.rank_loads(torch.ones(1))                       # used to broadcast to 4 equal loads
+    assert pl.rank_loads([1.0, 2.0, 3.0, 4.0]).tolist() == [3.0, 7.0]
+    ids = torch.tensor([[0, 1], [2, 3], [1, -1]])
+    for bad in (torch.arange(2), torch.arange(1), torch.arange(6).view(3, 2)):
+        with pytest.raises(ValueError, match="^token_index must"):
+            pl.physical_slots(ids, bad)
+    with pytest.raises(TypeError, match="^token_index must have dtype"):
+        pl.physical_slots(ids, torch.arange(3.0))
+    assert torch.equal(pl.physical_slots(ids, torch.arange(3)), pl.physical_slots(ids))
 
 
 def test_placement_errors():

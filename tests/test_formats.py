@@ -73,6 +73,22 @@ def test_offsets_under_torch_compile():
     assert torch.equal(f(gs), torch.tensor([2, 2, 9], dtype=torch.int32))
 
 
+def test_offsets_refuse_int32_overflow():
+    """The int32 offsets used to wrap silently ([2**31 - 1, 5] -> [2147483647, -2147483644]); now
+    an error naming group_sizes, eager (ValueError) and compiled (a device-side assert)."""
+    with pytest.raises(ValueError, match=r"^group_sizes sums to 2147483652, more than the int32"):
+        group_sizes_to_offsets(torch.tensor([2 ** 31 - 1, 5]))
+    with pytest.raises(ValueError, match=r"^group_sizes has value 4294967296 at index 1"):
+        group_sizes_to_offsets(torch.tensor([0, 2 ** 32, -2 ** 32]))   # would not wrap the int32 sum
+    with pytest.raises(ValueError, match=r"^group_sizes has value -1 at index 0"):
+        group_sizes_to_offsets(torch.tensor([-1, 1], dtype=torch.int32))
+    assert group_sizes_to_offsets(torch.tensor([2 ** 31 - 2, 1])).tolist() == [2 ** 31 - 2, 2 ** 31 - 1]
+    f = torch.compile(group_sizes_to_offsets, fullgraph=True, backend="aot_eager")
+    assert f(torch.tensor([2, 0, 7])).tolist() == [2, 2, 9]
+    with pytest.raises(RuntimeError, match=r"^group_sizes: a size outside \[0, 2\*\*31 - 1\] or a sum"):
+        f(torch.tensor([2 ** 31 - 1, 5]))
+
+
 def _decode_group_list(group_list, group_list_type):
     """How torch_npu's npu_grouped_matmul reads ``group_list`` (documented semantics):
     type 0 = cumulative end offsets, type 1 = per-group counts."""

@@ -131,6 +131,31 @@ def test_mask_permute_fp64_gradcheck_and_opcheck(ns):
 
 
 @pytest.mark.parametrize("ns", NAMESPACES)
+def test_mask_permute_non_contiguous_routing_map(ns):
+    """A transposed (non-contiguous) routing_map: the reference returned transposed row maps and
+    its backward failed ("view size is not compatible"); the outputs are contiguous and the
+    gradients those of the contiguous map, and the probs gradient takes non-contiguous maps."""
+    tokens, mask, probs = _inputs(6, 8, 5, 2, torch.float32, holes=True)
+    nc = mask.t().contiguous().t()
+    assert not nc.is_contiguous() and torch.equal(nc, mask)
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(int(mask.sum()), 8, generator=g)
+    wp = torch.randn(int(mask.sum()), generator=g)
+    res = []
+    for m in (mask, nc):
+        t, p = tokens.clone().requires_grad_(), probs.clone().requires_grad_()
+        outs = _op(ns, mp.PERMUTE)(t, m, p, None)
+        assert all(o.is_contiguous() for o in outs)
+        ((outs[0] * w).sum() + (outs[1] * wp).sum()).backward()
+        res.append([o.detach() for o in outs] + [t.grad, p.grad])
+    for a, b in zip(*res):
+        assert torch.equal(a, b)
+    out = _op(ns, mp.PERMUTE)(tokens, mask, probs, None)
+    rmap, ids = out[3].t().contiguous().t(), out[4].t().contiguous().t()   # non-contiguous maps
+    assert torch.equal(mp.probs_grad(wp, rmap, ids, probs.shape, probs.dtype, probs.device), res[0][-1])
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
 def test_mask_permute_empty(ns):
     for T, H, E in [(0, 8, 4), (5, 0, 4), (5, 8, 0)]:
         tokens, mask, probs = _inputs(T, H, E, 0, torch.bfloat16)

@@ -163,6 +163,38 @@ def test_opcheck(backend):
     torch.library.opcheck(ops("mla_attention_bwd"), (do, q, c, kpe, w, out, lse, kv, cu, 7, H, Dn, Dv, SCALE, True))
 
 
+@pytest.mark.parametrize("backend", backends(OP))
+@pytest.mark.parametrize("recompute", ["kv", "none"])
+@pytest.mark.parametrize("layout", ["varlen", "batch"])
+def test_zero_tokens_give_zero_gradients(backend, recompute, layout):
+    """T = 0 (docs: valid, empty results) forward and backward on every backend: the Ascend
+    composition's backward used to fail ("cannot reshape tensor of 0 elements into shape [0, -1]"),
+    its kernels now take the op's empty case as the others do; the public op and the backend's
+    namespace alike."""
+    H, Dn, Dr, Dv, Dc = 2, 8, 4, 8, 12
+    dt = _fp(backend)
+    tok = (0,) if layout == "varlen" else (0, 5)
+    kw = dict(cu_seqlens=torch.tensor([0, 0]), max_seqlen=0) if layout == "varlen" else {}
+    xs = [torch.zeros(*s, dtype=dt, requires_grad=True)
+          for s in (tok + (H, Dn + Dr), tok + (Dc,), tok + (Dr,), (H * (Dn + Dv), Dc))]
+    with amo.use_backend(backend):
+        out = amo.mla_attention(*xs, num_heads=H, qk_nope_dim=Dn, v_dim=Dv, softmax_scale=SCALE,
+                                recompute=recompute, **kw)
+        assert out.shape == tok + (H, Dv)
+        out.sum().backward()
+    for x in xs:
+        assert x.grad is not None and x.grad.shape == x.shape and not x.grad.any()
+    # the backend's own ops, forward and backward, from the empty forward's saved tensors
+    ops = ops_of(backend)
+    q, c, kpe = (x.detach().reshape(-1, *x.shape[len(tok):]) for x in xs[:3])
+    w = xs[3].detach()
+    cu = torch.tensor([0, 0])
+    o, lse, kv = ops(OP)(q, c, kpe, w, cu, 0, H, Dn, Dv, SCALE, False, recompute == "none")
+    grads = ops("mla_attention_bwd")(torch.zeros_like(o), q, c, kpe, w, o, lse, kv, cu, 0, H, Dn, Dv, SCALE, False)
+    for g, x in zip(grads, (q, c, kpe, w)):
+        assert g.shape == x.shape and not g.any()
+
+
 @pytest.mark.parametrize("backend", [b for b in backends(OP) if b == "ascendc-emu"])
 def test_ascend_path_refuses_fp32(backend):
     H, Dn, Dr, Dv, Dc = DIMS["triton"]

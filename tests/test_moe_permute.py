@@ -222,6 +222,27 @@ def test_non_contiguous_inputs(backend):
 
 
 @pytest.mark.parametrize("backend", backends("moe_permute"))
+@pytest.mark.parametrize("probs, kept", [
+    ([0.5 + 1e-12, 0.5 + 3e-12], 0),   # higher second, equal in fp32: a tie, the first kept
+    ([0.5, 0.5 + 2 ** -20], 1),         # apart in fp32: the higher kept
+    ([1e300, 1e301], 0),                # both +inf in fp32: a tie
+    ([1e-300, 1e-200], 0),              # both 0 in fp32: a tie
+    ([0.0, -0.0], 0), ([-0.0, 0.0], 0),  # signed zeros tie
+    ([float("nan"), -1.0], 1),          # NaN below every number
+])
+def test_capacity_ranks_fp64_probs_as_fp32(backend, probs, kept):
+    """The documented capacity ranking (docs/ops/moe_permute.md, Modes): probs compared as float32
+    values on every backend, fp64 ones rounded to nearest first, ties kept by position."""
+    dt = torch.float16 if backend == "ascendc-emu" else torch.float32
+    routing = torch.tensor([[0], [0], [1]])
+    p = torch.tensor([[probs[0]], [probs[1]], [0.3]], dtype=torch.float64)
+    with amo.use_backend(backend):
+        res = amo.moe_permute(torch.randn(3, 4, dtype=dt), routing, p, num_experts=2, capacity=1)
+    want = [0, -1, 1] if kept == 0 else [-1, 0, 1]
+    assert res.row_id_map.flatten().tolist() == want
+
+
+@pytest.mark.parametrize("backend", backends("moe_permute"))
 def test_unused_tokens_do_not_leak_nan(backend):
     tokens, routing, probs = _inputs(16, 8, 4, 2, "index", torch.float32)
     routing[3] = -1
@@ -485,6 +506,41 @@ def test_triton_capacity_row_map_is_its_own(monkeypatch, kind, probs_dtype):
     _assert_same(res, ref)
     _assert_same(res, naive_permute(tokens, routing, probs, E, capacity=C))
     assert (res.tokens_per_expert <= C).all() and (res.group_sizes == C).all()
+
+
+def _many_experts_case(E, T=40, K=2, seed=7):
+    """Ids over ``E`` experts with crowded experts in the first and in the last expert tile."""
+    g = torch.Generator().manual_seed(seed)
+    routing = torch.randint(-1, E, (T, K), generator=g)
+    routing[: T // 2, 0] = E - 1
+    routing[T // 2:, 1] = 3
+    return torch.randn(T, 8, generator=g), routing, torch.rand(T, K, generator=g)
+
+
+@pytest.mark.skipif("triton" not in backends("moe_permute"), reason="triton backend not available")
+@pytest.mark.parametrize("E", [4097, 16385])
+@pytest.mark.parametrize("mode", [dict(), dict(capacity=3), dict(align=4), dict(num_out_tokens=30, align=2)],
+                         ids=["dropless", "capacity", "align", "num_out_tokens"])
+def test_triton_more_experts_than_one_block(E, mode):
+    """num_experts above 16384 (documented max 2**20) failed in the Triton kernels ("numel
+    (2097152) exceeds triton maximum tensor numel"): the count and scan kernels now take the
+    experts tile by tile (4095 per histogram program, 4096 per scan step in the interpreter);
+    bitwise equal to the reference across tiles, the num_out_tokens budget and group starts
+    carried from tile to tile."""
+    tokens, routing, probs = _many_experts_case(E)
+    _assert_same(_run("triton", tokens, routing, probs, num_experts=E, **mode),
+                 _run("reference", tokens, routing, probs, num_experts=E, **mode))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("triton" not in backends("moe_permute"), reason="triton backend not available")
+def test_triton_documented_max_experts():
+    """E = 2**20, the documented maximum (dropless: the capacity and align outputs have E * C
+    rows, which the interpreter zero-fills slowly)."""
+    E = 2 ** 20
+    tokens, routing, probs = _many_experts_case(E, T=16)
+    _assert_same(_run("triton", tokens, routing, probs, num_experts=E),
+                 _run("reference", tokens, routing, probs, num_experts=E))
 
 
 @pytest.mark.parametrize("backend", [b for b in backends("moe_permute") if b == "ascendc-emu"])

@@ -177,6 +177,28 @@ def test_router_validation():
         MoELayer(8, 4, 8, 5)
 
 
+@pytest.mark.parametrize("options", [{}, {"recompute_permute": True}])
+def test_wrong_hidden_size_names_x(options):
+    """An input of the wrong hidden size was a reshape or matmul error ("shape '[-1, 8]' is
+    invalid", "mat1 and mat2 shapes cannot be multiplied"); now a ValueError naming x and the
+    hidden size, from a shape check only (the layer still compiles with fullgraph)."""
+    from ascend_moe_ops.nn import TopKRouter
+    layer = MoELayer(8, 4, 6, 2, **options)
+    with pytest.raises(ValueError, match=r"^MoELayer: x must have the hidden size 8 in its last "
+                                         r"dimension, got shape \(5, 7\)"):
+        layer(torch.randn(5, 7))
+    with pytest.raises(ValueError, match=r"^MoELayer: x must have the hidden size 8.*got shape \(\)"):
+        layer(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"^TopKRouter: x must have the hidden size 8 in its last "
+                                         r"dimension, got shape \(3, 7\)"):
+        TopKRouter(8, 4, 2)(torch.randn(3, 7))
+    assert layer(torch.randn(2, 3, 8)).shape == (2, 3, 8)
+    if not options:
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True, backend="eager")
+        assert compiled(torch.randn(5, 8)).shape == (5, 8)
+
+
 # ---------------------------------------------------------------- router options (torchtitan / DeepSeek-V3)
 def test_router_dtype_default_is_the_input_dtype():
     torch.manual_seed(5)

@@ -22,6 +22,11 @@ argument shapes (``output_rows``).
      block: a pairwise compare), and row ``group_start[e] + that rank`` when the rank is below the
      expert's kept count; ``-1`` for empty slots and for slots past ``num_out_tokens``.
 
+  Every block is at most ``2**20`` elements (Triton's limit) for any ``E`` up to the documented
+  ``2**20``: the histogram takes ``HIST_BINS - 1`` experts per program (a second grid dimension
+  over the expert tiles) and the scan ``SCAN_TILE`` experts per step of a loop, carrying the
+  routed slots and group rows of the earlier tiles as two scalars (one tile each for small ``E``).
+
   The result is stable (token order inside an expert) by construction, integer-exact and so
   bitwise equal to the reference (checked by the parity tests; no code is shared with it). Why not simply call the reference's torch code (which would
   also be correct and sync-free): it is about thirty small kernels, including a stable argsort of
@@ -86,13 +91,17 @@ def _slot_experts(routing_ptr, offs, P, S, E, IS_MASK: tl.constexpr):
 @triton.jit
 def _hist_kernel(routing_ptr, counts_ptr, P, S, E,
                  IS_MASK: tl.constexpr, BLOCK_P: tl.constexpr, E_BINS: tl.constexpr):
+    """Program (block, tile): the counts of the block's slots for the ``E_BINS - 1`` experts of
+    the tile (one tile when ``E < E_BINS``)."""
     pid = tl.program_id(0)
+    e0 = tl.program_id(1) * (E_BINS - 1)  # this program's experts: [e0, e0 + E_BINS - 1)
     offs = pid.to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-    e = _slot_experts(routing_ptr, offs, P, S, E, IS_MASK)
-    # empty slots go to the last bin, which is >= E (E_BINS: a power of two above E)
-    hist = tl.histogram(tl.where(e >= 0, e, E_BINS - 1), E_BINS)
+    local = _slot_experts(routing_ptr, offs, P, S, E, IS_MASK) - e0
+    # empty slots and the other tiles' experts go to the last bin, which no expert of the tile uses
+    hist = tl.histogram(tl.where((local >= 0) & (local < E_BINS - 1), local, E_BINS - 1), E_BINS)
     bins = tl.arange(0, E_BINS)
-    tl.store(counts_ptr + pid.to(tl.int64) * E + bins, hist, mask=bins < E)
+    tl.store(counts_ptr + pid.to(tl.int64) * E + e0 + bins, hist,
+             mask=(bins < E_BINS - 1) & (e0 + bins < E))
 
 
 @triton.jit
@@ -134,29 +143,38 @@ def _capacity_keep_kernel(routing_ptr, probs_ptr, kept_ptr, P, S, E, C,
 
 @triton.jit
 def _scan_kernel(counts_ptr, offsets_ptr, tpe_ptr, gs_ptr, gstart_ptr, num_blocks, E, align,
-                 group_rows, limit, FIXED_GROUPS: tl.constexpr, E_PAD: tl.constexpr,
+                 group_rows, limit, FIXED_GROUPS: tl.constexpr, E_TILE: tl.constexpr,
                  CH: tl.constexpr):
     """Per expert: where each block's slots start inside the expert (``offsets``), the kept count
     (``tpe``: the first ``limit`` slots in expert order are kept), the group size (kept rounded up
-    to ``align``, or ``group_rows`` for every group when ``FIXED_GROUPS``) and the group start."""
-    cols = tl.arange(0, E_PAD)
-    cmask = cols < E
-    run = tl.zeros([E_PAD], dtype=tl.int32)
-    for b0 in range(0, num_blocks, CH):
-        blk = b0 + tl.arange(0, CH)
-        m = (blk < num_blocks)[:, None] & cmask[None, :]
-        ptrs = blk.to(tl.int64)[:, None] * E + cols[None, :]
-        c = tl.load(counts_ptr + ptrs, mask=m, other=0)
-        tl.store(offsets_ptr + ptrs, tl.cumsum(c, axis=0) - c + run[None, :], mask=m)
-        run += tl.sum(c, axis=0)
-    # num_out_tokens: expert e keeps what is left of the budget after the experts before it
-    kept = tl.minimum(run, tl.maximum(limit - (tl.cumsum(run, axis=0) - run), 0))
-    gs = (kept + (align - 1)) // align * align
-    if FIXED_GROUPS:  # drop-and-pad: every group is exactly `capacity` rows
-        gs = tl.zeros([E_PAD], dtype=tl.int32) + group_rows
-    tl.store(tpe_ptr + cols, kept.to(tl.int64), mask=cmask)
-    tl.store(gs_ptr + cols, gs.to(tl.int64), mask=cmask)
-    tl.store(gstart_ptr + cols, tl.cumsum(gs, axis=0) - gs, mask=cmask)
+    to ``align``, or ``group_rows`` for every group when ``FIXED_GROUPS``) and the group start.
+    The experts are taken ``E_TILE`` at a time, in order; what crosses tiles (the routed slots and
+    the group rows of the experts before the tile) is carried as two scalars."""
+    zero = tl.sum(tl.zeros([E_TILE], dtype=tl.int32), axis=0)
+    slots_before = zero  # routed slots of the experts of the earlier tiles
+    rows_before = zero   # group rows of the experts of the earlier tiles
+    for e0 in range(0, E, E_TILE):
+        cols = e0 + tl.arange(0, E_TILE)
+        cmask = cols < E
+        run = tl.zeros([E_TILE], dtype=tl.int32)
+        for b0 in range(0, num_blocks, CH):
+            blk = b0 + tl.arange(0, CH)
+            m = (blk < num_blocks)[:, None] & cmask[None, :]
+            ptrs = blk.to(tl.int64)[:, None] * E + cols[None, :]
+            c = tl.load(counts_ptr + ptrs, mask=m, other=0)
+            tl.store(offsets_ptr + ptrs, tl.cumsum(c, axis=0) - c + run[None, :], mask=m)
+            run += tl.sum(c, axis=0)
+        # num_out_tokens: expert e keeps what is left of the budget after the experts before it
+        kept = tl.minimum(run, tl.maximum(limit - (slots_before + tl.cumsum(run, axis=0) - run), 0))
+        gs = (kept + (align - 1)) // align * align
+        if FIXED_GROUPS:  # drop-and-pad: every group is exactly `capacity` rows
+            gs = tl.zeros([E_TILE], dtype=tl.int32) + group_rows
+        gs = tl.where(cmask, gs, 0)  # columns past E carry nothing into the next tile
+        tl.store(tpe_ptr + cols, kept.to(tl.int64), mask=cmask)
+        tl.store(gs_ptr + cols, gs.to(tl.int64), mask=cmask)
+        tl.store(gstart_ptr + cols, rows_before + tl.cumsum(gs, axis=0) - gs, mask=cmask)
+        slots_before += tl.sum(run, axis=0)
+        rows_before += tl.sum(gs, axis=0)
 
 
 @triton.jit
@@ -226,10 +244,22 @@ def _zero_unused_kernel(used_ptr, out_ptr, out_probs_ptr, N, H,
                      tl.zeros([BLOCK_R], dtype=out_probs_ptr.dtype.element_ty), mask=unused)
 
 
-def _block_p(t: torch.Tensor) -> int:
+def _block_p(t: torch.Tensor, num_experts: int = 0) -> int:
     # GPU: 128 slots per program keeps the pairwise rank tile at 128 x 32; interpreter: one or
-    # two programs for the test shapes.
-    return 1024 if interpreted(t) else 128
+    # two programs for the test shapes. Above 4096 experts (GPU) 1024 slots per program, so the
+    # [blocks, E] int32 count and offset tables stay smaller (P / 1024 * E * 4 bytes each:
+    # 128 MiB at P = 32768 slots, E = 2**20).
+    if interpreted(t):
+        return 1024
+    return 128 if num_experts <= 4096 else 1024
+
+
+# Expert tiles of the row-map kernels (every block at most 2**20 elements, Triton's limit, for
+# any E up to the documented 2**20): the histogram takes HIST_BINS - 1 experts per program (a
+# second grid dimension over the tiles), the scan SCAN_TILE experts per step of its loop.
+HIST_BINS = 4096
+SCAN_TILE = 2048
+SCAN_TILE_INTERPRETED = 4096
 
 
 def used_rows(row_id_map: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -261,20 +291,25 @@ def _row_map_dropless(routing: torch.Tensor, E: int, align: int, limit: int,
     dev = routing.device
     is_mask = routing.dtype == torch.bool
     r = routing.view(torch.uint8) if is_mask else routing
-    bp = _block_p(routing)
+    bp = _block_p(routing, E)
     nb = triton.cdiv(P, bp)
     counts = torch.empty(nb, E, dtype=torch.int32, device=dev)
-    # at least 64 bins: Triton's GPU histogram gives every lane of a (32- or 64-wide) warp a bin
-    launch(_hist_kernel, (nb,), r, counts, P, S, E, IS_MASK=is_mask, BLOCK_P=bp,
-           E_BINS=max(64, triton.next_power_of_2(E + 1)))
+    # at least 64 bins: Triton's GPU histogram gives every lane of a (32- or 64-wide) warp a bin;
+    # at most HIST_BINS, the experts then split over a second grid dimension (one tile when E < 4096)
+    e_bins = min(max(64, triton.next_power_of_2(E + 1)), HIST_BINS)
+    launch(_hist_kernel, (nb, triton.cdiv(E, e_bins - 1)), r, counts, P, S, E, IS_MASK=is_mask,
+           BLOCK_P=bp, E_BINS=e_bins)
     offsets = torch.empty(nb, E, dtype=torch.int32, device=dev)
     tpe = torch.empty(E, dtype=torch.int64, device=dev)
     gs = torch.empty(E, dtype=torch.int64, device=dev)
     gstart = torch.empty(E, dtype=torch.int32, device=dev)
-    e_pad = triton.next_power_of_2(E)
-    ch = 64 if interpreted(routing) else max(2, min(64, 4096 // e_pad))
+    if interpreted(routing):
+        e_tile, ch = min(triton.next_power_of_2(E), SCAN_TILE_INTERPRETED), 64
+    else:
+        e_tile = min(triton.next_power_of_2(E), SCAN_TILE)
+        ch = max(2, min(64, 4096 // e_tile))
     _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, capacity or 0, limit,
-                       FIXED_GROUPS=capacity is not None, E_PAD=e_pad, CH=ch)
+                       FIXED_GROUPS=capacity is not None, E_TILE=e_tile, CH=ch)
     row_id_map = torch.empty(T, S, dtype=torch.int32, device=dev)
     launch(_dest_kernel, (nb,), r, offsets, tpe, gstart, row_id_map, P, S, E, IS_MASK=is_mask,
            BLOCK_P=bp, CH=min(bp, 256 if interpreted(routing) else 32))

@@ -32,7 +32,18 @@ LEVELS = ("micro_batch", "sequence", "ep_group", "dp_group", "global")
 
 
 def expert_counts(routing: Tensor, num_experts: int) -> Tensor:
-    """``[E]`` int64 number of routed slots per expert (``-1`` slots ignored), no gradient."""
+    """``[E]`` int64 number of routed slots per expert (``-1`` slots ignored), no gradient.
+
+    ``routing`` is checked as :func:`aux_loss` and :func:`drop_stats` check it: ``[T, K]`` int
+    ids in ``[-1, E)`` or a ``[T, E]`` bool mask (a ``ValueError`` / ``TypeError`` naming
+    ``routing`` otherwise; on an accelerator the id range is a device-side assert)."""
+    _checks.check_int("num_experts", num_experts, minimum=1)
+    _check_routing(routing, num_experts)
+    return _counts(routing, num_experts)
+
+
+def _counts(routing: Tensor, num_experts: int) -> Tensor:
+    """:func:`expert_counts` of a routing already checked."""
     if routing.dtype == torch.bool:
         return routing.sum(0, dtype=torch.int64)
     ids = routing.reshape(-1).long()
@@ -40,16 +51,19 @@ def expert_counts(routing: Tensor, num_experts: int) -> Tensor:
     return torch.bincount(ids, minlength=num_experts)[:num_experts].to(torch.int64)
 
 
-def _check_routing(routing: Tensor, num_tokens: int, num_experts: int, device) -> None:
+def _check_routing(routing: Tensor, num_experts: int, num_tokens: Optional[int] = None,
+                   device=None) -> None:
+    """The one check of a ``routing`` argument of this module: 2-D, int ids in ``[-1, E)`` or a
+    bool mask of ``E`` columns; with ``num_tokens``, one row per token of ``scores``."""
     _checks.check_tensor("routing", routing, ndim=2, dtypes=(torch.bool,) + _checks.INDEX_DTYPES,
                          device=device)
-    if routing.shape[0] != num_tokens:
+    if num_tokens is not None and routing.shape[0] != num_tokens:
         raise ValueError(f"routing must have one row per token: scores has {num_tokens} rows, "
                          f"routing has shape {tuple(routing.shape)}")
     if routing.dtype == torch.bool:
         if routing.shape[1] != num_experts:
-            raise ValueError(f"a routing mask must have E={num_experts} columns (the columns of "
-                             f"scores), got shape {tuple(routing.shape)}")
+            raise ValueError(f"routing: a mask must have num_experts={num_experts} columns, got "
+                             f"shape {tuple(routing.shape)}")
     else:
         _checks.check_index_range("routing (expert ids)", routing, -1, num_experts)
 
@@ -101,7 +115,7 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     _checks.check_tensor("scores", scores, ndim=2, dtypes=_checks.FLOAT_DTYPES)
     T, E = scores.shape
-    _check_routing(routing, T, E, scores.device)
+    _check_routing(routing, E, T, scores.device)
     if topk is None:
         if routing.dtype == torch.bool:
             raise ValueError("topk is required when routing is a [T, E] mask")
@@ -131,7 +145,7 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
         P = s.view(B, seq_len, E).mean(1)                                              # [B, E]
         return coeff * E * (f * P).sum(1).mean()
 
-    counts = expert_counts(routing, E).to(torch.int64)
+    counts = _counts(routing, E)
     n_tokens = torch.tensor([T], dtype=torch.int64, device=counts.device)
     if level != "micro_batch":
         g = _resolve_group(level, group)
@@ -209,7 +223,17 @@ class DropStats(NamedTuple):
 
 
 def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: float) -> int:
-    """``C = ceil(capacity_factor · T · K / E)`` rows per expert (the usual capacity rule)."""
+    """``C = ceil(capacity_factor · T · K / E)`` rows per expert (the usual capacity rule).
+
+    ``num_tokens`` ``T >= 0``, ``topk`` ``K >= 1`` and ``num_experts`` ``E >= 1`` are ints (a
+    symbolic size under ``torch.compile`` too); anything else is a ``ValueError`` /
+    ``TypeError`` naming the argument."""
+    for name, value, minimum in (("num_tokens", num_tokens, 0), ("topk", topk, 1),
+                                 ("num_experts", num_experts, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
             or not math.isfinite(capacity_factor) or capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
@@ -229,16 +253,12 @@ def drop_stats(routing: Tensor, *, num_experts: Optional[int] = None, capacity: 
     the group-wide rates while capacity is still applied per rank.
     """
     _checks.check_tensor("routing", routing, ndim=2, dtypes=(torch.bool,) + _checks.INDEX_DTYPES)
-    if routing.dtype == torch.bool:
-        num_experts = routing.shape[1] if num_experts is None else num_experts
-        if num_experts != routing.shape[1]:
-            raise ValueError(f"num_experts={num_experts} does not match the routing mask's "
-                             f"{routing.shape[1]} columns")
-    elif num_experts is None:
-        raise ValueError("num_experts is required when routing holds expert ids")
+    if num_experts is None:
+        if routing.dtype != torch.bool:
+            raise ValueError("num_experts is required when routing holds expert ids")
+        num_experts = routing.shape[1]
     _checks.check_int("num_experts", num_experts, minimum=1)
-    if routing.dtype != torch.bool:
-        _checks.check_index_range("routing (expert ids)", routing, -1, num_experts)
+    _check_routing(routing, num_experts)
     T, K = routing.shape
     topk = K if routing.dtype != torch.bool else max(1, int(routing.sum(1).max()) if T else 1)
     if (capacity is None) == (capacity_factor is None) and row_id_map is None:
@@ -247,7 +267,7 @@ def drop_stats(routing: Tensor, *, num_experts: Optional[int] = None, capacity: 
         if not capacity_factor > 0:
             raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
         capacity = capacity_for(T, topk, num_experts, capacity_factor)
-    routed = expert_counts(routing, num_experts)
+    routed = _counts(routing, num_experts)
     if row_id_map is not None:
         _checks.check_tensor("row_id_map", row_id_map, dtypes=_checks.INDEX_DTYPES)
         _checks.check_shape("row_id_map", row_id_map, routing.shape, "the shape of routing")

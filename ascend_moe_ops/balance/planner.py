@@ -158,6 +158,10 @@ class Placement:
         dev = topk_idx.device
         if token_index is None:
             token_index = torch.arange(T, device=dev)
+        else:
+            _checks.check_tensor("token_index", token_index, ndim=1, dtypes=_checks.INDEX_DTYPES,
+                                 device=dev)
+            _checks.check_shape("token_index", token_index, (T,), "one index per row of topk_idx")
         key = ("route", dev)
         if key not in self._cache:  # device copies made once, not on every routing call
             self._cache[key] = (self.expert_slots().to(dev), self.replica_count.to(dev))
@@ -172,6 +176,7 @@ class Placement:
         """``[R]`` fp64 load per rank when expert ``e`` brings ``expert_load[e]`` tokens, split
         evenly over its replicas."""
         load = torch.as_tensor(expert_load, dtype=torch.float64).cpu()
+        _checks.check_shape("expert_load", load, (self.num_experts,), "one load per expert")
         per_slot = load / self.replica_count.to(torch.float64)
         s2e = self.slot_to_expert
         w = torch.where(s2e >= 0, per_slot[s2e.clamp(min=0)], torch.zeros((), dtype=torch.float64))

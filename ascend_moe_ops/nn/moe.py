@@ -124,6 +124,15 @@ class SharedExpertMLP(nn.Module):
         return self.linear_fc2(swiglu(self.linear_fc1(x)))
 
 
+def _check_hidden(x, hidden_size: int, what: str) -> None:
+    """``x [..., H]`` with ``H = hidden_size`` (a shape check only: no data read, compile-friendly)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 0 or x.shape[-1] != hidden_size:
+        raise ValueError(f"{what}: x must have the hidden size {hidden_size} in its last dimension, "
+                         f"got shape {tuple(x.shape)}")
+
+
 class TopKRouter(nn.Module):
     """Linear router (``weight [E, H]``) with softmax or sigmoid scores and top-k.
 
@@ -185,6 +194,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``x [T, H]`` -> ``(topk_ids [T, k] int64, topk_probs [T, k] fp32, scores [T, E] fp32)``."""
+        _check_hidden(x, self.weight.shape[1], "TopKRouter")
         rd = x.dtype if self.router_dtype is None else self.router_dtype
         logits = F.linear(x.to(rd), self.weight.to(rd)).float()
         scores = logits.softmax(-1) if self.score_func == "softmax" else logits.sigmoid()
@@ -418,6 +428,7 @@ class MoELayer(nn.Module):
         if getattr(self, "dispatcher", None) is not None:
             raise ValueError("score_before_experts, recompute_* and offload_activations are not "
                              "implemented with an expert-parallel dispatcher yet")
+        _check_hidden(x, self.hidden_size, "MoELayer")
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         ids, probs, scores = self.router(tokens)
@@ -436,6 +447,7 @@ class MoELayer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.score_before_experts or self.recompute_permute or self.recompute_activation or self.offload_activations:
             return self._forward_with_options(x)
+        _check_hidden(x, self.hidden_size, "MoELayer")
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         ids, probs, scores = self.router(tokens)

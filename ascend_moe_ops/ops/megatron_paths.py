@@ -95,7 +95,8 @@ def probs_grad(grad_pp: Tensor, row_id_map: Tensor, expert_ids: Tensor, shape, d
         return d
     rows = row_id_map.to(torch.int64)
     empty = rows < 0
-    vals = grad_pp.index_select(0, rows.clamp_min(0).view(-1)).view(T, S).masked_fill(empty, 0)
+    # reshape: the saved maps may be non-contiguous (a direct call of a namespace's op)
+    vals = grad_pp.index_select(0, rows.clamp_min(0).reshape(-1)).view(T, S).masked_fill(empty, 0)
     return d.scatter_add_(1, expert_ids.clamp_min(0), vals)  # -1 slots add an exact 0
 
 

@@ -62,6 +62,12 @@ def ascend_kernels(ns: str):
                                      qk_nope_dim, v_dim, softmax_scale, causal, save_kv)
         _ascend_dtype(q, OP)
         _ascend_sizes(c_kv, w_kv_up, OP)
+        # a composite is the op's whole kernel (python_kernel adds nothing to it): the op's own
+        # empty case (T = 0) here, as every other kernel does after its check
+        empty = _empty(q, c_kv, k_pe, w_kv_up, cu_seqlens, max_seqlen, num_heads, qk_nope_dim, v_dim,
+                       softmax_scale, causal, save_kv)
+        if empty is not None:
+            return empty
         kv = up_project(c_kv, w_kv_up)
         k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)
         # Sq = Sk and Hkv = Hq: the one cu_seqlens passed for q and k alike
@@ -75,6 +81,9 @@ def ascend_kernels(ns: str):
                                      max_seqlen, num_heads, qk_nope_dim, v_dim, softmax_scale, causal)
         _ascend_dtype(q, BWD)
         _ascend_sizes(c_kv, w_kv_up, BWD)
+        empty = _empty_bwd(grad_out, q, c_kv, k_pe, w_kv_up)   # T = 0: zero gradients
+        if empty is not None:
+            return empty
         if kv.numel() == 0:  # recompute="kv": the same kernel as the forward, so bitwise the same kv
             kv = up_project(c_kv, w_kv_up)
         k_nope, v = _split(kv, num_heads, qk_nope_dim, v_dim)

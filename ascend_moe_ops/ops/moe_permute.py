@@ -94,7 +94,10 @@ def moe_permute(tokens: Tensor, routing: Tensor, probs: Optional[Tensor] = None,
         probs: optional router weights, same shape as ``routing``, any float dtype.
         num_experts: ``E``; required for id routing, ``routing.shape[1]`` for a mask.
         capacity: ``C`` rows per expert (drop-and-pad: lowest prob dropped first, ties by position;
-            short groups padded with zero rows). ``None`` = dropless.
+            short groups padded with zero rows). ``None`` = dropless. The probs are ranked as
+            float32 values on every backend: fp64 probs are rounded to the nearest float32 first,
+            so two that are equal in float32 tie and the earlier ``(token, slot)`` is kept even if
+            its fp64 prob is lower; ``-0.0`` ties ``0.0``; NaN ranks below every number.
         align: pad every expert group to a multiple of ``align`` rows (dropless mode; with
             ``capacity`` it must divide ``capacity``).
         num_out_tokens: ``n >= 0`` output token rows (dropless only): the output has

@@ -51,7 +51,9 @@ def mask_permute(tokens: Tensor, routing_map: Tensor, probs: Optional[Tensor],
     ids = torch.where(first < E, first, torch.full((), -1, device=dev))
     rows = row_et.t().gather(1, ids.clamp_min(0))
     row_id_map = torch.where(ids >= 0, rows, torch.full((), -1, device=dev)).to(torch.int32)
-    return out, pp, si, row_id_map, ids
+    # contiguous, as the fake and the native kernel give them (a transposed routing_map made
+    # torch.where return transposed maps)
+    return out, pp, si, row_id_map.contiguous(), ids.contiguous()
 
 
 def sort_chunks(input: Tensor, split_sizes: Tensor, sorted_idxs: Tensor, probs: Optional[Tensor],

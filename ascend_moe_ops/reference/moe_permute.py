@@ -18,7 +18,9 @@ Which slots are kept:
   kept slots, ``group_sizes`` pads those to ``align``;
 * ``capacity=C``: each expert keeps at most ``C`` slots, dropping the lowest ``probs`` first (ties:
   the later ``(token, slot)`` position is dropped first; a NaN prob ranks below every number, so
-  NaN slots are dropped first; without ``probs`` the first ``C`` in position order are kept);
+  NaN slots are dropped first; without ``probs`` the first ``C`` in position order are kept); the
+  probs are compared as float32 values (fp64 probs rounded to nearest float32: values equal in
+  float32 tie, ``-0.0`` ties ``0.0``), as every backend's kernel compares them;
   every expert group has exactly ``C`` rows;
 * ``align=A``: each expert group is padded with zero rows to a multiple of ``A``.
 
