@@ -307,12 +307,12 @@ def _row_map_dropless(routing: torch.Tensor, E: int, align: int, limit: int,
         e_tile, ch = min(triton.next_power_of_2(E), SCAN_TILE_INTERPRETED), 64
     else:
         e_tile = min(triton.next_power_of_2(E), SCAN_TILE)
-        ch = max(2, min(64, 4096 // e_tile))
+        ch = max(2, min(64, 2048 // e_tile))  # a CH x E_TILE chunk of <= 2048 counts: no spill on sm_80
     _scan_kernel[(1,)](counts, offsets, tpe, gs, gstart, nb, E, align, capacity or 0, limit,
                        FIXED_GROUPS=capacity is not None, E_TILE=e_tile, CH=ch)
     row_id_map = torch.empty(T, S, dtype=torch.int32, device=dev)
     launch(_dest_kernel, (nb,), r, offsets, tpe, gstart, row_id_map, P, S, E, IS_MASK=is_mask,
-           BLOCK_P=bp, CH=min(bp, 256 if interpreted(routing) else 32))
+           BLOCK_P=bp, CH=min(bp, 256 if interpreted(routing) else max(1, 4096 // bp)))  # GPU: 4096-pair tiles
     return row_id_map, tpe, gs
 
 
