@@ -1041,3 +1041,17 @@ def test_distributed(scenario, tmp_path_factory):
     bad = problems(per_rank, hung, [scenario])
     if bad:
         pytest.fail("\n".join(bad))
+
+
+@pytest.mark.parametrize("counts", [[3.0, float("nan"), 1.0, 0.0], [3.0, float("inf"), 1.0, 0.0], [3, -1, 1, 0]],
+                         ids=["nan", "inf", "negative"])
+def test_update_expert_bias_refuses_counts_that_would_corrupt_the_bias(counts):
+    """A NaN, infinite or negative load count would make every expert's bias NaN (or move it the
+    wrong way) for the rest of training: a ValueError naming tokens_per_expert, the bias untouched."""
+    bias = torch.zeros(4)
+    tpe = torch.tensor(counts)
+    with pytest.raises(ValueError, match="tokens_per_expert"):
+        update_expert_bias(bias, tpe)
+    assert torch.equal(bias, torch.zeros(4))
+    update_expert_bias(bias, torch.tensor([3, 1, 1, 0]))  # valid counts still update
+    assert torch.isfinite(bias).all() and bias[0] < 0 < bias[3]

@@ -331,3 +331,20 @@ def test_offload_is_a_noop_with_a_warning_on_cpu():
     with pytest.warns(RuntimeWarning, match="offload_activations=True\\) on the CPU"):
         y = off(x)
     assert torch.equal(y, plain(x))
+
+
+@pytest.mark.parametrize("bad, err", [(dict(top_k=True), TypeError), (dict(top_k=0), ValueError),
+                                      (dict(hidden_size=0), ValueError), (dict(num_experts=2.0), TypeError),
+                                      (dict(ffn_hidden_size=-1), ValueError)])
+def test_sizes_are_ints_named_in_the_error(bad, err):
+    """hidden_size, num_experts, ffn_hidden_size and top_k are positive ints (a bool is not taken as
+    1; a negative size is not left to the parameter allocation's message)."""
+    kw = dict(hidden_size=8, num_experts=4, ffn_hidden_size=6, top_k=2)
+    kw.update(bad)
+    (name,) = bad
+    with pytest.raises(err, match=name):
+        MoELayer(**kw)
+    if name != "ffn_hidden_size":
+        from ascend_moe_ops.nn import TopKRouter
+        with pytest.raises(err, match=name):
+            TopKRouter(kw["hidden_size"], kw["num_experts"], kw["top_k"])

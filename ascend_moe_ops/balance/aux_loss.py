@@ -185,12 +185,31 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES)
     _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
     _checks.check_shape("tokens_per_expert", tokens_per_expert, bias.shape, "one count per expert")
+    _check_counts(tokens_per_expert)
     load = tokens_per_expert.to(torch.float64 if bias.dtype == torch.float64 else torch.float32)
     if group is not None:
         load = load.clone()
         dist.all_reduce(load, op=dist.ReduceOp.SUM, group=group)
     bias.add_(rate * torch.sign(load.mean() - load).to(bias.dtype))
     return bias
+
+
+def _check_counts(counts: Tensor) -> None:
+    """Load counts are finite and >= 0: a NaN, an infinity or a negative count would turn every
+    expert's bias update into NaN or push it the wrong way, silently and for the rest of training.
+    A ValueError on the CPU in eager mode; elsewhere a device-side assert (no host synchronization)."""
+    if counts.numel() == 0 or _checks.is_fake(counts):
+        return
+    bad = counts < 0
+    if counts.is_floating_point():
+        bad = bad | ~torch.isfinite(counts)
+    if counts.device.type == "cpu" and not torch.compiler.is_compiling():
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(f"tokens_per_expert has value {counts[i].item()} at index {i}: counts must be "
+                             "finite and >= 0")
+    else:
+        torch._assert_async(~bad.any(), "tokens_per_expert: counts must be finite and >= 0")
 
 
 def biased_topk(scores: Tensor, bias: Tensor, k: int):

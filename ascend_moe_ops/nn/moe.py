@@ -32,6 +32,7 @@ from torch import nn
 
 from .. import _library
 from ..balance.aux_loss import capacity_for
+from ..ops import checks as _checks
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.moe_permute import moe_permute
 from ..ops.moe_unpermute import moe_unpermute
@@ -157,6 +158,8 @@ class TopKRouter(nn.Module):
                  route_norm: Optional[bool] = None, route_scale: float = 1.0,
                  router_dtype: Optional[torch.dtype] = None, expert_bias: bool = False):
         super().__init__()
+        for name, v in (("hidden_size", hidden_size), ("num_experts", num_experts), ("top_k", top_k)):
+            _checks.check_int(name, v, minimum=1)  # a bool is not an int here (top_k=True is not 1)
         if score_func not in ("softmax", "sigmoid"):
             raise ValueError(f"score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
         if not 1 <= top_k <= num_experts:
@@ -335,6 +338,9 @@ class MoELayer(nn.Module):
                  capacity_factor: Optional[float] = None, init_std: float = 0.02,
                  dtype=None, device=None, dispatcher=None, overlap_chunks: int = 1):
         super().__init__()
+        for name, v in (("hidden_size", hidden_size), ("num_experts", num_experts),
+                        ("ffn_hidden_size", ffn_hidden_size), ("top_k", top_k)):
+            _checks.check_int(name, v, minimum=1)
         if isinstance(overlap_chunks, bool) or not isinstance(overlap_chunks, int) or overlap_chunks < 1:
             raise ValueError(f"overlap_chunks must be a positive int, got {overlap_chunks!r}")
         if dispatcher is None and overlap_chunks != 1:
