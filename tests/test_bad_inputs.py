@@ -578,6 +578,13 @@ INTERNAL = [
                                                  torch.tensor([2, 0, 1], device="meta"), None, False), "sorted_idxs"),
     ("sort_chunks", "split_sizes_sum", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 2]), torch.tensor([2, 0, 1]),
                                                 None, False), "split_sizes"),
+    # sizes whose int64 sum wraps to the row count (a crash, then an unsorted result, before 2026-12-07)
+    ("sort_chunks", "split_sizes_sum_overflows", lambda: (torch.arange(6.).view(6, 1),
+                                                          torch.tensor([2**63 - 1, 2**63 - 1, 8]),
+                                                          torch.tensor([2, 1, 0]), None, False), "split_sizes"),
+    ("sort_chunks", "split_sizes_sum_wraps", lambda: (torch.arange(6.).view(6, 1),
+                                                      torch.tensor([2**62, 2**62, 2**62, 2**62 + 6]),
+                                                      torch.tensor([3, 2, 1, 0]), None, False), "split_sizes"),
     ("sort_chunks", "sorted_idxs_repeated", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 3]),
                                                      torch.tensor([0, 0, 1]), None, False), "sorted_idxs"),
     ("mask_permute", "routing_map_int32", lambda: (torch.randn(6, 8), TE_MAP, None, None), "routing_map"),

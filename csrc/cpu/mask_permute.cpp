@@ -215,10 +215,12 @@ void chunk_plan(const char* op, const Tensor& split_sizes, const Tensor& sorted_
   const int64_t n = static_cast<int64_t>(sizes.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(order.size()) == n, op, ": sorted_idxs must have one entry per chunk (", n,
                     "), got ", order.size());
+  // Each size is bounded by the row count before it is added, and the running sum by the row count
+  // too: no int64 overflow (sizes of 2^63 - 1 summed to `rows` modulo 2^64 and reached the copy).
   int64_t total = 0;
   for (int64_t s : sizes) {
-    TORCH_CHECK_VALUE(s >= 0, op, ": split_sizes must add up to the ", rows, " rows of input (none negative), got ",
-                      split_sizes);
+    TORCH_CHECK_VALUE(s >= 0 && s <= rows - total, op, ": split_sizes must add up to the ", rows,
+                      " rows of input (none negative), got ", split_sizes);
     total += s;
   }
   TORCH_CHECK_VALUE(total == rows, op, ": split_sizes must add up to the ", rows, " rows of input (none negative), got ",
