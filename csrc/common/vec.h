@@ -159,6 +159,9 @@ inline VecF clamp(VecF x, float lo, float hi) {  // a NaN x gives lo (max return
 }
 inline VecF round_even(VecF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VecF scale2(VecF p, VecF n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
+inline VecF zero_below(VecF v, VecF x, float lo) {  // v, with 0 in the lanes where x < lo (not NaN x)
+  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_LT_OQ), _mm512_setzero_ps());
+}
 
 #elif AMO_AVX2
 
@@ -270,6 +273,10 @@ inline __m256 pow2i(__m256 n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 inline VecF scale2(VecF p, VecF n) { return {_mm256_mul_ps(p.lo, pow2i(n.lo)), _mm256_mul_ps(p.hi, pow2i(n.hi))}; }
+inline VecF zero_below(VecF v, VecF x, float lo) {  // v, with 0 in the lanes where x < lo (not NaN x)
+  const __m256 l = _mm256_set1_ps(lo);
+  return {_mm256_andnot_ps(_mm256_cmp_ps(x.lo, l, _CMP_LT_OQ), v.lo), _mm256_andnot_ps(_mm256_cmp_ps(x.hi, l, _CMP_LT_OQ), v.hi)};
+}
 
 #else  // portable fallback: same semantics, scalar code
 
@@ -327,6 +334,10 @@ inline VecF scale2(VecF p, VecF n) {
   for (int i = 0; i < 16; ++i) p.v[i] = std::ldexp(p.v[i], static_cast<int>(n.v[i]));
   return p;
 }
+inline VecF zero_below(VecF v, VecF x, float lo) {  // v, with 0 in the lanes where x < lo (not NaN x)
+  for (int i = 0; i < 16; ++i) v.v[i] = x.v[i] < lo ? 0.0f : v.v[i];
+  return v;
+}
 
 #endif
 
@@ -346,9 +357,13 @@ inline VecF exp(VecF x) {
   p = fma(p, mul(r, r), add(r, set1(1.0f)));
   return scale2(p, n);
 }
+// sigmoid is exactly 0 where exp(-a) saturates (a < -kHi: the true value is below 6.1e-39, and
+// fp32's own 1 / (1 + exp(-a)) reaches 0 by a = -104): with the clamped exp it would stay 6e-39 there,
+// and silu(a) = a * sigmoid(a) grew with |a| (-1.8 for a = -3e38, -inf for a = -inf; torch gives
+// -0 and NaN).
 inline VecF sigmoid(VecF a) {
   const VecF one = set1(1.0f);
-  return div(one, add(one, exp(sub(zero(), a))));
+  return zero_below(div(one, add(one, exp(sub(zero(), a)))), a, -expc::kHi);
 }
 
 }  // namespace AMO_VEC_NS
