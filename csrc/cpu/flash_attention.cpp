@@ -111,7 +111,11 @@ inline float exp_neg(float x) {
 }
 inline double exp_neg(double x) { return std::exp(x); }
 
-// A [T, H, D] operand in the accumulation type, described by pointer and strides.
+// A [T, H, D] operand in the accumulation type, described by pointer and strides. The tile products
+// take the token stride as the BLAS leading dimension, so each head's [T, D] slice must be a valid
+// row-major matrix: unit column stride and a token stride of at least D (BLAS needs ld >= max(1, D))
+// that fits an int. Anything else -- a token-expanded operand (token stride 0, a direct op call with
+// `.expand`), overlapping rows, a transposed view -- is made contiguous first.
 template <typename acc_t>
 struct Operand {
   at::Tensor holder;
@@ -124,7 +128,9 @@ template <typename acc_t>
 Operand<acc_t> operand(const at::Tensor& x) {
   const auto acc = c10::CppTypeToScalarType<acc_t>::value;
   at::Tensor t = x.scalar_type() == acc ? x : x.to(acc);
-  if (t.stride(-1) != 1) t = t.contiguous();
+  const int64_t d = t.size(-1);
+  if (t.stride(-1) != 1 || t.stride(0) < std::max<int64_t>(1, d) || t.stride(0) > std::numeric_limits<int>::max())
+    t = t.contiguous();
   Operand<acc_t> o;
   o.holder = t;
   o.p = t.data_ptr<acc_t>();
