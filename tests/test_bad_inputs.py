@@ -488,6 +488,8 @@ ATTENTION = [
     # dimension of 0 (garbage, oneMKL's "Parameter 8 was incorrect") before 2026-12-07
     *[_fa_case(f"expanded_{'_'.join(ex)}", ex=ex, Dr=4, backward=True, paths=("ops",))
       for ex in (("q",), ("k",), ("v",), ("k_rope",), ("grad_out",), ("q", "k", "v", "k_rope", "grad_out"))],
+    # a k_rope with no columns: a gradient of its shape [Tk, 0] (native gave [0], AscendC failed)
+    _fa_case("k_rope_dr_0", kr_empty=True, backward=True, paths=("ops",)),
     # max_seqlen is an upper bound: a huge one is valid and must not launch a huge grid
     _fa_case("max_seqlen_huge", max_seqlen=1 << 40),
     _fa_case("max_seqlen_huge_backward", max_seqlen=1 << 40, backward=True, paths=("ops",)),

@@ -408,7 +408,8 @@ at::Tensor flash_attention_bwd_into(
       }
     }
   }
-  if (!Dr) return at::empty({0}, q.options());
+  // a k_rope of shape [Tk, 0] gets a gradient of its own shape (not the [0] of "no k_rope")
+  if (!Dr) return k_rope ? at::zeros({Tk, 0}, q.options()) : at::empty({0}, q.options());
   // sum the per-head parts in fixed head order: the same bits for any thread count
   auto dkr = dkr_part[0].clone();
   for (int64_t h = 1; h < H; ++h) dkr.add_(dkr_part[h]);
