@@ -215,13 +215,14 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
         }
         gemm<acc_t>(false, false, mq, Dv, nk, S.data(), kBlockN, V.at(k0, kh), V.st, 1, O.data(), Dv);
       }
-      // a row that sees no key has l = 0: out = 0, lse = -inf
+      // a row that sees no key has l = 0: out = 0, lse = -inf. Only that row: a NaN or +inf score makes
+      // l NaN, and out and lse stay NaN (-inf is the no-key marker, never a result)
       for (int64_t r = 0; r < mq; ++r) {
-        const acc_t inv = l[r] > 0 ? acc_t(1) / l[r] : acc_t(0);
+        const acc_t inv = l[r] == acc_t(0) ? acc_t(0) : acc_t(1) / l[r];
         scalar_t* orow = out + ((q0 + r) * H + h) * Dv;
         const acc_t* src = O.data() + r * Dv;
         for (int64_t d = 0; d < Dv; ++d) orow[d] = static_cast<scalar_t>(src[d] * inv);
-        lse[h * T + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : neg_inf;
+        lse[h * T + q0 + r] = l[r] == acc_t(0) ? neg_inf : m[r] + std::log(l[r]);
       }
     }
   });
