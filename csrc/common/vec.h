@@ -67,6 +67,7 @@ constexpr int64_t kWidth = 16;  // fp32 lanes per vector
 // are single IEEE fp32 operations in each, so every version gives the same bits.
 namespace expc {
 constexpr float kLo = -87.0f, kHi = 88.0f, kLog2e = 1.44269504088896341f;
+constexpr float kSigmoidHi = 89.0f;  // round(89 * log2 e) = 128: at most 2^128 = +inf
 constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
 constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
                 kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
@@ -159,9 +160,6 @@ inline VecF clamp(VecF x, float lo, float hi) {  // a NaN x gives lo (max return
 }
 inline VecF round_even(VecF x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline VecF scale2(VecF p, VecF n) { return _mm512_scalef_ps(p, n); }  // p * 2^n, n integral
-inline VecF zero_below(VecF v, VecF x, float lo) {  // v, with 0 in the lanes where x < lo (not NaN x)
-  return _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_LT_OQ), _mm512_setzero_ps());
-}
 
 #elif AMO_AVX2
 
@@ -273,10 +271,6 @@ inline __m256 pow2i(__m256 n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
 }
 inline VecF scale2(VecF p, VecF n) { return {_mm256_mul_ps(p.lo, pow2i(n.lo)), _mm256_mul_ps(p.hi, pow2i(n.hi))}; }
-inline VecF zero_below(VecF v, VecF x, float lo) {  // v, with 0 in the lanes where x < lo (not NaN x)
-  const __m256 l = _mm256_set1_ps(lo);
-  return {_mm256_andnot_ps(_mm256_cmp_ps(x.lo, l, _CMP_LT_OQ), v.lo), _mm256_andnot_ps(_mm256_cmp_ps(x.hi, l, _CMP_LT_OQ), v.hi)};
-}
 
 #else  // portable fallback: same semantics, scalar code
 
@@ -334,17 +328,13 @@ inline VecF scale2(VecF p, VecF n) {
   for (int i = 0; i < 16; ++i) p.v[i] = std::ldexp(p.v[i], static_cast<int>(n.v[i]));
   return p;
 }
-inline VecF zero_below(VecF v, VecF x, float lo) {  // v, with 0 in the lanes where x < lo (not NaN x)
-  for (int i = 0; i < 16; ++i) v.v[i] = x.v[i] < lo ? 0.0f : v.v[i];
-  return v;
-}
 
 #endif
 
 // exp / sigmoid, once for every version, on the primitives above
-inline VecF exp(VecF x) {
+inline VecF exp(VecF x, float hi = expc::kHi) {  // hi: kHi, or kSigmoidHi (overflow to +inf past ~88.7)
   using namespace expc;
-  x = clamp(x, kLo, kHi);
+  x = clamp(x, kLo, hi);
   const VecF n = round_even(mul(x, set1(kLog2e)));
   VecF r = fnma(n, set1(kC1), x);
   r = fnma(n, set1(kC2), r);
@@ -357,13 +347,14 @@ inline VecF exp(VecF x) {
   p = fma(p, mul(r, r), add(r, set1(1.0f)));
   return scale2(p, n);
 }
-// sigmoid is exactly 0 where exp(-a) saturates (a < -kHi: the true value is below 6.1e-39, and
-// fp32's own 1 / (1 + exp(-a)) reaches 0 by a = -104): with the clamped exp it would stay 6e-39 there,
-// and silu(a) = a * sigmoid(a) grew with |a| (-1.8 for a = -3e38, -inf for a = -inf; torch gives
-// -0 and NaN).
+// sigmoid's exp(-a) is clamped at 89 instead of 88: past ~88.7 it overflows to +inf (2^128 is the
+// inf bit pattern in every version), so sigmoid(a) is exactly 0 for a < -88.7 (the true value is
+// below 3e-39) and silu(a) = a * sigmoid(a) is -0 for huge negative a and NaN for -inf, as torch's;
+// clamped at 88 it stayed 6e-39 and silu(-3e38) was -1.8, silu(-inf) -inf. Same bits as before for
+// every a >= -88, and no extra instruction.
 inline VecF sigmoid(VecF a) {
   const VecF one = set1(1.0f);
-  return zero_below(div(one, add(one, exp(sub(zero(), a)))), a, -expc::kHi);
+  return div(one, add(one, exp(sub(zero(), a), expc::kSigmoidHi)));
 }
 
 }  // namespace AMO_VEC_NS
