@@ -59,6 +59,12 @@ def _leaves(*ts):
             t.requires_grad_(True)
 
 
+def _ex(t, name, ex):
+    """``t`` as a token-expanded view (token stride 0, all tokens equal to the first) when ``name``
+    is in ``ex``: what ``.expand`` of one token gives a direct torch.ops call."""
+    return t[:1].expand(t.shape) if name in ex and t.shape[0] > 0 else t
+
+
 def _nc(t):
     if t.dim() >= 2:
         return t.transpose(0, -1).contiguous().transpose(0, -1)
@@ -417,7 +423,7 @@ GROUPED = [
 
 # -------------------------------------------------------------------------------- flash attention
 def _attn(Tq=5, Tk=5, Hq=2, Hkv=2, D=8, Dv=None, causal=True, cu_q=None, cu_k=None, backward=False, Dr=0, nc=False,
-          dtype=None, max_seqlen=None):
+          dtype=None, max_seqlen=None, ex=(), kr_empty=False):
     Dv = D if Dv is None else Dv
     cu_q = torch.tensor([0, Tq]) if cu_q is None else torch.tensor(cu_q)
     cu_k = torch.tensor([0, Tk]) if cu_k is None else torch.tensor(cu_k)
@@ -432,7 +438,9 @@ def _attn(Tq=5, Tk=5, Hq=2, Hkv=2, D=8, Dv=None, causal=True, cu_q=None, cu_k=No
         dt = dtype or _dt(backend, "flash_attention_fwd")
         q, k = _f(Tq, Hq, D + Dr, dtype=dt, nc=nc), _f(Tk, Hkv, D, dtype=dt, seed=1, nc=nc)
         v = _f(Tk, Hkv, Dv, dtype=dt, seed=2, nc=nc)
-        kr = _f(Tk, Dr, dtype=dt, seed=3, nc=nc) if Dr else None
+        kr = _f(Tk, Dr, dtype=dt, seed=3, nc=nc) if Dr or kr_empty else None
+        q, k, v = _ex(q, "q", ex), _ex(k, "k", ex), _ex(v, "v", ex)
+        kr = _ex(kr, "k_rope", ex) if kr is not None else None
         scale = 0.3
         if path == "public":
             ts = (q, k, v) if not backward else tuple(t.requires_grad_(True) for t in (q, k, v))
@@ -446,7 +454,7 @@ def _attn(Tq=5, Tk=5, Hq=2, Hkv=2, D=8, Dv=None, causal=True, cu_q=None, cu_k=No
         out, lse = ops("flash_attention_fwd")(q, k, v, kr, cu_q, cu_k, mq, mk, causal, scale)
         if not backward:
             return out, lse
-        g = _f(*out.shape, dtype=dt, seed=6, nc=nc)
+        g = _ex(_f(*out.shape, dtype=dt, seed=6, nc=nc), "grad_out", ex)
         return (out, lse) + tuple(ops("flash_attention_bwd")(g, q, k, v, kr, out, lse, cu_q, cu_k, mq, mk, causal,
                                                              scale))
     return run
@@ -476,6 +484,12 @@ ATTENTION = [
     _fa_case("gqa_4_to_1", Hq=4, Hkv=1, backward=True),
     _fa_case("non_contiguous", nc=True, backward=True, paths=("ops",)),
     _fa_case("non_contiguous_k_rope", nc=True, Dr=4, backward=True, paths=("ops",)),
+    # token-expanded operands (token stride 0) at torch.ops: the native kernel gave BLAS a leading
+    # dimension of 0 (garbage, oneMKL's "Parameter 8 was incorrect") before 2026-12-07
+    *[_fa_case(f"expanded_{'_'.join(ex)}", ex=ex, Dr=4, backward=True, paths=("ops",))
+      for ex in (("q",), ("k",), ("v",), ("k_rope",), ("grad_out",), ("q", "k", "v", "k_rope", "grad_out"))],
+    # a k_rope with no columns: a gradient of its shape [Tk, 0] (native gave [0], AscendC failed)
+    _fa_case("k_rope_dr_0", kr_empty=True, backward=True, paths=("ops",)),
     # max_seqlen is an upper bound: a huge one is valid and must not launch a huge grid
     _fa_case("max_seqlen_huge", max_seqlen=1 << 40),
     _fa_case("max_seqlen_huge_backward", max_seqlen=1 << 40, backward=True, paths=("ops",)),
@@ -488,7 +502,7 @@ ATTENTION = [
 
 
 # -------------------------------------------------------------------------------------------- MLA
-def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False, dtype=None):
+def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False, dtype=None, ex=()):
     cu = torch.tensor([0, T]) if cu is None else torch.tensor(cu)
     ms = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
     if nc:
@@ -499,6 +513,7 @@ def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False, d
         q, c, kpe = _f(T, H, Dn + Dr, dtype=dt, nc=nc), _f(T, Dc, dtype=dt, seed=1, nc=nc), _f(T, Dr, dtype=dt,
                                                                                               seed=2, nc=nc)
         w = _f(H * (Dn + Dv), Dc, dtype=dt, seed=3, nc=nc)
+        q, c, kpe = _ex(q, "q", ex), _ex(c, "c_kv", ex), _ex(kpe, "k_pe", ex)
         if path == "public":
             ts = (q, c, kpe, w) if not backward else tuple(t.requires_grad_(True) for t in (q, c, kpe, w))
             with amo.use_backend(backend):
@@ -511,7 +526,7 @@ def _mla(T=5, H=2, Dn=8, Dr=4, Dv=8, Dc=12, backward=False, cu=None, nc=False, d
         out, lse, kv = ops("mla_attention_fwd")(q, c, kpe, w, cu, ms, H, Dn, Dv, 0.3, True, False)
         if not backward:
             return out, lse
-        g = _f(*out.shape, dtype=dt, seed=6, nc=nc)
+        g = _ex(_f(*out.shape, dtype=dt, seed=6, nc=nc), "grad_out", ex)
         return (out, lse) + tuple(ops("mla_attention_bwd")(g, q, c, kpe, w, out, lse, kv, cu, ms, H, Dn, Dv, 0.3,
                                                            True))
     return run
@@ -531,6 +546,9 @@ MLA = [
     _mla_case("dv_above_dqk_public", "v_dim", Dn=4, Dr=2, Dv=12, paths=("public",)),
     _mla_case("real_dims_one_head", T=3, H=1, Dn=128, Dr=64, Dv=128, Dc=32),
     _mla_case("non_contiguous", nc=True, backward=True, paths=("ops",)),
+    # token-expanded operands (token stride 0) at torch.ops (native: garbage before 2026-12-07)
+    *[_mla_case(f"expanded_{'_'.join(ex)}", ex=ex, backward=True, paths=("ops",))
+      for ex in (("q",), ("k_pe",), ("grad_out",), ("q", "c_kv", "k_pe", "grad_out"))],
     _mla_case("float32", dtype=torch.float32, backward=True, allow_error=r"mla_attention_(fwd|bwd): q must have dtype"),
     # num_heads * (qk_nope_dim + v_dim) = 65536 rows of w_kv_up: past the AscendC copy strides
     _mla_case("w_kv_up_rows_65536", T=2, H=256, Dn=128, Dr=64, Dv=128, Dc=16, allow_error="w_kv_up has shape"),
@@ -578,6 +596,13 @@ INTERNAL = [
                                                  torch.tensor([2, 0, 1], device="meta"), None, False), "sorted_idxs"),
     ("sort_chunks", "split_sizes_sum", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 2]), torch.tensor([2, 0, 1]),
                                                 None, False), "split_sizes"),
+    # sizes whose int64 sum wraps to the row count (a crash, then an unsorted result, before 2026-12-07)
+    ("sort_chunks", "split_sizes_sum_overflows", lambda: (torch.arange(6.).view(6, 1),
+                                                          torch.tensor([2**63 - 1, 2**63 - 1, 8]),
+                                                          torch.tensor([2, 1, 0]), None, False), "split_sizes"),
+    ("sort_chunks", "split_sizes_sum_wraps", lambda: (torch.arange(6.).view(6, 1),
+                                                      torch.tensor([2**62, 2**62, 2**62, 2**62 + 6]),
+                                                      torch.tensor([3, 2, 1, 0]), None, False), "split_sizes"),
     ("sort_chunks", "sorted_idxs_repeated", lambda: (torch.randn(6, 3), torch.tensor([1, 2, 3]),
                                                      torch.tensor([0, 0, 1]), None, False), "sorted_idxs"),
     ("mask_permute", "routing_map_int32", lambda: (torch.randn(6, 8), TE_MAP, None, None), "routing_map"),

@@ -143,6 +143,43 @@ def test_empty_sequence_and_lse_layout(backend):
 
 
 @pytest.mark.parametrize("backend", _fa_backends())
+@pytest.mark.parametrize("kernels", ["fused", "phases"])
+def test_lse_of_a_nan_or_inf_row_is_not_the_no_key_marker(backend, kernels, monkeypatch):
+    """lse = -inf marks a row that sees no key, and only that: a row with a NaN score gives NaN (as the
+    reference), one with a +inf score +inf (the reference) or NaN (the kernels: exp(inf - inf)); the
+    other rows are untouched. Native, Triton and AscendC gave -inf for both before 2026-12-07."""
+    if kernels == "phases" and backend != "ascendc-emu":
+        pytest.skip("one kernel set")
+    monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", kernels)
+    dt = _fp(backend)
+    q, k, v, _ = (t.to(dt) for t in _inputs((7,), 2, 8, 8, seed=3))
+    q[1, 0, 0] = float("nan")
+    q[4, 1, :] = float("inf")  # with k[:, 1, :].sum(-1) > 0 somewhere: a +inf score
+    k[:, 1, :] = k[:, 1, :].abs()
+    cu_q, cu_k = torch.tensor([0, 7]), torch.tensor([0, 5])  # causal, Lq > Lk: rows 0, 1 see no key
+    for causal, nokey in ((False, ()), (True, (0, 1))):
+        with amo.use_backend(backend):
+            out, lse = amo.flash_attention(q, k[:5], v[:5], causal=causal, softmax_scale=0.3, cu_seqlens_q=cu_q,
+                                           cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=5, return_lse=True)
+        with amo.use_backend("reference"):
+            _, want = amo.flash_attention(q.double(), k[:5].double(), v[:5].double(), causal=causal,
+                                          softmax_scale=0.3, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7,
+                                          max_seqlen_k=5, return_lse=True)
+        nan_row = () if 1 in nokey else ((0, 1),)
+        for h, t in nan_row:
+            assert torch.isnan(want[h, t]) and torch.isnan(lse[h, t]), (causal, lse[h, t])
+        assert want[1, 4] == float("inf") and (torch.isnan(lse[1, 4]) or lse[1, 4] == float("inf")), lse[1, 4]
+        for t in nokey:  # the no-key rows keep their marker, in both heads
+            assert torch.isneginf(lse[:, t]).all() and torch.isneginf(want[:, t]).all()
+            assert (out[t] == 0).all()
+        rest = torch.ones_like(want, dtype=torch.bool)
+        rest[0, 1] = rest[1, 4] = False
+        for t in nokey:
+            rest[:, t] = False
+        torch.testing.assert_close(lse[rest].double(), want[rest], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_opcheck(backend):
     Dq, Dv = DIMS.get(backend, (24, 16))
     q, k, v, do = (t.to(_fp(backend)) for t in _inputs((11,), 2, Dq, Dv))

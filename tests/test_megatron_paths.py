@@ -240,6 +240,26 @@ def test_sort_chunks_opcheck_and_bad_input(ns):
         op(x, st, ot, torch.rand(5), False)
 
 
+@pytest.mark.parametrize("ns", NAMESPACES)
+@pytest.mark.parametrize("sizes, order", [
+    ([2**63 - 1, 2**63 - 1, 8], [2, 1, 0]),          # the int64 sum wraps to the 6 rows (a crash before)
+    ([2**62, 2**62, 2**62, 2**62 + 6], [3, 2, 1, 0]),  # ... silently (the input came back unsorted)
+    ([1, 2, 2], [2, 0, 1]),
+    ([2, -1, 5], [0, 1, 2]),
+    ([1, 2, 3], [0, 0, 1]),
+], ids=["sum_overflows", "sum_wraps", "sum_short", "negative", "not_permutation"])
+def test_sort_chunks_bad_values_same_error_as_the_reference(ns, sizes, order):
+    """Each split size is bounded by the rows before it is summed (no int64 overflow); every backend
+    raises the reference's ValueError, message included, with or without probs and inverse."""
+    x = torch.arange(6.0).view(6, 1)
+    with pytest.raises(ValueError) as want:
+        _op(mp.REFERENCE, mp.SORT)(x, torch.tensor(sizes), torch.tensor(order), None, False)
+    for probs, inverse in ((None, False), (torch.rand(6), True)):
+        with pytest.raises(ValueError) as got:
+            _op(ns, mp.SORT)(x, torch.tensor(sizes), torch.tensor(order), probs, inverse)
+        assert str(got.value).splitlines()[0] == str(want.value), (str(got.value), str(want.value))
+
+
 def test_internal_not_public():
     for name in (mp.PERMUTE, mp.SORT):
         assert name in _library.INTERNAL_SCHEMAS and name not in _library.SCHEMAS

@@ -151,6 +151,22 @@ def test_recompute_kv_saves_no_per_head_k_or_v(backend):
 
 
 @pytest.mark.parametrize("backend", backends(OP))
+def test_lse_of_a_nan_row_is_nan(backend):
+    """A NaN in a query row gives that row lse NaN (the reference), not -inf, the marker of a row that
+    sees no key (native, Triton and AscendC gave -inf before 2026-12-07); the other rows are unchanged."""
+    H, Dn, Dr, Dv, Dc = DIMS["triton"]
+    q, c, kpe, w, _ = (t.to(_fp(backend)) for t in _inputs((6,), H, Dn, Dr, Dv, Dc, seed=5))
+    q[2, 1, 0] = float("nan")
+    cu = torch.tensor([0, 6])
+    out, lse, _ = ops_of(backend)(OP)(q, c, kpe, w, cu, 6, H, Dn, Dv, SCALE, True, False)
+    _, want, _ = ops_of("reference")(OP)(q.double(), c.double(), kpe.double(), w.double(), cu, 6, H, Dn, Dv, SCALE,
+                                         True, False)
+    assert torch.isnan(want[1, 2]) and torch.isnan(lse[1, 2]), lse[1, 2]
+    ok = ~torch.isnan(want)
+    torch.testing.assert_close(lse[ok].double(), want[ok], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend", backends(OP))
 def test_opcheck(backend):
     H, Dn, Dr, Dv, Dc = DIMS["triton"]
     q, c, kpe, w, do = (t.to(_fp(backend)) for t in _inputs((10,), H, Dn, Dr, Dv, Dc))

@@ -56,6 +56,28 @@ def test_forward_and_backward_match_fp64(ns, dtype, shape):
 
 
 @pytest.mark.parametrize("ns", NAMESPACES)
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64], ids=str)
+def test_very_negative_and_infinite_gates_match_the_reference(ns, dtype):
+    """silu(a) for a far below the exp clamp: -0 as torch's silu, NaN for a = -inf (the native fp32
+    sigmoid was floored at 6e-39 before 2026-12-07: silu(-3e38) = -1.8, silu(-inf) = -inf, the
+    backward -1.8 / -inf too); forward and backward match the reference: the same zeros, infinities
+    and NaNs, the finite gate's values to rounding."""
+    big = torch.finfo(dtype).max
+    gate = torch.tensor([-big, -1e30 if dtype in (torch.float32, torch.float64, torch.bfloat16) else -6e4,
+                         float("-inf"), -200.0, -110.0, float("inf"), float("nan"), 3.0], dtype=torch.float64)
+    x = torch.cat([gate, torch.linspace(0.5, 2.0, gate.numel(), dtype=torch.float64)]).view(1, -1).to(dtype)
+    p = torch.tensor([0.75])
+    go = torch.ones(1, gate.numel(), dtype=dtype)
+    got, want = _op(ns)(x, p), _op(sp.REFERENCE)(x, p)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=0, equal_nan=True)
+    torch.testing.assert_close(got[0, :2], torch.zeros(2, dtype=dtype), rtol=0, atol=0)
+    assert torch.isnan(got[0, 2]) and torch.isnan(got[0, 6]) and got[0, 5] == float("inf")
+    (gx, gp), (wx, wp) = _op(ns, sp.BWD)(go, x, p), _op(sp.REFERENCE, sp.BWD)(go, x, p)
+    torch.testing.assert_close(gx, wx, rtol=1e-2, atol=0, equal_nan=True)
+    torch.testing.assert_close(gp, wp, rtol=1e-2, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("ns", NAMESPACES)
 def test_autograd_and_fp64_gradcheck(ns):
     x = torch.randn(6, 10, dtype=torch.float64, requires_grad=True)
     p = torch.rand(6, dtype=torch.float64, requires_grad=True)

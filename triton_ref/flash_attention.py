@@ -138,10 +138,12 @@ def _fwd_kernel(Q, K, K2, V, O, LSE, CUQ, CUK, sm_scale,
             vv = _load(V, (sk + kn)[:, None], s_vt, hk * s_vh, dv[None, :], nmask[:, None], DV)
             acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv, input_precision=PREC, out_dtype=ACC)
             m_i = m_new
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        # l = 0 only for a row that saw no key: out 0, lse -inf. A NaN l (a NaN or +inf score) stays:
+        # out and lse NaN, never the no-key marker -inf
+        l_safe = tl.where(l_i == 0, 1.0, l_i)
         out = acc / l_safe[:, None]  # 0 for a row that saw no key
         _store(O, rows, s_ot, h * s_oh, dv[None, :], mmask[:, None], DV, out)
-        lse = tl.where(l_i > 0, m_i + tl.log(l_safe), float("-inf"))
+        lse = tl.where(l_i == 0, float("-inf"), m_i + tl.log(l_safe))
         tl.store(LSE + h * s_lh + sq + offs_m, lse.to(LSE.dtype.element_ty), mask=mmask)
 
 

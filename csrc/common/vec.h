@@ -67,6 +67,7 @@ constexpr int64_t kWidth = 16;  // fp32 lanes per vector
 // are single IEEE fp32 operations in each, so every version gives the same bits.
 namespace expc {
 constexpr float kLo = -87.0f, kHi = 88.0f, kLog2e = 1.44269504088896341f;
+constexpr float kSigmoidHi = 89.0f;  // round(89 * log2 e) = 128: at most 2^128 = +inf
 constexpr float kC1 = 0.693359375f, kC2 = -2.12194440e-4f;
 constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
                 kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
@@ -331,9 +332,9 @@ inline VecF scale2(VecF p, VecF n) {
 #endif
 
 // exp / sigmoid, once for every version, on the primitives above
-inline VecF exp(VecF x) {
+inline VecF exp(VecF x, float hi = expc::kHi) {  // hi: kHi, or kSigmoidHi (overflow to +inf past ~88.7)
   using namespace expc;
-  x = clamp(x, kLo, kHi);
+  x = clamp(x, kLo, hi);
   const VecF n = round_even(mul(x, set1(kLog2e)));
   VecF r = fnma(n, set1(kC1), x);
   r = fnma(n, set1(kC2), r);
@@ -346,9 +347,14 @@ inline VecF exp(VecF x) {
   p = fma(p, mul(r, r), add(r, set1(1.0f)));
   return scale2(p, n);
 }
+// sigmoid's exp(-a) is clamped at 89 instead of 88: past ~88.7 it overflows to +inf (2^128 is the
+// inf bit pattern in every version), so sigmoid(a) is exactly 0 for a < -88.7 (the true value is
+// below 3e-39) and silu(a) = a * sigmoid(a) is -0 for huge negative a and NaN for -inf, as torch's;
+// clamped at 88 it stayed 6e-39 and silu(-3e38) was -1.8, silu(-inf) -inf. Same bits as before for
+// every a >= -88, and no extra instruction.
 inline VecF sigmoid(VecF a) {
   const VecF one = set1(1.0f);
-  return div(one, add(one, exp(sub(zero(), a))));
+  return div(one, add(one, exp(sub(zero(), a), expc::kSigmoidHi)));
 }
 
 }  // namespace AMO_VEC_NS

@@ -111,7 +111,11 @@ inline float exp_neg(float x) {
 }
 inline double exp_neg(double x) { return std::exp(x); }
 
-// A [T, H, D] operand in the accumulation type, described by pointer and strides.
+// A [T, H, D] operand in the accumulation type, described by pointer and strides. The tile products
+// take the token stride as the BLAS leading dimension, so each head's [T, D] slice must be a valid
+// row-major matrix: unit column stride and a token stride of at least D (BLAS needs ld >= max(1, D))
+// that fits an int. Anything else -- a token-expanded operand (token stride 0, a direct op call with
+// `.expand`), overlapping rows, a transposed view -- is made contiguous first.
 template <typename acc_t>
 struct Operand {
   at::Tensor holder;
@@ -124,7 +128,9 @@ template <typename acc_t>
 Operand<acc_t> operand(const at::Tensor& x) {
   const auto acc = c10::CppTypeToScalarType<acc_t>::value;
   at::Tensor t = x.scalar_type() == acc ? x : x.to(acc);
-  if (t.stride(-1) != 1) t = t.contiguous();
+  const int64_t d = t.size(-1);
+  if (t.stride(-1) != 1 || t.stride(0) < std::max<int64_t>(1, d) || t.stride(0) > std::numeric_limits<int>::max())
+    t = t.contiguous();
   Operand<acc_t> o;
   o.holder = t;
   o.p = t.data_ptr<acc_t>();
@@ -209,13 +215,14 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
         }
         gemm<acc_t>(false, false, mq, Dv, nk, S.data(), kBlockN, V.at(k0, kh), V.st, 1, O.data(), Dv);
       }
-      // a row that sees no key has l = 0: out = 0, lse = -inf
+      // a row that sees no key has l = 0: out = 0, lse = -inf. Only that row: a NaN or +inf score makes
+      // l NaN, and out and lse stay NaN (-inf is the no-key marker, never a result)
       for (int64_t r = 0; r < mq; ++r) {
-        const acc_t inv = l[r] > 0 ? acc_t(1) / l[r] : acc_t(0);
+        const acc_t inv = l[r] == acc_t(0) ? acc_t(0) : acc_t(1) / l[r];
         scalar_t* orow = out + ((q0 + r) * H + h) * Dv;
         const acc_t* src = O.data() + r * Dv;
         for (int64_t d = 0; d < Dv; ++d) orow[d] = static_cast<scalar_t>(src[d] * inv);
-        lse[h * T + q0 + r] = l[r] > 0 ? m[r] + std::log(l[r]) : neg_inf;
+        lse[h * T + q0 + r] = l[r] == acc_t(0) ? neg_inf : m[r] + std::log(l[r]);
       }
     }
   });
@@ -402,7 +409,8 @@ at::Tensor flash_attention_bwd_into(
       }
     }
   }
-  if (!Dr) return at::empty({0}, q.options());
+  // a k_rope of shape [Tk, 0] gets a gradient of its own shape (not the [0] of "no k_rope")
+  if (!Dr) return k_rope ? at::zeros({Tk, 0}, q.options()) : at::empty({0}, q.options());
   // sum the per-head parts in fixed head order: the same bits for any thread count
   auto dkr = dkr_part[0].clone();
   for (int64_t h = 1; h < H; ++h) dkr.add_(dkr_part[h]);

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -193,6 +194,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> mask_permute_cpu(
 
 // The chunk sizes and order as int64 host vectors (checked: sizes >= 0, sum == rows, order a
 // permutation of the chunks).
+// A list of ints as Python prints it ("[2, 0, 1]"): the reference's error messages show the values so.
+std::string py_list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 void chunk_plan(const char* op, const Tensor& split_sizes, const Tensor& sorted_idxs, int64_t rows,
                 std::vector<int64_t>& sizes, std::vector<int64_t>& order) {
   auto read = [&](const char* name, const Tensor& t, std::vector<int64_t>& v) {
@@ -215,18 +223,20 @@ void chunk_plan(const char* op, const Tensor& split_sizes, const Tensor& sorted_
   const int64_t n = static_cast<int64_t>(sizes.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(order.size()) == n, op, ": sorted_idxs must have one entry per chunk (", n,
                     "), got ", order.size());
+  // Each size is bounded by the row count before it is added, and the running sum by the row count
+  // too: no int64 overflow (sizes of 2^63 - 1 summed to `rows` modulo 2^64 and reached the copy).
   int64_t total = 0;
   for (int64_t s : sizes) {
-    TORCH_CHECK_VALUE(s >= 0, op, ": split_sizes must add up to the ", rows, " rows of input (none negative), got ",
-                      split_sizes);
+    TORCH_CHECK_VALUE(s >= 0 && s <= rows - total, op, ": split_sizes must add up to the ", rows,
+                      " rows of input (none negative), got ", py_list(sizes));
     total += s;
   }
   TORCH_CHECK_VALUE(total == rows, op, ": split_sizes must add up to the ", rows, " rows of input (none negative), got ",
-                    split_sizes);
+                    py_list(sizes));
   std::vector<uint8_t> seen(static_cast<size_t>(n), 0);
   for (int64_t j : order) {
     TORCH_CHECK_VALUE(j >= 0 && j < n && !seen[j], op, ": sorted_idxs must be a permutation of the ", n,
-                      " chunks, got ", sorted_idxs);
+                      " chunks, got ", py_list(order));
     seen[j] = 1;
   }
 }

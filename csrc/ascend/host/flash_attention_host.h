@@ -84,8 +84,11 @@ FaShape fa_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   L::check_device(k, "k");
   L::check_device(v, "v");
   FaShape s{};
-  s.rope = kRope.has_value() && kRope->defined();
-  if (s.rope) L::check_device(*kRope, "k_rope");
+  // a k_rope of shape [Tk, 0] adds nothing to the scores: the kernels run without one (the backward
+  // still returns a [Tk, 0] gradient, no_rope_grad)
+  const bool given = kRope.has_value() && kRope->defined();
+  if (given) L::check_device(*kRope, "k_rope");
+  s.rope = given && kRope->size(1) > 0;
   s.dt = cube_dtype(q, op, "q");
   s.T = q.size(0), s.Tk = k.size(0), s.H = q.size(1), s.Dq = q.size(2), s.Dk = k.size(2), s.Dv = v.size(2);
   s.Dr = s.rope ? kRope->size(1) : 0;
@@ -94,6 +97,12 @@ FaShape fa_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
                     " and H * Dv = ", s.H * s.Dv, " (heads times head dim); the AscendC kernels need both < 65536 "
                     "(16-bit copy strides)");
   return s;
+}
+
+// The k_rope gradient when the kernels ran without a rope part: [Tk, 0] for a k_rope with no
+// columns, [0] for none.
+inline at::Tensor no_rope_grad(const c10::optional<at::Tensor>& kRope, int64_t Tk, const at::TensorOptions& o) {
+  return kRope.has_value() && kRope->defined() ? at::zeros({Tk, 0}, o) : at::empty({0}, o);
 }
 
 // The tiling of one launch: a copy of t with its pass and step set.
@@ -223,7 +232,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   if (t.key == FlashAttentionTilingKey::kEmpty)
     return {at::zeros({s.T, s.H, s.Dq}, qc.options()), at::zeros(k.sizes(), qc.options()),
             at::zeros(v.sizes(), qc.options()),
-            s.rope ? at::zeros({s.Tk, s.Dr}, qc.options()) : at::empty({0}, qc.options())};
+            s.rope ? at::zeros({s.Tk, s.Dr}, qc.options()) : no_rope_grad(kRope, s.Tk, qc.options())};
   const auto [cu, cuk] = fa_cu(cuSeqlensQ, cuSeqlensK, qc.device());
   const FlashAttentionWorkspace w = flash_attention_workspace(t);  // t.pass == kBackwardKV: backward sizes
   const auto f32 = qc.options().dtype(at::kFloat);
@@ -243,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> flash_attention_bwd(
   auto dq = L::output({s.T, s.H, s.Dq}, qc.options());
   auto dk = L::output({s.Tk, s.H, s.Dk}, qc.options());
   auto dv = L::output({s.Tk, s.H, s.Dv}, qc.options());
-  auto dkRope = s.rope ? L::output({s.Tk, s.Dr}, qc.options()) : at::empty({0}, qc.options());
+  auto dkRope = s.rope ? L::output({s.Tk, s.Dr}, qc.options()) : no_rope_grad(kRope, s.Tk, qc.options());
   // field order of FlashAttentionBwdArgs: inputs, delta, scores, gradient workspaces, dK_rope per head, outputs
   const FlashAttentionBwdArgs a{gm_addr(qc),   gm_addr(kc),   gm_addr(vc),  gm_addr(krc),  gm_addr(cu),
                                 gm_addr(cuk),  gm_addr(oc),   gm_addr(doc),  gm_addr(lc),  gm_addr(delta), gm_addr(sWs),

@@ -658,12 +658,13 @@ class FaRows {
 
   // After the item's last key block: out row = O / l in the input dtype to outRow, lse[lseIdx] =
   // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place). A row that saw no key
-  // (l = 0; its P rows and so o are exactly 0) gets out 0 and lse -inf.
+  // (l = 0; its P rows and so o are exactly 0) gets out 0 and lse -inf; only such a row: a NaN l (a NaN
+  // or +inf score) keeps out and lse NaN, as in FinishTile of the fused kernel.
   __aicore__ inline void FinishRow(const LocalTensor<float>& o, float m, float l, const GlobalTensor<T>& outRow,
                                    GlobalTensor<float>& lse, int64_t lseIdx) {
     LocalTensor<T> outT = outBuf_.Get<T>();
     LocalTensor<float> red = red_.Get<float>();
-    const bool seen = l > 0.0f;
+    const bool seen = !(l == 0.0f);  // true for a NaN l
     Muls(o, o, seen ? 1.0f / l : 0.0f, static_cast<int32_t>(Up8(t_.Dv)));
     Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
     if (seen) {

@@ -348,6 +348,7 @@ class FaFused {
   }
 
   // out = O / l in the input dtype, lse = m + ln(l); rows with l = 0 (no key seen): out 0, lse -inf.
+  // Only those: a NaN l (a NaN or +inf score in the row) keeps out and lse NaN, never the no-key -inf.
   __aicore__ inline void FinishTile(const FaItem& it, int64_t r0, int64_t R) {
     LocalTensor<float> o = oAcc_.Get<float>(), m = St(kM), l = St(kL), rl = St(kRl), lse = St(kLse);
     LocalTensor<T> outT = outT_.Get<T>();
@@ -357,7 +358,7 @@ class FaFused {
     VS();
     for (int64_t u = 0; u < R; ++u) {
       const float lv = l.GetValue(u);
-      const bool seen = lv > 0.0f;
+      const bool seen = !(lv == 0.0f);  // true for a NaN l
       rl.SetValue(u, seen ? 1.0f / lv : 0.0f);
       if (!seen) lse.template ReinterpretCast<int32_t>().SetValue(u, static_cast<int32_t>(0xFF800000u));
     }
