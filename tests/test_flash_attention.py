@@ -146,8 +146,9 @@ def test_empty_sequence_and_lse_layout(backend):
 @pytest.mark.parametrize("kernels", ["fused", "phases"])
 def test_lse_of_a_nan_or_inf_row_is_not_the_no_key_marker(backend, kernels, monkeypatch):
     """lse = -inf marks a row that sees no key, and only that: a row with a NaN score gives NaN (as the
-    reference), one with a +inf score +inf (the reference) or NaN (the kernels: exp(inf - inf)); the
-    other rows are untouched. Native, Triton and AscendC gave -inf for both before 2026-12-07."""
+    reference), one with a +inf score +inf (the reference's logsumexp; the kernels take the row max,
+    their online softmax's exp(inf - inf) being NaN); the other rows are untouched. Native, Triton and
+    AscendC gave -inf for both before 2026-12-07."""
     if kernels == "phases" and backend != "ascendc-emu":
         pytest.skip("one kernel set")
     monkeypatch.setenv("ASCEND_MOE_OPS_FA_KERNELS", kernels)
@@ -168,7 +169,11 @@ def test_lse_of_a_nan_or_inf_row_is_not_the_no_key_marker(backend, kernels, monk
         nan_row = () if 1 in nokey else ((0, 1),)
         for h, t in nan_row:
             assert torch.isnan(want[h, t]) and torch.isnan(lse[h, t]), (causal, lse[h, t])
-        assert want[1, 4] == float("inf") and (torch.isnan(lse[1, 4]) or lse[1, 4] == float("inf")), lse[1, 4]
+        # the fused AscendC forward adds its causal mask (-inf) to the scores: a masked +inf score gives
+        # NaN there, so that row's lse is NaN (documented in docs/ops/flash_attention.md)
+        added_mask = causal and backend == "ascendc-emu" and kernels == "fused"
+        assert want[1, 4] == float("inf") and (torch.isnan(lse[1, 4]) if added_mask else lse[1, 4] == float("inf")), \
+            lse[1, 4]
         for t in nokey:  # the no-key rows keep their marker, in both heads
             assert torch.isneginf(lse[:, t]).all() and torch.isneginf(want[:, t]).all()
             assert (out[t] == 0).all()

@@ -143,7 +143,8 @@ def _fwd_kernel(Q, K, K2, V, O, LSE, CUQ, CUK, sm_scale,
         l_safe = tl.where(l_i == 0, 1.0, l_i)
         out = acc / l_safe[:, None]  # 0 for a row that saw no key
         _store(O, rows, s_ot, h * s_oh, dv[None, :], mmask[:, None], DV, out)
-        lse = tl.where(l_i == 0, float("-inf"), m_i + tl.log(l_safe))
+        # a +inf score (row max +inf): lse = +inf, the reference's logsumexp (m + log(NaN) is NaN)
+        lse = tl.where(l_i == 0, float("-inf"), tl.where(m_i == float("inf"), m_i, m_i + tl.log(l_safe)))
         tl.store(LSE + h * s_lh + sq + offs_m, lse.to(LSE.dtype.element_ty), mask=mmask)
 
 

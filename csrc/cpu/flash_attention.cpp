@@ -222,7 +222,9 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
         scalar_t* orow = out + ((q0 + r) * H + h) * Dv;
         const acc_t* src = O.data() + r * Dv;
         for (int64_t d = 0; d < Dv; ++d) orow[d] = static_cast<scalar_t>(src[d] * inv);
-        lse[h * T + q0 + r] = l[r] == acc_t(0) ? neg_inf : m[r] + std::log(l[r]);
+        // a +inf score (row max +inf): lse = +inf, the reference's logsumexp (m + log(NaN) would be NaN)
+        lse[h * T + q0 + r] = l[r] == acc_t(0) ? neg_inf
+                              : m[r] > std::numeric_limits<acc_t>::max() ? m[r] : m[r] + std::log(l[r]);
       }
     }
   });

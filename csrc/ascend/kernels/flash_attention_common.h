@@ -659,7 +659,8 @@ class FaRows {
   // After the item's last key block: out row = O / l in the input dtype to outRow, lse[lseIdx] =
   // m + ln(l). o: the row's fp32 accumulator (Up8(Dv) wide, scaled in place). A row that saw no key
   // (l = 0; its P rows and so o are exactly 0) gets out 0 and lse -inf; only such a row: a NaN l (a NaN
-  // or +inf score) keeps out and lse NaN, as in FinishTile of the fused kernel.
+  // or +inf score) keeps out NaN and lse NaN, or +inf where the row's max m is +inf (the reference's
+  // logsumexp), as in FinishTile of the fused kernel.
   __aicore__ inline void FinishRow(const LocalTensor<float>& o, float m, float l, const GlobalTensor<T>& outRow,
                                    GlobalTensor<float>& lse, int64_t lseIdx) {
     LocalTensor<T> outT = outBuf_.Get<T>();
@@ -667,7 +668,9 @@ class FaRows {
     const bool seen = !(l == 0.0f);  // true for a NaN l
     Muls(o, o, seen ? 1.0f / l : 0.0f, static_cast<int32_t>(Up8(t_.Dv)));
     Cast(outT, o, RoundMode::CAST_RINT, static_cast<uint32_t>(t_.Dv));
-    if (seen) {
+    if (seen && m > 3.4028235e38f) {  // a +inf score: lse = m = +inf, as the reference's logsumexp
+      Duplicate(red, m, 8);
+    } else if (seen) {
       Duplicate(red, l, 8);
       Ln(red, red, 8);
       Adds(red, red, m, 8);  // lse = m + ln(l), stored by DMA: rows of other cores share its 64-byte line

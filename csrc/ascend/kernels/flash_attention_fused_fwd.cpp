@@ -348,7 +348,8 @@ class FaFused {
   }
 
   // out = O / l in the input dtype, lse = m + ln(l); rows with l = 0 (no key seen): out 0, lse -inf.
-  // Only those: a NaN l (a NaN or +inf score in the row) keeps out and lse NaN, never the no-key -inf.
+  // Only those: a NaN l (a NaN or +inf score in the row) keeps out NaN and lse NaN (+inf where the row
+  // max m is +inf, the reference's logsumexp), never the no-key -inf.
   __aicore__ inline void FinishTile(const FaItem& it, int64_t r0, int64_t R) {
     LocalTensor<float> o = oAcc_.Get<float>(), m = St(kM), l = St(kL), rl = St(kRl), lse = St(kLse);
     LocalTensor<T> outT = outT_.Get<T>();
@@ -361,6 +362,7 @@ class FaFused {
       const bool seen = !(lv == 0.0f);  // true for a NaN l
       rl.SetValue(u, seen ? 1.0f / lv : 0.0f);
       if (!seen) lse.template ReinterpretCast<int32_t>().SetValue(u, static_cast<int32_t>(0xFF800000u));
+      else if (m.GetValue(u) > 3.4028235e38f) lse.SetValue(u, m.GetValue(u));  // a +inf score: lse = m = +inf
     }
     SV();
     RowScalar<false>(o, rl, R, dva_);
