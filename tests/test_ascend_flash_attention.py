@@ -66,13 +66,12 @@ def work(n):
 FUSED_SLOTS = 4  # kFlashAttentionFusedSlots: GM slots per workspace and AI Core of the fused kernels
 
 
-def fuse_extras(base, dbl, tri, causal):
-    """The fused kernels' UB plan: the base, then the double buffers (bit 0) if they fit the budget,
-    then the causal mask triangle (bit 1) if it fits too; returns (bytes, fusedPipe)."""
+def fuse_extras(base, dbl):
+    """The fused kernels' UB plan: the base, then the double buffers (bit 0) if they fit the budget;
+    returns (bytes, fusedPipe). (No causal mask triangle since 2026-12-07: an added -inf mask turned a
+    NaN or +inf score of a masked key into NaN.)"""
     if base + dbl > UB_BUDGET:
         return base, 0
-    if causal and base + dbl + tri <= UB_BUDGET:
-        return base + dbl + tri, 3
     return base + dbl, 1
 
 
@@ -100,11 +99,9 @@ def check_budgets(t, Dk, Dr, Dv, causal):
     ostride = u8(Dv) if u8(Dv) * 2 % 32 == 0 else u16(Dv)
     fused = R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + R * ostride * 2 + u8(R) * 8 * 4 + 10 * u8(R) * 4 + 32 + \
         u16(Dv) * 2
-    # AIV pipeline extras, each only where it fits the UB the base plan leaves: a second S and P tile and
-    # the alphas of the blocks in flight (FUSED_SLOTS of them: 2 more state vectors), then (causal) the mask
-    # triangle of N + 2R - 1 rows
-    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + (FUSED_SLOTS - 2) * u8(R) * 4, (N + 2 * R - 1) * N * 4,
-                              causal)
+    # AIV pipeline extras where they fit the UB the base plan leaves: a second S and P tile and the alphas
+    # of the blocks in flight (FUSED_SLOTS of them: 2 more state vectors)
+    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + (FUSED_SLOTS - 2) * u8(R) * 4)
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET and t["fusedPipe"] == pipe
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 
@@ -243,9 +240,8 @@ def check_bwd_budgets(t, Dk, Dr, Dv, causal):
     fused = 2 * c * b * 4 + 2 * c * b * 2 + R * gc * 4 + c * gc * 4 + c * gc * 2 + 2 * u8(c) * 4 + 2 * u8(c) * 8 * 4 + \
         u16(max(Dk, Dr, Dv)) * 2
     # extras where they fit: a second chunk of S, dP, P, dS, lse, delta (and delta as loaded) and of
-    # product rows; then (causal) the mask triangle of a chunk (b + 2c - 1 rows)
-    fused, pipe = fuse_extras(fused, 2 * c * b * 4 + 2 * c * b * 2 + 2 * u8(c) * 4 + u8(c) * 8 * 4 + c * gc * 4,
-                              (b + 2 * c - 1) * b * 4, causal)
+    # product rows
+    fused, pipe = fuse_extras(fused, 2 * c * b * 4 + 2 * c * b * 2 + 2 * u8(c) * 4 + u8(c) * 8 * 4 + c * gc * 4)
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET and t["fusedPipe"] == pipe
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 

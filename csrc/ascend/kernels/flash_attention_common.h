@@ -209,44 +209,6 @@ __aicore__ inline uint16_t FaFlag(int64_t kind, int64_t slot) {
 }
 static_assert(3 * kFlashAttentionFusedSlots <= 12, "fused flash attention: flag ids 0..10 and 15 (11..14 are SyncAll's)");
 
-// The causal mask triangle of a vector tile of R rows and n columns (UB, fa_tri_rows(n, R) x n fp32):
-// row i is 0 in columns [0, i - (R - 1)) and -inf from there, so rows c + R - 1 .. c + 2R - 2 are the
-// additive mask of a tile whose row u sees u + c columns (for 1 - R < c < n). Built once per launch
-// with ~(n + R) / 4 instructions: rows 0 .. R - 1 all -inf, the next 8 rows by bit masks, every later
-// row the one 8 rows up moved right by one 32-byte block (Muls by 1: exact on 0 and -inf).
-__aicore__ inline void FaBuildTri(const LocalTensor<float>& tri, int64_t n, int64_t R) {
-  const int64_t rows = static_cast<int64_t>(fa_tri_rows(static_cast<uint64_t>(n), static_cast<uint64_t>(R)));
-  const int32_t negInf = static_cast<int32_t>(0xFF800000u);
-  LocalTensor<int32_t> ti = tri.template ReinterpretCast<int32_t>();
-  Duplicate(ti, static_cast<int32_t>(0), static_cast<int32_t>(rows * n));
-  Duplicate(ti, negInf, static_cast<int32_t>(R * n));
-  for (int64_t i = R; i < R + 8 && i < rows; ++i) FaMaskCols(ti, n, i, 1, i - R + 1, negInf);
-  const uint8_t rep = static_cast<uint8_t>(n / 8);
-  for (int64_t i0 = R + 8; i0 < rows; i0 += 8) {
-    const uint8_t g = static_cast<uint8_t>(Min64(8, rows - i0));
-    for (int64_t c0 = 0; c0 < n - 8; c0 += 64)
-      Muls(tri[static_cast<uint32_t>(i0 * n + 8 + c0)], tri[static_cast<uint32_t>((i0 - 8) * n + c0)], 1.0f,
-           static_cast<uint64_t>(Min64(64, n - 8 - c0)), g, UnaryRepeatParams(1, 1, rep, rep));
-  }
-}
-
-// Causal mask of an R x n fp32 tile s whose row u sees u + c columns (R at most the Rt rows the
-// triangle tri of FaBuildTri(tri, n, Rt) was built for): nothing when every row sees the whole block,
-// all -inf when none sees a key, else one Add of the triangle's rows from c + Rt - 1 (0 in the columns
-// a row sees, -inf past them). x + 0 = x (a -0 becomes +0, which changes no result: it only meets max,
-// subtractions that give +-0 and exp) and x + -inf = -inf for every finite x, as the per-row masks
-// that the tile would otherwise take (up to two bit-mask Duplicates per row).
-__aicore__ inline void FaCausalTri(const LocalTensor<float>& s, const LocalTensor<float>& tri, int64_t n, int64_t Rt,
-                                   int64_t R, int64_t c) {
-  if (c >= n) return;
-  const int32_t cnt = static_cast<int32_t>(R * n);
-  if (c + R - 1 <= 0) {
-    Duplicate(s.template ReinterpretCast<int32_t>(), static_cast<int32_t>(0xFF800000u), cnt);
-    return;
-  }
-  Add(s, s, tri[static_cast<uint32_t>((c + Rt - 1) * n)], cnt);
-}
-
 // ---- Cube phases ------------------------------------------------------------------------------------
 template <typename T>
 class FaCube {

@@ -52,7 +52,6 @@ class FabFused {
     } else {
       const uint32_t c = Chunk(), c8 = Up8(c), b = t.baseM;
       nbuf_ = (t.fusedPipe & kFaPipeDouble) ? 2 : 1;
-      tri_ = t.mask == FlashAttentionMask::kCausal && (t.fusedPipe & kFaPipeTri) != 0;
       pipe.InitBuffer(accBuf_, t.vecRows * t.gradCols * sizeof(float));
       for (int64_t k = 0; k < nbuf_; ++k) {  // one TBuf per buffer (the emulator tracks each buffer's accesses)
         pipe.InitBuffer(partBuf_[k], c * t.gradCols * sizeof(float));
@@ -66,10 +65,6 @@ class FabFused {
       pipe.InitBuffer(outT_, c * t.gradCols * sizeof(T));
       pipe.InitBuffer(bcast_, c8 * 8 * sizeof(float));
       rows_.Init(pipe, t, &g_, false, true);  // the output row of WriteZeroGrads / the row-wise WriteGrad
-      if (tri_) {
-        pipe.InitBuffer(triT_, static_cast<uint32_t>(fa_tri_rows(b, c) * b * sizeof(float)));
-        FaBuildTri(triT_.Get<float>(), b, c);  // overlaps the AIC's first scores
-      }
     }
     FabWalkItems(t, g_.cu, g_.cuK, group_, GetBlockNum(), *this);
   }
@@ -205,10 +200,7 @@ class FabFused {
     const int32_t negInf = static_cast<int32_t>(0xFF800000u);
     if (!causal) {
       if (it.cols < b) FaMaskCols(si, b, 0, R, it.cols, negInf);
-    } else if (tri_) {
-      CausalTri(s, R, it.qPos0 + c0 + it.lenK - it.lenQ - it.k0 + 1);  // row r sees min(cols, r + c) keys
-      if (it.cols < b) FaMaskCols(si, b, 0, R, it.cols, negInf);
-    } else {
+    } else {  // row by row, writing the -inf bits (not an added mask: NaN / +inf scores stay out)
       for (int64_t r = 0; r < R; ++r) {
         const int64_t v = Valid(it, c0 + r);
         if (v < b) FaMaskCols(si, b, r, 1, v > 0 ? v : 0, negInf);
@@ -242,12 +234,6 @@ class FabFused {
     DataCopy(g_.p[ws + c0 * b], p, static_cast<uint32_t>(cnt));
     DataCopy(g_.ds[ws + c0 * b], ds, static_cast<uint32_t>(cnt));
     SetFlag<HardEvent::MTE3_V>(ev);
-  }
-
-  // Causal mask of the R x b chunk whose row u sees u + c columns (before the column limit of the
-  // block): FaCausalTri, with the triangle of Chunk() rows.
-  __aicore__ inline void CausalTri(const LocalTensor<float>& s, int64_t R, int64_t c) {
-    FaCausalTri(s, triT_.Get<float>(), t_.baseM, Chunk(), R, c);
   }
 
   // Columns of block it that query row r of the block sees (causal: up to its last key), and keys it
@@ -366,10 +352,9 @@ class FabFused {
   FabQkMath<T> qk_;
   FabGradMath<T> grad_;
   FabRows<T> rows_;
-  TBuf<TPosition::VECCALC> accBuf_, partBuf_[2], sT_[2], dpT_[2], pT_[2], dsT_[2], outT_, vecs_[2], deltaBlk_[2], bcast_, triT_;
+  TBuf<TPosition::VECCALC> accBuf_, partBuf_[2], sT_[2], dpT_[2], pT_[2], dsT_[2], outT_, vecs_[2], deltaBlk_[2], bcast_;
   int64_t nbuf_ = 1;   // buffers of the chunk tiles and product rows (2: the next chunk is prefetched)
   int64_t unit_ = 0;   // chunks of this AIV so far: chunk u uses buffer u % nbuf_
-  bool tri_ = false;   // the causal mask triangle is in UB (triT_)
 };
 
 }  // namespace kernels

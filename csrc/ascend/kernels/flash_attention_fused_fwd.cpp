@@ -62,7 +62,6 @@ class FaFused {
       const uint32_t r8 = Up8(t.vecRows);
       nbuf_ = (t.fusedPipe & kFaPipeDouble) ? 2 : 1;
       lag_ = nbuf_ == 2 ? kFaSlots - 1 : 1;  // the O update trails the softmax by lag_ blocks (alpha of lag_ + 1 in flight)
-      tri_ = t.mask == FlashAttentionMask::kCausal && (t.fusedPipe & kFaPipeTri) != 0;
       rows_.Init(pipe, t, false, true);  // EmptyRow's buffers (items without keys)
       for (int64_t b = 0; b < nbuf_; ++b) {  // one TBuf per tile (the emulator tracks each buffer's accesses)
         pipe.InitBuffer(sT_[b], t.vecRows * t.baseN * sizeof(float));
@@ -74,10 +73,6 @@ class FaFused {
       pipe.InitBuffer(bcast_, r8 * 8 * sizeof(float));
       // m, l, alpha x (lag_ + 1) slots, max, sum, tmp, m_old, 1/l, lse
       pipe.InitBuffer(state_, (9 + lag_) * r8 * sizeof(float));
-      if (tri_) {
-        pipe.InitBuffer(triT_, static_cast<uint32_t>(fa_tri_rows(t.baseN, t.vecRows) * t.baseN * sizeof(float)));
-        FaBuildTri(triT_.Get<float>(), t.baseN, t.vecRows);  // overlaps the AIC's first scores
-      }
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
@@ -120,8 +115,8 @@ class FaFused {
   // ---- vector side: tile-wise, this AIV's rows [r0, r1) of the item as one [R x baseN] tile --------
   // Per key block: one DMA of the S tile, the online softmax of all R rows with repeat-form vector
   // instructions (per-row operands laid out one 32-byte block per row by Brcb; row reductions by
-  // WholeReduceMax / WholeReduceSum over 64-column chunks; the causal mask as one Add of rows of the
-  // mask triangle where the UB has room, CausalTri), one DMA of the P tile. The same fp32
+  // WholeReduceMax / WholeReduceSum over 64-column chunks; the causal mask written row by row as -inf
+  // bits), one DMA of the P tile. The same fp32
   // operations per element, in the same order, as the phase kernels' SoftmaxRow / UpdateRow / FinishRow
   // (bitwise equal results): masked columns are -inf before the max (so they add exp(-inf) = 0 to a
   // row sum, as ReduceSum's lanes past its count do), Sub(s, m) is Adds(s, -m), and the scalar state
@@ -269,14 +264,11 @@ class FaFused {
       const int64_t c = it.qPos0 + r0 + it.off - k0 + 1;  // row u sees min(cols, u + c) columns
       for (int64_t u = 0; u < R; ++u)
         if (Min64(cols, u + c) <= 0) ++empty;
-      if (tri_) {
-        CausalTri(s, R, c);
-        if (cols < n) MaskCols(s, 0, R, cols);
-      } else {
-        for (int64_t u = 0; u < R; ++u) {
-          const int64_t valid = Min64(cols, u + c);
-          if (valid < n) MaskCols(s, u, 1, valid > 0 ? valid : 0);
-        }
+      // row by row, writing the -inf bits (an added -inf mask would turn a NaN or +inf score of a key
+      // the row must not see into NaN)
+      for (int64_t u = 0; u < R; ++u) {
+        const int64_t valid = Min64(cols, u + c);
+        if (valid < n) MaskCols(s, u, 1, valid > 0 ? valid : 0);
       }
     }
     RowReduce<true>(rmax, s, R);
@@ -306,12 +298,6 @@ class FaFused {
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     DataCopy(p_[slot * score_ + r0 * n], p, static_cast<uint32_t>(cnt));
     SetFlag<HardEvent::MTE3_V>(ev);
-  }
-
-  // Causal mask of the R x n tile whose row u sees u + c columns (FaCausalTri, the triangle of
-  // vecRows rows).
-  __aicore__ inline void CausalTri(const LocalTensor<float>& s, int64_t R, int64_t c) {
-    FaCausalTri(s, triT_.Get<float>(), t_.baseN, t_.vecRows, R, c);
   }
 
   // Rows that see no key at all (causal, the item's first block): a zero P row, m = l = 0, alpha = 1,
@@ -396,13 +382,12 @@ class FaFused {
   FlashAttentionTiling t_;
   uint32_t dva_ = 0, sub_ = 0;
   int64_t nbuf_ = 1, lag_ = 1;  // S / P tiles; blocks the O update trails the softmax
-  bool tri_ = false;            // the causal mask triangle is in UB (triT_)
   uint64_t score_ = 0, rowsSlot_ = 0;  // elements of one S / P slot and of one O_partial slot
   int64_t group_ = 0;
   bool aic_ = false;
   FaCube<T> cube_;
   FaRows<T> rows_;
-  TBuf<TPosition::VECCALC> oAcc_, part_, state_, sT_[2], pT_[2], outT_, bcast_, triT_;
+  TBuf<TPosition::VECCALC> oAcc_, part_, state_, sT_[2], pT_[2], outT_, bcast_;
   GlobalTensor<int64_t> cu_, cuK_;
   GlobalTensor<T> q_, k_, v_, kr_, p_, out_;
   GlobalTensor<float> s_, o_, lse_;

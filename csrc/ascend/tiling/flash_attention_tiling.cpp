@@ -10,18 +10,13 @@ namespace {
 
 // The fused kernels' AIV pipeline extras (fusedPipe), planned after their base UB plan of `fused`
 // bytes so that they never change baseM / baseN: the double buffers (`dbl` bytes) where they fit the
-// UB budget, then, with a causal mask, the mask triangle (`tri` bytes) where it fits too; sets
-// ubFusedBytes to the total.
-void plan_fused_extras(FlashAttentionTiling& t, uint64_t fused, uint64_t dbl, uint64_t tri, const ChipInfo& chip) {
+// UB budget; sets ubFusedBytes to the total. (Until 2026-12-07 a causal mask triangle, added to the
+// scores, was a second extra: an added -inf turned a NaN or +inf score of a masked key into NaN.)
+void plan_fused_extras(FlashAttentionTiling& t, uint64_t fused, uint64_t dbl, const ChipInfo& chip) {
   t.fusedPipe = 0;
-  const uint64_t budget = ub_budget(chip);
-  if (fused + dbl <= budget) {
+  if (fused + dbl <= ub_budget(chip)) {
     fused += dbl;
     t.fusedPipe |= kFaPipeDouble;
-    if (t.mask == FlashAttentionMask::kCausal && fused + tri <= budget) {
-      fused += tri;
-      t.fusedPipe |= kFaPipeTri;
-    }
   }
   t.ubFusedBytes = static_cast<uint32_t>(fused);
 }
@@ -45,11 +40,10 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t outStride = (dv8 * e) % 32 == 0 ? dv8 : align_up(t.Dv, 16);
   const uint64_t fused = R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 + 10 * r8 * 4 + 32 +
                    align_up(t.Dv, 16) * e;
-  // extras of the AIV pipeline, each only where it fits what the base plan leaves (fusedPipe; the base
+  // extras of the AIV pipeline, only where they fit what the base plan leaves (fusedPipe; the base
   // plan alone decides baseM / baseN): the second S and P tiles and the alphas of the blocks the O
-  // update trails by (kFlashAttentionFusedSlots - 1 in flight), then the causal mask triangle
-  plan_fused_extras(t, fused, R * N * 4 + R * N * e + (kFlashAttentionFusedSlots - 2) * r8 * 4,
-                    fa_tri_rows(N, R) * N * 4, chip);
+  // update trails by (kFlashAttentionFusedSlots - 1 in flight)
+  plan_fused_extras(t, fused, R * N * 4 + R * N * e + (kFlashAttentionFusedSlots - 2) * r8 * 4, chip);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):
@@ -110,10 +104,8 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t fused = 2 * c * b * 4 + 2 * c * b * e + uint64_t(t.vecRows) * gc * 4 + c * gc * 4 + c * gc * e + 2 * c8 * 4 +
                    2 * c8 * 8 * 4 + dmax * e;
   // extras where they fit (as the forward's): a second chunk of S, dP (fp32), P, dS, lse and delta (as
-  // loaded too) and of product rows, for the prefetch of the next chunk; then the causal mask triangle
-  // of a chunk
-  plan_fused_extras(t, fused, 2 * c * b * 4 + 2 * c * b * e + 2 * c8 * 4 + c8 * 8 * 4 + c * gc * 4,
-                    fa_tri_rows(b, c) * b * 4, chip);
+  // loaded too) and of product rows, for the prefetch of the next chunk
+  plan_fused_extras(t, fused, 2 * c * b * 4 + 2 * c * b * e + 2 * c8 * 4 + c8 * 8 * 4 + c * gc * 4, chip);
 }
 
 uint32_t vec_blocks(const FlashAttentionTiling& t, const ChipInfo& chip) {

@@ -32,8 +32,7 @@
 //         broadcast blocks (up8(vecRows) x 8 fp32), 10 state vectors of up8(vecRows) fp32 (m, l, alpha of
 //         the two blocks in flight, row max, row sum, chunk partial, m_old, 1 / l, lse), and 8 fp32 +
 //         one output row for items without keys. Extras where they fit (fusedPipe): a second S and P
-//         tile and an 11th state vector (alpha of three blocks in flight), then the causal mask
-//         triangle (fa_tri_rows(baseN, vecRows) x baseN fp32).
+//         tile and the alphas of the other blocks in flight.
 //   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
 //         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
 //         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
@@ -92,7 +91,7 @@ struct FlashAttentionTiling {
   uint32_t fusedPipe;     // fused kernels' AIV extras, planned only where they fit the UB left over by the
                           // base plan (so they never change baseM / baseN): bit 0 (kFaPipeDouble) a second
                           // score tile and P tile (forward; backward: S and dP) for the prefetch of the next
-                          // block, bit 1 (kFaPipeTri) the causal mask triangle (causal only)
+                          // block (bit 1, an added causal mask triangle, is no longer planned)
   uint32_t dkropeRows;    // backward: key tokens per tile of amo_fab_dkrope (0: token by token; set when Dr > 0
                           // and Dr % 16 == 0)
   uint32_t qkChunk;       // columns of Dk per Mmad (a multiple of 16): forward and backward Q . K^T in K-chunks
@@ -100,10 +99,7 @@ struct FlashAttentionTiling {
                           // N-chunks (one L0C tile and Fixpipe each); 0 or >= Dk: one Mmad. Narrower than Dk
                           // where a whole up16(Dk) row would make the L0 tiles shrink the blocks
 };
-constexpr uint32_t kFaPipeDouble = 1, kFaPipeTri = 2;
-// Rows of the causal mask triangle of a vector tile of `rows` rows and n columns: n + 2 rows - 1 (row i
-// is 0 in columns [0, i - rows + 1) and -inf from there).
-constexpr uint64_t fa_tri_rows(uint64_t n, uint64_t rows) { return n + 2 * rows - 1; }
+constexpr uint32_t kFaPipeDouble = 1;
 
 // Device addresses handed to the phase kernels as one GM block (uint64 each; the kernels read them
 // with CopyTiling and cast to GM_ADDR). Workspaces are fp32 unless noted; sizes in elements from
