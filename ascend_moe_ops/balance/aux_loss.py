@@ -196,20 +196,9 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
 
 def _check_counts(counts: Tensor) -> None:
     """Load counts are finite and >= 0: a NaN, an infinity or a negative count would turn every
-    expert's bias update into NaN or push it the wrong way, silently and for the rest of training.
-    A ValueError on the CPU in eager mode; elsewhere a device-side assert (no host synchronization)."""
-    if counts.numel() == 0 or _checks.is_fake(counts):
-        return
-    bad = counts < 0
-    if counts.is_floating_point():
-        bad = bad | ~torch.isfinite(counts)
-    if counts.device.type == "cpu" and not torch.compiler.is_compiling():
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"tokens_per_expert has value {counts[i].item()} at index {i}: counts must be "
-                             "finite and >= 0")
-    else:
-        torch._assert_async(~bad.any(), "tokens_per_expert: counts must be finite and >= 0")
+    expert's bias update into NaN or push it the wrong way, silently and for the rest of training."""
+    _checks.check_values("tokens_per_expert", counts, lambda c: (c < 0) | ~torch.isfinite(c),
+                         ": counts must be finite and >= 0", "has counts that are not finite and >= 0")
 
 
 def biased_topk(scores: Tensor, bias: Tensor, k: int):
@@ -249,10 +238,7 @@ def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: 
     ``TypeError`` naming the argument."""
     for name, value, minimum in (("num_tokens", num_tokens, 0), ("topk", topk, 1),
                                  ("num_experts", num_experts, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        _checks.check_int(name, value, minimum=minimum)
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
             or not math.isfinite(capacity_factor) or capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")

@@ -434,7 +434,6 @@ class MoELayer(nn.Module):
         if getattr(self, "dispatcher", None) is not None:
             raise ValueError("score_before_experts, recompute_* and offload_activations are not "
                              "implemented with an expert-parallel dispatcher yet")
-        _check_hidden(x, self.hidden_size, "MoELayer")
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         ids, probs, scores = self.router(tokens)
@@ -451,9 +450,9 @@ class MoELayer(nn.Module):
         return max(1, capacity_for(num_tokens, self.top_k, self.num_experts, self.capacity_factor))
 
     def forward(self, x: Tensor) -> Tensor:
+        _check_hidden(x, self.hidden_size, "MoELayer")
         if self.score_before_experts or self.recompute_permute or self.recompute_activation or self.offload_activations:
             return self._forward_with_options(x)
-        _check_hidden(x, self.hidden_size, "MoELayer")
         shape = x.shape
         tokens = x.reshape(-1, self.hidden_size)
         ids, probs, scores = self.router(tokens)

@@ -78,20 +78,27 @@ def like_tensor(op, name, t, like, d, layout) -> None:
     same_device(op, name, t, like)
 
 
-def index_range(op: Optional[str], name, idx: Tensor, low: int, high: int) -> None:
-    """All values in ``[low, high)``: a ValueError on the CPU, a device-side assert elsewhere (no
-    host synchronization). ``op`` prefixes the message (``None``: no prefix)."""
-    if idx.numel() == 0 or is_fake(idx):
+def values_ok(op: Optional[str], name, t: Tensor, bad, rule: str, short: str) -> None:
+    """The one value check: ``bad(t)`` (a bool mask of ``t``'s elements) is nowhere true. On the CPU
+    a ValueError naming ``t``'s first bad element and ``rule``; elsewhere a device-side assert with
+    ``short`` (no host synchronization); nothing for an empty or fake tensor. ``op`` prefixes the
+    message (``None``: no prefix)."""
+    if t.numel() == 0 or is_fake(t):
         return
     prefix = f"{op}: " if op else ""
-    bad = (idx < low) | (idx >= high)
-    if idx.device.type == "cpu":
-        if bool(bad.any()):
-            where = tuple(torch.nonzero(bad)[0].tolist())
-            raise ValueError(f"{prefix}{name} has value {int(idx[where])} at index {where}, outside the "
-                             f"valid range [{low}, {high})")
+    mask = bad(t)
+    if t.device.type == "cpu":
+        if bool(mask.any()):
+            where = tuple(torch.nonzero(mask)[0].tolist())
+            raise ValueError(f"{prefix}{name} has value {t[where].item()} at index {where}{rule}")
     else:
-        torch._assert_async(~bad.any(), f"{prefix}{name} has values outside [{low}, {high})")
+        torch._assert_async(~mask.any(), f"{prefix}{name} {short}")
+
+
+def index_range(op: Optional[str], name, idx: Tensor, low: int, high: int) -> None:
+    """All values in ``[low, high)`` (:func:`values_ok`)."""
+    values_ok(op, name, idx, lambda t: (t < low) | (t >= high), f", outside the valid range [{low}, {high})",
+              f"has values outside [{low}, {high})")
 
 
 def unique_rows(op: str, name: str, rows: Tensor, num_rows: int) -> None:

@@ -37,7 +37,8 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str =
 
 
 def check_int(name: str, value, *, minimum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A Python int (not a bool) or a symbolic size under ``torch.compile``, ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -53,6 +54,12 @@ def check_float(name: str, value) -> float:
 
 def is_fake(t: torch.Tensor) -> bool:
     return _contracts.is_fake(t)
+
+
+def check_values(name: str, t: torch.Tensor, bad, rule: str, short: str) -> None:
+    """``bad(t)`` nowhere true: a ValueError on the CPU, a device-side assert elsewhere (the one
+    value check, ``_contracts.values_ok``, without an op prefix)."""
+    _contracts.values_ok(None, name, t, bad, rule, short)
 
 
 def check_index_range(name: str, idx: torch.Tensor, low: int, high: int) -> None:

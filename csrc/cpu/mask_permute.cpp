@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <string>
 #include <tuple>
 #include <vector>
 
@@ -193,14 +192,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> mask_permute_cpu(
 }
 
 // The chunk sizes and order as int64 host vectors (checked: sizes >= 0, sum == rows, order a
-// permutation of the chunks).
-// A list of ints as Python prints it ("[2, 0, 1]"): the reference's error messages show the values so.
-std::string py_list(const std::vector<int64_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
+// permutation of the chunks). The messages print the values as c10::IntArrayRef does, "[2, 0, 1]":
+// the reference's messages show the Python list so.
 void chunk_plan(const char* op, const Tensor& split_sizes, const Tensor& sorted_idxs, int64_t rows,
                 std::vector<int64_t>& sizes, std::vector<int64_t>& order) {
   auto read = [&](const char* name, const Tensor& t, std::vector<int64_t>& v) {
@@ -228,15 +221,15 @@ void chunk_plan(const char* op, const Tensor& split_sizes, const Tensor& sorted_
   int64_t total = 0;
   for (int64_t s : sizes) {
     TORCH_CHECK_VALUE(s >= 0 && s <= rows - total, op, ": split_sizes must add up to the ", rows,
-                      " rows of input (none negative), got ", py_list(sizes));
+                      " rows of input (none negative), got ", c10::IntArrayRef(sizes));
     total += s;
   }
   TORCH_CHECK_VALUE(total == rows, op, ": split_sizes must add up to the ", rows, " rows of input (none negative), got ",
-                    py_list(sizes));
+                    c10::IntArrayRef(sizes));
   std::vector<uint8_t> seen(static_cast<size_t>(n), 0);
   for (int64_t j : order) {
     TORCH_CHECK_VALUE(j >= 0 && j < n && !seen[j], op, ": sorted_idxs must be a permutation of the ", n,
-                      " chunks, got ", py_list(order));
+                      " chunks, got ", c10::IntArrayRef(order));
     seen[j] = 1;
   }
 }
