@@ -21,13 +21,29 @@ void plan_fused_extras(FlashAttentionTiling& t, uint64_t fused, uint64_t dbl, co
   t.ubFusedBytes = static_cast<uint32_t>(fused);
 }
 
+// Columns of the head dim per Q . K^T Mmad (and per dK / dQ N-chunk), padded: min(up16(Dk), qkChunk).
+uint64_t qk_cols(const FlashAttentionTiling& t) {
+  const uint64_t dk = align_up(t.Dk, 16);
+  return t.qkChunk ? std::min<uint64_t>(dk, t.qkChunk) : dk;
+}
+
+// One step of the tilings' fit loops before a block shrinks: the head-dim chunk narrows by 16 while it
+// is wider than a block row and than the other L0 operands (never below 64 columns). False when it
+// may not narrow further.
+bool narrow_qk_chunk(FlashAttentionTiling& t, uint64_t block) {
+  const uint64_t floor = std::max<uint64_t>({uint64_t(64), t.Dr ? align_up(t.Dr, 16) : 0, align_up(t.Dv, 16), block});
+  if (t.qkChunk <= floor) return false;
+  t.qkChunk -= 16;
+  return true;
+}
+
 // Fill the byte plan of t for its baseM / baseN.
 void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint32_t aivPerAic = std::max<uint32_t>(1, chip.aivNum / chip.aicNum);
   t.vecRows = (t.baseM + aivPerAic - 1) / aivPerAic;
   const uint64_t M = t.baseM, N = t.baseN, e = 2;
   const uint64_t dk = align_up(t.Dk, 16), dr = t.Dr ? align_up(t.Dr, 16) : 0, dv = align_up(t.Dv, 16);
-  const uint64_t dq = t.qkChunk ? std::min<uint64_t>(dk, t.qkChunk) : dk;  // Q . K^T columns per Mmad
+  const uint64_t dq = qk_cols(t);  // Q . K^T columns per Mmad
   t.l1Bytes = M * (dk + dr) * e + t.l1Buffers * (N * (dk + dr + dv) * e + M * N * e);
   t.l0aBytes = t.l0Buffers * M * std::max<uint64_t>({dq, dr, N}) * e;
   t.l0bBytes = t.l0Buffers * N * std::max<uint64_t>({dq, dr, dv}) * e;
@@ -62,8 +78,7 @@ void plan_bwd(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t b = t.baseM, e = 2;
   // Q . K^T, dK = dS^T . Q and dQ = dS . K run in head-dim chunks of qkChunk columns (K-chunks of the
   // score, N-chunks of the two gradient products)
-  const uint64_t dk = align_up(t.Dk, 16), dq = t.qkChunk ? std::min<uint64_t>(dk, t.qkChunk) : dk;
-  const uint64_t W = std::max<uint64_t>({b, dq, t.Dr ? align_up(t.Dr, 16) : 0, align_up(t.Dv, 16)});
+  const uint64_t W = std::max<uint64_t>({b, qk_cols(t), t.Dr ? align_up(t.Dr, 16) : 0, align_up(t.Dv, 16)});
   t.l1Bytes = 2 * t.l1Buffers * b * W * e;
   t.l0aBytes = t.l0Buffers * b * W * e;
   t.l0bBytes = t.l0Buffers * b * W * e;
@@ -154,17 +169,16 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64
   t.baseN = want;
   t.qkChunk = static_cast<uint32_t>(align_up(Dk, 16));
   plan(t, chip);
-  // Split the Q . K^T head dim into narrower Mmads (down to the widest other L0 operand, and not below
-  // 64 columns) before shrinking a block; then shrink the larger of the two blocks (keys first) until
-  // every memory fits.
-  const uint64_t otherL0 = std::max<uint64_t>({uint64_t(64), Dr ? align_up(Dr, 16) : 0, align_up(Dv, 16)});
+  // Split the Q . K^T head dim into narrower Mmads before shrinking a block (narrow_qk_chunk); then
+  // shrink the larger of the two blocks (keys first) until every memory fits.
   while (!fits(t, chip)) {
-    if (t.qkChunk > otherL0 && t.qkChunk > t.baseN) t.qkChunk -= 16;
-    else if (t.baseN >= t.baseM && t.baseN > 16) t.baseN -= 16;
-    else if (t.baseM > 16) t.baseM -= 16;
-    else if (t.l0cBuffers > 1) t.l0cBuffers = 1;
-    else throw std::invalid_argument("flash_attention tiling: head dims too large for L0/L1/UB (Dk=" +
-                                     std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
+    if (!narrow_qk_chunk(t, t.baseN)) {
+      if (t.baseN >= t.baseM && t.baseN > 16) t.baseN -= 16;
+      else if (t.baseM > 16) t.baseM -= 16;
+      else if (t.l0cBuffers > 1) t.l0cBuffers = 1;
+      else throw std::invalid_argument("flash_attention tiling: head dims too large for L0/L1/UB (Dk=" +
+                                       std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
+    }
     plan(t, chip);
   }
   // no key at all (Tk = 0): every row gets out 0, lse -inf, zero gradients (the host's empty path)
@@ -188,14 +202,13 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, i
   t.qkChunk = static_cast<uint32_t>(align_up(Dk, 16));
   t.gradCols = static_cast<uint32_t>(align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8));
   plan_bwd(t, chip);
-  // as the forward: narrower head-dim chunks (not below 64 columns or the other operands) before
-  // smaller blocks
-  const uint64_t otherL0 = std::max<uint64_t>({uint64_t(64), Dr ? align_up(Dr, 16) : 0, align_up(Dv, 16)});
+  // as the forward: narrower head-dim chunks before smaller blocks
   while (!fits(t, chip)) {
-    if (t.qkChunk > otherL0 && t.qkChunk > t.baseM) t.qkChunk -= 16;
-    else if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
-    else throw std::invalid_argument("flash_attention backward tiling: head dims too large for L0/L1/UB (Dk=" +
-                                     std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
+    if (!narrow_qk_chunk(t, t.baseM)) {
+      if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
+      else throw std::invalid_argument("flash_attention backward tiling: head dims too large for L0/L1/UB (Dk=" +
+                                       std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");
+    }
     plan_bwd(t, chip);
   }
   const int64_t items = B * H * ceil_div(t.maxSeqlen, t.baseM);  // the larger pass (KV: key blocks, Q: query blocks)
