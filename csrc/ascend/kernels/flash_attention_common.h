@@ -213,14 +213,15 @@ static_assert(3 * kFlashAttentionFusedSlots <= 12, "fused flash attention: flag 
 template <typename T>
 class FaCube {
  public:
-  // Columns of the Q . K^T chunk that starts at head-dim column k0 (the tiling's qkChunk, a multiple of
-  // 16; 0 or >= Dk: the whole head dim, one Mmad). The callers run at least one chunk (Dk = 0: one
-  // Mmad with K = 0, as before the chunks).
-  __aicore__ static inline int64_t QkCols(const FlashAttentionTiling& t, int64_t k0) {
-    const int64_t chunk = t.qkChunk && t.qkChunk < t.Dk ? static_cast<int64_t>(t.qkChunk) : t.Dk;
-    const int64_t left = t.Dk - k0;
-    return left < chunk ? left : chunk;
+  // Columns of the head-dim chunk that starts at column k0 of n (the tiling's qkChunk, a multiple of
+  // 16; 0 or >= n: all n, one Mmad). The callers run at least one chunk (n = 0: one Mmad of 0 columns,
+  // as before the chunks).
+  __aicore__ static inline int64_t ChunkCols(const FlashAttentionTiling& t, int64_t n, int64_t k0) {
+    const int64_t chunk = t.qkChunk && t.qkChunk < n ? static_cast<int64_t>(t.qkChunk) : n;
+    return n - k0 < chunk ? n - k0 : chunk;
   }
+  // ... of Q . K^T: chunks of Dk
+  __aicore__ static inline int64_t QkCols(const FlashAttentionTiling& t, int64_t k0) { return ChunkCols(t, t.Dk, k0); }
   // Forward buffers: Q parts / P on the A side, K parts / V on the B side, S / O_partial in L0C. The L1
   // budget keeps room for the fused forward's Q block (InitQ).
   __aicore__ inline void Init(const FlashAttentionTiling& t, TPipe* pipe) {
@@ -1079,10 +1080,9 @@ struct FabGradMath {
   __aicore__ inline void Product(FaCube<T>& cube, const FlashAttentionTiling& t, const GlobalTensor<float>& dst,
                                  const GlobalTensor<T>& a, const GlobalTensor<T>& bm, int64_t bStride, int64_t m,
                                  int64_t n, int64_t k, bool transA) {
-    const int64_t chunk = t.qkChunk && static_cast<int64_t>(t.qkChunk) < n ? static_cast<int64_t>(t.qkChunk) : n;
     int64_t n0 = 0;
     do {
-      const int64_t w = n - n0 < chunk ? n - n0 : chunk;
+      const int64_t w = FaCube<T>::ChunkCols(t, n, n0);
       LocalTensor<float> c = cube.l0C_.template AllocTensor<float>();
       cube.MatMul(c, a, t.baseM, bm[n0], bStride, false, m, w, k, true, transA);
       cube.Store(dst[n0], c, m, w, t.gradCols);
