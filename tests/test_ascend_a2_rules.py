@@ -27,6 +27,10 @@ CAUGHT = [
     ("mmad_dst_512_aligned", r"Mmad result \(L0C\): .* not 1024-byte aligned \[kernel mmad_dst_512_aligned"),
     ("reduce_max_small_work", r"ReduceMax work buffer .* 8 repeats need ceil\(2 \* repeats / 8\) \* 8 = 16 floats, "
                               r"it holds 8 \[kernel reduce_max_small_work"),
+    # TPipe::InitBuffer's buffer counts on A2: <= 8 queue buffers per TPosition, <= 64 buffers per kernel
+    ("nine_queue_buffers_on_a1", r"InitBuffer: 9 queue buffers on TPosition::A1 \(this queue's num=5\); A2 allows at "
+                                 r"most 8 per TPosition .*\[kernel nine_queue_buffers_on_a1, AIC block 0\]"),
+    ("sixty_five_buffers", r"InitBuffer: 65 buffers in one kernel; at most 64 .*\[kernel sixty_five_buffers"),
 ]
 
 RESULTS = [
@@ -47,6 +51,8 @@ RESULTS = [
     # rule 7
     ("mmad_dst_1024_aligned", "ok"),
     ("reduce_max_ok", "ok"),
+    ("eight_queue_buffers_on_a1", "ok"),
+    ("sixty_four_buffers", "ok"),
 ]
 
 

@@ -208,8 +208,25 @@ static void reduce_max(uint32_t workFloats) {
   if (dst.Get<float>().GetValue(0) != 96.0f) g_result = "wrong";
 }
 
+// ---- buffer counts of TPipe::InitBuffer: <= 8 queue buffers per TPosition, <= 64 buffers per kernel --
+static void queue_buffers(uint8_t first, uint8_t second) {  // two L1 queues on TPosition::A1
+  TPipe pipe;
+  TQue<TPosition::A1, 1> a, b;
+  pipe.InitBuffer(a, first, 1024);
+  pipe.InitBuffer(b, second, 1024);
+  g_result = "ok";
+}
+static void many_tbufs(int n) {  // n TBufs of 32 B in one kernel
+  TPipe pipe;
+  std::vector<TBuf<TPosition::VECCALC>> bufs(static_cast<size_t>(n));
+  for (auto& b : bufs) pipe.InitBuffer(b, 32);
+  g_result = "ok";
+}
+
 static std::map<std::string, std::function<void()>> cube_cases() {
   return {
+      {"nine_queue_buffers_on_a1", [] { queue_buffers(4, 5); }},
+      {"eight_queue_buffers_on_a1", [] { queue_buffers(4, 4); }},
       {"fill_l0a_in_32b_units", [] { fill(TPosition::A2, 32 * 32 * 2 / 32); }},  // 64 "blocks" = 32 KiB on L0A
       {"fill_l0b_in_32b_units", [] { fill(TPosition::B2, 32 * 32 * 2 / 32); }},
       {"fill_l0a_ok", [] { fill(TPosition::A2, 32 * 32 * 2 / 512); }},            // 4 fractals of 512 B
@@ -226,6 +243,8 @@ static std::map<std::string, std::function<void()>> cube_cases() {
 // ---- rule 4: the data cache (vector launches of 2 blocks) ------------------------------------------
 static std::map<std::string, std::function<void()>> vec_cases() {
   return {
+      {"sixty_five_buffers", [] { many_tbufs(65); }},
+      {"sixty_four_buffers", [] { many_tbufs(64); }},
       {"false_sharing", [] {  // block b writes g_f[b]: one 64-byte line, two cores
          auto g = gt(g_f, 1024);
          g.SetValue(GetBlockIdx(), 1.0f + GetBlockIdx());

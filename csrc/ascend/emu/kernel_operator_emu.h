@@ -188,6 +188,8 @@ struct PipeState {
   uint64_t usedSpace[kNumSpaces] = {0, 0, 0, 0, 0};
   std::vector<std::shared_ptr<Slot>> slots;
   std::vector<std::string> queues;
+  uint32_t queBuffers[10] = {};  // queue buffers per TPosition (index: the TPosition's value)
+  uint32_t buffers = 0;          // every buffer of the pipe: each queue's num, one per TBuf
   bool alive = true;
 };
 
@@ -757,9 +759,21 @@ class TPipe {
   TPipe(const TPipe&) = delete;
   TPipe& operator=(const TPipe&) = delete;
 
+  // Buffer counts of the TPipe::InitBuffer reference (CANN 8.0.0, Atlas A2 training series): at most
+  // kQueBuffersPerPosition queue buffers on one TPosition (an allocation beyond it "may fail" on the chip)
+  // and kBuffersPerKernel buffers in all (each queue's num; a TBuf counted as one buffer).
+  static constexpr uint32_t kQueBuffersPerPosition = 8, kBuffersPerKernel = 64;
+
   template <TPosition SRC, TPosition DST, int32_t DEPTH>
   bool InitBuffer(TQueBind<SRC, DST, DEPTH>& que, uint8_t num, uint32_t len) {
     if (num == 0 || len == 0) fail("InitBuffer of a queue with num=" + std::to_string(num) + ", len=" + std::to_string(len));
+    uint32_t& onPos = state_->queBuffers[static_cast<int>(SRC)];
+    if (onPos + num > kQueBuffersPerPosition)
+      fail("InitBuffer: " + std::to_string(onPos + num) + " queue buffers on TPosition::" + position_name(SRC) +
+           " (this queue's num=" + std::to_string(num) + "); A2 allows at most " +
+           std::to_string(kQueBuffersPerPosition) + " per TPosition (merge buffers into one and offset into it)");
+    onPos += num;
+    count_buffers(num);
     std::string name = "queue #" + std::to_string(state_->queues.size());
     state_->queues.push_back(name);
     std::vector<std::shared_ptr<ascend_emu::Slot>> slots;
@@ -771,6 +785,7 @@ class TPipe {
   template <TPosition POS>
   bool InitBuffer(TBuf<POS>& buf, uint32_t len) {
     if (len == 0) fail("InitBuffer of a TBuf with len=0");
+    count_buffers(1);
     std::string name = "TBuf #" + std::to_string(state_->queues.size());
     state_->queues.push_back(name);
     buf.emu_init(alloc(len, name, ascend_emu::SlotState::kCalc, space_of(POS)));
@@ -779,6 +794,27 @@ class TPipe {
   void Destroy() {}
 
  private:
+  void count_buffers(uint32_t n) {
+    state_->buffers += n;
+    if (state_->buffers > kBuffersPerKernel)
+      fail("InitBuffer: " + std::to_string(state_->buffers) + " buffers in one kernel; at most " +
+           std::to_string(kBuffersPerKernel) + " (the sum of every queue's num and every TBuf)");
+  }
+  static const char* position_name(TPosition p) {
+    switch (p) {
+      case TPosition::GM: return "GM";
+      case TPosition::VECIN: return "VECIN";
+      case TPosition::VECOUT: return "VECOUT";
+      case TPosition::VECCALC: return "VECCALC";
+      case TPosition::A1: return "A1";
+      case TPosition::A2: return "A2";
+      case TPosition::B1: return "B1";
+      case TPosition::B2: return "B2";
+      case TPosition::CO1: return "CO1";
+      case TPosition::CO2: return "CO2";
+    }
+    return "?";
+  }
   static int space_of(TPosition p) {
     switch (p) {
       case TPosition::A1: case TPosition::B1: return ascend_emu::kL1;

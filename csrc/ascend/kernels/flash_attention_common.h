@@ -244,9 +244,11 @@ class FaCube {
   }
 
   // As many buffers per queue as the tiling's plan holds (its l1Buffers / l0Buffers / l0cBuffers, within
-  // its L1 / L0A / L0B / L0C bytes; at least one): with two, the MTE2 copies of the next Mmad's operands
-  // and the next Mmad itself run while the Fixpipe still drains the previous L0C tile (the queues hand
-  // their buffers out in turn), instead of each stage waiting for the one before.
+  // its L1 / L0A / L0B / L0C bytes; at least one, at most kFlashAttentionL1Buffers): with two, the MTE2
+  // copies of the next Mmad's operands and the next Mmad itself run while the Fixpipe still drains the
+  // previous L0C tile (the queues hand their buffers out in turn), instead of each stage waiting for the
+  // one before; with four L1 buffers the operand copies run two Mmads ahead of their L1 -> L0 loads, so
+  // the copies' DMA latency no longer sits between MTE2 and MTE1.
   __aicore__ inline void InitSizes(TPipe* pipe, const FlashAttentionTiling& t, uint32_t aElems, uint32_t bElems,
                                    uint32_t cElems, uint64_t l1Other) {
     const uint64_t a = static_cast<uint64_t>(aElems) * sizeof(T), b = static_cast<uint64_t>(bElems) * sizeof(T);
@@ -262,7 +264,7 @@ class FaCube {
   }
   __aicore__ static inline uint32_t Depth(uint32_t planned, uint64_t fit) {
     const uint64_t n = planned < fit ? planned : fit;
-    return n > 2 ? 2 : (n < 1 ? 1 : static_cast<uint32_t>(n));
+    return n > kFlashAttentionL1Buffers ? kFlashAttentionL1Buffers : (n < 1 ? 1 : static_cast<uint32_t>(n));
   }
 
   // A . B into c (rows x cols, K = kc). A is ND in GM with row stride aStride: A itself (rows x kc,

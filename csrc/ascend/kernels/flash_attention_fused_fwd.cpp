@@ -11,23 +11,23 @@ namespace kernels {
 // ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
 // The same math as the four phase kernels, in one kernel: per AI Core (one AIC + its two AIVs) the
 // items FaWalkDealt deals to it (longest first, balanced over the AI Cores), and per item the key
-// blocks j, PIPELINED over three GM slots per workspace (slot j % 3, kFlashAttentionFusedSlots) so the
+// blocks j, PIPELINED over n = kFlashAttentionFusedSlots (4) GM slots per workspace (slot j % n) so the
 // Cube and the vector units overlap:
-//   AIC : S_0, S_1 -> slots; then for each j: S_{j+2} -> slot (lookahead, flag S[(j+2)%3]); wait
-//         P[j%3] (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%3].
-//   AIVs (a software pipeline, where the UB holds two S and two P tiles: tiling fusedPipe): the S tile
-//         of block 0 is loaded; then for each j: online softmax of its half of the rows on S tile j % 2
-//         (m, l and alpha_j in UB); P_j -> slot; flag P[j%3]; wait S[(j+1)%3] and load S_{j+1} into the
-//         other tile (it lands while the vector unit works); wait O[(j-2)%3], load O_partial_{j-2} and
-//         O = alpha_{j-2} O + O_partial_{j-2} (O in UB); after the last block the last two updates,
-//         out = O / l and lse = m + ln(l). Without the second tiles the update trails by one block.
-// So the AIC computes S two blocks ahead, the AIVs' S loads run one block ahead of their softmax, and
-// their update of block j-2 waits for a P V product the AIC could start two softmaxes earlier.
-// Slot hazards: S slot (j+2)%3 (block j-1's) is rewritten after the AIC waited P_{j-1} (the AIVs
-// loaded S_{j-1} before their softmax j-1); P slot j%3 after the AIVs loaded O_{j-3} (iteration j-1,
-// set after the AIC read P_{j-3}); O slot j%3 after the AIC waited P_j (the AIVs' load of O_{j-3}
-// precedes, through their update j-3 and the softmax j on the vector unit, the P_j store). The
-// online-softmax state alpha keeps lag + 1 UB slots (j % 3, or j % 2 without the second tiles).
+//   AIC : S_0 .. S_{n-2} -> slots; then for each j: S_{j+n-1} -> slot (lookahead, flag S[(j+n-1)%n]);
+//         wait P[j%n] (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%n].
+//   AIVs (a software pipeline, where the UB holds two S and two P tiles: tiling fusedPipe; lag = n - 1,
+//         else 1): the S tile of block 0 is loaded; then for each j: wait O[(j-lag)%n] and load
+//         O_partial_{j-lag} (it lands while the vector unit works); online softmax of its half of the
+//         rows on S tile j % 2 (m, l and alpha_j in UB); P_j -> slot; flag P[j%n]; wait S[(j+1)%n] and
+//         load S_{j+1} into the other tile; O = alpha_{j-lag} O + O_partial_{j-lag} (O in UB); after the
+//         last block the last lag updates, out = O / l and lse = m + ln(l).
+// So the AIC computes S up to n - 1 blocks ahead, the AIVs' S loads run one block ahead of their
+// softmax, and their update of block j-lag uses a P V product the AIC could start lag softmaxes earlier.
+// Slot hazards (n slots, lag = n - 1): S slot (j+n-1)%n (block j-1's) is rewritten after the AIC waited
+// P_{j-1} (the AIVs loaded S_{j-1} before their softmax j-1); P slot j%n after the AIVs loaded
+// O_{j-n} (set after the AIC read P_{j-n}); O slot j%n after the AIC waited P_j (the AIVs' load of
+// O_{j-n} precedes, through their update j-n and the softmax j on the vector unit, the P_j store). The
+// online-softmax state alpha keeps lag + 1 UB slots.
 // Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
 // under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
 constexpr int64_t kFaSlots = kFlashAttentionFusedSlots;
@@ -133,9 +133,11 @@ class FaFused {
     }
     // Software pipeline: the S tile of block j + 1 is loaded (MTE2) while the vector unit works on block
     // j (nbuf_ S / P tiles, their own event ids per tile), and the O update trails the softmax by lag_
-    // blocks (2 with the double tiles, so the AIC has had two softmaxes' time for P V), its O_partial
-    // load issued once the softmax of block j is dispatched. A cross-core wait holds the AIV's dispatch,
-    // so each sits after the vector work queued before it: S_{j+1} and O_{j-lag} after block j's softmax.
+    // blocks (kFaSlots - 1 with the double tiles, so the AIC has had lag_ softmaxes' time for P V), its
+    // O_partial load issued before the softmax of block j (since 2026-12-07; after it, the update waited
+    // the load's DMA latency with the next softmax queued behind it on the vector unit). A cross-core wait
+    // holds the AIV's dispatch, so S_{j+1}'s sits after block j's softmax; O_{j-lag}'s before it is
+    // normally long satisfied (the AIC computed P_{j-lag} V_{j-lag} lag_ softmaxes ago).
     const bool has = r1 > r0;
     const int64_t kb = it.keyBlocks;
     if (has) {
@@ -148,13 +150,13 @@ class FaFused {
     LoadS(it, 0, r0, r1);
     for (int64_t j = 0; j < kb; ++j) {
       const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+      // O_partial_{j-lag} is loaded before the softmax of block j is dispatched, so its DMA latency
+      // passes while the vector unit runs that softmax (issued after it, the update waited for it)
+      if (j >= lag_) LoadO(it, j - lag_, r0, r1);
       if (has) SoftmaxTile(it, r0, r1, j, k0, cols);
       CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFaFlagP, slot));
       if (j + 1 < kb) LoadS(it, j + 1, r0, r1);
-      if (j >= lag_) {
-        LoadO(it, j - lag_, r0, r1);
-        UpdateTile(it, j - lag_, r0, r1);  // overlaps the AIC's P_j V_j
-      }
+      if (j >= lag_) UpdateTile(it, j - lag_, r0, r1);  // overlaps the AIC's P_j V_j
     }
     for (int64_t j = kb > lag_ ? kb - lag_ : 0; j < kb; ++j) {
       LoadO(it, j, r0, r1);

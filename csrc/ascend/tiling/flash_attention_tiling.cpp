@@ -159,7 +159,7 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64
   t.rope = Dr > 0 ? FlashAttentionRope::kSharedKey : FlashAttentionRope::kNone;
   t.T = T; t.H = H; t.Dk = Dk; t.Dr = Dr; t.Dv = Dv; t.B = B; t.maxSeqlen = maxSeqlen;
   t.Tk = Tk; t.maxSeqlenQ = maxSeqlenQ; t.maxSeqlenK = maxSeqlenK;
-  t.l1Buffers = kDoubleBuffer;
+  t.l1Buffers = kFlashAttentionL1Buffers;
   t.l0Buffers = kDoubleBuffer;
   t.l0cBuffers = kDoubleBuffer;
   t.ubBuffers = kDoubleBuffer;
@@ -169,10 +169,12 @@ FlashAttentionTiling compute_flash_attention_tiling(int64_t T, int64_t Tk, int64
   t.baseN = want;
   t.qkChunk = static_cast<uint32_t>(align_up(Dk, 16));
   plan(t, chip);
-  // Split the Q . K^T head dim into narrower Mmads before shrinking a block (narrow_qk_chunk); then
-  // shrink the larger of the two blocks (keys first) until every memory fits.
+  // Where the L1 overflows, two L1 buffers instead of kFlashAttentionL1Buffers; split the Q . K^T head
+  // dim into narrower Mmads before shrinking a block (narrow_qk_chunk); then shrink the larger of the
+  // two blocks (keys first) until every memory fits.
   while (!fits(t, chip)) {
-    if (!narrow_qk_chunk(t, t.baseN)) {
+    if (t.l1Bytes > chip.l1Bytes && t.l1Buffers > kDoubleBuffer) t.l1Buffers = kDoubleBuffer;
+    else if (!narrow_qk_chunk(t, t.baseN)) {
       if (t.baseN >= t.baseM && t.baseN > 16) t.baseN -= 16;
       else if (t.baseM > 16) t.baseM -= 16;
       else if (t.l0cBuffers > 1) t.l0cBuffers = 1;
@@ -201,10 +203,12 @@ FlashAttentionTiling compute_flash_attention_bwd_tiling(int64_t T, int64_t Tk, i
   t.baseM = t.baseN = std::max(t.baseM, t.baseN);
   t.qkChunk = static_cast<uint32_t>(align_up(Dk, 16));
   t.gradCols = static_cast<uint32_t>(align_up(Dk, 8) + align_up(Dr, 8) + align_up(Dv, 8));
+  t.l1Buffers = kFlashAttentionL1Buffers;
   plan_bwd(t, chip);
-  // as the forward: narrower head-dim chunks before smaller blocks
+  // as the forward: two L1 buffers where the L1 overflows, narrower head-dim chunks, then smaller blocks
   while (!fits(t, chip)) {
-    if (!narrow_qk_chunk(t, t.baseM)) {
+    if (t.l1Bytes > chip.l1Bytes && t.l1Buffers > kDoubleBuffer) t.l1Buffers = kDoubleBuffer;
+    else if (!narrow_qk_chunk(t, t.baseM)) {
       if (t.baseM > 16) t.baseM = t.baseN = t.baseM - 16;
       else throw std::invalid_argument("flash_attention backward tiling: head dims too large for L0/L1/UB (Dk=" +
                                        std::to_string(Dk) + ", Dr=" + std::to_string(Dr) + ", Dv=" + std::to_string(Dv) + ")");

@@ -55,6 +55,12 @@ constexpr uint32_t kFlashAttentionMaxCores = 64;
 // up to kFlashAttentionFusedSlots - 1 blocks ahead of its AIVs (S of blocks j + 1 .. j + 3 while they
 // work on block j; three slots and two blocks before 2026-12-07, v07.4).
 constexpr uint32_t kFlashAttentionFusedSlots = 4;
+// L1 buffers per Cube operand queue the tilings plan first (l1Buffers; back to 2 before a block or a
+// head-dim chunk shrinks): with two, the MTE2 copy of an operand waited for the L1 -> L0 load of the
+// operand two Mmads back, and that load for the copy's DMA latency, so MTE2 and MTE1 ran as one chain
+// (table v07.4 timeline of the fused forward). A2 allows up to 8 queue buffers per TPosition (A1 also
+// holds the fused forward's Q block).
+constexpr uint32_t kFlashAttentionL1Buffers = 4;
 
 enum class FlashAttentionTilingKey : uint32_t { kEmpty = 0, kF16 = 1, kBF16 = 2 };
 enum class FlashAttentionMask : uint32_t { kNone = 0, kCausal = 1 };
