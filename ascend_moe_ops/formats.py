@@ -46,6 +46,9 @@ def group_sizes_to_group_list(group_sizes: torch.Tensor, group_list_type: int = 
     ``group_list_type=0``: cumulative end offsets (cumsum); ``1``: the per-group counts themselves.
     """
     _checks.check_tensor("group_sizes", group_sizes, ndim=1, dtypes=_checks.INDEX_DTYPES)
+    _checks.check_int("group_list_type", group_list_type)
+    # counts are >= 0 (a negative one would make the cumulative list non-monotone)
+    _checks.check_values("group_sizes", group_sizes, lambda g: g < 0, ": sizes must be >= 0", "has a negative size")
     if group_list_type == 0:
         return torch.cumsum(group_sizes, 0, dtype=torch.int64)
     if group_list_type == 1:

@@ -1055,3 +1055,26 @@ def test_update_expert_bias_refuses_counts_that_would_corrupt_the_bias(counts):
     assert torch.equal(bias, torch.zeros(4))
     update_expert_bias(bias, torch.tensor([3, 1, 1, 0]))  # valid counts still update
     assert torch.isfinite(bias).all() and bias[0] < 0 < bias[3]
+
+
+def test_bias_update_and_selection_refuse_bad_arguments():
+    """A NaN / infinite / negative rate would make every bias NaN (or push the wrong way) for the rest of
+    training; the router's update goes through the same rule and checks; k above the experts and a bad
+    current placement are named."""
+    from ascend_moe_ops.nn.moe import TopKRouter
+    for rate in (float("nan"), float("inf"), -0.1):
+        with pytest.raises(ValueError, match="rate must be a finite number >= 0"):
+            update_expert_bias(torch.zeros(4), torch.tensor([1, 2, 3, 4]), rate=rate)
+    r = TopKRouter(6, 4, 2, expert_bias=True)
+    with pytest.raises(ValueError, match="rate must be a finite number >= 0"):
+        r.update_expert_bias(float("nan"), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    with pytest.raises(ValueError, match="tokens_per_expert has value nan at index"):
+        r.update_expert_bias(0.1, torch.tensor([1.0, float("nan"), 3.0, 4.0]))
+    assert torch.equal(r.expert_bias, torch.zeros(4))  # nothing applied
+    torch.testing.assert_close(r.update_expert_bias(0.1, torch.tensor([1.0, 2.0, 3.0, 4.0])),
+                               torch.tensor([0.1, 0.1, -0.1, -0.1]))
+    with pytest.raises(ValueError, match=re.escape("k must be <= the number of experts (columns of scores) 4, got 5")):
+        biased_topk(torch.randn(3, 4), torch.zeros(4), 5)
+    with pytest.raises(ValueError, match=re.escape("current (an [E] expert -> rank tensor or a Placement): "
+                                                   "expert_to_rank puts 3 experts on rank 0")):
+        plan_placement(torch.tensor([1.0, 2.0, 3.0, 4.0]), 2, 2, current=torch.tensor([0, 0, 0, 1]))

@@ -347,6 +347,9 @@ def scenario_errors(ctx):
         MoEDispatcher(topo, E + 1)
     with pytest.raises(ValueError, match=re.escape("timeout must be a positive number")):
         EPTopology(topo.group, local_size=ctx["local_size"], timeout=-1)
+    if W > 1:  # ranks splitting the group differently: an error on every rank, before any subgroup
+        with pytest.raises(ValueError, match=re.escape("disagree on local_size (ranks per node): per-rank values")):
+            EPTopology(topo.group, local_size=1 if rank == 0 else W)
     disp = MoEDispatcher(topo, E, algorithm="flat")
     x = torch.randn(4, 3)
     with pytest.raises(ValueError, match=re.escape("outside the valid range")):

@@ -3,6 +3,7 @@ backward against the fp64 reference with the "2 x PyTorch's own error" rule, var
 batch, opcheck, torch.compile, bad input."""
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -211,6 +212,24 @@ def test_nan_or_inf_in_a_key_a_row_must_not_see_stays_out(backend, kernels, monk
 
 
 @pytest.mark.parametrize("backend", _fa_backends())
+def test_nan_in_a_masked_value_row_is_the_documented_result(backend):
+    """A NaN in a value row a causal row must not see reaches it through 0 * NaN in P . V, on every backend
+    as in PyTorch's scaled_dot_product_attention (docs/ops/flash_attention.md); another sequence of the
+    packed batch is never affected."""
+    dt = _fp(backend)
+    q, k, v, _ = (t.to(dt) for t in _inputs((6,), 1, 16, 16, seed=2))
+    v[2, 0, 0] = float("nan")  # the last key of sequence 0
+    cu = torch.tensor([0, 3, 6])
+    with amo.use_backend(backend):
+        out = amo.flash_attention(q, k, v, causal=True, cu_seqlens=cu, max_seqlen=3)
+    assert torch.isnan(out[:3, 0, 0]).all()  # rows 0, 1 never see key 2: NaN all the same
+    with amo.use_backend("reference"):
+        want = amo.flash_attention(q.double(), k.double(), v.double(), causal=True, cu_seqlens=cu, max_seqlen=3)
+    assert torch.isfinite(out[3:]).all()
+    assert_close_to_ref(out[3:], want[3:], dtype=dt, name=f"{backend} other sequence")
+
+
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_opcheck(backend):
     Dq, Dv = DIMS.get(backend, (24, 16))
     q, k, v, do = (t.to(_fp(backend)) for t in _inputs((11,), 2, Dq, Dv))
@@ -272,8 +291,15 @@ def test_bad_cu_seqlens(cu, match):
 
 def test_bad_cu_seqlens_dtype_and_max_seqlen():
     q = torch.randn(8, 2, 8)
-    with pytest.raises(TypeError, match="cu_seqlens_q must have dtype"):
+    with pytest.raises(TypeError, match=re.escape("cu_seqlens must have dtype in (int32, int64), got float32")):
         amo.flash_attention(q, q, q, cu_seqlens=torch.tensor([0.0, 8.0]))
+    # checked before max_seqlen is computed from it (that would fail inside torch, unnamed)
+    with pytest.raises(ValueError, match=re.escape("cu_seqlens must be 1-D, got shape (1, 3)")):
+        amo.flash_attention(q, q, q, cu_seqlens=torch.tensor([[0, 4, 8]]))
+    with pytest.raises(ValueError, match="cu_seqlens is on meta but the other inputs are on cpu"):
+        amo.flash_attention(q, q, q, cu_seqlens=torch.tensor([0, 4, 8], device="meta"))
+    with pytest.raises(ValueError, match=re.escape("cu_seqlens_k must be 1-D")):
+        amo.flash_attention(q, q, q, cu_seqlens_q=torch.tensor([0, 8]), cu_seqlens_k=torch.tensor([[0, 8]]))
     with pytest.raises(ValueError, match="max_seqlen_q=3 is smaller than the longest sequence"):
         amo.flash_attention(q, q, q, cu_seqlens=torch.tensor([0, 8]), max_seqlen=3)
 

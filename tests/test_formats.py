@@ -6,6 +6,8 @@ per-expert loop of plain matmuls. (Those kernels leave rows past ``offs[-1]`` un
 the used rows are compared.)
 """
 
+import re
+
 import pytest
 import torch
 
@@ -126,3 +128,10 @@ def test_bad_inputs():
         group_sizes_to_offsets(torch.ones(3))
     with pytest.raises(TypeError, match="group_sizes must be a torch.Tensor"):
         group_sizes_to_group_list([1, 2], 1)
+
+
+def test_group_list_refuses_negative_sizes_and_a_bool_type():
+    with pytest.raises(ValueError, match=re.escape("group_sizes has value -2 at index (1,): sizes must be >= 0")):
+        group_sizes_to_group_list(torch.tensor([3, -2, 4]), 0)
+    with pytest.raises(TypeError, match="group_list_type must be an int, got bool"):
+        group_sizes_to_group_list(torch.tensor([3, 2]), True)

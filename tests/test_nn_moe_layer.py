@@ -1,6 +1,8 @@
 """ascend_moe_ops.nn: GroupedMLP / MoELayer vs a per-expert loop of dense MLPs (fp64), Megatron
 parameter layout round trips, capacity mode, and a toy training run whose loss goes down."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -348,3 +350,22 @@ def test_sizes_are_ints_named_in_the_error(bad, err):
         from ascend_moe_ops.nn import TopKRouter
         with pytest.raises(err, match=name):
             TopKRouter(kw["hidden_size"], kw["num_experts"], kw["top_k"])
+
+
+def test_copy_after_a_training_forward_and_bad_expert_weights():
+    """copy.deepcopy after a forward with grad (an EMA or "best model" copy) works: the last call's scores
+    are transient; per-expert weight lists are checked with the argument and expert named."""
+    import copy
+    torch.manual_seed(0)
+    layer = MoELayer(6, 4, 5, 2)
+    layer(torch.randn(3, 6)).sum().backward()
+    c = copy.deepcopy(layer)
+    assert c.scores is None and layer.scores is not None
+    x = torch.randn(3, 6)
+    assert torch.equal(c(x), layer(x))
+    with pytest.raises(ValueError, match=re.escape("fc1[1] must have shape (10, 6)")):
+        GroupedMLP.from_expert_weights([torch.randn(10, 6), torch.randn(8, 6)], [torch.randn(6, 5)] * 2)
+    with pytest.raises(ValueError, match="needs at least one expert"):
+        GroupedMLP.from_expert_weights([], [])
+    with pytest.raises(ValueError, match=re.escape("fc2[0] must have shape (6, 5)")):
+        GroupedMLP.from_expert_weights([torch.randn(10, 6)], [torch.randn(6, 4)])

@@ -185,6 +185,10 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES)
     _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
     _checks.check_shape("tokens_per_expert", tokens_per_expert, bias.shape, "one count per expert")
+    rate = _checks.check_float("rate", rate)
+    if not math.isfinite(rate) or rate < 0:
+        raise ValueError(f"rate must be a finite number >= 0, got {rate!r} (a NaN or infinite rate makes every "
+                         f"bias NaN or infinite for the rest of training)")
     _check_counts(tokens_per_expert)
     load = tokens_per_expert.to(torch.float64 if bias.dtype == torch.float64 else torch.float32)
     if group is not None:
@@ -209,6 +213,9 @@ def biased_topk(scores: Tensor, bias: Tensor, k: int):
     _checks.check_tensor("scores", scores, ndim=2, dtypes=_checks.FLOAT_DTYPES)
     _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES, device=scores.device)
     _checks.check_shape("bias", bias, (scores.shape[1],), "one bias per expert")
+    _checks.check_int("k", k, minimum=1)
+    if k > scores.shape[1]:
+        raise ValueError(f"k must be <= the number of experts (columns of scores) {scores.shape[1]}, got {k}")
     idx = torch.topk(scores.detach() + bias.to(scores.dtype), k, dim=1).indices
     return idx, scores.gather(1, idx)
 

@@ -351,7 +351,13 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
     if current is None:
         cur = None
     else:
-        cur = current if isinstance(current, Placement) else Placement.from_expert_to_rank(current, R, S)
+        if isinstance(current, Placement):
+            cur = current
+        else:
+            try:  # the checks of an expert -> rank tensor, named after this argument
+                cur = Placement.from_expert_to_rank(current, R, S)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"current (an [E] expert -> rank tensor or a Placement): {e}") from None
         if cur.num_experts != E:
             raise ValueError(f"current placement has {cur.num_experts} experts but predicted_load "
                              f"has {E}")

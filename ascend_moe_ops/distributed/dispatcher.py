@@ -234,12 +234,7 @@ class MoEDispatcher:
         self._install(m)
 
     def _meta_device(self) -> torch.device:
-        backend = dist.get_backend(self.topology.group)
-        if backend == "nccl" and torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        if backend == "hccl":  # torch_npu
-            return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
-        return torch.device("cpu")
+        return self.topology.collective_device()
 
     def _install(self, m: Tensor) -> None:
         E, W = self.num_experts, self.topology.world_size

@@ -18,9 +18,10 @@ from __future__ import annotations
 import datetime
 from typing import List, Optional, Union
 
+import torch
 import torch.distributed as dist
 
-from ._autograd import group_timeout
+from ._autograd import gather_ints, group_timeout
 
 
 class EPTopology:
@@ -86,6 +87,14 @@ class EPTopology:
                                  f"got {timeout!r}")
             timeout = datetime.timedelta(seconds=timeout)
         self.timeout = timeout
+        # Every rank must split the group the same way, or the subgroups below never form (each rank
+        # would wait in new_group for peers creating other groups, until the store timeout): one
+        # all-gather of this rank's local_size first, a ValueError on every rank if they disagree.
+        sizes = gather_ints(torch.tensor([local_size]), group, "EPTopology: local_size exchange",
+                            device=self.collective_device())[:, 0].tolist()
+        if any(v != sizes[0] for v in sizes):
+            raise ValueError(f"EPTopology: the ranks of the group disagree on local_size (ranks per node): "
+                             f"per-rank values {sizes}; pass the same local_size (or LOCAL_WORLD_SIZE) on every rank")
 
         def subgroup(members, mine):
             # with the world group every rank creates every subgroup, in the same order;
@@ -102,6 +111,16 @@ class EPTopology:
                  for i in range(G)]
         self.intra_group = intra[self.node]
         self.inter_group = inter[self.local_rank]
+
+    def collective_device(self) -> torch.device:
+        """Where the group's small metadata collectives run: the current CUDA device under NCCL, the
+        current NPU under HCCL (torch_npu), else the CPU (gloo)."""
+        backend = dist.get_backend(self.group)
+        if backend == "nccl" and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if backend == "hccl":  # torch_npu
+            return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
+        return torch.device("cpu")
 
     def node_of(self, ep_rank: int) -> int:
         return ep_rank // self.local_size

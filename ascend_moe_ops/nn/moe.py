@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _library
-from ..balance.aux_loss import capacity_for
+from ..balance.aux_loss import capacity_for, update_expert_bias
 from ..ops import checks as _checks
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.moe_permute import moe_permute
@@ -97,12 +97,25 @@ class GroupedMLP(nn.Module):
         ``fc2[e] [H, F]``."""
         if len(fc1) != self.num_experts or len(fc2) != self.num_experts:
             raise ValueError(f"expected {self.num_experts} fc1 and fc2 weights, got {len(fc1)} and {len(fc2)}")
+        F, H = self.ffn_hidden_size, self.hidden_size
+        for name, ws, shape in (("fc1", fc1, (2 * F, H)), ("fc2", fc2, (H, F))):
+            for e, w in enumerate(ws):
+                _checks.check_tensor(f"{name}[{e}]", w)
+                _checks.check_shape(f"{name}[{e}]", w, shape, f"expert {e}'s nn.Linear weight, [out, in]")
         self.w1().copy_(torch.stack([w.t() for w in fc1]))
         self.w2().copy_(torch.stack([w.t() for w in fc2]))
 
     @classmethod
     def from_expert_weights(cls, fc1: Sequence[Tensor], fc2: Sequence[Tensor], **kwargs) -> "GroupedMLP":
+        """A GroupedMLP holding per-expert ``nn.Linear`` weights ``fc1[e] [2F, H]``, ``fc2[e] [H, F]``
+        (one per expert, at least one; sizes, dtype and device from ``fc1[0]``)."""
+        if len(fc1) == 0:
+            raise ValueError("from_expert_weights needs at least one expert: fc1 and fc2 are empty")
+        _checks.check_tensor("fc1[0]", fc1[0], ndim=2)
         two_f, hidden = fc1[0].shape
+        if two_f % 2:
+            raise ValueError(f"fc1[0] must be [2F, H] (gate and up projections stacked), got an odd first dim "
+                             f"{two_f} in shape {tuple(fc1[0].shape)}")
         m = cls(len(fc1), hidden, two_f // 2, dtype=fc1[0].dtype, device=fc1[0].device, **kwargs)
         m.load_expert_weights(fc1, fc2)
         return m
@@ -224,10 +237,11 @@ class TopKRouter(nn.Module):
         if self.expert_bias is None:
             raise RuntimeError("update_expert_bias needs a router built with expert_bias=True")
         load = self.tokens_per_expert if tokens_per_expert is None else tokens_per_expert
+        _checks.check_tensor("tokens_per_expert", load)
         if load.shape != (self.num_experts,):
             raise ValueError(f"tokens_per_expert must have shape ({self.num_experts},), got {tuple(load.shape)}")
-        load = load.to(self.expert_bias.device, torch.float32)
-        self.expert_bias += rate * torch.sign(load.mean() - load)
+        # the one update rule and its checks (rate finite and >= 0, counts finite and >= 0)
+        update_expert_bias(self.expert_bias, load.to(self.expert_bias.device, torch.float32), rate=rate)
         if tokens_per_expert is None:
             self.tokens_per_expert.zero_()
         return self.expert_bias
@@ -387,6 +401,14 @@ class MoELayer(nn.Module):
     def update_expert_bias(self, rate: float = 1e-3, tokens_per_expert: Optional[Tensor] = None) -> Tensor:
         """See :meth:`TopKRouter.update_expert_bias` (needs ``expert_bias=True``)."""
         return self.router.update_expert_bias(rate, tokens_per_expert)
+
+    def __getstate__(self):
+        # The last call's router scores (``self.scores``, kept for the auxiliary loss) belong to that
+        # call's autograd graph: transient, so a copy (``copy.deepcopy``, e.g. an EMA or "best model"
+        # copy during training, which refuses non-leaf tensors) or a pickle starts without them.
+        state = dict(super().__getstate__())
+        state["scores"] = None
+        return state
 
     def _experts_forward(self, tokens: Tensor, ids: Tensor, probs: Tensor):
         """permute -> experts -> unpermute with the memory options. Returns ``(out, perm)``."""

@@ -36,12 +36,8 @@ def pack_layout(name: str, x: Tensor, cu_seqlens: Optional[Tensor], max_seqlen: 
     if token_dims != 1:
         raise ValueError(f"with cu_seqlens, {name} must be packed [T, ...], got shape "
                          f"{tuple(x.shape)}")
-    checks.check_tensor("cu_seqlens", cu_seqlens)
-    if max_seqlen is None:
-        # one host synchronization; pass max_seqlen to avoid it (and under torch.compile)
-        max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0
-    checks.check_int("max_seqlen", max_seqlen)
-    return cu_seqlens.contiguous(), max_seqlen, None
+    cu, max_seqlen = _packed(cu_seqlens, max_seqlen, ("cu_seqlens", "max_seqlen"), x)
+    return cu, max_seqlen, None
 
 
 # ----------------------------------------------------------------------------- op registration
@@ -205,11 +201,11 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         cu_q, cu_k, max_q, max_k = _varlen(cu_seqlens, max_seqlen, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                            max_seqlen_k)
         names = ("cu_seqlens", "max_seqlen") if cu_seqlens is not None else None
-        cu_q, max_q = _packed(cu_q, max_q, names or ("cu_seqlens_q", "max_seqlen_q"))
+        cu_q, max_q = _packed(cu_q, max_q, names or ("cu_seqlens_q", "max_seqlen_q"), q)
         if cu_seqlens is not None:
             cu_k, max_k = cu_q, max_q
         else:
-            cu_k, max_k = _packed(cu_k, max_k, ("cu_seqlens_k", "max_seqlen_k"))
+            cu_k, max_k = _packed(cu_k, max_k, ("cu_seqlens_k", "max_seqlen_k"), q)
         batch = None
     else:
         if q.dim() != 4:
@@ -242,12 +238,13 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     return (out, lse) if return_lse else out
 
 
-def _packed(cu, max_len, names):
-    """Check one ``cu_seqlens``-like argument (a tensor; its values are checked at the op) and get its
-    max length (one host synchronization when not given)."""
+def _packed(cu, max_len, names, like: Tensor):
+    """Check one ``cu_seqlens``-like argument (a 1-D integer tensor on ``like``'s device; its values are
+    checked at the op) and get its max length (one host synchronization when not given)."""
     name, max_name = names
-    checks.check_tensor(name, cu)
+    checks.check_tensor(name, cu, ndim=1, dtypes=checks.INDEX_DTYPES, device=like.device)
     if max_len is None:
+        # one host synchronization; pass max_seqlen to avoid it (and under torch.compile)
         max_len = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
     checks.check_int(max_name, max_len)
     return cu.contiguous(), max_len
