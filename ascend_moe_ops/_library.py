@@ -20,7 +20,9 @@ name, schema, fake, contract check, autograd formula, public or internal, the ba
 implement it). ``define`` defines the schema in the public namespace and in the namespace of every
 backend that implements the op, and registers there the fake (meta) kernel, which runs the metadata
 part of the op's contract check first, and the autograd formula, whose backward calls the ops of
-the same namespace (so each backend is opcheck-able and differentiable on its own). Native code
+the same namespace (so each backend is opcheck-able and differentiable on its own); an op without a
+formula (a backward op) gets :func:`no_double_backward`, so its gradient (a second derivative) is
+exact on the reference and raises elsewhere instead of being silently zero. Native code
 never defines a schema; it only adds implementations. A Python backend's kernel of an op is
 ``<Backend.python_package>.<op module>.<op name>`` (``reference/moe_permute.py::moe_permute``),
 registered by :func:`python_kernel` after the op's full contract check. The listings
@@ -89,6 +91,9 @@ class Backend:
     keys: Tuple[str, ...] = ("CPU", "CUDA")
     default_on: Tuple[str, ...] = ()
     needs: str = ""  # what it needs, for the message when it cannot run on a device
+    #: its kernels are PyTorch ops that autograd records through when called with grad enabled, so
+    #: the gradient of its backward ops (a second derivative) is exact (:func:`no_double_backward`)
+    autograd_through_kernels: bool = False
 
     def usable_on(self, device_type: str) -> Tuple[bool, str]:
         """Whether this backend can run on ``device_type`` at all (independent of what is built)."""
@@ -139,7 +144,7 @@ TRITON = Backend("triton", "ascend_moe_ops_triton", devices=("cuda",), python_pa
 ASCENDC_EMU = Backend("ascendc-emu", "ascend_moe_ops_emu", devices=("cpu",), extension="ascend_moe_ops._ascendc_emu",
                       keys=("CPU",))
 REFERENCE = Backend("reference", "ascend_moe_ops_ref", python_package="ascend_moe_ops.reference",
-                    default_on=("cpu", "cuda"))
+                    default_on=("cpu", "cuda"), autograd_through_kernels=True)
 
 #: every backend, by name, in order of preference
 BACKENDS: Dict[str, Backend] = {b.name: b for b in (NATIVE, TRITON, ASCENDC_EMU, REFERENCE)}
@@ -167,7 +172,10 @@ class OpSpec:
     ``fake(*args)``: the outputs' metadata (after ``check_meta``). ``check(*args)``: the full
     contract check (metadata and values) the Python kernels run; ``check_meta``: its metadata part
     (default: ``check``). ``backward(ops, ctx, *grads)`` with ``setup_context``: the autograd
-    formula; ``ops(name)`` gives the op of the namespace being differentiated. ``empty(*args)``: the
+    formula; ``ops(name)`` gives the op of the namespace being differentiated; an op without one
+    (the backward ops: ``backward_of`` names the op whose backward it is) gets
+    :func:`no_double_backward` instead, so a second derivative is exact or raises, never silently
+    zero. ``empty(*args)``: the
     outputs of a valid empty call, or ``None`` (the C++ kernels do the same after their check).
     ``public``: listed and exported (else an internal op of the adapters). ``backends``: the
     backends that implement it (``None``: every one). ``composite``: backend name -> ``factory(ns)``
@@ -187,6 +195,7 @@ class OpSpec:
     public: bool = True
     backends: Optional[Tuple[str, ...]] = None
     composite: Mapping[str, Callable] = dataclasses.field(default_factory=dict)
+    backward_of: Optional[str] = None
     module: str = ""
 
     def implemented_by(self, backend_name: str) -> bool:
@@ -263,6 +272,8 @@ def define(op_spec: OpSpec, module: Optional[str] = None) -> OpSpec:
         LIBS[ns].define(name + op_spec.schema)
         torch.library.register_fake(f"{ns}::{name}", fake_kernel, lib=LIBS[ns])
         if op_spec.backward is None:
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::{name}", "Autograd"):
+                LIBS[ns].impl(name, no_double_backward(op_spec, ns), "Autograd", with_keyset=True)
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(f"{ns}::{name}", "Autograd"):
             if ns == NAMESPACE:
@@ -271,6 +282,73 @@ def define(op_spec: OpSpec, module: Optional[str] = None) -> OpSpec:
         bwd = functools.partial(op_spec.backward, ops_of(ns))
         torch.library.register_autograd(f"{ns}::{name}", bwd, setup_context=op_spec.setup_context, lib=LIBS[ns])
     return op_spec
+
+
+def double_backward_message(op_spec: OpSpec, backend_name: str) -> str:
+    """The error of a second derivative through ``op_spec`` (an op without an autograd formula) on a
+    backend whose kernel autograd cannot record through."""
+    what = f"{op_spec.name} (the backward of {op_spec.backward_of})" if op_spec.backward_of else op_spec.name
+    works = [b.name for b in BACKENDS.values() if b.autograd_through_kernels and op_spec.implemented_by(b.name)]
+    ops = "" if op_spec.public else f", ops={[o for o in (op_spec.backward_of, op_spec.name) if o]!r}"
+    hint = (f"The {' and '.join(works)} backend computes it (ascend_moe_ops.use_backend({works[0]!r}{ops}), "
+            f"or torch.ops.{BACKENDS[works[0]].namespace}.{op_spec.name})") if works else ""
+    return (f"{what}: double backward (a gradient of the gradient) is not supported on the "
+            f"{backend_name} backend; first-order gradients (create_graph=True included) are not "
+            f"affected. {hint}".rstrip() + ".")
+
+
+def _kernel_backend(ns: str, name: str, args) -> str:
+    """The backend whose kernel a call of ``<ns>::<name>`` with ``args`` runs: the namespace's own,
+    or for the public namespace the one bound to the device of the first tensor argument (looked up
+    at call time, when ``_backends`` is imported: ``use_backend`` changes it)."""
+    for b in BACKENDS.values():
+        if b.namespace == ns:
+            return b.name
+    dev = next((a.device for a in args if isinstance(a, torch.Tensor)), "cpu")
+    return importlib.import_module(__package__ + "._backends").active_backend(name, dev)
+
+
+def no_double_backward(op_spec: OpSpec, ns: str) -> Callable:
+    """The ``Autograd`` kernel of an op without a formula (a backward op: ``moe_unpermute_backward``,
+    ``flash_attention_bwd``, ...) in namespace ``ns``, called with its dispatch key set.
+
+    Grad mode off or no tensor argument requiring grad (every first-order backward without
+    ``create_graph``): the kernel below autograd, nothing recorded. Otherwise, where the kernel that
+    runs is made of PyTorch ops autograd records through (:attr:`Backend.autograd_through_kernels`:
+    the reference), it runs at this level and the second derivative is exact; on any other backend
+    the outputs get a node whose backward raises ``NotImplementedError``
+    (:func:`double_backward_message`) instead of torch's fallback, which warned once and gave zeros.
+    """
+    overload = op(op_spec.name, ns)
+    after_autograd = torch._C._after_autograd_keyset
+
+    def below_autograd(keyset, args):
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(keyset & after_autograd, *args)
+
+    class NoDoubleBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, keyset, backend_name, *args):
+            ctx.backend_name = backend_name
+            return below_autograd(keyset, args)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            raise NotImplementedError(double_backward_message(op_spec, ctx.backend_name))
+
+    NoDoubleBackward.__name__ = f"{op_spec.name}_no_double_backward"
+
+    def kernel(keyset, *args):
+        if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
+            return below_autograd(keyset, args)
+        backend_name = _kernel_backend(ns, op_spec.name, args)
+        rec = BACKENDS.get(backend_name)
+        if rec is not None and rec.autograd_through_kernels:
+            return overload.redispatch(keyset & after_autograd, *args)  # recorded op by op
+        return NoDoubleBackward.apply(keyset, backend_name, *args)
+
+    kernel.__name__ = f"{op_spec.name}_autograd"
+    return kernel
 
 
 def op(name: str, ns: str = NAMESPACE):

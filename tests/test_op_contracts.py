@@ -696,3 +696,122 @@ def test_no_kernel_is_reachable_without_its_check():
     C = _cpp_checks()
     assert [n for n in dir(C) if not n.startswith("_")] == []
     assert {f"_check_{op}" for op in VALID} <= set(dir(C))
+
+
+# ----------------------------------------------------------------------------------- second derivatives
+# The backward ops (moe_unpermute_backward, flash_attention_bwd, mla_attention_bwd, swiglu_probs_backward)
+# have no formula of their own: a gradient of the gradient is exact on the reference (autograd records
+# through its PyTorch kernels) and raises, naming the op and the backend, on the others (it used to be
+# torch's fallback: a one-time warning and zeros). First-order gradients, create_graph=True included,
+# are unchanged.
+def _double_cases(dtype):
+    """op -> (forward op, backward op, leaves, f(*leaves) -> output through the public function,
+    PyTorch's own f for the oracle)."""
+    from ascend_moe_ops import testing
+    from ascend_moe_ops.ops import swiglu_probs as sp
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    rm = torch.tensor([[0, 3], [2, -1], [1, 4]], dtype=torch.int32)
+    keep = (rm >= 0).unsqueeze(-1)
+
+    def unpermute_torch(y, p=None):
+        w = keep * (1 if p is None else p.unsqueeze(-1))
+        return (y[rm.long().clamp(min=0)] * w).sum(1)
+
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    H, Dn, Dr, Dv, Dc, scale = 2, 4, 2, 4, 6, 0.4
+    return {
+        "moe_unpermute": ("moe_unpermute", "moe_unpermute_backward", (r(5, 3),),
+                          lambda y: amo.moe_unpermute(y, rm), unpermute_torch),
+        "moe_unpermute/probs": ("moe_unpermute", "moe_unpermute_backward", (r(5, 3), r(3, 2)),
+                                lambda y, p: amo.moe_unpermute(y, rm, p), unpermute_torch),
+        "flash_attention": ("flash_attention_fwd", "flash_attention_bwd", (r(7, 2, 4), r(7, 2, 4), r(7, 2, 4)),
+                            lambda q, k, v: amo.flash_attention(q, k, v, causal=True, softmax_scale=scale,
+                                                                cu_seqlens=cu, max_seqlen=4),
+                            lambda q, k, v: testing.torch_attention(q, k, v, cu, causal=True, softmax_scale=scale)[0]),
+        "mla_attention": ("mla_attention_fwd", "mla_attention_bwd",
+                          (r(7, H, Dn + Dr), r(7, Dc), r(7, Dr), r(H * (Dn + Dv), Dc)),
+                          lambda q, c, kp, w: amo.mla_attention(q, c, kp, w, num_heads=H, qk_nope_dim=Dn, v_dim=Dv,
+                                                                softmax_scale=scale, causal=True, cu_seqlens=cu,
+                                                                max_seqlen=4),
+                          lambda q, c, kp, w: testing.torch_mla_attention(q, c, kp, w, cu, num_heads=H, qk_nope_dim=Dn,
+                                                                          v_dim=Dv, causal=True, softmax_scale=scale)[0]),
+        "swiglu_probs": ("swiglu_probs", "swiglu_probs_backward", (r(5, 6), torch.rand(5, generator=g).to(dtype)),
+                         sp.swiglu_probs,
+                         lambda x, p: torch.nn.functional.silu(x[:, :3]) * x[:, 3:] * p[:, None]),
+    }
+
+
+DOUBLE = sorted(_double_cases(torch.float64))
+
+
+def _first_and_second(f, leaves, create_graph=True, second=True):
+    """Gradients of a fixed weighting of ``f``'s output squared, then (``second``) of a weighting of
+    those."""
+    leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    out = f(*leaves)
+    wt = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view(out.shape)
+    grads = torch.autograd.grad((out.pow(2) * wt).sum(), leaves, create_graph=create_graph)
+    if not second:
+        return grads, None
+    total = sum((gr * torch.linspace(1, 2, gr.numel(), dtype=gr.dtype).view(gr.shape)).sum() for gr in grads)
+    return grads, torch.autograd.grad(total, leaves, allow_unused=True)
+
+
+def _double_backends(case):
+    fwd, bwd = _double_cases(torch.float64)[case][:2]
+    return [pytest.param(case, b, id=f"{case}-{b}") for b in backends(fwd)]
+
+
+def _use(backend, fwd, bwd):
+    from ascend_moe_ops import _library
+    return amo.use_backend(backend, ops=None if _library.spec(fwd).public else [fwd, bwd])
+
+
+@pytest.mark.parametrize("case,backend", [p for c in DOUBLE for p in _double_backends(c)
+                                          if p.values[1] != "reference"])
+def test_double_backward_raises_naming_the_op_and_backend(case, backend):
+    dtype = torch.float16 if "attention" in case else torch.float32  # the Ascend attention kernels: fp16/bf16
+    fwd, bwd, leaves, f, _ = _double_cases(dtype)[case]
+    with _use(backend, fwd, bwd):
+        plain, _ = _first_and_second(f, leaves, create_graph=False, second=False)
+        with pytest.raises(NotImplementedError, match=rf"^{bwd} \(the backward of {fwd}\): double backward .* "
+                                                        rf"not supported on the {re.escape(backend)} backend.*reference"):
+            graph, _ = _first_and_second(f, leaves)
+        graph, _ = _first_and_second(f, leaves, second=False)  # create_graph=True, never differentiated
+    for a, b in zip(plain, graph):
+        assert torch.equal(a, b.detach()), case
+
+
+@pytest.mark.parametrize("case", DOUBLE)
+def test_reference_double_backward_is_exact(case):
+    """The reference's second derivative vs PyTorch's autograd of the same function, fp64; first-order
+    gradients with create_graph=True equal the plain ones."""
+    from ascend_moe_ops.testing import assert_close_to_ref
+    fwd, bwd, leaves, f, f_torch = _double_cases(torch.float64)[case]
+    with _use("reference", fwd, bwd):
+        plain, _ = _first_and_second(f, leaves, create_graph=False, second=False)
+        grads, second = _first_and_second(f, leaves)
+    want_grads, want_second = _first_and_second(f_torch, leaves)
+    for a, b, w in zip(plain, grads, want_grads):
+        assert torch.equal(a, b.detach())
+        assert_close_to_ref(b.detach(), w, name=f"{case} gradient")
+    for i, (s, w) in enumerate(zip(second, want_second)):
+        w = torch.zeros_like(leaves[i]) if w is None else w
+        assert_close_to_ref(torch.zeros_like(w) if s is None else s, w, name=f"{case} second derivative {i}")
+
+
+@pytest.mark.parametrize("backend", backends("moe_unpermute"))
+def test_double_backward_of_a_backend_namespace(backend):
+    """torch.ops.<backend namespace> directly (no use_backend): the same rule."""
+    y = torch.randn(3, 2, requires_grad=True)
+    rm = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
+    (g,) = torch.autograd.grad(ops_of(backend)("moe_unpermute")(y, rm, None).pow(2).sum(), y, create_graph=True)
+    if backend == "reference":
+        assert torch.equal(torch.autograd.grad(g.sum(), y)[0], torch.tensor([[4.0, 4], [4, 4], [2, 2]]))
+    else:
+        with pytest.raises(NotImplementedError, match=f"moe_unpermute_backward .* on the {backend} backend"):
+            torch.autograd.grad(g.sum(), y)

@@ -104,6 +104,13 @@ class _Probe:
     def python_frames(self):
         return [f for f in self.frames if not f.endswith("OpOverload.__call__")]
 
+    def beyond_guard(self):
+        """The Python frames besides the backward ops' double-backward guard
+        (``_library.no_double_backward``: a Python ``Autograd`` kernel that, with grad mode off or
+        no input requiring grad, only redispatches below autograd)."""
+        return [f for f in self.python_frames()
+                if "no_double_backward.<locals>" not in f and not f.endswith("OpOverload.redispatch")]
+
 
 def _backward_in_cxx(probe, outputs, inputs):
     """``torch.autograd.grad(outputs, inputs, ones)`` through the C++ engine entry directly, under
@@ -120,7 +127,10 @@ def _backward_in_cxx(probe, outputs, inputs):
 def test_no_python_between_dispatcher_and_kernel(name, requires_grad):
     """One call of each public op on cpu (grad mode on, inputs requiring grad or not) enters no
     Python function besides torch's ``OpOverload.__call__``; nor does the backward of the ops with a
-    formula."""
+    formula. The one exception: the backward ops (no formula of their own: moe_unpermute_backward,
+    the *_bwd ops) have a Python double-backward guard at the Autograd key, which raises on a
+    gradient of the gradient instead of torch's silent zeros; in a first-order backward it only
+    redispatches below autograd."""
     args = _cases()[name]
     if requires_grad:
         if name not in DIFFERENTIABLE:
@@ -133,14 +143,25 @@ def test_no_python_between_dispatcher_and_kernel(name, requires_grad):
     probe = _Probe()
     out = probe.run(op, *args)
     assert probe.frames, "the probe saw no frame at all (OpOverload.__call__ expected): it cannot fail"
-    assert probe.python_frames() == [], f"{name}: Python ran inside the op call: {probe.python_frames()}"
+    if requires_grad and name not in DIFFERENTIABLE:
+        # recording a gradient of a gradient: the guard's Python (it adds the raising node or, on the
+        # reference, runs the kernel at the autograd level)
+        assert probe.python_frames()[0].endswith("no_double_backward.<locals>.kernel"), probe.python_frames()
+        return
+    assert probe.beyond_guard() == [], f"{name}: Python ran inside the op call: {probe.python_frames()}"
+    if name in DIFFERENTIABLE:
+        assert probe.python_frames() == [], f"{name}: Python ran inside the op call: {probe.python_frames()}"
     if requires_grad and name in DIFFERENTIABLE:
         outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
         assert outs, f"{name}: no output requires grad"
+        warm = op(*args)  # warm up the backward too (first-call lookups)
+        _backward_in_cxx(_Probe(), [o for o in (warm if isinstance(warm, (tuple, list)) else (warm,))
+                                    if o.requires_grad], _leaves(args))
         probe = _Probe()
         grads = _backward_in_cxx(probe, outs, _leaves(args))
         assert all(g is not None for g in grads)
-        assert probe.frames == [], f"{name}: Python ran in the backward: {probe.frames}"
+        assert probe.beyond_guard() == [] and all(not f.endswith("OpOverload.__call__") for f in probe.frames), \
+            f"{name}: Python ran in the backward: {probe.frames}"
 
 
 def test_probe_sees_the_python_formula():
@@ -183,7 +204,8 @@ def _dispatch_line(qualname, key, table=False):
 def test_public_autograd_is_registered_from_cxx_for_every_backend_key():
     """The public ops with a formula have exactly one Autograd kernel, from C++ (so AutogradCPU,
     AutogradCUDA and AutogradPrivateUse1 all resolve to it: CUDA/triton and the NPU kernels get the
-    same autograd); the backend namespaces keep the Python formula; ops without a formula get none."""
+    same autograd); the backend namespaces keep the Python formula; ops without a formula get the
+    Python double-backward guard (``_library.no_double_backward``) in every namespace."""
     assert _library.NATIVE_AUTOGRAD == frozenset(DIFFERENTIABLE)
     for name in sorted(_library.SCHEMAS):
         qual = f"{PUBLIC}::{name}"
@@ -195,7 +217,9 @@ def test_public_autograd_is_registered_from_cxx_for_every_backend_key():
             native = _dispatch_line(f"{NATIVE}::{name}", "Autograd")
             assert ".py:" in native, native
         else:
-            assert not torch._C._dispatch_has_kernel_for_dispatch_key(qual, "Autograd"), name
+            for ns in (PUBLIC, NATIVE):
+                line = _dispatch_line(f"{ns}::{name}", "Autograd")
+                assert "_library.py" in line and "autograd.cpp" not in line, line
 
 
 def test_meta_tensors_get_the_cxx_autograd():
@@ -288,8 +312,9 @@ def test_double_backward_matches_the_python_formula(name):
 
 
 def test_double_backward_without_a_formula_behaves_as_before():
-    """moe_unpermute's backward op has no formula: differentiating the gradient again goes to
-    torch's autograd fallback on the public and native namespaces alike (same outcome)."""
+    """moe_unpermute's backward op has no formula: differentiating the gradient again raises the
+    double-backward guard's error on the public and native namespaces alike (same outcome; it was
+    torch's autograd fallback: a warning and zeros)."""
     name = "moe_unpermute"
     outcomes = []
     for ns in (PUBLIC, NATIVE):
@@ -303,6 +328,7 @@ def test_double_backward_without_a_formula_behaves_as_before():
             except RuntimeError as exc:
                 outcomes.append(("error", str(exc).replace(ns, "<ns>")[:80]))
     assert outcomes[0] == outcomes[1], outcomes
+    assert outcomes[0][0] == "error" and "double backward" in outcomes[0][1], outcomes
 
 
 def test_no_grad_and_inference_mode_skip_the_autograd_node():

@@ -109,7 +109,7 @@ _library.define(_library.OpSpec(
          "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal, "
          "float softmax_scale) -> (Tensor, Tensor, Tensor, Tensor)",
     fake=_fake_bwd, check_meta=_contracts.flash_attention_bwd_meta, check=_contracts.flash_attention_bwd,
-    empty=_empty_bwd), __name__)
+    empty=_empty_bwd, backward_of=OP), __name__)
 
 
 LSE_LAYOUTS = ("hs", "sh")

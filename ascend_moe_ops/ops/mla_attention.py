@@ -170,7 +170,8 @@ _library.define(_library.OpSpec(
          "Tensor kv, Tensor cu_seqlens, int max_seqlen, int num_heads, int qk_nope_dim, int v_dim, "
          "float softmax_scale, bool causal) -> (Tensor, Tensor, Tensor, Tensor)",
     fake=_fake_bwd, check_meta=_contracts.mla_attention_bwd_meta, check=_contracts.mla_attention_bwd,
-    empty=_empty_bwd, composite={_library.ASCENDC_EMU.name: lambda ns: ascend_kernels(ns)[1]}), __name__)
+    empty=_empty_bwd, composite={_library.ASCENDC_EMU.name: lambda ns: ascend_kernels(ns)[1]},
+    backward_of=OP), __name__)
 
 
 def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num_heads: int,

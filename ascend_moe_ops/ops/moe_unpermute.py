@@ -54,7 +54,7 @@ _library.define(_library.OpSpec(
     # backward of moe_unpermute: (grad_permuted [N,H], grad_probs [T,K] (shape [0] without probs))
     BWD, "(Tensor grad_out, Tensor permuted, Tensor row_id_map, Tensor? probs) -> (Tensor, Tensor)",
     fake=_fake_bwd, check_meta=_contracts.moe_unpermute_backward_meta,
-    check=_contracts.moe_unpermute_backward), __name__)
+    check=_contracts.moe_unpermute_backward, backward_of=OP), __name__)
 
 
 def moe_unpermute(permuted: Tensor, row_id_map: Tensor, probs: Optional[Tensor] = None) -> Tensor:

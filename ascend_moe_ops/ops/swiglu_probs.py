@@ -75,7 +75,7 @@ _library.define(_library.OpSpec(
 _library.define(_library.OpSpec(
     # -> (grad_x [N,2F] in x's dtype, grad_probs [N] in probs' dtype)
     BWD, "(Tensor grad_out, Tensor x, Tensor probs) -> (Tensor, Tensor)", fake=_fake_bwd,
-    check=_check_bwd, public=False, backends=BACKENDS), __name__)
+    check=_check_bwd, public=False, backends=BACKENDS, backward_of=OP), __name__)
 
 
 def namespace_for(t: Tensor) -> str:
