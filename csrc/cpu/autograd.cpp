@@ -9,8 +9,9 @@
 // before the op modules register their formulas, and register_op then leaves the public namespace's
 // Python formula out); the backend namespaces keep the Python formulas (each backend differentiable
 // on its own). The internal ops' home is ascend_moe_ops_native. Ops without a formula (the *_bwd ops,
-// moe_unpermute_backward) get none: differentiating them hits torch's "autograd not implemented"
-// fallback.
+// moe_unpermute_backward, swiglu_probs_backward) get no C++ kernel: _library.py registers one Python
+// guard for them in every namespace (exact second derivatives on the reference, a NotImplementedError
+// naming the op and backend elsewhere; until 2026-12-07 torch's fallback gave zeros).
 #include <torch/library.h>
 
 #include "common/op_registry.h"
