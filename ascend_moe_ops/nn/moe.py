@@ -238,9 +238,8 @@ class TopKRouter(nn.Module):
             raise RuntimeError("update_expert_bias needs a router built with expert_bias=True")
         load = self.tokens_per_expert if tokens_per_expert is None else tokens_per_expert
         _checks.check_tensor("tokens_per_expert", load)
-        if load.shape != (self.num_experts,):
-            raise ValueError(f"tokens_per_expert must have shape ({self.num_experts},), got {tuple(load.shape)}")
-        # the one update rule and its checks (rate finite and >= 0, counts finite and >= 0)
+        # the one update rule and its checks (one count per expert, rate finite and >= 0, counts
+        # finite and >= 0)
         update_expert_bias(self.expert_bias, load.to(self.expert_bias.device, torch.float32), rate=rate)
         if tokens_per_expert is None:
             self.tokens_per_expert.zero_()
