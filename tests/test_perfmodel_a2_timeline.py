@@ -109,6 +109,31 @@ def test_single_buffering_costs_the_sum_of_its_stages(driver):
             tl.simulate(launch(driver, "pipe_single"), table).predicted_s
 
 
+def test_pipe_floor_is_the_busiest_pipe_and_bounds_every_schedule(driver):
+    """The ceiling: launch latency + the busiest pipe's least work. Single buffering takes the sum of
+    its stages, but its busiest pipe (the load) is the max: the ceiling says buffering alone could
+    win sum / max; double buffering already sits on it; a Mmad chain is its Cube time."""
+    t = A2.scaled(NO_LATENCY)
+    load, vec, store = _stages(t)
+    single = tl.simulate(launch(driver, "pipe_single"), t)
+    assert single.floor_s - t["launch_latency_s"] == pytest.approx(64 * load, rel=0.02)
+    assert single.busiest_pipe.startswith("MTE2 of AIV block")
+    assert single.pct_ceiling == pytest.approx(single.pct_roofline * single.predicted_s / single.floor_s)
+    # what buffering alone could win: the sum of the stages over their max
+    assert makespan(single, t) / (single.floor_s - t["launch_latency_s"]) == \
+        pytest.approx((load + vec + store) / load, rel=0.03)
+    double = tl.simulate(launch(driver, "pipe_double"), t)
+    assert double.floor_s == pytest.approx(double.predicted_s, rel=0.05)
+    chain = tl.simulate(launch(driver, "mmad_chain"))
+    assert chain.busiest_pipe.startswith("M of AIC block")
+    assert chain.floor_s - A2["launch_latency_s"] == pytest.approx(chain.flops / tl.peak_flops(A2), rel=0.08)
+    for case in ("copy", "mmad_chain", "pipe_double", "pipe_single"):
+        for table in (A2, t, A2.scaled({"gm_bandwidth": 0.3, "l2_read_bytes_per_cycle": 0.5})):
+            m = tl.simulate(launch(driver, case), table)
+            assert 0 < m.floor_s <= m.predicted_s * (1 + 1e-12), (case, m.floor_s, m.predicted_s)
+            assert m.pct_roofline <= m.pct_ceiling <= 100
+
+
 def test_a_repeat_form_vector_instruction_costs_its_iterations_not_its_span(driver):
     """The vector unit runs a repeat-form instruction as repeatTimes iterations of 256 B (API reference,
     repeatTimes), whatever its strides and mask: two 64-column halves of a 64 x 128 fp32 tile cost what
@@ -224,6 +249,8 @@ def test_grouped_gemm_and_flash_attention_record_and_schedule():
     assert gemm.flops == 2 * 96 * K * N  # the useful FLOPs of the recorded Mmads
     mix = [m for m, l in zip(models, launches) if l["kind"] == "mix"]
     assert mix and all(m.predicted_s > 0 for m in mix)
+    for m in models:  # no schedule beats its busiest pipe
+        assert 0 < m.floor_s <= m.predicted_s and m.pct_roofline <= m.pct_ceiling <= 100, m.summary()
     # the fused attention kernels hand tiles between AIC and AIV with cross-core flags
     recs = [r for l in launches if l["kind"] == "mix" for c in l["cores"] for r in c["recs"]]
     assert any(r[0] == tl.SET for r in recs) and any(r[0] == tl.WAIT for r in recs)
@@ -242,6 +269,7 @@ def test_a2_bench_case_roofline_and_sensitivity():
     m = ab.model_case(case, launches, A2)
     assert m.regime == "HBM bandwidth" and m.kernels == ["amo_moe_permute"]
     assert m.pct_roofline == pytest.approx(100 * nbytes / A2["gm_bandwidth"] / m.predicted_s)
+    assert m.pct_roofline <= m.pct_ceiling <= 100 and m.busiest_pipe and m.to_json()["pct_ceiling"] == m.pct_ceiling
     assert "MODEL" in ab.format_table([m]) and "A2 (model) us" in ab.format_table([m])
     rows = ab.sensitivity([(case, launches, m)], A2, keys=["gm_bandwidth", "launch_latency_s"])
     assert [(k, f) for k, f, _ in rows] == [("gm_bandwidth", 0.7), ("gm_bandwidth", 1.3),

@@ -209,7 +209,7 @@ def _a2_model(preset: str):
     models = [m for _, _, m in res]
     print("\n" + a2_bench.format_table(models, f"A2 (model): AscendC kernels at preset {preset}"))
     return {"label": "A2 (model), table a2 v" + (models[0].table_version if models else "?"),
-            "models": [dict(vars(m)) for m in models]}
+            "models": [m.to_json() for m in models]}
 
 
 def main(argv=None) -> int:

@@ -83,6 +83,18 @@ class OpModel:
     l2_hit_bytes: int = 0     # GM reads served by L2, all launches
     #: the causes along the critical path of every launch, summed (seconds; add up to predicted_s)
     critical_path: Dict[str, float] = dataclasses.field(default_factory=dict)
+    #: the launches' pipe floors summed (a2_timeline.pipe_floor) and the busiest pipe of the longest launch
+    floor_s: float = 0.0
+    busiest_pipe: str = ""
+
+    @property
+    def pct_ceiling(self) -> float:
+        """% of the roofline reachable at most without giving the busiest pipe less work (model)."""
+        return 100.0 * self.roofline_s / max(self.floor_s, self.roofline_s) if self.floor_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        """The fields and the derived ceiling, for the JSON files."""
+        return dict(dataclasses.asdict(self), pct_ceiling=self.pct_ceiling)
 
     @property
     def meets_target(self) -> bool:
@@ -210,7 +222,8 @@ def model_case(c: Case, launches: List[dict], table: HardwareTable, trace_dir: O
     return OpModel(c.op, c.case, pred, roof, 100.0 * roof / pred if pred else 0.0, regime, main.bound, len(ms),
                    sum(m.records for m in ms), c.flops, c.nbytes, c.formula, table.version,
                    sorted({m.kernel for m in ms}), dict(main.busy), sum(m.hbm_bytes for m in ms),
-                   sum(m.l2_hit_bytes for m in ms), _sum_paths(ms))
+                   sum(m.l2_hit_bytes for m in ms), _sum_paths(ms), sum(m.floor_s for m in ms),
+                   main.busiest_pipe)
 
 
 def _sum_paths(ms) -> Dict[str, float]:
@@ -245,7 +258,8 @@ def run(preset: str, table=None, ops: Optional[List[str]] = None, trace_dir: Opt
         t1 = time.monotonic()
         m = model_case(c, launches, t, trace_dir)
         log(f"  {c.op} | {c.case}: {m.predicted_s * 1e6:.1f} us (model), {m.pct_roofline:.0f} % of the "
-            f"{m.regime} roofline, bound {m.bound}; {m.records} records, recorded in {t1 - t0:.1f} s, "
+            f"{m.regime} roofline (ceiling {m.pct_ceiling:.0f} %: {m.busiest_pipe}), bound {m.bound}; "
+            f"{m.records} records, recorded in {t1 - t0:.1f} s, "
             f"scheduled in {time.monotonic() - t1:.1f} s")
         out.append((c, launches, m))
     return out
@@ -257,9 +271,10 @@ def format_busy(busy: Dict[str, float]) -> str:
 
 
 def format_table(models: List[OpModel], title: str = "") -> str:
-    cols = ["op", "case", "A2 (model) us", "% roofline (model)", "roofline regime", "bound (model)", "launches",
-            "busy % per pipe (model)", "HBM / L2-hit MB (model)"]
-    lines = [[m.op, m.case, f"{m.predicted_s * 1e6:.1f}", f"{m.pct_roofline:.0f}%", m.regime, m.bound,
+    cols = ["op", "case", "A2 (model) us", "% roofline (model)", "ceiling (model): busiest pipe", "roofline regime",
+            "bound (model)", "launches", "busy % per pipe (model)", "HBM / L2-hit MB (model)"]
+    lines = [[m.op, m.case, f"{m.predicted_s * 1e6:.1f}", f"{m.pct_roofline:.0f}%",
+              f"{m.pct_ceiling:.0f}%: {m.busiest_pipe}", m.regime, m.bound,
               str(m.launches), format_busy(m.busy), f"{m.hbm_bytes / 1e6:.0f} / {m.l2_hit_bytes / 1e6:.0f}"]
              for m in models]
     w = [max(len(str(x)) for x in col) for col in zip(cols, *lines)]
@@ -333,7 +348,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"label": table.label, "preset": a.preset,
-                       "models": [dataclasses.asdict(m) for m in models],
+                       "models": [m.to_json() for m in models],
                        "sensitivity": [dict(param=k, factor=fa, flips=fl) for k, fa, fl in (sens or [])]},
                       f, indent=1)
     return 0

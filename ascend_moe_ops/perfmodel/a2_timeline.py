@@ -35,8 +35,11 @@ schedules all cores of a launch together:
 Per launch it returns a :class:`LaunchModel`: predicted time (the schedule's makespan, at least the
 launch's HBM bytes -- the dirty L2 lines at its end included -- over the HBM bandwidth, plus the launch
 latency), each pipe's busy fraction, the bounding resource, the roofline time for the work recorded
-(max of FLOPs / Cube peak and GM bytes / HBM bandwidth) and its percentage, the table version; and on
-request a Chrome / Perfetto trace (``chrome://tracing``, ui.perfetto.dev).
+(max of FLOPs / Cube peak and GM bytes / HBM bandwidth) and its percentage, the **pipe floor** (the
+busiest pipe of any core: the sum of its instructions' least durations, a DMA's with the L2 hits and
+misses of the schedule, plus the launch latency; no schedule of the same instructions is faster, so roofline / floor is the ceiling that buffering and
+synchronisation alone can reach), the table version; and on request a Chrome / Perfetto trace
+(``chrome://tracing``, ui.perfetto.dev).
 
 Not modelled: the L2's partitions and set associativity (one fully associative LRU), write-backs of
 dirty lines in the next launches (they are charged to the launch that wrote them), bank conflicts, pipe queue depths (dispatch never stalls on a full queue), the data cache, GM address
@@ -56,7 +59,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 from .hardware import HardwareTable, load_table
 
 __all__ = ["PIPES", "LaunchModel", "recording", "record", "simulate", "model_launches", "chrome_trace",
-           "roofline_seconds", "peak_flops"]
+           "roofline_seconds", "peak_flops", "pipe_floor"]
 
 PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX")
 S, V, M, MTE1, MTE2, MTE3, FIX = range(7)
@@ -153,6 +156,16 @@ class LaunchModel:
     #: where the time of the critical path goes (seconds per cause, summing to predicted_s): see
     #: :func:`critical_path`
     critical_path: Dict[str, float] = dataclasses.field(default_factory=dict)
+    #: the pipe floor (see :func:`pipe_floor`): launch latency + the busiest pipe's own work, and which
+    #: pipe of which core that is; no schedule of this instruction stream is faster (model)
+    floor_s: float = 0.0
+    busiest_pipe: str = ""
+
+    @property
+    def pct_ceiling(self) -> float:
+        """The % of the roofline this launch could reach at most by reordering, buffering or
+        synchronising its instructions differently: roofline / pipe floor, at most 100 (a MODEL)."""
+        return 100.0 * self.roofline_s / max(self.floor_s, self.roofline_s) if self.floor_s > 0 else 0.0
 
     @property
     def label(self) -> str:
@@ -160,7 +173,8 @@ class LaunchModel:
 
     def summary(self) -> str:
         return (f"{self.kernel}: {self.predicted_s * 1e6:.1f} us (model), bound {self.bound}, "
-                f"{self.pct_roofline:.0f} % of roofline, table v{self.table_version}")
+                f"{self.pct_roofline:.0f} % of roofline (ceiling {self.pct_ceiling:.0f} %: {self.busiest_pipe}), "
+                f"table v{self.table_version}")
 
 
 class L2Cache:
@@ -354,6 +368,7 @@ class _Sim:
         self.lat_after = [0.0] * (WAIT + 1)  # per record kind
         self.lat_after[MTE1] = t["mte1_latency_cycles"] * self.cyc
         self.issue_dt = t["issue_cycles"] * self.cyc
+        self.dma_min: Dict[tuple, float] = {}  # (core, rec) -> a DMA's least transfer time (pipe_floor)
         self.events: list = []   # (time, counter, core, rec, phase): 0 the DMA starts (L2 lookup), 1 it ends
         self.counter = 0
         self.flow_of: Dict[int, tuple] = {}
@@ -386,6 +401,12 @@ class _Sim:
         else:
             cyc = 0.0
         return cyc * self.cyc
+
+    def min_busy(self, ci: int, i: int) -> float:
+        """The least time record i of core ci could hold its pipe: its fixed cost, and for a DMA its
+        transfer with the L2 hits and misses it had in this schedule, alone on the HBM (its bytes
+        through the L2 port, its misses and write-backs at its pipe's rate)."""
+        return self.fixed(self.cores[ci].recs[i]) + self.dma_min.get((ci, i), 0.0)
 
     def deps_ready(self, c: _Core, i: int) -> Optional[float]:
         """Latest predecessor end (+ flag latency) or None while one is unknown."""
@@ -525,6 +546,8 @@ class _Sim:
                             l2_end = self.now + (hit + miss) / self.l2_rate
                         else:
                             l2_end = self.now + wr / min(self.caps[r[0]], self.l2_wrate)
+                        # its least transfer time with these hits and misses (no other flow on HBM)
+                        self.dma_min[(ci, i)] = max(l2_end - self.now, nb / self.caps[r[0]])
                         if nb > 0:
                             fid += 1
                             self.flow_of[fid] = (ci, i)
@@ -602,6 +625,7 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     if util[bound] < 0.5:
         bound = "latency / dependencies" + (f" (most used: {bound} {util[bound]:.0%})" if util[bound] > 0 else "")
     roof = roofline_seconds(flops, gm, t)
+    floor, busiest = pipe_floor(sim)
     tr = chrome_trace(sim, launch, max_trace_events) if trace else None
     return LaunchModel(kernel=launch["kernel"], kind=launch["kind"], blocks=len(sim.cores), predicted_s=predicted,
                        busy=busy, utilization=util, bound=bound, roofline_s=roof,
@@ -609,7 +633,27 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
                        instructions=instr, records=nrec, table_version=t.version, trace=tr,
                        hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit), l2_writeback_bytes=int(sim.l2_wb),
                        l2_flush_s=flush_s, l2_dirty_end_bytes=int(sim.flush_bytes),
-                       critical_path=critical_path(sim, t["launch_latency_s"]))
+                       critical_path=critical_path(sim, t["launch_latency_s"]),
+                       floor_s=floor + t["launch_latency_s"], busiest_pipe=busiest)
+
+
+def pipe_floor(sim: "_Sim") -> tuple:
+    """The busiest pipe of a launch: (seconds, "PIPE of CORE") -- the largest sum, over one pipe of one
+    core, of its instructions' least durations (:meth:`_Sim.min_busy`: a DMA with the L2 hits and
+    misses of the modelled schedule, without the other cores' HBM traffic). A pipe runs one instruction
+    at a time, so no reordering, buffering or flag change of the same instructions finishes the launch
+    sooner (a MODEL: with the table's rates). To go past it a kernel must give that pipe less work
+    (fewer bytes or instructions) or deal the work more evenly over the cores."""
+    best, who = 0.0, ""
+    for ci, c in enumerate(sim.cores):
+        tot = [0.0] * 7
+        for i, r in enumerate(c.recs):
+            if r[0] < 7:
+                tot[r[0]] += sim.min_busy(ci, i)
+        p = max(range(7), key=lambda q: tot[q])
+        if tot[p] > best:
+            best, who = tot[p], f"{PIPES[p]} of {c.type.upper()} block {c.block}"
+    return best, who
 
 
 def critical_path(sim: "_Sim", launch_latency_s: float = 0.0) -> Dict[str, float]:
