@@ -118,6 +118,11 @@ def test_pipe_floor_is_the_busiest_pipe_and_bounds_every_schedule(driver):
     single = tl.simulate(launch(driver, "pipe_single"), t)
     assert single.floor_s - t["launch_latency_s"] == pytest.approx(64 * load, rel=0.02)
     assert single.busiest_pipe.startswith("MTE2 of AIV block")
+    # every stage its own floor; one core's work per pipe is the same on every core here
+    for pipe, stage in (("MTE2", load), ("V", vec), ("MTE3", store)):
+        hi, mean = single.pipe_floors[pipe]
+        assert hi == pytest.approx(64 * stage, rel=0.02) and mean == pytest.approx(hi, rel=1e-6), pipe
+    assert "M" not in single.pipe_floors  # a vector kernel has no Cube
     assert single.pct_ceiling == pytest.approx(single.pct_roofline * single.predicted_s / single.floor_s)
     # what buffering alone could win: the sum of the stages over their max
     assert makespan(single, t) / (single.floor_s - t["launch_latency_s"]) == \
@@ -270,6 +275,9 @@ def test_a2_bench_case_roofline_and_sensitivity():
     assert m.regime == "HBM bandwidth" and m.kernels == ["amo_moe_permute"]
     assert m.pct_roofline == pytest.approx(100 * nbytes / A2["gm_bandwidth"] / m.predicted_s)
     assert m.pct_roofline <= m.pct_ceiling <= 100 and m.busiest_pipe and m.to_json()["pct_ceiling"] == m.pct_ceiling
+    hi, mean = max(m.pipe_floors.values())
+    assert hi == pytest.approx(m.floor_s) and mean <= hi  # one launch: its busiest pipe is the floor
+    assert "MTE3" in ab.format_pipe_floors([m]) and "pipe floors (model)" in ab.format_pipe_floors([m])
     assert "MODEL" in ab.format_table([m]) and "A2 (model) us" in ab.format_table([m])
     rows = ab.sensitivity([(case, launches, m)], A2, keys=["gm_bandwidth", "launch_latency_s"])
     assert [(k, f) for k, f, _ in rows] == [("gm_bandwidth", 0.7), ("gm_bandwidth", 1.3),

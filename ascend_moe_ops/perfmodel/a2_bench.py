@@ -86,6 +86,8 @@ class OpModel:
     #: the launches' pipe floors summed (a2_timeline.pipe_floor) and the busiest pipe of the longest launch
     floor_s: float = 0.0
     busiest_pipe: str = ""
+    #: pipe -> (busiest core, mean core) floors, each launch's plus its launch latency, summed over launches
+    pipe_floors: Dict[str, tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def pct_ceiling(self) -> float:
@@ -223,7 +225,7 @@ def model_case(c: Case, launches: List[dict], table: HardwareTable, trace_dir: O
                    sum(m.records for m in ms), c.flops, c.nbytes, c.formula, table.version,
                    sorted({m.kernel for m in ms}), dict(main.busy), sum(m.hbm_bytes for m in ms),
                    sum(m.l2_hit_bytes for m in ms), _sum_paths(ms), sum(m.floor_s for m in ms),
-                   main.busiest_pipe)
+                   main.busiest_pipe, _sum_floors(ms, table["launch_latency_s"]))
 
 
 def _sum_paths(ms) -> Dict[str, float]:
@@ -232,6 +234,26 @@ def _sum_paths(ms) -> Dict[str, float]:
         for k, v in m.critical_path.items():
             out[k] = out.get(k, 0.0) + v
     return out
+
+
+def _sum_floors(ms, launch_s: float) -> Dict[str, tuple]:
+    out: Dict[str, tuple] = {}
+    for m in ms:
+        for p, (hi, mean) in m.pipe_floors.items():
+            a, b = out.get(p, (0.0, 0.0))
+            out[p] = (a + hi + launch_s, b + mean + launch_s)
+    return out
+
+
+def format_pipe_floors(models: List[OpModel], top: int = 4) -> str:
+    """One line per op: the ceiling (roofline / floor) each pipe sets, on its busiest core and on the
+    mean core (what a perfect deal of the same work would leave), lowest first."""
+    lines = ["pipe floors (model): % of roofline each pipe allows at most, busiest core (mean core)"]
+    for m in models:
+        parts = sorted(m.pipe_floors.items(), key=lambda kv: -kv[1][0])[:top]
+        lines.append(f"  {m.op} | {m.case}: " + ", ".join(
+            f"{p} {100 * m.roofline_s / hi:.0f} % ({100 * m.roofline_s / mean:.0f} %)" for p, (hi, mean) in parts))
+    return "\n".join(lines)
 
 
 def format_critical_paths(models: List[OpModel], top: int = 5) -> str:
@@ -340,6 +362,8 @@ def main(argv=None) -> int:
     print(format_table(models, f"AscendC kernels, preset {a.preset}: {table.label}"))
     print()
     print(format_critical_paths(models))
+    print()
+    print(format_pipe_floors(models))
     sens = None
     if a.sensitivity:
         sens = sensitivity(res, table, keys=a.sensitivity_keys or None)

@@ -160,6 +160,8 @@ class LaunchModel:
     #: pipe of which core that is; no schedule of this instruction stream is faster (model)
     floor_s: float = 0.0
     busiest_pipe: str = ""
+    #: pipe -> (its busiest core's least work, the mean over the cores using it), seconds, no launch latency
+    pipe_floors: Dict[str, tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def pct_ceiling(self) -> float:
@@ -625,7 +627,7 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     if util[bound] < 0.5:
         bound = "latency / dependencies" + (f" (most used: {bound} {util[bound]:.0%})" if util[bound] > 0 else "")
     roof = roofline_seconds(flops, gm, t)
-    floor, busiest = pipe_floor(sim)
+    floor, busiest, per_pipe = pipe_floor(sim)
     tr = chrome_trace(sim, launch, max_trace_events) if trace else None
     return LaunchModel(kernel=launch["kernel"], kind=launch["kind"], blocks=len(sim.cores), predicted_s=predicted,
                        busy=busy, utilization=util, bound=bound, roofline_s=roof,
@@ -634,26 +636,37 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
                        hbm_bytes=int(sim.hbm), l2_hit_bytes=int(sim.l2_hit), l2_writeback_bytes=int(sim.l2_wb),
                        l2_flush_s=flush_s, l2_dirty_end_bytes=int(sim.flush_bytes),
                        critical_path=critical_path(sim, t["launch_latency_s"]),
-                       floor_s=floor + t["launch_latency_s"], busiest_pipe=busiest)
+                       floor_s=floor + t["launch_latency_s"], busiest_pipe=busiest, pipe_floors=per_pipe)
 
 
 def pipe_floor(sim: "_Sim") -> tuple:
-    """The busiest pipe of a launch: (seconds, "PIPE of CORE") -- the largest sum, over one pipe of one
-    core, of its instructions' least durations (:meth:`_Sim.min_busy`: a DMA with the L2 hits and
-    misses of the modelled schedule, without the other cores' HBM traffic). A pipe runs one instruction
-    at a time, so no reordering, buffering or flag change of the same instructions finishes the launch
-    sooner (a MODEL: with the table's rates). To go past it a kernel must give that pipe less work
-    (fewer bytes or instructions) or deal the work more evenly over the cores."""
+    """The busiest pipe of a launch: (seconds, "PIPE of CORE", per-pipe floors) -- the largest sum, over
+    one pipe of one core, of its instructions' least durations (:meth:`_Sim.min_busy`: a DMA with the
+    L2 hits and misses of the modelled schedule, without the other cores' HBM traffic). A pipe runs one
+    instruction at a time, so no reordering, buffering or flag change of the same instructions finishes
+    the launch sooner (a MODEL: with the table's rates). To go past it a kernel must give that pipe
+    less work (fewer bytes or instructions) or deal the work more evenly over the cores. The per-pipe
+    floors map each pipe a core has to (busiest core's sum, mean over the cores that use it): the
+    second is the floor a perfect deal of the same work would leave."""
     best, who = 0.0, ""
+    hi = [0.0] * 7
+    tot = [0.0] * 7
+    users = [0] * 7
     for ci, c in enumerate(sim.cores):
-        tot = [0.0] * 7
+        own = [0.0] * 7
         for i, r in enumerate(c.recs):
             if r[0] < 7:
-                tot[r[0]] += sim.min_busy(ci, i)
-        p = max(range(7), key=lambda q: tot[q])
-        if tot[p] > best:
-            best, who = tot[p], f"{PIPES[p]} of {c.type.upper()} block {c.block}"
-    return best, who
+                own[r[0]] += sim.min_busy(ci, i)
+        for q in range(7):
+            if own[q] > 0:
+                hi[q] = max(hi[q], own[q])
+                tot[q] += own[q]
+                users[q] += 1
+        p = max(range(7), key=lambda q: own[q])
+        if own[p] > best:
+            best, who = own[p], f"{PIPES[p]} of {c.type.upper()} block {c.block}"
+    per = {PIPES[q]: (hi[q], tot[q] / users[q]) for q in range(7) if users[q]}
+    return best, who, per
 
 
 def critical_path(sim: "_Sim", launch_latency_s: float = 0.0) -> Dict[str, float]:
