@@ -185,6 +185,43 @@ __aicore__ inline void FaMaskCols(const LocalTensor<E>& x, int64_t n, int64_t u0
   }
 }
 
+// Row u of the R rows (row stride n elements) of x sees its first vis(u) columns (vis nondecreasing in u,
+// as a causal block's rows are); columns [vis(u), n) := v. Per 256-byte chunk of the rows: the rows that
+// see none of the chunk (a prefix) in one repeat-form Duplicate, then one Duplicate with a bit mask per
+// row that sees part of it; rows that see the whole chunk are left alone. The same bits as FaMaskCols row
+// by row, in about half the instructions for a causal diagonal block (its row-by-row form issued one
+// instruction per row and chunk: 128 for 64 rows of 128 fp32, 1.2 us of a fused forward's vector
+// time per item in the A2 model).
+struct FaCausalVis {  // vis(u) = clamp(min(cols, u + c), 0)
+  int64_t c, cols;
+  __aicore__ inline int64_t operator()(int64_t u) const {
+    const int64_t w = Min64(cols, u + c);
+    return w > 0 ? w : 0;
+  }
+};
+template <typename E, typename Vis>
+__aicore__ inline void FaMaskPast(const LocalTensor<E>& x, int64_t n, int64_t R, const Vis& vis, E v) {
+  constexpr int64_t per = 256 / sizeof(E);
+  const uint8_t rep = static_cast<uint8_t>(n * static_cast<int64_t>(sizeof(E)) / 32);
+  for (int64_t c0 = 0; c0 < n; c0 += per) {
+    const int64_t hi = Min64(per, n - c0);
+    int64_t full = 0;  // rows [0, full) see none of this chunk
+    while (full < R && vis(full) <= c0) ++full;
+    if (full > 0) {
+      uint64_t mask[2] = {0, 0};
+      for (int64_t i = 0; i < hi; ++i) mask[i / 64] |= uint64_t(1) << (i % 64);
+      Duplicate(x[c0], v, mask, static_cast<uint8_t>(full), 1, rep);
+    }
+    for (int64_t u = full; u < R; ++u) {
+      const int64_t w = vis(u);
+      if (w >= c0 + hi) break;  // this row and the later ones see the whole chunk
+      uint64_t mask[2] = {0, 0};
+      for (int64_t i = w - c0; i < hi; ++i) mask[i / 64] |= uint64_t(1) << (i % 64);
+      Duplicate(x[u * n + c0], v, mask, 1, 1, rep);
+    }
+  }
+}
+
 // x[u, c] = x[u, c] - v[u] (kSub) or x[u, c] * v[u], for the R rows (row stride `width` fp32) and
 // columns [0, cols) of x; v is broadcast one 32-byte block per row by Brcb into b (up8(R) x 8 fp32).
 template <bool kSub>

@@ -200,11 +200,8 @@ class FabFused {
     const int32_t negInf = static_cast<int32_t>(0xFF800000u);
     if (!causal) {
       if (it.cols < b) FaMaskCols(si, b, 0, R, it.cols, negInf);
-    } else {  // row by row, writing the -inf bits (not an added mask: NaN / +inf scores stay out)
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t v = Valid(it, c0 + r);
-        if (v < b) FaMaskCols(si, b, r, 1, v > 0 ? v : 0, negInf);
-      }
+    } else {  // writing the -inf bits (not an added mask: NaN / +inf scores stay out); row r sees Valid(it, c0 + r)
+      FaMaskPast(si, b, R, FaCausalVis{it.qPos0 + c0 + it.lenK - it.lenQ - it.k0 + 1, it.cols}, negInf);
     }
     FaRowScalar<true>(s, lse, bc, R, b, b);  // scale * S - lse
     Exp(s, s, cnt);                           // P in fp32

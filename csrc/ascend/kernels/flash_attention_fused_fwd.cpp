@@ -266,12 +266,9 @@ class FaFused {
       const int64_t c = it.qPos0 + r0 + it.off - k0 + 1;  // row u sees min(cols, u + c) columns
       for (int64_t u = 0; u < R; ++u)
         if (Min64(cols, u + c) <= 0) ++empty;
-      // row by row, writing the -inf bits (an added -inf mask would turn a NaN or +inf score of a key
-      // the row must not see into NaN)
-      for (int64_t u = 0; u < R; ++u) {
-        const int64_t valid = Min64(cols, u + c);
-        if (valid < n) MaskCols(s, u, 1, valid > 0 ? valid : 0);
-      }
+      // writing the -inf bits (an added -inf mask would turn a NaN or +inf score of a key the row must
+      // not see into NaN)
+      FaMaskPast(s.template ReinterpretCast<int32_t>(), n, R, FaCausalVis{c, cols}, static_cast<int32_t>(0xFF800000u));
     }
     RowReduce<true>(rmax, s, R);
     if (first) {
