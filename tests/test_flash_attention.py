@@ -212,6 +212,39 @@ def test_nan_or_inf_in_a_key_a_row_must_not_see_stays_out(backend, kernels, monk
 
 
 @pytest.mark.parametrize("backend", _fa_backends())
+def test_a_huge_finite_scale_gives_the_reference_answer(backend):
+    """softmax_scale 1e24: every score times it is still finite in float32 (about 1e25), the softmax a
+    one-hot row, and every backend agrees with the fp64 reference (the native kernel's exp of a score
+    minus the row max came out above 0 by the product's rounding -- ~1e15 -- and gave NaN)."""
+    dt = _fp(backend)
+    q, k, v, _ = (t.to(dt) for t in _inputs((7,), 2, 8, 8, seed=7))
+    cu = torch.tensor([0, 3, 7])
+    res = {}
+    for b in (backend, "reference"):
+        with amo.use_backend(b):
+            res[b] = amo.flash_attention(*((t.double() if b == "reference" else t) for t in (q, k, v)), causal=True,
+                                         softmax_scale=1e24, cu_seqlens=cu, max_seqlen=4, return_lse=True)
+    (out, lse), (want_out, want_lse) = res[backend], res["reference"]
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all(), backend
+    # one-hot rows: out is the value row of the largest score, in the input dtype
+    torch.testing.assert_close(out.double(), want_out.to(dt).double(), rtol=0, atol=0)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=0)
+
+
+def test_softmax_scale_past_float32_is_taken_in_float64():
+    """The finiteness rule follows the accumulation type: 1e39 is refused for float32 inputs (it is inf
+    there: test_op_contracts) and taken for float64 ones, where it is finite."""
+    q, k, v, _ = (t.double() for t in _inputs((3,), 1, 4, 4, seed=1))
+    cu = torch.tensor([0, 3])
+    for b in ("reference", "native"):
+        if b not in amo.available_backends("flash_attention_fwd"):
+            continue
+        with amo.use_backend(b):
+            out = amo.flash_attention(q, k, v, causal=True, softmax_scale=1e39, cu_seqlens=cu, max_seqlen=3)
+        assert torch.isfinite(out).all(), b
+
+
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_nan_in_a_masked_value_row_is_the_documented_result(backend):
     """A NaN in a value row a causal row must not see reaches it through 0 * NaN in P . V, on every backend
     as in PyTorch's scaled_dot_product_attention (docs/ops/flash_attention.md); another sequence of the

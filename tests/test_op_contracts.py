@@ -203,6 +203,8 @@ ATTENTION = [
     _fa_case("max_seqlen_small", ValueError, "max_seqlen", max_seqlen=3),
     _fa_case("causal_not_bool", TypeError, "causal", exc_direct=RuntimeError, causal="no"),
     _fa_case("scale_inf", ValueError, "softmax_scale", softmax_scale=float("inf")),
+    # a finite double that is inf in float32, the accumulation type below float64 inputs
+    _fa_case("scale_inf_in_fp32", ValueError, "softmax_scale must be finite in float32", softmax_scale=1e39),
     # the two-length form (cu_seqlens_q / cu_seqlens_k) and GQA/MQA
     _fa_case("hq_not_multiple_of_hkv", ValueError, "k must have a number of heads", q=_f(6, 4, 8), k=_f(6, 3, 8),
              v=_f(6, 3, 8)),
@@ -263,6 +265,7 @@ MLA = [
     _mla_case("no_rope_dim", ValueError, "qk_nope_dim", qk_nope_dim=DN + DR, w_kv_up=_f(H * (DN + DR + DV), DC)),
     _mla_case("cu_end", ValueError, "cu_seqlens", cu_seqlens=torch.tensor([0, 4])),
     _mla_case("causal_not_bool", TypeError, "causal", exc_direct=RuntimeError, causal="no"),
+    _mla_case("scale_inf_in_fp32", ValueError, "softmax_scale must be finite in float32", softmax_scale=-1e39),
 ]
 
 CATALOGUE = PERMUTE + UNPERMUTE + GROUPED + ATTENTION + MLA

@@ -410,9 +410,16 @@ def lse(op, t, q) -> None:
     shape_is(op, "lse", t, (q.shape[1], q.shape[0]), "[H, T]")
 
 
-def _scale(op, softmax_scale) -> None:
-    if not math.isfinite(softmax_scale):
-        raise ValueError(f"{op}: softmax_scale must be finite, got {softmax_scale}")
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _scale(op, softmax_scale, q) -> None:
+    # finite in the kernels' accumulation type (float32 below float64 inputs: 1e39 is a finite Python
+    # float and inf in float32, where every score times it is inf or NaN)
+    wide = q.dtype == torch.float64
+    if not math.isfinite(softmax_scale) or (not wide and abs(softmax_scale) > _F32_MAX):
+        raise ValueError(f"{op}: softmax_scale must be finite in {'float64' if wide else 'float32'} "
+                         f"(the accumulation type), got {softmax_scale}")
 
 
 def _attention(op, q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale, values) -> None:
@@ -439,7 +446,7 @@ def _attention(op, q, k, v, k_rope, cu_q, cu_k, max_q, max_k, softmax_scale, val
     if k.shape[2] + dr != Dq:
         raise ValueError(f"{op}: k head dim must equal q head dim {Dq} minus the k_rope dim {dr}, got "
                          f"{k.shape[2]}")
-    _scale(op, softmax_scale)
+    _scale(op, softmax_scale, q)
     cu_seqlens(op, cu_q, q, max_q, values, "cu_seqlens_q", "max_seqlen_q")
     cu_seqlens(op, cu_k, q, max_k, values, "cu_seqlens_k", "max_seqlen_k", T=Tk, of="k",
                entries=cu_q.numel())
@@ -487,7 +494,7 @@ def _mla(op, q, c_kv, k_pe, w, cu, max_seqlen, H, Dn, Dv, softmax_scale, values)
     shape_is(op, "k_pe", k_pe, (T, Dq - Dn), "tokens of q, rope dim = q head dim - qk_nope_dim")
     like_tensor(op, "w_kv_up", w, q, 2, "[H * (Dn + Dv), Dc]")
     shape_is(op, "w_kv_up", w, (H * (Dn + Dv), c_kv.shape[1]), "[num_heads*(qk_nope_dim+v_dim), latent dim]")
-    _scale(op, softmax_scale)
+    _scale(op, softmax_scale, q)
     cu_seqlens(op, cu, q, max_seqlen, values)
 
 

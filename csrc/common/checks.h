@@ -149,6 +149,15 @@ inline void index_range(const char* op, const char* name, const Tensor& idx, int
 // ---------------------------------------------------------------- attention (cu_seqlens, lse)
 // cu_seqlens of `name`: [B+1] int32/int64 on like's device, starts at 0, non-decreasing, ends at T (the
 // tokens of `of`), no sequence longer than max_seqlen. `entries`: the required B+1 (nullopt: any).
+// softmax_scale finite in the kernels' accumulation type (float32 below float64 inputs: 1e39 is a
+// finite double and inf in float32); the Python twin is _contracts._scale.
+inline void softmax_scale_check(const char* op, double s, const Tensor& q) {
+  const bool wide = q.scalar_type() == at::kDouble;
+  TORCH_CHECK_VALUE(std::isfinite(s) && (wide || std::fabs(s) <= static_cast<double>(std::numeric_limits<float>::max())),
+                    op, ": softmax_scale must be finite in ", wide ? "float64" : "float32",
+                    " (the accumulation type), got ", s);
+}
+
 inline void cu_seqlens(const char* op, const char* name, const char* max_name, const Tensor& cu, int64_t T,
                        const char* of, int64_t max_seqlen, const Tensor& like,
                        std::optional<int64_t> entries = std::nullopt) {

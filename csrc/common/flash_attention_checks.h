@@ -40,7 +40,7 @@ inline void attention_common(const char* op, const Tensor& q, const Tensor& k, c
   TORCH_CHECK_VALUE(Dq >= 1 && v.size(2) >= 1, op, ": head dims must be positive, got d_qk=", Dq, ", d_v=", v.size(2));
   TORCH_CHECK_VALUE(k.size(2) + dr == Dq, op, ": k head dim must equal q head dim ", Dq, " minus the k_rope dim ", dr,
                     ", got ", k.size(2));
-  TORCH_CHECK_VALUE(std::isfinite(softmax_scale), op, ": softmax_scale must be finite, got ", softmax_scale);
+  softmax_scale_check(op, softmax_scale, q);
   cu_seqlens(op, "cu_seqlens_q", "max_seqlen_q", cu_q, q.size(0), "q", max_q, q);
   cu_seqlens(op, "cu_seqlens_k", "max_seqlen_k", cu_k, Tk, "k", max_k, q, cu_q.numel());
 }

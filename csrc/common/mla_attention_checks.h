@@ -32,7 +32,7 @@ inline void mla_common(const char* op, const Tensor& q, const Tensor& c_kv, cons
   int64_t rows = 0;
   TORCH_CHECK_VALUE(!c10::mul_overflows(H, Dn + Dv, &rows), op, ": num_heads * (qk_nope_dim + v_dim) overflows");
   shape_is(op, "w_kv_up", w, {rows, c_kv.size(1)}, "[num_heads*(qk_nope_dim+v_dim), latent dim]");
-  TORCH_CHECK_VALUE(std::isfinite(softmax_scale), op, ": softmax_scale must be finite, got ", softmax_scale);
+  softmax_scale_check(op, softmax_scale, q);
   cu_seqlens(op, cu, q, max_seqlen);
 }
 

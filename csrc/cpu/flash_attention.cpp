@@ -90,10 +90,11 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const acc_t* A, int
 }
 
 // exp for x <= 0 (scores minus the running max). fp32: 2^n * poly(r), |r| <= ln2/2, degree-6
-// Taylor (relative error ~1e-7), written so that the compiler vectorizes the loops using it.
+// Taylor (relative error ~1e-7), written so that the compiler vectorizes the loops using it. x is
+// clamped to [-87, 0] (above 0, 2^n would overflow the exponent field: NaN).
 #pragma omp declare simd
 inline float exp_neg(float x) {
-  x = std::max(x, -87.0f);
+  x = std::min(std::max(x, -87.0f), 0.0f);
   const float t = x * 1.4426950408889634f;
   const float n = std::floor(t + 0.5f);
   const float g = (t - n) * 0.6931471805599453f;
@@ -193,15 +194,22 @@ void fwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
           acc_t* srow = S.data() + r * kBlockN;
           const int64_t valid = std::min(nk, sk + visible_keys(causal, q0 - sq + r, Lq, Lk) - k0);
           if (valid <= 0) { std::fill(srow, srow + nk, acc_t(0)); continue; }
+          // the scaled scores are stored (rounded once) before the max and the exp: the row max is then
+          // one of them exactly, and its exp is exp(0) = 1 (a multiply-add contracted into the exp's
+          // argument kept the exact product, off the rounded max by up to half its ulp: at products
+          // near 1e22 that error, ~1e15, sent the max element's exp to 0 or NaN)
           acc_t mx = neg_inf;
 #pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, srow[j] * scale);
+          for (int64_t j = 0; j < valid; ++j) {
+            srow[j] *= scale;
+            mx = std::max(mx, srow[j]);
+          }
           const acc_t mnew = std::max(m[r], mx);
           const acc_t alpha = m[r] == neg_inf ? acc_t(0) : exp_neg(m[r] - mnew);
           acc_t sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < valid; ++j) {
-            const acc_t p = exp_neg(srow[j] * scale - mnew);
+            const acc_t p = exp_neg(srow[j] - mnew);
             srow[j] = p;
             sum += p;
           }
@@ -300,8 +308,11 @@ void bwd_kernel(const Operand<acc_t>& Q, const Operand<acc_t>& K, const Operand<
             const acc_t L = lse[h * T + q0 + r];
             const int64_t valid =
                 std::max<int64_t>(0, std::min(nk, sk + visible_keys(causal, q0 - sq + r, Lq, Lk) - k0));
+            // scaled and rounded first, as in the forward (its lse came from those rounded products)
 #pragma omp simd
-            for (int64_t j = 0; j < valid; ++j) prow[j] = exp_neg(prow[j] * scale - L);
+            for (int64_t j = 0; j < valid; ++j) prow[j] *= scale;
+#pragma omp simd
+            for (int64_t j = 0; j < valid; ++j) prow[j] = exp_neg(prow[j] - L);
             for (int64_t j = valid; j < nk; ++j) prow[j] = 0;
           }
           // dV += P^T dO
