@@ -572,6 +572,20 @@ def scenario_subgroup(ctx):
     scenario_fp64(sub_ctx, "flat")
 
 
+def scenario_auto_k_mismatch(ctx):
+    """"auto" with a top-k that differs between ranks (one rank at K = N, resolving to flat, the
+    others at K = N + 1, hierarchical when N > 1): the same SplitMismatchError on every rank as
+    with an explicit algorithm (it used to abort a rank in gloo), and the group stays usable."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E, N = 2 * W, topo.num_nodes
+    disp = MoEDispatcher(topo, E)
+    K = N if rank == 0 else N + 1
+    with pytest.raises(SplitMismatchError, match=re.escape("EP ranks disagree on top-k K")):
+        disp.dispatch(torch.randn(5, 3), torch.randint(0, E, (5, K)), torch.rand(5, K))
+    _check_against_oracle(disp, _inputs(W, [3] * W, 4, E, N + 1, seed=23), rank)
+
+
 SCENARIOS = {}
 for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
@@ -592,6 +606,7 @@ SCENARIOS["modes_equal"] = (scenario_modes_equal, ())
 SCENARIOS["mismatch"] = (scenario_mismatch, ())
 SCENARIOS["errors"] = (scenario_errors, ())
 SCENARIOS["auto"] = (scenario_auto, ())
+SCENARIOS["auto_k_mismatch"] = (scenario_auto_k_mismatch, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
 
 

@@ -309,7 +309,14 @@ class MoEDispatcher:
         """Collective over the EP group: all-gather ``meta + payload`` (int64, the same length on
         every rank), raise on every rank if any rank rejected its arguments or the metadata
         disagree, else return the ``[W, P]`` payload table (CPU)."""
-        row = torch.cat([torch.tensor(meta, dtype=torch.int64), payload.detach().to("cpu", torch.int64)])
+        payload = payload.detach().to("cpu", torch.int64).reshape(-1)
+        P = payload.numel()
+        # "auto" resolves per rank from its own K, so ranks that disagree on K may have picked
+        # different algorithms (payload lengths): pad to the longest possible payload so the
+        # exchange has one size on every rank and the K column raises the documented error
+        width = self._header_width()
+        row = torch.cat([torch.tensor(meta, dtype=torch.int64), payload,
+                         torch.zeros(max(width - P, 0), dtype=torch.int64)])
         table = C.gather_ints(row, self.topology.group, "dispatch: metadata and count exchange "
                               "(EP group)", device=self._meta_device())
         if error is not None:
@@ -323,7 +330,14 @@ class MoEDispatcher:
             if bool((vals != vals[0]).any()):
                 raise SplitMismatchError(f"EP ranks disagree on {name}: per-rank values "
                                          f"{vals.tolist()}")
-        return table[:, len(meta):]
+        return table[:, len(meta):len(meta) + P]
+
+    def _header_width(self) -> int:
+        """Payload length of the metadata exchange: the algorithm's own (every rank runs the same
+        one), or with ``"auto"`` the longest of flat's (``E``) and hierarchical's (``N + W``)."""
+        if self.algorithm != "auto" or self.topology.num_nodes == 1:
+            return 0
+        return max(self.num_experts, self.topology.num_nodes + self.topology.world_size)
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor] = None, *,
