@@ -586,6 +586,30 @@ def scenario_auto_k_mismatch(ctx):
     _check_against_oracle(disp, _inputs(W, [3] * W, 4, E, N + 1, seed=23), rank)
 
 
+def scenario_zero_experts(ctx, algorithm):
+    """allow_uneven with a rank (and, on 2-node topologies, a whole node) owning no expert:
+    values and gradients of tokens and probs equal the closed form and flat's, and no rank skips
+    a backward collective (the expert-less rank used to drop its probs from the graph: its peers
+    waited for the backward all-to-all of the slots until the timeout)."""
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W, G, rank = ctx["world"], ctx["local_size"], ctx["rank"]
+    E = 2 * W
+    maps = [torch.arange(E) % (W - 1)]  # the last rank owns nothing
+    if W > G:
+        maps.append(torch.arange(E) % (W - G) + G)  # node 0 owns nothing
+    inputs = _inputs(W, [4, 0] + [3] * (W - 2), 4, E, 3, seed=24)
+    for m in maps:
+        disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm, expert_to_rank=m, allow_uneven=True)
+        flat = MoEDispatcher(ctx["topo"], E, algorithm="flat", expert_to_rank=m, allow_uneven=True)
+        assert disp.num_local_experts == int((m == rank).sum())
+        _check_against_oracle(disp, inputs, rank)
+        out, dx, dp, _ = _round(disp, inputs[rank])
+        fout, fdx, fdp, _ = _round(flat, inputs[rank])
+        _close(out, fout, "out vs flat")
+        _close(dx, fdx, "d tokens vs flat")
+        _close(dp, fdp, "d probs vs flat")
+
+
 SCENARIOS = {}
 for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
@@ -593,6 +617,7 @@ for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"skew_{_alg}"] = (scenario_skew, (_alg,))
     SCENARIOS[f"zero_tokens_{_alg}"] = (scenario_zero_tokens, (_alg,))
     SCENARIOS[f"overlap_{_alg}"] = (scenario_overlap, (_alg,))
+    SCENARIOS[f"zero_experts_{_alg}"] = (scenario_zero_experts, (_alg,))
     if _alg == "hierarchical_allgather":
         continue  # its node stage is the deduplicated path's: the scenarios below run once there
     SCENARIOS[f"no_probs_{_alg}"] = (scenario_no_probs, (_alg,))

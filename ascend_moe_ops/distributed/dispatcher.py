@@ -691,6 +691,11 @@ class MoEDispatcher:
             # slots on this rank), then inside the node: one per (token, node)
             if st["local_map"] is not None:
                 y = _unpermute(y, st["local_map"], st["probs2"])
+            elif st["probs2"] is not None:
+                # no local expert: no row arrived (y and probs2 have 0 rows), but the probs must
+                # stay in the graph so this rank runs the backward all-to-all of the slots and
+                # probs that its peers run (and gets its probs' gradient back through it)
+                y = y + st["probs2"].sum(1, keepdim=True).to(y.dtype)
             back2 = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug,
                                  what="combine: all-to-all of partial sums (intra-node group)")
             partial = _unpermute(back2, st["rmap2"], None)
