@@ -610,6 +610,34 @@ def scenario_zero_experts(ctx, algorithm):
         _close(dp, fdp, "d probs vs flat")
 
 
+def scenario_combine_mismatch(ctx):
+    """combine with an expert output whose hidden size or dtype differs between ranks, or with
+    bad arguments on one rank: a clear error on every rank (one tiny all-gather in combine),
+    never a gloo abort or a [T, H + 1] result; the group stays usable."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E = 2 * W
+    inputs = _inputs(W, [3] * W, 4, E, 2, seed=25)
+    x, ids, p, _ = inputs[rank]
+    for alg in ("flat", "hierarchical", "hierarchical_allgather"):
+        disp = MoEDispatcher(topo, E, algorithm=alg)
+        et, tpe, h = disp.dispatch(x, ids, p)
+        eo = _toy_experts(et, tpe, disp)
+        with pytest.raises(SplitMismatchError, match=re.escape(
+                "EP ranks disagree on hidden size of expert_output (expert_output.shape[1]): "
+                f"per-rank values {[4] + [5] * (W - 1)}")):
+            disp.combine(eo if rank == 0 else torch.cat([eo, eo[:, :1]], 1), h)
+        with pytest.raises(SplitMismatchError, match=re.escape("EP ranks disagree on expert_output dtype")):
+            disp.combine(eo.float() if rank == 1 else eo, h)
+        if rank == W - 1:
+            with pytest.raises(ValueError, match=re.escape("expert_output must have")):
+                disp.combine(torch.cat([eo, eo[:1]]), h)
+        else:
+            with pytest.raises(SplitMismatchError, match=re.escape(f"EP ranks [{W - 1}] rejected their combine")):
+                disp.combine(eo, h)
+        _check_against_oracle(disp, inputs, rank)  # still works
+
+
 SCENARIOS = {}
 for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
@@ -632,6 +660,7 @@ SCENARIOS["mismatch"] = (scenario_mismatch, ())
 SCENARIOS["errors"] = (scenario_errors, ())
 SCENARIOS["auto"] = (scenario_auto, ())
 SCENARIOS["auto_k_mismatch"] = (scenario_auto_k_mismatch, ())
+SCENARIOS["combine_mismatch"] = (scenario_combine_mismatch, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
 
 
