@@ -391,7 +391,8 @@ def scenario_errors(ctx):
     # the debug dispatcher still works on good input
     inputs = _inputs(W, [3] * W, 4, E, 2, seed=21)
     h = _check_against_oracle(dbg, inputs, rank)
-    # combine with the wrong number of rows or without a handle: raised before any collective
+    # combine with the wrong number of rows or without a handle (here on every rank): each rank
+    # raises its own error after the combine's metadata exchange
     rows = int(h.tokens_per_local_expert.sum())
     with pytest.raises(ValueError, match=re.escape(f"expert_output must have {rows} rows")):
         dbg.combine(torch.zeros(rows + 1, 4, dtype=torch.float64), h)
