@@ -682,6 +682,39 @@ def scenario_group_helpers(ctx):
     torch.testing.assert_close(pred.predict(), total.double())
 
 
+def scenario_num_experts_mismatch(ctx):
+    """A different num_experts per rank in the group collectives (aux_loss's group levels,
+    update_expert_bias, drop_stats, ExpertLoadPredictor.update): the same ValueError naming the
+    argument and the per-rank values on every rank (one tiny all-gather through
+    check_consistent), not a gloo abort; the group stays usable."""
+    import torch.distributed as dist
+    rank, world = ctx["rank"], ctx["world"]
+    E = 4 if rank == 0 else 5
+    world_group = dist.group.WORLD
+    vals = re.escape(f"differs between ranks: ranks {list(range(1, world))} disagree with rank 0: "
+                     f"per-rank values {[4] + [5] * (world - 1)}")
+    g = torch.Generator().manual_seed(rank)
+    scores = torch.rand(6, E, generator=g).softmax(-1)
+    ids = torch.randint(0, E, (6, 2), generator=g)
+    with pytest.raises(ValueError, match=re.escape("num_experts E (scores.shape[1]) ") + vals):
+        aux_loss(scores, ids, level="global")
+    if rank in ctx["ep_members"] and 0 in ctx["ep_members"]:  # E 4 vs 5 in rank 0's EP group
+        with pytest.raises(ValueError, match=re.escape(
+                "num_experts E (scores.shape[1]) differs between ranks: ranks [1] disagree with "
+                "rank 0: per-rank values [4, 5]")):
+            aux_loss(scores, ids, level="ep_group", group=ctx["ep_groups"])
+    else:  # the other EP group agrees (E = 5): no error there
+        assert torch.isfinite(aux_loss(scores, ids, level="ep_group", group=ctx["ep_groups"]))
+    with pytest.raises(ValueError, match=re.escape("num_experts E (bias.shape[0]) ") + vals):
+        update_expert_bias(torch.zeros(E), torch.rand(E), group=world_group)
+    with pytest.raises(ValueError, match=re.escape("num_experts ") + vals):
+        drop_stats(ids, num_experts=E, capacity=2, group=world_group)
+    with pytest.raises(ValueError, match=re.escape("num_experts (ExpertLoadPredictor) ") + vals):
+        ExpertLoadPredictor(E, group=world_group).update(torch.rand(E))
+    # still usable, and equal E passes
+    scenario_group_helpers(ctx)
+
+
 def _global_weights(dtype=torch.float64):
     g = torch.Generator().manual_seed(7)
     w1 = torch.randn(E_D, H_D, F_D, generator=g, dtype=dtype) * 0.5
@@ -992,6 +1025,7 @@ def scenario_layer_slot_mode_replicas(ctx):
 SCENARIOS = {
     "aux_levels": scenario_aux_levels,
     "group_helpers": scenario_group_helpers,
+    "num_experts_mismatch": scenario_num_experts_mismatch,
     "executor_moves": scenario_executor_moves,
     "executor_errors": scenario_executor_errors,
     "layer_expert_mode": scenario_layer_expert_mode,

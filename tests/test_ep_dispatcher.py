@@ -391,7 +391,8 @@ def scenario_errors(ctx):
     # the debug dispatcher still works on good input
     inputs = _inputs(W, [3] * W, 4, E, 2, seed=21)
     h = _check_against_oracle(dbg, inputs, rank)
-    # combine with the wrong number of rows or without a handle: raised before any collective
+    # combine with the wrong number of rows or without a handle (here on every rank): each rank
+    # raises its own error after the combine's metadata exchange
     rows = int(h.tokens_per_local_expert.sum())
     with pytest.raises(ValueError, match=re.escape(f"expert_output must have {rows} rows")):
         dbg.combine(torch.zeros(rows + 1, 4, dtype=torch.float64), h)
@@ -572,6 +573,72 @@ def scenario_subgroup(ctx):
     scenario_fp64(sub_ctx, "flat")
 
 
+def scenario_auto_k_mismatch(ctx):
+    """"auto" with a top-k that differs between ranks (one rank at K = N, resolving to flat, the
+    others at K = N + 1, hierarchical when N > 1): the same SplitMismatchError on every rank as
+    with an explicit algorithm (it used to abort a rank in gloo), and the group stays usable."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E, N = 2 * W, topo.num_nodes
+    disp = MoEDispatcher(topo, E)
+    K = N if rank == 0 else N + 1
+    with pytest.raises(SplitMismatchError, match=re.escape("EP ranks disagree on top-k K")):
+        disp.dispatch(torch.randn(5, 3), torch.randint(0, E, (5, K)), torch.rand(5, K))
+    _check_against_oracle(disp, _inputs(W, [3] * W, 4, E, N + 1, seed=23), rank)
+
+
+def scenario_zero_experts(ctx, algorithm):
+    """allow_uneven with a rank (and, on 2-node topologies, a whole node) owning no expert:
+    values and gradients of tokens and probs equal the closed form and flat's, and no rank skips
+    a backward collective (the expert-less rank used to drop its probs from the graph: its peers
+    waited for the backward all-to-all of the slots until the timeout)."""
+    from ascend_moe_ops.distributed import MoEDispatcher
+    W, G, rank = ctx["world"], ctx["local_size"], ctx["rank"]
+    E = 2 * W
+    maps = [torch.arange(E) % (W - 1)]  # the last rank owns nothing
+    if W > G:
+        maps.append(torch.arange(E) % (W - G) + G)  # node 0 owns nothing
+    inputs = _inputs(W, [4, 0] + [3] * (W - 2), 4, E, 3, seed=24)
+    for m in maps:
+        disp = MoEDispatcher(ctx["topo"], E, algorithm=algorithm, expert_to_rank=m, allow_uneven=True)
+        flat = MoEDispatcher(ctx["topo"], E, algorithm="flat", expert_to_rank=m, allow_uneven=True)
+        assert disp.num_local_experts == int((m == rank).sum())
+        _check_against_oracle(disp, inputs, rank)
+        out, dx, dp, _ = _round(disp, inputs[rank])
+        fout, fdx, fdp, _ = _round(flat, inputs[rank])
+        _close(out, fout, "out vs flat")
+        _close(dx, fdx, "d tokens vs flat")
+        _close(dp, fdp, "d probs vs flat")
+
+
+def scenario_combine_mismatch(ctx):
+    """combine with an expert output whose hidden size or dtype differs between ranks, or with
+    bad arguments on one rank: a clear error on every rank (one tiny all-gather in combine),
+    never a gloo abort or a [T, H + 1] result; the group stays usable."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E = 2 * W
+    inputs = _inputs(W, [3] * W, 4, E, 2, seed=25)
+    x, ids, p, _ = inputs[rank]
+    for alg in ("flat", "hierarchical", "hierarchical_allgather"):
+        disp = MoEDispatcher(topo, E, algorithm=alg)
+        et, tpe, h = disp.dispatch(x, ids, p)
+        eo = _toy_experts(et, tpe, disp)
+        with pytest.raises(SplitMismatchError, match=re.escape(
+                "EP ranks disagree on hidden size of expert_output (expert_output.shape[1]): "
+                f"per-rank values {[4] + [5] * (W - 1)}")):
+            disp.combine(eo if rank == 0 else torch.cat([eo, eo[:, :1]], 1), h)
+        with pytest.raises(SplitMismatchError, match=re.escape("EP ranks disagree on expert_output dtype")):
+            disp.combine(eo.float() if rank == 1 else eo, h)
+        if rank == W - 1:
+            with pytest.raises(ValueError, match=re.escape("expert_output must have")):
+                disp.combine(torch.cat([eo, eo[:1]]), h)
+        else:
+            with pytest.raises(SplitMismatchError, match=re.escape(f"EP ranks [{W - 1}] rejected their combine")):
+                disp.combine(eo, h)
+        _check_against_oracle(disp, inputs, rank)  # still works
+
+
 SCENARIOS = {}
 for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
@@ -579,6 +646,7 @@ for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"skew_{_alg}"] = (scenario_skew, (_alg,))
     SCENARIOS[f"zero_tokens_{_alg}"] = (scenario_zero_tokens, (_alg,))
     SCENARIOS[f"overlap_{_alg}"] = (scenario_overlap, (_alg,))
+    SCENARIOS[f"zero_experts_{_alg}"] = (scenario_zero_experts, (_alg,))
     if _alg == "hierarchical_allgather":
         continue  # its node stage is the deduplicated path's: the scenarios below run once there
     SCENARIOS[f"no_probs_{_alg}"] = (scenario_no_probs, (_alg,))
@@ -592,6 +660,8 @@ SCENARIOS["modes_equal"] = (scenario_modes_equal, ())
 SCENARIOS["mismatch"] = (scenario_mismatch, ())
 SCENARIOS["errors"] = (scenario_errors, ())
 SCENARIOS["auto"] = (scenario_auto, ())
+SCENARIOS["auto_k_mismatch"] = (scenario_auto_k_mismatch, ())
+SCENARIOS["combine_mismatch"] = (scenario_combine_mismatch, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
 
 

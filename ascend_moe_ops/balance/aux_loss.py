@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops import checks as _checks
+from .executor import check_consistent
 
 Tensor = torch.Tensor
 
@@ -68,6 +69,14 @@ def _check_routing(routing: Tensor, num_experts: int, num_tokens: Optional[int] 
         _checks.check_index_range("routing (expert ids)", routing, -1, num_experts)
 
 
+def _check_num_experts(num_experts: int, group, what: str, device=None) -> None:
+    """Collective over ``group``: the same ``ValueError`` on every rank if the ranks' ``E``
+    differ (the count all-reduce that follows would differ in size: gloo aborts the process on
+    that). One tiny all-gather (:func:`check_consistent`), before the counts are reduced."""
+    check_consistent(torch.tensor([num_experts]), group, what, device=device,
+                     hint="every rank of the group must count the same experts")
+
+
 def _resolve_group(level: str, group):
     if level in ("ep_group", "dp_group"):
         if group is None:
@@ -95,8 +104,10 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
             * ``"ep_group"`` / ``"dp_group"`` / ``"global"`` — the counts ``c_e`` and the token
               count ``T`` are summed with one ``all_reduce`` over ``group`` (the EP group, the DP
               group, or the whole world; ``group`` is required for the first two) before the
-              product; ``P_e`` stays the local mean. Only ``E + 1`` integers cross the network and
-              nothing is differentiated through the collective. Averaging the per-rank losses over
+              product; ``P_e`` stays the local mean. Only ``E + 1`` integers cross the network
+              (after one tiny all-gather checking that the ranks agree on ``E``: a ``ValueError``
+              naming it on every rank otherwise) and nothing is differentiated through the
+              collective. Averaging the per-rank losses over
               the group (what data-parallel gradient averaging does) gives
               ``coeff · E · Σ_e f_e^group · P_e^group`` for equal per-rank token counts.
         group: process group for the group levels (``None`` = world for ``"global"``).
@@ -149,6 +160,7 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
     n_tokens = torch.tensor([T], dtype=torch.int64, device=counts.device)
     if level != "micro_batch":
         g = _resolve_group(level, group)
+        _check_num_experts(E, g, "num_experts E (scores.shape[1])", counts.device)
         buf = torch.cat([counts, n_tokens])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=g)
         counts, n_tokens = buf[:E], buf[E:]
@@ -178,7 +190,8 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     underloaded ones a higher bias. The bias is added to the scores only to *select* the top-k
     experts (see :func:`biased_topk`); the gating weights use the unbiased scores, so no gradient
     is involved. ``tokens_per_expert`` ``[E]`` is this rank's count; with ``group`` it is summed over
-    that group first (one ``all_reduce``), so every rank applies the same update.
+    that group first (one ``all_reduce``, after one tiny all-gather that raises the same
+    ``ValueError`` on every rank if the ranks' ``E`` differ), so every rank applies the same update.
 
     Returns ``bias`` (updated in place).
     """
@@ -192,6 +205,7 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     _check_counts(tokens_per_expert)
     load = tokens_per_expert.to(torch.float64 if bias.dtype == torch.float64 else torch.float32)
     if group is not None:
+        _check_num_experts(load.shape[0], group, "num_experts E (bias.shape[0])", load.device)
         load = load.clone()
         dist.all_reduce(load, op=dist.ReduceOp.SUM, group=group)
     bias.add_(rate * torch.sign(load.mean() - load).to(bias.dtype))
@@ -261,8 +275,9 @@ def drop_stats(routing: Tensor, *, num_experts: Optional[int] = None, capacity: 
     mode (a routed slot with ``row_id_map == -1`` was dropped), or let the drops be computed from
     the counts: expert ``e`` keeps ``min(c_e, C)`` slots. ``C`` is ``capacity`` or, from
     ``capacity_factor``, ``ceil(cf · T · K / E)`` (the rule behind "capacity factor 1.5").
-    With ``group`` the per-expert counts are summed over that group (one ``all_reduce``), giving
-    the group-wide rates while capacity is still applied per rank.
+    With ``group`` the per-expert counts are summed over that group (one ``all_reduce``, after one
+    tiny all-gather that raises the same ``ValueError`` on every rank if ``num_experts`` differs),
+    giving the group-wide rates while capacity is still applied per rank.
     """
     _checks.check_tensor("routing", routing, ndim=2, dtypes=(torch.bool,) + _checks.INDEX_DTYPES)
     if num_experts is None:
@@ -294,6 +309,7 @@ def drop_stats(routing: Tensor, *, num_experts: Optional[int] = None, capacity: 
         _checks.check_int("capacity", capacity, minimum=0)
         dropped = (routed - capacity).clamp(min=0)
     if group is not None:
+        _check_num_experts(num_experts, group, "num_experts", routed.device)
         buf = torch.stack([routed, dropped.to(torch.int64)])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
         routed, dropped = buf[0], buf[1]

@@ -32,27 +32,51 @@ from .planner import Placement
 Tensor = torch.Tensor
 
 
-def check_consistent(values: Tensor, group=None, what: str = "value") -> None:
+_HEAD = 4  # values small enough to ride on check_consistent's first (size) all-gather
+_DEFAULT_HINT = ("every rank must pass the same loads / placement, e.g. predict from counts "
+                 "summed over the group")
+
+
+def check_consistent(values: Tensor, group=None, what: str = "value", *, device=None,
+                     hint: str = _DEFAULT_HINT) -> None:
     """Raise the same ``ValueError`` on every rank of ``group`` if ``values`` (an integer or float
-    tensor of the same shape everywhere) differs between ranks. Collective (one all-gather)."""
+    tensor) differs between ranks, in size or in value. Collective: one all-gather of the size
+    (and, for up to 4 values, the values themselves, so a scalar check such as ``num_experts``
+    costs one tiny all-gather), then for larger tensors one all-gather of the values.
+    ``device``: where the all-gathers run (default the CPU; pass the device the group's backend
+    works on, e.g. the one its other collectives use). ``hint`` ends the message."""
     W = dist.get_world_size(group)
     if W == 1:
         return
+    dev = torch.device("cpu") if device is None else torch.device(device)
     flat = values.detach().reshape(-1).to(torch.float64).cpu()
-    n = torch.tensor([flat.numel()], dtype=torch.int64)
-    sizes = torch.empty(W, dtype=torch.int64)
-    dist.all_gather_into_tensor(sizes, n, group=group)
+    n = flat.numel()
+    head = torch.zeros(1 + _HEAD, dtype=torch.float64)
+    head[0] = n
+    if n <= _HEAD:
+        head[1:1 + n] = flat
+    heads = torch.empty(W * (1 + _HEAD), dtype=torch.float64, device=dev)
+    dist.all_gather_into_tensor(heads, head.to(dev), group=group)
+    heads = heads.view(W, 1 + _HEAD).cpu()
+    sizes = heads[:, 0].long()
     if bool((sizes != sizes[0]).any()):
         raise ValueError(f"{what} has different sizes on the ranks: {sizes.tolist()}")
-    everyone = torch.empty(W * flat.numel(), dtype=torch.float64)
-    dist.all_gather_into_tensor(everyone, flat, group=group)
-    everyone = everyone.view(W, -1)
+    if n <= _HEAD:
+        everyone = heads[:, 1:1 + n]
+    else:
+        everyone = torch.empty(W * n, dtype=torch.float64, device=dev)
+        dist.all_gather_into_tensor(everyone, flat.to(dev), group=group)
+        everyone = everyone.view(W, n).cpu()
     diff = ~torch.all(everyone == everyone[0], dim=1)
     if bool(diff.any()):
         bad = torch.nonzero(diff).flatten().tolist()
-        raise ValueError(f"{what} differs between ranks: ranks {bad} disagree with rank 0 "
-                         "(every rank must pass the same loads / placement, e.g. predict from "
-                         "counts summed over the group)")
+        shown = ""
+        if n <= _HEAD:
+            vals = everyone if values.is_floating_point() else everyone.long()
+            vals = vals[:, 0].tolist() if n == 1 else vals.tolist()
+            shown = f": per-rank values {vals}"
+        raise ValueError(f"{what} differs between ranks: ranks {bad} disagree with rank 0{shown} "
+                         f"({hint})")
 
 
 def canonical(placement: Placement) -> Placement:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..ops import checks as _checks
+from .aux_loss import _check_num_experts
 
 Tensor = torch.Tensor
 
@@ -52,7 +53,8 @@ class ExpertLoadPredictor:
         horizon: steps the prediction should cover (the re-planning interval); ``trend``,
             ``adaptive_ema`` and ``robust`` use it.
         group: if given, :meth:`update` sums the counts over this group (the DP group) with one
-            ``all_reduce`` so every rank predicts the same global load.
+            ``all_reduce`` so every rank predicts the same global load (first one tiny all-gather:
+            a ``num_experts`` that differs between ranks raises the same ``ValueError`` on each).
 
     ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor; counts
     that are NaN, infinite or negative raise a ``ValueError`` (on every rank: the check runs on
@@ -95,6 +97,7 @@ class ExpertLoadPredictor:
                             "one count per expert")
         x = tokens_per_expert.detach().to(torch.float64).cpu().clone()
         if self.group is not None:
+            _check_num_experts(self.num_experts, self.group, "num_experts (ExpertLoadPredictor)")
             dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
         _check_counts(x)
         self.history.append(x)

@@ -31,6 +31,9 @@ _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.flo
 _META_NAMES = ["tokens dtype", "hidden size H (tokens.shape[1])", "top-k K (topk_idx.shape[1])",
                "probs (dtype code, -1 = no probs)", "num_experts E", "expert_to_rank (checksum)",
                "algorithm", "autograd (grad enabled and tokens/probs require grad)"]
+# columns 1.. of the metadata row every combine exchanges (column 0: "arguments rejected")
+_COMBINE_META_NAMES = ["expert_output dtype", "hidden size of expert_output (expert_output.shape[1])",
+                       "algorithm of the handle"]
 
 
 
@@ -305,25 +308,43 @@ class MoEDispatcher:
             int(grad),
         ]
 
-    def _header(self, meta: List[int], payload: Tensor, error: Optional[BaseException]) -> Tensor:
+    def _header(self, meta: List[int], payload: Tensor, error: Optional[BaseException], *,
+                call: str = "dispatch") -> Tensor:
         """Collective over the EP group: all-gather ``meta + payload`` (int64, the same length on
         every rank), raise on every rank if any rank rejected its arguments or the metadata
-        disagree, else return the ``[W, P]`` payload table (CPU)."""
-        row = torch.cat([torch.tensor(meta, dtype=torch.int64), payload.detach().to("cpu", torch.int64)])
-        table = C.gather_ints(row, self.topology.group, "dispatch: metadata and count exchange "
-                              "(EP group)", device=self._meta_device())
+        disagree, else return the ``[W, P]`` payload table (CPU). ``call``: ``"dispatch"``
+        (columns ``_META_NAMES``) or ``"combine"`` (``_COMBINE_META_NAMES``, no payload)."""
+        payload = payload.detach().to("cpu", torch.int64).reshape(-1)
+        P = payload.numel()
+        # "auto" resolves per rank from its own K, so ranks that disagree on K may have picked
+        # different algorithms (payload lengths): pad to the longest possible payload so the
+        # exchange has one size on every rank and the K column raises the documented error
+        width = self._header_width() if call == "dispatch" else 0
+        row = torch.cat([torch.tensor(meta, dtype=torch.int64), payload,
+                         torch.zeros(max(width - P, 0), dtype=torch.int64)])
+        what = ("dispatch: metadata and count exchange (EP group)" if call == "dispatch"
+                else "combine: metadata exchange (EP group)")
+        table = C.gather_ints(row, self.topology.group, what, device=self._meta_device())
         if error is not None:
             raise error
         failed = torch.nonzero(table[:, 0]).flatten().tolist()
         if failed:
-            raise SplitMismatchError(f"EP ranks {failed} rejected their dispatch arguments (the "
+            raise SplitMismatchError(f"EP ranks {failed} rejected their {call} arguments (the "
                                      "error is raised on those ranks)")
-        for col, name in enumerate(_META_NAMES, start=1):
+        names = _META_NAMES if call == "dispatch" else _COMBINE_META_NAMES
+        for col, name in enumerate(names, start=1):
             vals = table[:, col]
             if bool((vals != vals[0]).any()):
                 raise SplitMismatchError(f"EP ranks disagree on {name}: per-rank values "
                                          f"{vals.tolist()}")
-        return table[:, len(meta):]
+        return table[:, len(meta):len(meta) + P]
+
+    def _header_width(self) -> int:
+        """Payload length of the metadata exchange: the algorithm's own (every rank runs the same
+        one), or with ``"auto"`` the longest of flat's (``E``) and hierarchical's (``N + W``)."""
+        if self.algorithm != "auto" or self.topology.num_nodes == 1:
+            return 0
+        return max(self.num_experts, self.topology.num_nodes + self.topology.world_size)
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor] = None, *,
@@ -633,6 +654,20 @@ class MoEDispatcher:
         return finish
 
     # ---------------------------------------------------------------- combine
+    @staticmethod
+    def _check_combine_args(expert_output, handle) -> None:
+        if not isinstance(handle, DispatchHandle) or not handle._state:
+            raise TypeError("handle must be the DispatchHandle returned by a finished dispatch")
+        _checks.check_tensor("expert_output", expert_output, ndim=2, dtypes=_checks.FLOAT_DTYPES)
+        st = handle._state
+        if "rows" in st:  # hierarchical schemes
+            expected = st["rows"]
+        else:
+            expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
+        if expert_output.shape[0] != expected:
+            raise ValueError(f"expert_output must have {expected} rows (the rows dispatch "
+                             f"delivered to this rank), got {expert_output.shape[0]}")
+
     def combine(self, expert_output: Tensor, handle: DispatchHandle, *, async_op: bool = False):
         """Return expert outputs to their tokens: ``out[t] = sum_k w[t,k] * y[t,k]``.
 
@@ -647,18 +682,28 @@ class MoEDispatcher:
             ``[T, H']`` in ``expert_output``'s dtype, weighted by ``probs`` when dispatch had them
             (else a plain sum over kept slots). Differentiable w.r.t. ``expert_output`` and
             (through the dispatch) ``probs``.
+
+        Errors: one small all-gather over the EP group comes first (4 int64 per rank): bad
+        arguments raise ``ValueError``/``TypeError`` on the rank that passed them and
+        :class:`SplitMismatchError` on every other rank; an ``expert_output`` dtype or ``H'`` (or
+        handle algorithm) that differs between ranks raises :class:`SplitMismatchError` naming it
+        on every rank.
         """
-        if not isinstance(handle, DispatchHandle) or not handle._state:
-            raise TypeError("handle must be the DispatchHandle returned by a finished dispatch")
-        _checks.check_tensor("expert_output", expert_output, ndim=2, dtypes=_checks.FLOAT_DTYPES)
+        error = None
+        try:
+            self._check_combine_args(expert_output, handle)
+        except (ValueError, TypeError) as e:
+            error = e
+        # one tiny all-gather (4 int64 per rank; the combine has no count exchange to carry it):
+        # argument errors, dtype, H' or algorithm differing between ranks raise on every rank
+        # before any data moves (gloo aborts the process on an all-to-all of unequal row sizes)
+        ok = error is None
+        self._header([0 if ok else 1,
+                      _DTYPE_CODES.get(expert_output.dtype, 0) if ok else 0,
+                      expert_output.shape[1] if ok else -1,
+                      ALGORITHMS.index(handle.algorithm) if ok else -1],
+                     torch.zeros(0, dtype=torch.int64), error, call="combine")
         st = handle._state
-        if "rows" in st:  # hierarchical schemes
-            expected = st["rows"]
-        else:
-            expected = sum(st["recv"]) if st["local_map"] is None else st["local_map"].shape[0]
-        if expert_output.shape[0] != expected:
-            raise ValueError(f"expert_output must have {expected} rows (the rows dispatch "
-                             f"delivered to this rank), got {expert_output.shape[0]}")
         topo = self.topology
         y = expert_output
         pending = Pending() if async_op else None
@@ -677,6 +722,11 @@ class MoEDispatcher:
             # slots on this rank), then inside the node: one per (token, node)
             if st["local_map"] is not None:
                 y = _unpermute(y, st["local_map"], st["probs2"])
+            elif st["probs2"] is not None:
+                # no local expert: no row arrived (y and probs2 have 0 rows), but the probs must
+                # stay in the graph so this rank runs the backward all-to-all of the slots and
+                # probs that its peers run (and gets its probs' gradient back through it)
+                y = y + st["probs2"].sum(1, keepdim=True).to(y.dtype)
             back2 = C.all_to_all(y, st["recv"], st["send"], topo.intra_group, debug=self.debug,
                                  what="combine: all-to-all of partial sums (intra-node group)")
             partial = _unpermute(back2, st["rmap2"], None)
