@@ -216,6 +216,23 @@ def test_capacity_for_rejects_bad_sizes(args, name):
     with pytest.raises(TypeError, match="^num_experts must be an int"):
         capacity_for(10, 2, 4.0, 1.0)
     assert capacity_for(0, 2, 4, 1.5) == 0          # T = 0 is valid
+    for bad in (float("nan"), float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0"):
+            capacity_for(10, 2, 4, bad)
+
+
+def test_capacity_for_and_the_capacity_layer_compile_with_symbolic_sizes():
+    """The docstring's promise: symbolic sizes and factor under torch.compile(dynamic=True) (a symbolic
+    float cannot go through math.isfinite); the same capacity, and the MoE layer's output, as eager."""
+    f = torch.compile(lambda x, cf: x[:capacity_for(x.shape[0], 2, 4, cf)], fullgraph=True, dynamic=True,
+                      backend="eager")
+    for T, cf in ((9, 1.5), (11, 1.25)):
+        assert f(torch.randn(T, 2), cf).shape[0] == min(T, capacity_for(T, 2, 4, cf))
+    from ascend_moe_ops.nn import MoELayer
+    torch.manual_seed(0)
+    layer = MoELayer(8, 4, 8, 2, capacity_factor=1.25)
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True, dynamic=True, backend="eager")(x), layer(x))
 
 
 # ================================================================================================

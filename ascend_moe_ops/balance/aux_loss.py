@@ -260,8 +260,10 @@ def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: 
     for name, value, minimum in (("num_tokens", num_tokens, 0), ("topk", topk, 1),
                                  ("num_experts", num_experts, 1)):
         _checks.check_int(name, value, minimum=minimum)
+    # comparisons rather than math.isfinite, which a symbolic float (torch.compile(dynamic=True))
+    # cannot trace; NaN fails both
     if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
-            or not math.isfinite(capacity_factor) or capacity_factor <= 0:
+            or not 0 < capacity_factor < math.inf:
         raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
     return int(math.ceil(capacity_factor * num_tokens * topk / num_experts))
 
