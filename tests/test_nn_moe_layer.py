@@ -264,6 +264,26 @@ def test_expert_bias_selects_only_and_update_rule():
         layer.update_expert_bias(tokens_per_expert=torch.ones(3))
 
 
+@pytest.mark.parametrize("cast", ["bfloat16", "half", "double", "to_bf16"])
+def test_balancing_buffers_stay_fp32_under_a_module_cast(cast):
+    """expert_bias and tokens_per_expert are fp32 buffers (the docs): .bfloat16() / .half() / .double()
+    / .to(dtype) cast the weights only. In bf16 the counts stopped being exact past 256 tokens (3 x 1000
+    counted 3008) and a 1e-3 bias step vanished next to a bias of 1."""
+    layer = MoELayer(4, 2, 4, 1, expert_bias=True)
+    layer = layer.to(torch.bfloat16) if cast == "to_bf16" else getattr(layer, cast)()
+    r = layer.router
+    assert r.expert_bias.dtype == r.tokens_per_expert.dtype == torch.float32
+    assert r.weight.dtype == {"bfloat16": torch.bfloat16, "half": torch.float16, "double": torch.float64,
+                              "to_bf16": torch.bfloat16}[cast]
+    for _ in range(3):
+        layer(torch.randn(1000, 4, dtype=r.weight.dtype))
+    assert r.tokens_per_expert.sum().item() == 3000
+    r.expert_bias.fill_(1.0)
+    layer.update_expert_bias(rate=1e-3, tokens_per_expert=torch.tensor([10.0, 0.0]))
+    torch.testing.assert_close(r.expert_bias, torch.tensor([1.0 - 1e-3, 1.0 + 1e-3]))
+    assert layer.state_dict()["router.expert_bias"].dtype == torch.float32
+
+
 def dense_moe_scaled_first(layer: MoELayer, x: torch.Tensor) -> torch.Tensor:
     """score_before_experts oracle: every routed token scaled by its prob, then its expert MLP."""
     ids, probs, _ = layer.router(x)

@@ -164,6 +164,8 @@ class TopKRouter(nn.Module):
     * ``expert_bias=True``: an ``expert_bias [E]`` fp32 buffer (aux-loss-free load balancing,
       DeepSeek-V3): added to the scores for the top-k *selection only*; the returned probs are the
       unbiased scores of the selected experts. :meth:`update_expert_bias` applies the update rule.
+      It and the ``tokens_per_expert`` counts stay fp32 when the module is cast (``.bfloat16()``,
+      ``.half()``, ``.to(dtype)``: only the device of such a call applies to them).
     """
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, score_func: str = "softmax",
@@ -207,6 +209,20 @@ class TopKRouter(nn.Module):
     @property
     def route_norm(self) -> bool:
         return self.norm_topk_prob
+
+    _FP32_BUFFERS = ("expert_bias", "tokens_per_expert")
+
+    def _apply(self, fn, recurse=True):
+        # .half() / .bfloat16() / .to(dtype) cast every float buffer; the balancing buffers stay fp32
+        # (in bf16 the token counts stop being exact past 256 and a 1e-3 bias step vanishes), taking
+        # only the device the conversion chose
+        keep = {n: self._buffers[n] for n in self._FP32_BUFFERS if self._buffers.get(n) is not None}
+        out = super()._apply(fn, recurse)
+        for n, old in keep.items():
+            new = self._buffers[n]
+            if new.dtype != torch.float32:
+                self._buffers[n] = old.to(device=new.device)
+        return out
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         """``x [T, H]`` -> ``(topk_ids [T, k] int64, topk_probs [T, k] fp32, scores [T, E] fp32)``."""
