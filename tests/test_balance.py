@@ -221,6 +221,15 @@ def test_capacity_for_rejects_bad_sizes(args, name):
             capacity_for(10, 2, 4, bad)
 
 
+def test_aux_loss_coeff_must_be_finite():
+    scores, routing = torch.rand(6, 4).softmax(-1), torch.randint(0, 4, (6, 2))
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="coeff must be a finite number"):
+            aux_loss(scores, routing, coeff=bad)
+    with pytest.raises(TypeError, match="coeff must be a float"):
+        aux_loss(scores, routing, coeff="0.01")
+
+
 def test_capacity_for_and_the_capacity_layer_compile_with_symbolic_sizes():
     """The docstring's promise: symbolic sizes and factor under torch.compile(dynamic=True) (a symbolic
     float cannot go through math.isfinite); the same capacity, and the MoE layer's output, as eager."""

@@ -231,6 +231,16 @@ def test_a_huge_finite_scale_gives_the_reference_answer(backend):
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=0)
 
 
+def test_flags_must_be_bools():
+    """return_lse="no" (a truthy string) returned (out, lse): flags are bools, named in the error."""
+    q = torch.randn(4, 2, 8)
+    cu = torch.tensor([0, 4])
+    with pytest.raises(TypeError, match="return_lse must be a bool"):
+        amo.flash_attention(q, q, q, cu_seqlens=cu, max_seqlen=4, return_lse="no")
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        amo.flash_attention(q, q, q, cu_seqlens=cu, max_seqlen=4, causal=1)
+
+
 def test_softmax_scale_past_float32_is_taken_in_float64():
     """The finiteness rule follows the accumulation type: 1e39 is refused for float32 inputs (it is inf
     there: test_op_contracts) and taken for float64 ones, where it is finite."""

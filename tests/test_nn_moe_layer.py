@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import contextlib
 
 from ascend_moe_ops import _backends
-from ascend_moe_ops.nn import GroupedMLP, MoELayer
+from ascend_moe_ops.nn import GroupedMLP, MoELayer, SharedExpertMLP
 from ascend_moe_ops.testing import assert_close_to_ref
 from conftest import backends
 
@@ -370,6 +370,26 @@ def test_sizes_are_ints_named_in_the_error(bad, err):
         from ascend_moe_ops.nn import TopKRouter
         with pytest.raises(err, match=name):
             TopKRouter(kw["hidden_size"], kw["num_experts"], kw["top_k"])
+
+
+@pytest.mark.parametrize("make, err, name", [
+    (lambda: GroupedMLP(-1, 4, 4), ValueError, "num_experts"),
+    (lambda: GroupedMLP(2.5, 4, 4), TypeError, "num_experts"),
+    (lambda: GroupedMLP(2, 4, 0), ValueError, "ffn_hidden_size"),
+    (lambda: GroupedMLP(2, 0, 4), ValueError, "hidden_size"),
+    (lambda: GroupedMLP(2, 4, 4, num_layers=0), ValueError, "num_layers"),
+    (lambda: GroupedMLP(2, 4, 4, init_std=float("nan")), ValueError, "init_std"),
+    (lambda: MoELayer(4, 4, 4, 2, shared_expert_ffn_hidden_size=-3), ValueError, "shared_expert_ffn_hidden_size"),
+    (lambda: MoELayer(4, 4, 4, 2, init_std=-1.0), ValueError, "init_std"),
+    (lambda: SharedExpertMLP(4, 0), ValueError, "shared_expert_ffn_hidden_size"),
+])
+def test_module_constructors_name_the_bad_argument(make, err, name):
+    """Every module constructor checks its sizes and init_std (they reached torch.empty / normal_,
+    whose messages name no argument; GroupedMLP took ffn_hidden_size=0, which MoELayer refuses)."""
+    with pytest.raises(err, match=name):
+        make()
+    assert GroupedMLP(0, 4, 4).weight1.shape == (4, 0)  # an EP rank that owns no expert
+    assert MoELayer(4, 4, 4, 2, shared_expert_ffn_hidden_size=0).shared_experts is None
 
 
 def test_copy_after_a_training_forward_and_bad_expert_weights():

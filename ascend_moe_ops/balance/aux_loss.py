@@ -124,6 +124,7 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    coeff = _checks.check_float("coeff", coeff, finite=True)
     _checks.check_tensor("scores", scores, ndim=2, dtypes=_checks.FLOAT_DTYPES)
     T, E = scores.shape
     _check_routing(routing, E, T, scores.device)
@@ -198,10 +199,9 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES)
     _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
     _checks.check_shape("tokens_per_expert", tokens_per_expert, bias.shape, "one count per expert")
-    rate = _checks.check_float("rate", rate)
-    if not math.isfinite(rate) or rate < 0:
-        raise ValueError(f"rate must be a finite number >= 0, got {rate!r} (a NaN or infinite rate makes every "
-                         f"bias NaN or infinite for the rest of training)")
+    rate = _checks.check_float("rate", rate, finite=True, minimum=0,
+                               why=" (a NaN or infinite rate makes every bias NaN or infinite for the rest of "
+                                   "training)")
     _check_counts(tokens_per_expert)
     load = tokens_per_expert.to(torch.float64 if bias.dtype == torch.float64 else torch.float32)
     if group is not None:

@@ -222,9 +222,7 @@ class MoveCost:
     def __post_init__(self):
         _checks.check_int("params_per_expert", self.params_per_expert, minimum=1)
         for name in ("param_bytes", "state_bytes", "grad_bytes"):
-            v = _checks.check_float(name, getattr(self, name))
-            if not v >= 0:
-                raise ValueError(f"{name} must be >= 0, got {v}")
+            _checks.check_float(name, getattr(self, name), minimum=0)
 
     @property
     def bytes_per_copy(self) -> int:

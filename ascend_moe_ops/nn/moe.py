@@ -60,6 +60,12 @@ class GroupedMLP(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, *,
                  init_std: float = 0.02, num_layers: Optional[int] = None, dtype=None, device=None):
         super().__init__()
+        _checks.check_int("num_experts", num_experts, minimum=0)  # 0: an EP rank that owns no expert
+        _checks.check_int("hidden_size", hidden_size, minimum=1)
+        _checks.check_int("ffn_hidden_size", ffn_hidden_size, minimum=1)
+        _check_init_std(init_std)
+        if num_layers is not None:
+            _checks.check_int("num_layers", num_layers, minimum=1)
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.ffn_hidden_size = ffn_hidden_size
@@ -129,6 +135,9 @@ class SharedExpertMLP(nn.Module):
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, *, init_std: float = 0.02, dtype=None, device=None):
         super().__init__()
+        _checks.check_int("hidden_size", hidden_size, minimum=1)
+        _checks.check_int("shared_expert_ffn_hidden_size", ffn_hidden_size, minimum=1)
+        _check_init_std(init_std)
         self.linear_fc1 = nn.Linear(hidden_size, 2 * ffn_hidden_size, bias=False, dtype=dtype, device=device)
         self.linear_fc2 = nn.Linear(ffn_hidden_size, hidden_size, bias=False, dtype=dtype, device=device)
         nn.init.normal_(self.linear_fc1.weight, std=init_std)
@@ -136,6 +145,11 @@ class SharedExpertMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear_fc2(swiglu(self.linear_fc1(x)))
+
+
+def _check_init_std(init_std) -> None:
+    """The weights' N(0, init_std): a finite std >= 0 (torch's normal_ names no argument)."""
+    _checks.check_float("init_std", init_std, finite=True, minimum=0)
 
 
 def _check_hidden(x, hidden_size: int, what: str) -> None:
@@ -175,6 +189,7 @@ class TopKRouter(nn.Module):
         super().__init__()
         for name, v in (("hidden_size", hidden_size), ("num_experts", num_experts), ("top_k", top_k)):
             _checks.check_int(name, v, minimum=1)  # a bool is not an int here (top_k=True is not 1)
+        _check_init_std(init_std)
         if score_func not in ("softmax", "sigmoid"):
             raise ValueError(f"score_func must be 'softmax' or 'sigmoid', got {score_func!r}")
         if not 1 <= top_k <= num_experts:
@@ -370,6 +385,8 @@ class MoELayer(nn.Module):
         for name, v in (("hidden_size", hidden_size), ("num_experts", num_experts),
                         ("ffn_hidden_size", ffn_hidden_size), ("top_k", top_k)):
             _checks.check_int(name, v, minimum=1)
+        if shared_expert_ffn_hidden_size is not None:  # None or 0: no shared expert
+            _checks.check_int("shared_expert_ffn_hidden_size", shared_expert_ffn_hidden_size, minimum=0)
         if isinstance(overlap_chunks, bool) or not isinstance(overlap_chunks, int) or overlap_chunks < 1:
             raise ValueError(f"overlap_chunks must be a positive int, got {overlap_chunks!r}")
         if dispatcher is None and overlap_chunks != 1:

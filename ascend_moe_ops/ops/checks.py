@@ -5,6 +5,7 @@ the specs' checks (``_contracts.py``) and ``csrc/common/<family>_checks.h``."""
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -45,11 +46,26 @@ def check_int(name: str, value, *, minimum: Optional[int] = None) -> int:
     return value
 
 
-def check_float(name: str, value) -> float:
-    """A Python int or float (not a bool), returned as float."""
+def check_bool(name: str, value) -> bool:
+    """A Python bool (a truthy string or int is not one: ``return_lse="no"`` returned the lse)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_float(name: str, value, *, finite: bool = False, minimum: Optional[float] = None,
+                why: str = ""):
+    """A Python int or float (not a bool), returned as float; with ``finite`` not NaN nor infinite,
+    with ``minimum`` ``>= minimum`` (comparisons only, so a symbolic float under ``torch.compile``
+    passes through unchanged). ``why`` ends the ValueError's message."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    return float(value)
+    if finite and not -math.inf < value < math.inf:
+        raise ValueError(f"{name} must be a finite number{'' if minimum is None else f' >= {minimum}'}, "
+                         f"got {value!r}{why}")
+    if minimum is not None and not value >= minimum:
+        raise ValueError(f"{name} must be {'a finite number ' if finite else ''}>= {minimum}, got {value!r}{why}")
+    return value if isinstance(value, torch.SymFloat) else float(value)
 
 
 def is_fake(t: torch.Tensor) -> bool:

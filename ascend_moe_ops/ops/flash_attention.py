@@ -190,8 +190,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         accumulation is fp32.
     """
     _check_layout(q, k, v)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    checks.check_bool("causal", causal)
+    checks.check_bool("return_lse", return_lse)
     if lse_layout not in LSE_LAYOUTS:
         raise ValueError(f"lse_layout must be one of {LSE_LAYOUTS}, got {lse_layout!r}")
     packed = (cu_seqlens, cu_seqlens_q, cu_seqlens_k)

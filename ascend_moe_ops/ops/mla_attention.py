@@ -212,8 +212,7 @@ def mla_attention(q: Tensor, c_kv: Tensor, k_pe: Tensor, w_kv_up: Tensor, *, num
         checks.check_int(name, val)
     if recompute not in ("kv", "none"):
         raise ValueError(f"recompute must be 'kv' or 'none', got {recompute!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    checks.check_bool("causal", causal)
     softmax_scale = checks.check_float("softmax_scale", softmax_scale)
     # layout only (what packing needs); heads, dims, dtypes and devices are checked at the op
     if q.dim() not in (3, 4):
