@@ -285,6 +285,16 @@ def test_a2_bench_case_roofline_and_sensitivity():
     assert "parameter" in ab.format_sensitivity(rows)
 
 
+def test_a2_bench_a_backward_case_alone_records_only_its_own_launches():
+    """``--ops moe_unpermute`` or ``--ops "flash_attention bwd"`` alone: the forward that makes their
+    inputs runs unrecorded (its launch had been modelled into the backward's time)."""
+    from ascend_moe_ops.perfmodel import a2_bench as ab
+    by_op = {c.op: c for c in ab.cases("quick")}
+    kernels = {op: {l["kernel"] for l in ab.record_case(by_op[op])} for op in ("moe_unpermute", "flash_attention bwd")}
+    assert kernels["moe_unpermute"] == {"amo_moe_unpermute"}
+    assert kernels["flash_attention bwd"] and not any(k.startswith("amo_fa_") for k in kernels["flash_attention bwd"])
+
+
 def test_bench_cli_a2_model_says_when_a_preset_has_no_cases(capsys):
     from ascend_moe_ops.benchmark.cli import _a2_model
     assert _a2_model("deepseek-v3") is None

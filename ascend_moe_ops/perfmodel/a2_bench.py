@@ -60,6 +60,9 @@ class Case:
     flops: int
     nbytes: int
     formula: str
+    #: run before the recording starts (the inputs a backward case needs from its forward): without it
+    #: ``--ops moe_unpermute`` or ``--ops "flash_attention bwd"`` alone recorded the forward launch too
+    setup: Optional[Callable[[], None]] = None
 
 
 @dataclasses.dataclass
@@ -125,9 +128,11 @@ def cases(preset: str) -> List[Case]:
     def permute():
         state["perm"] = ops.moe_permute(tokens, routing, None, E, None, 1, None)
 
-    def unpermute():
+    def need_perm():
         if "perm" not in state:
             permute()
+
+    def unpermute():
         perm, _, row_map, _, _ = state["perm"]
         ops.moe_unpermute(perm, row_map, probs)
 
@@ -135,7 +140,8 @@ def cases(preset: str) -> List[Case]:
     out.append(Case("moe_permute", tag, permute, 0, (T * H + N * H) * 2 + T * K * 4 + N * 4,
                     "bytes = (T*H + N*H)*2 + T*K*4 + N*4 (read tokens, write N = T*K rows, int32 maps)"))
     out.append(Case("moe_unpermute", tag + " probs", unpermute, 0, (N * H + T * H) * 2 + T * K * 8,
-                    "bytes = (N*H + T*H)*2 + T*K*8 (read N rows, write tokens, int32 map + fp32 probs)"))
+                    "bytes = (N*H + T*H)*2 + T*K*8 (read N rows, write tokens, int32 map + fp32 probs)",
+                    need_perm))
     for E_, M, K_, N_, kind in p["gemm"]:
         sizes = _balanced(E_, M)
         x = torch.randn(M, K_, generator=g).to(bf)
@@ -161,9 +167,11 @@ def cases(preset: str) -> List[Case]:
         def fa_fwd(q=q, k=k, v=v, cu=cu, S=S, st=fwd_st):
             st["o"] = ops.flash_attention_fwd(q, k, v, None, cu, cu, S, S, True, SCALE)
 
-        def fa_bwd(q=q, k=k, v=v, cu=cu, S=S, st=fwd_st):
+        def need_fwd(st=fwd_st, fwd=fa_fwd):
             if "o" not in st:
-                fa_fwd()
+                fwd()
+
+        def fa_bwd(q=q, k=k, v=v, cu=cu, S=S, st=fwd_st):
             o, lse = st["o"]
             ops.flash_attention_bwd(o, q, k, v, None, o, lse, cu, cu, S, S, True, SCALE)
 
@@ -173,7 +181,8 @@ def cases(preset: str) -> List[Case]:
                         "flops = 2*H*P*(Dqk+Dv), P = S(S+1)/2; bytes = q, k, v, out (bf16) + lse (fp32)"))
         out.append(Case("flash_attention bwd", name, fa_bwd, 2 * Hh * P * (3 * DQK + 2 * DV),
                         2 * io + S * Hh * DV * 2,
-                        "flops = 2*H*P*(3*Dqk+2*Dv); bytes = q, k, v, out, dout, dq, dk, dv (bf16) + lse"))
+                        "flops = 2*H*P*(3*Dqk+2*Dv); bytes = q, k, v, out, dout, dq, dk, dv (bf16) + lse",
+                        need_fwd))
         out.append(_mla_case(S, Hh, g))
     return out
 
@@ -204,7 +213,11 @@ def _mla_case(S, Hh, g) -> Case:
 
 
 def record_case(c: Case) -> List[dict]:
-    """Run a case once on the emulator with the recorder on (Cube arithmetic skipped: timing only)."""
+    """Run a case once on the emulator with the recorder on (Cube arithmetic skipped: timing only);
+    its ``setup`` first, unrecorded."""
+    if c.setup is not None:
+        with tl.recording(skip_compute=True):
+            c.setup()
     with tl.recording(skip_compute=True) as launches:
         c.run()
     return launches
