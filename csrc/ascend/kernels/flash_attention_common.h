@@ -307,23 +307,27 @@ class FaCube {
   // A . B into c (rows x cols, K = kc). A is ND in GM with row stride aStride: A itself (rows x kc,
   // !transA) or A^T (kc x rows, transA: each fractal is transposed on its way to L0A). B likewise:
   // B^T (cols x kc, transB) or B (kc x cols, !transB). init: C = A.B, else C += A.B.
+  // bReady: B (!transB) is already in L1, copied by PrefetchB (its queue's next tile).
   __aicore__ inline void MatMul(const LocalTensor<float>& c, const GlobalTensor<T>& a, int64_t aStride,
                                 const GlobalTensor<T>& b, int64_t bStride, bool transB, int64_t rows, int64_t cols,
-                                int64_t kc, bool init, bool transA = false) {
+                                int64_t kc, bool init, bool transA = false, bool bReady = false) {
     const uint32_t mp = Up16(rows), np = Up16(cols), kp = Up16(kc);
     LocalTensor<T> a1 = l1A_.template AllocTensor<T>();
-    LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
+    LocalTensor<T> b1;
+    if (!bReady) b1 = l1B_.template AllocTensor<T>();
     if (kc % 16) {  // K padding must be zero: the Cube sums whole K fractals
       ZeroCubeBuffer<TPosition::A1>(a1, mp * kp);
-      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
+      if (!bReady) ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
       PipeBarrier<PIPE_MTE2>();  // the L1 fill and the ND2NZ copy below both write L1 on MTE2
     }
     if (transA) Nd2Nz(a1, a, kc, rows, aStride, kp);  // L1 holds (k, m) fractals, m-major
     else Nd2Nz(a1, a, rows, kc, aStride, mp);        // L1 holds (m, k) fractals, k-major
-    if (transB) Nd2Nz(b1, b, cols, kc, bStride, np);
-    else Nd2Nz(b1, b, kc, cols, bStride, kp);
+    if (!bReady) {
+      if (transB) Nd2Nz(b1, b, cols, kc, bStride, np);
+      else Nd2Nz(b1, b, kc, cols, bStride, kp);
+      l1B_.EnQue(b1);
+    }
     l1A_.EnQue(a1);
-    l1B_.EnQue(b1);
     a1 = l1A_.template DeQue<T>();
     b1 = l1B_.template DeQue<T>();
     LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
@@ -367,6 +371,19 @@ class FaCube {
     Mmad(c, a0, b0, mm);
     l0A_.FreeTensor(a0);
     l0B_.FreeTensor(b0);
+  }
+
+  // B (kc x cols, !transB) of the next MatMul(..., bReady = true) copied into L1 now: the fused
+  // forward copies V_j while it waits for its AIVs' P_j (V_j does not depend on P_j).
+  __aicore__ inline void PrefetchB(const GlobalTensor<T>& b, int64_t bStride, int64_t cols, int64_t kc) {
+    const uint32_t np = Up16(cols), kp = Up16(kc);
+    LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
+    if (kc % 16) {
+      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
+      PipeBarrier<PIPE_MTE2>();
+    }
+    Nd2Nz(b1, b, kc, cols, bStride, kp);
+    l1B_.EnQue(b1);
   }
 
   // ---- fused forward: the item's Q block stays in L1 across its key blocks ----------------------

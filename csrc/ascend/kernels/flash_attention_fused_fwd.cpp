@@ -94,10 +94,12 @@ class FaFused {
       // lookahead: overlaps the softmax of j .. j + kFaSlots - 2
       if (j + kFaSlots - 1 < it.keyBlocks) ScoresBlock(it, qRow, j + kFaSlots - 1);
       const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
+      // V_j does not depend on P_j: its copy runs while the AIC waits for the AIVs' P_j
+      cube_.PrefetchB(v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, t_.Dv, cols);
       CrossCoreWaitFlag(FaFlag(kFaFlagP, slot));
       LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
       cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
-                   t_.Dv, cols, true);
+                   t_.Dv, cols, true, false, true);
       cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
       CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagO, slot));
     }
