@@ -741,6 +741,88 @@ def scenario_num_experts_mismatch(ctx):
     scenario_group_helpers(ctx)
 
 
+ARG_ERROR_TIMEOUT_S = 5   # the groups of scenario_one_rank_bad_arguments: a hang fails fast
+
+
+def scenario_one_rank_bad_arguments(ctx):
+    """Rank 1 passes a bad argument to each group collective of balance (aux_loss's group
+    levels, update_expert_bias, drop_stats, ExpertLoadPredictor.update, PlacementExecutor.apply)
+    while the others pass good ones: rank 1 raises its own error naming the argument, every
+    other rank of the group a ValueError naming rank 1 and the function, at once (the flag rides
+    on check_consistent's first all-gather; before, the peers waited in the collective until the
+    process-group timeout: short here, ARG_ERROR_TIMEOUT_S). Each group stays usable: the good
+    call that follows works."""
+    import time
+    import torch.distributed as dist
+    from ascend_moe_ops.balance import PlacementExecutor
+    rank, world, E = ctx["rank"], ctx["world"], 6
+    timeout = datetime.timedelta(seconds=ARG_ERROR_TIMEOUT_S)
+    world_group = dist.new_group(list(range(world)), timeout=timeout)
+    ep = [dist.new_group([0, 1], timeout=timeout), dist.new_group([2, 3], timeout=timeout)][rank // 2]
+    sync = dist.new_group(list(range(world)), timeout=timeout)   # keeps the ranks in step
+    bad = rank == 1
+    scores, ids = _rank_data(rank, E)
+    local = expert_counts(ids, E)
+    total = sum(expert_counts(_rank_data(r, E)[1], E) for r in range(world))
+
+    def expect(fn, caller, own, group_ranks=range(world)):
+        t0 = time.time()
+        if bad:
+            with pytest.raises((ValueError, TypeError), match=own):
+                fn()
+        elif 1 in group_ranks:
+            with pytest.raises(ValueError, match=re.escape(
+                    f"{caller}: ranks [1] rejected their arguments (the error is raised on those ranks)")):
+                fn()
+        else:
+            fn()
+        took = time.time() - t0
+        assert took < ARG_ERROR_TIMEOUT_S / 2, (caller, took)
+        dist.barrier(group=sync)   # (before the fix: rank 1 waits here, its peers in `fn`)
+
+    # aux_loss: an expert id out of range at the global level, a wrong shape at the EP level
+    bad_ids = torch.full_like(ids, E) if bad else ids
+    expect(lambda: aux_loss(scores, bad_ids, level="global", group=world_group), "aux_loss",
+           "routing")
+    short = ids[:-1] if bad else ids
+    expect(lambda: aux_loss(scores, short, level="ep_group", group=ep), "aux_loss",
+           "routing must have one row per token", ctx["ep_members"])
+    loss = aux_loss(scores, ids, level="global", group=world_group, coeff=0.1)
+    assert abs(loss.item() - float(ref_aux(scores, ids, E, 2, 0.1, counts=total.tolist(),
+                                           n_tokens=sum(5 + r for r in range(world))))) < 1e-12
+    assert torch.isfinite(aux_loss(scores, ids, level="ep_group", group=ep))
+    # update_expert_bias: a NaN count (the bias stays untouched on every rank)
+    bias = torch.zeros(E)
+    counts = local.float()
+    if bad:
+        counts[0] = float("nan")
+    expect(lambda: update_expert_bias(bias, counts, rate=0.1, group=world_group),
+           "update_expert_bias", "tokens_per_expert")
+    assert torch.equal(bias, torch.zeros(E))
+    update_expert_bias(bias, local, rate=0.1, group=world_group)
+    torch.testing.assert_close(bias, 0.1 * torch.sign(total.float().mean() - total.float()))
+    # drop_stats: a 1-D routing, then a negative capacity
+    expect(lambda: drop_stats(ids.flatten() if bad else ids, num_experts=E, capacity=2,
+                              group=world_group), "drop_stats", "routing")
+    expect(lambda: drop_stats(ids, num_experts=E, capacity=-1 if bad else 2, group=world_group),
+           "drop_stats", "capacity")
+    st = drop_stats(ids, num_experts=E, capacity=2, group=world_group)
+    assert st.routed.tolist() == total.tolist()
+    # ExpertLoadPredictor.update: one count too many (nothing recorded on any rank)
+    pred = ExpertLoadPredictor(E, window=2, method="window_mean", group=world_group)
+    expect(lambda: pred.update(torch.ones(E + 1) if bad else local), "ExpertLoadPredictor.update",
+           "tokens_per_expert")
+    assert pred.steps == 0
+    pred.update(local)
+    torch.testing.assert_close(pred.predict(), total.double())
+    # PlacementExecutor.apply: not a Placement
+    S = E_D // world
+    p0 = Placement.contiguous(E_D, world, S)
+    ex = PlacementExecutor(p0, _make_params(p0, rank), group=world_group)
+    expect(lambda: ex.apply("p0" if bad else p0), "PlacementExecutor.apply", "new must be a Placement")
+    assert ex.apply(_permuted_placement(world, S))["copies"] > 0
+
+
 def _global_weights(dtype=torch.float64):
     g = torch.Generator().manual_seed(7)
     w1 = torch.randn(E_D, H_D, F_D, generator=g, dtype=dtype) * 0.5
@@ -1052,6 +1134,7 @@ SCENARIOS = {
     "aux_levels": scenario_aux_levels,
     "group_helpers": scenario_group_helpers,
     "num_experts_mismatch": scenario_num_experts_mismatch,
+    "one_rank_bad_arguments": scenario_one_rank_bad_arguments,
     "executor_moves": scenario_executor_moves,
     "executor_errors": scenario_executor_errors,
     "layer_expert_mode": scenario_layer_expert_mode,

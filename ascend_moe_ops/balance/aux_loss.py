@@ -25,11 +25,12 @@ import torch
 import torch.distributed as dist
 
 from ..ops import checks as _checks
-from .executor import check_consistent
+from .executor import ArgumentCheck, check_consistent
 
 Tensor = torch.Tensor
 
 LEVELS = ("micro_batch", "sequence", "ep_group", "dp_group", "global")
+_GROUP_LEVELS = LEVELS[2:]
 
 
 def expert_counts(routing: Tensor, num_experts: int) -> Tensor:
@@ -69,12 +70,22 @@ def _check_routing(routing: Tensor, num_experts: int, num_tokens: Optional[int] 
         _checks.check_index_range("routing (expert ids)", routing, -1, num_experts)
 
 
-def _check_num_experts(num_experts: int, group, what: str, device=None) -> None:
+def _check_num_experts(num_experts: Optional[int], group, what: str, device=None, *,
+                       args: ArgumentCheck, caller: str) -> None:
     """Collective over ``group``: the same ``ValueError`` on every rank if the ranks' ``E``
     differ (the count all-reduce that follows would differ in size: gloo aborts the process on
-    that). One tiny all-gather (:func:`check_consistent`), before the counts are reduced."""
-    check_consistent(torch.tensor([num_experts]), group, what, device=device,
-                     hint="every rank of the group must count the same experts")
+    that), and an error on every rank if any rank's argument checks (``args``) failed: that rank
+    raises its own, the others one naming the rejecting ranks and ``caller``. One tiny
+    all-gather (:func:`check_consistent`), before the counts are reduced."""
+    check_consistent(None if args.error is not None else torch.tensor([num_experts]), group, what,
+                     device=device, hint="every rank of the group must count the same experts",
+                     error=args.error, caller=caller)
+
+
+def _device_of(*objs):
+    """Device of the first tensor among ``objs`` (``None``: the CPU), for the check all-gather of
+    a rank whose arguments may be invalid."""
+    return next((o.device for o in objs if isinstance(o, torch.Tensor)), None)
 
 
 def _resolve_group(level: str, group):
@@ -120,19 +131,27 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
         0-d fp32 tensor (fp64 if scores are fp64). Gradient flows only into ``scores``. Over
         zero tokens (``T = 0``, or no token on any rank of the group) the loss is 0 (not NaN)
         and so is its gradient.
-        Every rank of ``group`` must call it (it is a collective for the group levels).
+        Every rank of ``group`` must call it (it is a collective for the group levels). At the
+        group levels an argument one rank rejects raises there and a ``ValueError`` naming that
+        rank on the others (the flag rides on the ``E`` all-gather): never a hang.
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    coeff = _checks.check_float("coeff", coeff, finite=True)
-    _checks.check_tensor("scores", scores, ndim=2, dtypes=_checks.FLOAT_DTYPES)
-    T, E = scores.shape
-    _check_routing(routing, E, T, scores.device)
-    if topk is None:
-        if routing.dtype == torch.bool:
-            raise ValueError("topk is required when routing is a [T, E] mask")
-        topk = routing.shape[1]
-    _checks.check_int("topk", topk, minimum=1)
+    g = _resolve_group(level, group) if level in _GROUP_LEVELS else None
+    with ArgumentCheck() as args:      # collective levels: the error reaches every rank
+        coeff = _checks.check_float("coeff", coeff, finite=True)
+        _checks.check_tensor("scores", scores, ndim=2, dtypes=_checks.FLOAT_DTYPES)
+        T, E = scores.shape
+        _check_routing(routing, E, T, scores.device)
+        if topk is None:
+            if routing.dtype == torch.bool:
+                raise ValueError("topk is required when routing is a [T, E] mask")
+            topk = routing.shape[1]
+        _checks.check_int("topk", topk, minimum=1)
+    if g is not None:
+        _check_num_experts(None if args.error else E, g, "num_experts E (scores.shape[1])",
+                           _device_of(scores, routing), args=args, caller="aux_loss")
+    args.raise_error()
     acc = torch.float64 if scores.dtype == torch.float64 else torch.float32
     s = scores.to(acc)
 
@@ -159,9 +178,7 @@ def aux_loss(scores: Tensor, routing: Tensor, *, level: str = "micro_batch", gro
 
     counts = _counts(routing, E)
     n_tokens = torch.tensor([T], dtype=torch.int64, device=counts.device)
-    if level != "micro_batch":
-        g = _resolve_group(level, group)
-        _check_num_experts(E, g, "num_experts E (scores.shape[1])", counts.device)
+    if g is not None:
         buf = torch.cat([counts, n_tokens])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=g)
         counts, n_tokens = buf[:E], buf[E:]
@@ -192,20 +209,26 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     experts (see :func:`biased_topk`); the gating weights use the unbiased scores, so no gradient
     is involved. ``tokens_per_expert`` ``[E]`` is this rank's count; with ``group`` it is summed over
     that group first (one ``all_reduce``, after one tiny all-gather that raises the same
-    ``ValueError`` on every rank if the ranks' ``E`` differ), so every rank applies the same update.
+    ``ValueError`` on every rank if the ranks' ``E`` differ, and an error on every rank if one
+    rank's arguments are rejected), so every rank applies the same update.
 
     Returns ``bias`` (updated in place).
     """
-    _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES)
-    _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
-    _checks.check_shape("tokens_per_expert", tokens_per_expert, bias.shape, "one count per expert")
-    rate = _checks.check_float("rate", rate, finite=True, minimum=0,
-                               why=" (a NaN or infinite rate makes every bias NaN or infinite for the rest of "
-                                   "training)")
-    _check_counts(tokens_per_expert)
+    with ArgumentCheck() as args:      # with group: the error reaches every rank
+        _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES)
+        _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
+        _checks.check_shape("tokens_per_expert", tokens_per_expert, bias.shape, "one count per expert")
+        rate = _checks.check_float("rate", rate, finite=True, minimum=0,
+                                   why=" (a NaN or infinite rate makes every bias NaN or infinite for the "
+                                       "rest of training)")
+        _check_counts(tokens_per_expert)
+    if group is not None:
+        _check_num_experts(None if args.error else bias.shape[0], group,
+                           "num_experts E (bias.shape[0])", _device_of(tokens_per_expert, bias),
+                           args=args, caller="update_expert_bias")
+    args.raise_error()
     load = tokens_per_expert.to(torch.float64 if bias.dtype == torch.float64 else torch.float32)
     if group is not None:
-        _check_num_experts(load.shape[0], group, "num_experts E (bias.shape[0])", load.device)
         load = load.clone()
         dist.all_reduce(load, op=dist.ReduceOp.SUM, group=group)
     bias.add_(rate * torch.sign(load.mean() - load).to(bias.dtype))
@@ -279,27 +302,36 @@ def drop_stats(routing: Tensor, *, num_experts: Optional[int] = None, capacity: 
     ``capacity_factor``, ``ceil(cf · T · K / E)`` (the rule behind "capacity factor 1.5").
     With ``group`` the per-expert counts are summed over that group (one ``all_reduce``, after one
     tiny all-gather that raises the same ``ValueError`` on every rank if ``num_experts`` differs),
-    giving the group-wide rates while capacity is still applied per rank.
+    giving the group-wide rates while capacity is still applied per rank. With ``group``, an
+    argument one rank rejects raises there and a ``ValueError`` naming that rank on the others.
     """
-    _checks.check_tensor("routing", routing, ndim=2, dtypes=(torch.bool,) + _checks.INDEX_DTYPES)
-    if num_experts is None:
-        if routing.dtype != torch.bool:
-            raise ValueError("num_experts is required when routing holds expert ids")
-        num_experts = routing.shape[1]
-    _checks.check_int("num_experts", num_experts, minimum=1)
-    _check_routing(routing, num_experts)
-    T, K = routing.shape
-    topk = K if routing.dtype != torch.bool else max(1, int(routing.sum(1).max()) if T else 1)
-    if (capacity is None) == (capacity_factor is None) and row_id_map is None:
-        raise ValueError("give exactly one of capacity= or capacity_factor= (or row_id_map=)")
-    if capacity is None and capacity_factor is not None:
-        if not capacity_factor > 0:
-            raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
-        capacity = capacity_for(T, topk, num_experts, capacity_factor)
+    with ArgumentCheck() as args:      # with group: the error reaches every rank
+        _checks.check_tensor("routing", routing, ndim=2, dtypes=(torch.bool,) + _checks.INDEX_DTYPES)
+        if num_experts is None:
+            if routing.dtype != torch.bool:
+                raise ValueError("num_experts is required when routing holds expert ids")
+            num_experts = routing.shape[1]
+        _checks.check_int("num_experts", num_experts, minimum=1)
+        _check_routing(routing, num_experts)
+        T, K = routing.shape
+        topk = K if routing.dtype != torch.bool else max(1, int(routing.sum(1).max()) if T else 1)
+        if (capacity is None) == (capacity_factor is None) and row_id_map is None:
+            raise ValueError("give exactly one of capacity= or capacity_factor= (or row_id_map=)")
+        if capacity is None and capacity_factor is not None:
+            if not capacity_factor > 0:
+                raise ValueError(f"capacity_factor must be > 0, got {capacity_factor}")
+            capacity = capacity_for(T, topk, num_experts, capacity_factor)
+        if row_id_map is not None:
+            _checks.check_tensor("row_id_map", row_id_map, dtypes=_checks.INDEX_DTYPES)
+            _checks.check_shape("row_id_map", row_id_map, routing.shape, "the shape of routing")
+        else:
+            _checks.check_int("capacity", capacity, minimum=0)
+    if group is not None:
+        _check_num_experts(None if args.error else num_experts, group, "num_experts",
+                           _device_of(routing), args=args, caller="drop_stats")
+    args.raise_error()
     routed = _counts(routing, num_experts)
     if row_id_map is not None:
-        _checks.check_tensor("row_id_map", row_id_map, dtypes=_checks.INDEX_DTYPES)
-        _checks.check_shape("row_id_map", row_id_map, routing.shape, "the shape of routing")
         used = (routing if routing.dtype == torch.bool else routing >= 0)
         lost = used & (row_id_map < 0)
         if routing.dtype == torch.bool:
@@ -308,10 +340,8 @@ def drop_stats(routing: Tensor, *, num_experts: Optional[int] = None, capacity: 
             dropped = torch.bincount(routing.long()[lost], minlength=num_experts)[:num_experts]
         capacity = -1 if capacity is None else capacity
     else:
-        _checks.check_int("capacity", capacity, minimum=0)
         dropped = (routed - capacity).clamp(min=0)
     if group is not None:
-        _check_num_experts(num_experts, group, "num_experts", routed.device)
         buf = torch.stack([routed, dropped.to(torch.int64)])
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
         routed, dropped = buf[0], buf[1]

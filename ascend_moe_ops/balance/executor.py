@@ -37,32 +37,82 @@ _DEFAULT_HINT = ("every rank must pass the same loads / placement, e.g. predict 
                  "summed over the group")
 
 
-def check_consistent(values: Tensor, group=None, what: str = "value", *, device=None,
-                     hint: str = _DEFAULT_HINT) -> None:
+class ArgumentCheck:
+    """Local argument checks of a collective function, run before its first collective::
+
+        with ArgumentCheck() as args:
+            ...checks that raise ValueError / TypeError...
+        check_consistent(values if args.error is None else None, group, what,
+                         error=args.error, caller="fn")
+
+    A ``ValueError`` / ``TypeError`` raised inside the block is kept in ``error`` (and the block
+    ends there) instead of leaving the function before the collective, which would leave the
+    group's other ranks waiting in it until the process-group timeout. :func:`check_consistent`
+    carries the flag on its first all-gather and raises on every rank. ``raise_error()``
+    re-raises it where no collective follows (a rank-local call)."""
+
+    def __init__(self):
+        self.error: Optional[BaseException] = None
+
+    def __enter__(self) -> "ArgumentCheck":
+        return self
+
+    def __exit__(self, tp, exc, tb) -> bool:
+        if tp is not None and issubclass(tp, (ValueError, TypeError)):
+            self.error = exc
+            return True
+        return False
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def check_consistent(values: Optional[Tensor], group=None, what: str = "value", *, device=None,
+                     hint: str = _DEFAULT_HINT, error: Optional[BaseException] = None,
+                     caller: Optional[str] = None) -> None:
     """Raise the same ``ValueError`` on every rank of ``group`` if ``values`` (an integer or float
     tensor) differs between ranks, in size or in value. Collective: one all-gather of the size
     (and, for up to 4 values, the values themselves, so a scalar check such as ``num_experts``
     costs one tiny all-gather), then for larger tensors one all-gather of the values.
     ``device``: where the all-gathers run (default the CPU; pass the device the group's backend
-    works on, e.g. the one its other collectives use). ``hint`` ends the message."""
+    works on, e.g. the one its other collectives use). ``hint`` ends the message.
+
+    ``error``: the argument error this rank's own checks raised (see :class:`ArgumentCheck`;
+    ``values`` is then ignored and may be ``None``). The first all-gather carries it as a flag:
+    this rank re-raises ``error``, every other rank raises ``ValueError("<caller>: ranks [...]
+    rejected their arguments (the error is raised on those ranks)")``, before any value is
+    compared, so a bad argument on one rank is a clear error on all of them, not a hang."""
     W = dist.get_world_size(group)
     if W == 1:
+        if error is not None:
+            raise error
         return
     dev = torch.device("cpu") if device is None else torch.device(device)
-    flat = values.detach().reshape(-1).to(torch.float64).cpu()
+    if error is None:
+        flat = values.detach().reshape(-1).to(torch.float64).cpu()
+    else:
+        flat = torch.zeros(0, dtype=torch.float64)
     n = flat.numel()
-    head = torch.zeros(1 + _HEAD, dtype=torch.float64)
+    head = torch.zeros(2 + _HEAD, dtype=torch.float64)
     head[0] = n
+    head[1] = 0 if error is None else 1
     if n <= _HEAD:
-        head[1:1 + n] = flat
-    heads = torch.empty(W * (1 + _HEAD), dtype=torch.float64, device=dev)
+        head[2:2 + n] = flat
+    heads = torch.empty(W * (2 + _HEAD), dtype=torch.float64, device=dev)
     dist.all_gather_into_tensor(heads, head.to(dev), group=group)
-    heads = heads.view(W, 1 + _HEAD).cpu()
+    heads = heads.view(W, 2 + _HEAD).cpu()
+    if error is not None:
+        raise error
+    rejected = torch.nonzero(heads[:, 1]).flatten().tolist()
+    if rejected:
+        raise ValueError(f"{caller or what}: ranks {rejected} rejected their arguments (the error "
+                         "is raised on those ranks)")
     sizes = heads[:, 0].long()
     if bool((sizes != sizes[0]).any()):
         raise ValueError(f"{what} has different sizes on the ranks: {sizes.tolist()}")
     if n <= _HEAD:
-        everyone = heads[:, 1:1 + n]
+        everyone = heads[:, 2:2 + n]
     else:
         everyone = torch.empty(W * n, dtype=torch.float64, device=dev)
         dist.all_gather_into_tensor(everyone, flat.to(dev), group=group)
@@ -196,24 +246,27 @@ class PlacementExecutor:
         """Move weights, gradients and optimizer state from the current placement to ``new``.
 
         Collective over the group: every rank passes the same ``new`` (checked; a difference
-        raises on every rank). The rows travel with one ``all_to_all_single`` per dtype (all
+        raises on every rank, and so does a ``new`` that one rank rejects: that rank raises its
+        own error, the others a ``ValueError`` naming it). The rows travel with one ``all_to_all_single`` per dtype (all
         tensors of one dtype packed side by side). In expert mode the dispatcher's map is
         updated. Returns ``{"copies": rows moved between ranks (= the planner's ``moved``),
         "local": rows moved inside a rank, "bytes": bytes sent between ranks over the whole
         group (= copies * bytes_per_copy), "sent_bytes": bytes this rank sent}``.
         """
-        if not isinstance(new, Placement):
-            raise TypeError(f"new must be a Placement, got {type(new).__name__}")
         old = self.placement
-        if (new.num_ranks, new.slots_per_rank, new.num_experts) != (old.num_ranks, old.slots_per_rank,
-                                                                      old.num_experts):
-            raise ValueError(f"new placement is {new.num_ranks} ranks x {new.slots_per_rank} slots "
-                             f"for {new.num_experts} experts; the layer has {old.num_ranks} x "
-                             f"{old.slots_per_rank} for {old.num_experts}")
-        self._check_mode(new)
-        if self.mode == "expert":
-            new = canonical(new)
-        check_consistent(new.slot_to_expert, self.group, "the new placement")
+        with ArgumentCheck() as args:
+            if not isinstance(new, Placement):
+                raise TypeError(f"new must be a Placement, got {type(new).__name__}")
+            if (new.num_ranks, new.slots_per_rank, new.num_experts) != (
+                    old.num_ranks, old.slots_per_rank, old.num_experts):
+                raise ValueError(f"new placement is {new.num_ranks} ranks x {new.slots_per_rank} "
+                                 f"slots for {new.num_experts} experts; the layer has "
+                                 f"{old.num_ranks} x {old.slots_per_rank} for {old.num_experts}")
+            self._check_mode(new)
+            if self.mode == "expert":
+                new = canonical(new)
+        check_consistent(new.slot_to_expert if args.error is None else None, self.group,
+                         "the new placement", error=args.error, caller="PlacementExecutor.apply")
         tensors = self._state_tensors()
         check_consistent(torch.tensor([len(tensors)] + [t.numel() for t in tensors]), self.group,
                          "the set of expert tensors to move (params, grads, optimizer state)")

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from ..ops import checks as _checks
 from .aux_loss import _check_num_experts
+from .executor import ArgumentCheck
 
 Tensor = torch.Tensor
 
@@ -54,7 +55,9 @@ class ExpertLoadPredictor:
             ``adaptive_ema`` and ``robust`` use it.
         group: if given, :meth:`update` sums the counts over this group (the DP group) with one
             ``all_reduce`` so every rank predicts the same global load (first one tiny all-gather:
-            a ``num_experts`` that differs between ranks raises the same ``ValueError`` on each).
+            a ``num_experts`` that differs between ranks raises the same ``ValueError`` on each,
+            and a ``tokens_per_expert`` one rank rejects raises there and a ``ValueError`` naming
+            that rank on the others).
 
     ``update`` must be called on every rank of ``group`` with a ``[E]`` count tensor; counts
     that are NaN, infinite or negative raise a ``ValueError`` (on every rank: the check runs on
@@ -92,12 +95,16 @@ class ExpertLoadPredictor:
     @torch.no_grad()
     def update(self, tokens_per_expert: Tensor) -> Tensor:
         """Record one step's ``[E]`` counts (summed over ``group`` if set); returns what was recorded."""
-        _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
-        _checks.check_shape("tokens_per_expert", tokens_per_expert, (self.num_experts,),
-                            "one count per expert")
+        with ArgumentCheck() as args:      # with group: the error reaches every rank
+            _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
+            _checks.check_shape("tokens_per_expert", tokens_per_expert, (self.num_experts,),
+                                "one count per expert")
+        if self.group is not None:
+            _check_num_experts(self.num_experts, self.group, "num_experts (ExpertLoadPredictor)",
+                               args=args, caller="ExpertLoadPredictor.update")
+        args.raise_error()
         x = tokens_per_expert.detach().to(torch.float64).cpu().clone()
         if self.group is not None:
-            _check_num_experts(self.num_experts, self.group, "num_experts (ExpertLoadPredictor)")
             dist.all_reduce(x, op=dist.ReduceOp.SUM, group=self.group)
         _check_counts(x)
         self.history.append(x)
