@@ -364,6 +364,14 @@ def scenario_errors(ctx):
         m = torch.roll(m, 2)
     with pytest.raises(ValueError, match=re.escape("differs between EP ranks")):
         disp.set_expert_to_rank(m)
+    if W > 1:  # one rank's map breaks a local rule: its own error there, a named one on the others (no wait)
+        bad = torch.arange(E) // 2
+        if rank == W - 1:
+            bad[0] = W  # out of range
+        want = "outside the valid range" if rank == W - 1 else f"EP ranks [{W - 1}] rejected their expert_to_rank"
+        with pytest.raises(ValueError, match=re.escape(want)):
+            disp.set_expert_to_rank(bad)
+        disp.set_expert_to_rank(torch.arange(E) // 2)  # the group is still usable
 
     # debug mode: a deliberately wrong split is caught before any data moves, on every rank
     send = [1] * W

@@ -209,9 +209,42 @@ class MoEDispatcher:
         ``expert_to_rank`` is an ``[E]`` integer tensor with values in ``[0, world)``; each expert
         is on exactly one rank, and (unless ``allow_uneven``) every rank owns ``E / world``
         experts. The experts on a rank, in ascending global id, are its local experts. The maps
-        of all ranks are compared (one all-gather of ``E`` ints) and a difference raises on every
-        rank. Handles from earlier dispatches stay valid for their combine.
+        of all ranks are compared (one all-gather of ``E + 1`` ints) and a difference raises on every
+        rank; a rank whose map breaks one of the rules above raises its own error and the others a
+        ``ValueError`` naming it, after the same all-gather (none waits for it in a later collective).
+        Handles from earlier dispatches stay valid for their combine.
         """
+        E, W = self.num_experts, self.topology.world_size
+        error, m = None, torch.zeros(E, dtype=torch.int64)
+        try:
+            m = self._check_map(expert_to_rank)
+        except (ValueError, TypeError, IndexError) as e:
+            if W == 1:
+                raise
+            error = e
+        # cross-check with the other ranks (a different map on one rank would misroute silently); the
+        # first entry flags a rank that rejected its map, so every rank raises, none waits in a later
+        # collective for it
+        group = self.topology.group
+        if W > 1:
+            rows = C.gather_ints(torch.cat([torch.tensor([int(error is not None)]), m]), group,
+                                 "set_expert_to_rank: map check (EP group)", device=self._meta_device())
+            if error is not None:
+                raise error
+            failed = torch.nonzero(rows[:, 0]).flatten().tolist()
+            if failed:
+                raise ValueError(f"set_expert_to_rank: EP ranks {failed} rejected their expert_to_rank "
+                                 "(the error is raised on those ranks)")
+            everyone = rows[:, 1:]
+            diff = (everyone != m).any(1)
+            if bool(diff.any()):
+                bad = torch.nonzero(diff).flatten().tolist()
+                raise ValueError(f"expert_to_rank differs between EP ranks: ranks {bad} hold a map "
+                                 f"other than rank {self.topology.rank}'s")
+        self._install(m)
+
+    def _check_map(self, expert_to_rank) -> Tensor:
+        """The local rules of set_expert_to_rank; the map as CPU int64."""
         E, W = self.num_experts, self.topology.world_size
         if not isinstance(expert_to_rank, torch.Tensor):
             expert_to_rank = torch.as_tensor(expert_to_rank)
@@ -224,17 +257,7 @@ class MoEDispatcher:
             raise ValueError(f"expert_to_rank gives the EP ranks different numbers of experts "
                              f"({counts.tolist()}); every rank must own {E}/{W} experts "
                              "(or construct the dispatcher with allow_uneven=True)")
-        # cross-check with the other ranks (a different map on one rank would misroute silently)
-        group = self.topology.group
-        if W > 1:
-            everyone = C.gather_ints(m, group, "set_expert_to_rank: map check (EP group)",
-                                     device=self._meta_device())
-            diff = (everyone != m).any(1)
-            if bool(diff.any()):
-                bad = torch.nonzero(diff).flatten().tolist()
-                raise ValueError(f"expert_to_rank differs between EP ranks: ranks {bad} hold a map "
-                                 f"other than rank {self.topology.rank}'s")
-        self._install(m)
+        return m
 
     def _meta_device(self) -> torch.device:
         return self.topology.collective_device()
