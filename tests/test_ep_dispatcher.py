@@ -595,6 +595,21 @@ def scenario_auto_k_mismatch(ctx):
     _check_against_oracle(disp, _inputs(W, [3] * W, 4, E, N + 1, seed=23), rank)
 
 
+def scenario_chunks_mismatch(ctx):
+    """moe_forward_overlapped with a number of chunks that differs between ranks: the ranks would issue
+    different numbers of collectives (gloo aborted a rank); now the first chunk's metadata exchange
+    raises SplitMismatchError naming the chunks on every rank, and the group stays usable."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError, moe_forward_overlapped
+    topo, W, rank = ctx["topo"], ctx["world"], ctx["rank"]
+    E = 2 * W
+    for algorithm in ("flat", "hierarchical"):
+        disp = MoEDispatcher(topo, E, algorithm=algorithm)
+        x, ids, p = torch.randn(6, 3), torch.randint(0, E, (6, 2)), torch.rand(6, 2)
+        with pytest.raises(SplitMismatchError, match=re.escape("EP ranks disagree on chunks")):
+            moe_forward_overlapped(disp, x, ids, p, lambda t, n: 2 * t, chunks=2 if rank == 0 else 3)
+        _check_against_oracle(disp, _inputs(W, [3] * W, 4, E, 2, seed=29), rank)
+
+
 def scenario_zero_experts(ctx, algorithm):
     """allow_uneven with a rank (and, on 2-node topologies, a whole node) owning no expert:
     values and gradients of tokens and probs equal the closed form and flat's, and no rank skips
@@ -669,6 +684,7 @@ SCENARIOS["mismatch"] = (scenario_mismatch, ())
 SCENARIOS["errors"] = (scenario_errors, ())
 SCENARIOS["auto"] = (scenario_auto, ())
 SCENARIOS["auto_k_mismatch"] = (scenario_auto_k_mismatch, ())
+SCENARIOS["chunks_mismatch"] = (scenario_chunks_mismatch, ())
 SCENARIOS["combine_mismatch"] = (scenario_combine_mismatch, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
 

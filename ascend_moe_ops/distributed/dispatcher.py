@@ -30,7 +30,8 @@ _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3, torch.flo
 # columns 1.. of the metadata row every dispatch exchanges (column 0: "arguments rejected")
 _META_NAMES = ["tokens dtype", "hidden size H (tokens.shape[1])", "top-k K (topk_idx.shape[1])",
                "probs (dtype code, -1 = no probs)", "num_experts E", "expert_to_rank (checksum)",
-               "algorithm", "autograd (grad enabled and tokens/probs require grad)"]
+               "algorithm", "autograd (grad enabled and tokens/probs require grad)",
+               "chunks (moe_forward_overlapped / MoELayer overlap_chunks; 1 = a plain dispatch)"]
 # columns 1.. of the metadata row every combine exchanges (column 0: "arguments rejected")
 _COMBINE_META_NAMES = ["expert_output dtype", "hidden size of expert_output (expert_output.shape[1])",
                        "algorithm of the handle"]
@@ -313,7 +314,7 @@ class MoEDispatcher:
             _checks.check_shape("probs", probs, topk_idx.shape, "the shape of topk_idx")
         _checks.check_index_range("topk_idx (expert ids)", topk_idx, -1, self.num_experts)
 
-    def _meta(self, tokens, topk_idx, probs, error, algorithm) -> List[int]:
+    def _meta(self, tokens, topk_idx, probs, error, algorithm, chunks: int = 1) -> List[int]:
         """This rank's metadata row (see ``_META_NAMES``); robust to malformed arguments."""
         def dim(t, d):
             return t.shape[d] if isinstance(t, torch.Tensor) and t.dim() == 2 else -1
@@ -329,6 +330,7 @@ class MoEDispatcher:
             self._map_checksum,
             ALGORITHMS.index(algorithm),
             int(grad),
+            chunks,
         ]
 
     def _header(self, meta: List[int], payload: Tensor, error: Optional[BaseException], *,
@@ -371,7 +373,7 @@ class MoEDispatcher:
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self, tokens: Tensor, topk_idx: Tensor, probs: Optional[Tensor] = None, *,
-                 async_op: bool = False):
+                 async_op: bool = False, _chunks: int = 1):
         """Send every (token, slot) to the rank that owns expert ``topk_idx[t, k]``.
 
         Args:
@@ -405,7 +407,9 @@ class MoEDispatcher:
             error = e
         K = topk_idx.shape[1] if isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2 else 0
         algorithm = self.resolve_algorithm(K)
-        meta = self._meta(tokens, topk_idx, probs, error, algorithm)
+        # _chunks: the pieces of the moe_forward_overlapped call this dispatch belongs to; ranks cutting
+        # the tokens differently would issue different numbers of collectives (gloo aborts a rank)
+        meta = self._meta(tokens, topk_idx, probs, error, algorithm, _chunks)
         if algorithm == "flat":
             finish = self._dispatch_flat(tokens, topk_idx, probs, async_op, meta, error)
         elif algorithm == "hierarchical":

@@ -190,7 +190,7 @@ def _run_forward(dispatcher, xs, ids, ps, expert_fn, overlap: bool, record: bool
 
     def dispatch(i):
         with torch.set_grad_enabled(grad_mode):
-            et, tpe, h = dispatcher.dispatch(xs[i], ids[i], ps[i])
+            et, tpe, h = dispatcher.dispatch(xs[i], ids[i], ps[i], _chunks=n)
         return et, tpe, h
 
     def combine(i, y_leaf, h):
@@ -339,7 +339,8 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
             ``list(experts.parameters())``); their gradients are computed chunk by chunk and
             summed in chunk order.
         chunks: number of pieces; the tokens are cut with ``tensor_split`` (sizes differ by at most
-            one). Every rank must use the same value. ``1`` = no pipelining.
+            one). Every rank must use the same value (each dispatch's metadata exchange carries it: a
+            difference raises :class:`SplitMismatchError` on every rank). ``1`` = no pipelining.
         overlap: ``False`` runs the same chunks one after the other on the calling thread (the
             reference the overlapped run equals bitwise).
         shared_fn: a shared expert ``shared_fn(tokens [T, H]) -> [T, H']`` (e.g. an
