@@ -50,7 +50,12 @@ def group_sizes_to_group_list(group_sizes: torch.Tensor, group_list_type: int = 
     # counts are >= 0 (a negative one would make the cumulative list non-monotone)
     _checks.check_values("group_sizes", group_sizes, lambda g: g < 0, ": sizes must be >= 0", "has a negative size")
     if group_list_type == 0:
-        return torch.cumsum(group_sizes, 0, dtype=torch.int64)
+        ends = torch.cumsum(group_sizes, 0, dtype=torch.int64)
+        # sizes >= 0: an end below the one before it (or below 0) is a sum that wrapped past int64
+        _checks.check_values("group_sizes", ends, lambda e: torch.cat([e[:1] < 0, e[1:] < e[:-1]]),
+                             ": the cumulative group_list wraps past int64 (sizes sum over 2**63 - 1)",
+                             "sums past int64 (the cumulative group_list would wrap)")
+        return ends
     if group_list_type == 1:
         return group_sizes.to(torch.int64)
     raise ValueError(f"group_list_type must be 0 (cumsum) or 1 (counts), got {group_list_type}")

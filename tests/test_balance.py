@@ -339,7 +339,7 @@ def test_predictor_methods():
                       (torch.tensor([1, -3, 2]), "entry 1 is -3.0"),
                       (torch.tensor([float("inf"), 0.0, 2.0]), "entry 0 is inf")):
         with pytest.raises(ValueError, match="tokens_per_expert must be finite and non-negative "
-                                             "counts: " + what):
+                                             "counts of at most 2\\*\\*53: " + what):
             p.update(bad)
     assert p.steps == 0 and not p.history
     # bad counts after good ones are not recorded either: the forecast and the drift estimate
@@ -425,7 +425,7 @@ def test_plan_move_cost_and_byte_budget():
         plan_placement(load, R, S, cur, move_cost=100)
     with pytest.raises(ValueError, match="params_per_expert must be >= 1"):
         MoveCost(0)
-    with pytest.raises(ValueError, match="state_bytes must be >= 0"):
+    with pytest.raises(ValueError, match="state_bytes must be a finite number >= 0"):
         MoveCost(10, state_bytes=-1.0)
 
 
@@ -1221,3 +1221,55 @@ def test_bias_update_and_selection_refuse_bad_arguments():
     with pytest.raises(ValueError, match=re.escape("current (an [E] expert -> rank tensor or a Placement): "
                                                    "expert_to_rank puts 3 experts on rank 0")):
         plan_placement(torch.tensor([1.0, 2.0, 3.0, 4.0]), 2, 2, current=torch.tensor([0, 0, 0, 1]))
+
+
+# ================================================================================================
+# edge values found by an independent catalogue (2026-12-07 night)
+
+def test_biased_topk_selects_in_fp32_and_refuses_a_nan_bias():
+    """A small bias breaks bf16 ties (it was added in the scores' dtype, where 1e-3 next to 0.5 is
+    lost), an fp64 bias keeps its precision, and a NaN bias is refused (it picked arbitrary experts)."""
+    idx, w = biased_topk(torch.tensor([[0.5, 0.5]], dtype=torch.bfloat16), torch.tensor([0.0, 1e-3]), 1)
+    assert idx.tolist() == [[1]] and w.dtype == torch.bfloat16
+    idx, _ = biased_topk(torch.tensor([[1.0, 1.0]]), torch.tensor([0.0, 1e-9], dtype=torch.float64), 1)
+    assert idx.tolist() == [[1]]
+    with pytest.raises(ValueError, match="bias has value nan at index"):
+        biased_topk(torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([float("nan"), 0.0, 0.0]), 1)
+
+
+def test_update_expert_bias_needs_an_fp32_or_fp64_finite_bias():
+    with pytest.raises(TypeError, match="bias must have dtype in \\(float32, float64\\), got bfloat16"):
+        update_expert_bias(torch.ones(2, dtype=torch.bfloat16), torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="bias has value nan"):
+        update_expert_bias(torch.tensor([float("nan"), 0.0]), torch.tensor([1.0, 2.0]))
+
+
+def test_planner_edge_values():
+    """Huge finite loads are refused by name instead of giving NaN / negative metrics; complex and
+    bool loads are refused; the metrics take int loads and are scale-free; the move budget and
+    the move cost check their arguments."""
+    with pytest.raises(ValueError, match="predicted_load is too large"):
+        plan_placement(torch.tensor([1e308, 1e308, 1.0, 1.0], dtype=torch.float64), 2, 2)
+    p = plan_placement(torch.tensor([1e300, 1e300, 1.0, 1.0], dtype=torch.float64), 2, 2)
+    assert 0 <= p.imbalance_after < 1e-9 and 0 <= p.cv_after < 1e-9
+    for bad in (torch.tensor([1 + 1j, 2j]), torch.tensor([True, False])):
+        with pytest.raises(TypeError, match="predicted_load must have dtype"):
+            plan_placement(bad, 2, 1)
+    assert imbalance(torch.tensor([1, 2, 3])) == pytest.approx(0.5)
+    assert imbalance(torch.tensor([1e300, 2e300, 3e300], dtype=torch.float64)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="num_experts must be >= 1"):
+        default_max_moves(0)
+    with pytest.raises(TypeError, match="num_experts must be an int"):
+        default_max_moves(2.5)
+    with pytest.raises(ValueError, match="param_bytes must be a finite number >= 0"):
+        MoveCost(10, param_bytes=float("inf"))
+
+
+def test_predictor_refuses_counts_past_2_pow_53():
+    """Counts above 2**53 are not exact in fp64; at 1e300 the robust method's noise estimate
+    overflowed and predicted NaN."""
+    p = ExpertLoadPredictor(2, window=3, method="robust")
+    with pytest.raises(ValueError, match="counts of at most 2\\*\\*53: entry 0 is 1e\\+300"):
+        p.update(torch.tensor([1e300, 1e300], dtype=torch.float64))
+    p.update(torch.tensor([2.0 ** 40, 2.0 ** 40], dtype=torch.float64))
+    assert torch.isfinite(p.predict()).all()

@@ -135,3 +135,13 @@ def test_group_list_refuses_negative_sizes_and_a_bool_type():
         group_sizes_to_group_list(torch.tensor([3, -2, 4]), 0)
     with pytest.raises(TypeError, match="group_list_type must be an int, got bool"):
         group_sizes_to_group_list(torch.tensor([3, 2]), True)
+
+
+def test_group_list_cumsum_refuses_a_wrap_past_int64_and_compiles():
+    """The cumulative group_list of sizes summing past 2**63 - 1 wrapped silently ([4.6e18, -9.2e18,
+    ...]); it is now an error naming group_sizes. Under torch.compile(fullgraph=True) the check is
+    an assert in the graph (the fake-tensor test could not be traced)."""
+    with pytest.raises(ValueError, match="group_sizes .*wraps past int64"):
+        group_sizes_to_group_list(torch.tensor([2 ** 62] * 3), 0)
+    f = torch.compile(lambda s: group_sizes_to_group_list(s, 0), fullgraph=True, backend="eager")
+    assert f(torch.tensor([1, 2, 3])).tolist() == [1, 3, 6]

@@ -392,6 +392,21 @@ def test_module_constructors_name_the_bad_argument(make, err, name):
     assert MoELayer(4, 4, 4, 2, shared_expert_ffn_hidden_size=0).shared_experts is None
 
 
+def test_layer_flags_capacity_and_input_dtype_are_checked():
+    """Flags are bools ("no" was taken as True), capacity_factor is refused at construction (not at
+    the first forward), and an input in another dtype than the layer's names x (the grouped GEMM's
+    message named its weight)."""
+    with pytest.raises(TypeError, match="score_before_experts must be a bool"):
+        MoELayer(8, 6, 5, 2, score_before_experts="no")
+    with pytest.raises(TypeError, match="recompute_permute must be a bool"):
+        MoELayer(8, 6, 5, 2, recompute_permute=1)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="capacity_factor must be a finite number > 0"):
+            MoELayer(8, 6, 5, 2, capacity_factor=bad)
+    with pytest.raises(TypeError, match="MoELayer: x must have the layer's dtype torch.float32"):
+        MoELayer(8, 6, 5, 2)(torch.randn(3, 8, dtype=torch.float64))
+
+
 def test_copy_after_a_training_forward_and_bad_expert_weights():
     """copy.deepcopy after a forward with grad (an EMA or "best model" copy) works: the last call's scores
     are transient; per-expert weight lists are checked with the argument and expert named."""

@@ -215,7 +215,10 @@ def update_expert_bias(bias: Tensor, tokens_per_expert: Tensor, *, rate: float =
     Returns ``bias`` (updated in place).
     """
     with ArgumentCheck() as args:      # with group: the error reaches every rank
-        _checks.check_tensor("bias", bias, ndim=1, dtypes=_checks.FLOAT_DTYPES)
+        # fp32 / fp64 only: a 1e-3 step next to a bias of 1 vanishes in bf16 / fp16 (the update
+        # returned the bias unchanged)
+        _checks.check_tensor("bias", bias, ndim=1, dtypes=(torch.float32, torch.float64))
+        _check_bias_finite(bias)
         _checks.check_tensor("tokens_per_expert", tokens_per_expert, ndim=1)
         _checks.check_shape("tokens_per_expert", tokens_per_expert, bias.shape, "one count per expert")
         rate = _checks.check_float("rate", rate, finite=True, minimum=0,
@@ -242,8 +245,17 @@ def _check_counts(counts: Tensor) -> None:
                          ": counts must be finite and >= 0", "has counts that are not finite and >= 0")
 
 
+def _check_bias_finite(bias: Tensor) -> None:
+    _checks.check_values("bias", bias, lambda b: ~torch.isfinite(b), ": biases must be finite",
+                         "has a bias that is not finite")
+
+
 def biased_topk(scores: Tensor, bias: Tensor, k: int):
     """Top-k selection on ``scores + bias``; weights are gathered from the unbiased ``scores``.
+
+    The sum is taken in fp32 (fp64 if either is fp64), whatever the scores' dtype: a small bias
+    next to bf16 scores must still break their ties. ``bias`` must be finite (a NaN bias made the
+    selection pick arbitrary experts).
 
     Returns ``(topk_idx [T, k] int64, topk_weight [T, k])``.
     """
@@ -253,7 +265,9 @@ def biased_topk(scores: Tensor, bias: Tensor, k: int):
     _checks.check_int("k", k, minimum=1)
     if k > scores.shape[1]:
         raise ValueError(f"k must be <= the number of experts (columns of scores) {scores.shape[1]}, got {k}")
-    idx = torch.topk(scores.detach() + bias.to(scores.dtype), k, dim=1).indices
+    _check_bias_finite(bias)
+    acc = torch.float64 if torch.float64 in (scores.dtype, bias.dtype) else torch.float32
+    idx = torch.topk(scores.detach().to(acc) + bias.to(acc), k, dim=1).indices
     return idx, scores.gather(1, idx)
 
 
@@ -274,6 +288,14 @@ class DropStats(NamedTuple):
     capacity: int
 
 
+def check_capacity_factor(capacity_factor) -> None:
+    """A finite number > 0 (comparisons rather than math.isfinite, which a symbolic float under
+    ``torch.compile(dynamic=True)`` cannot trace; NaN fails both)."""
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
+            or not 0 < capacity_factor < math.inf:
+        raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
+
+
 def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: float) -> int:
     """``C = ceil(capacity_factor · T · K / E)`` rows per expert (the usual capacity rule).
 
@@ -283,11 +305,7 @@ def capacity_for(num_tokens: int, topk: int, num_experts: int, capacity_factor: 
     for name, value, minimum in (("num_tokens", num_tokens, 0), ("topk", topk, 1),
                                  ("num_experts", num_experts, 1)):
         _checks.check_int(name, value, minimum=minimum)
-    # comparisons rather than math.isfinite, which a symbolic float (torch.compile(dynamic=True))
-    # cannot trace; NaN fails both
-    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) \
-            or not 0 < capacity_factor < math.inf:
-        raise ValueError(f"capacity_factor must be a finite number > 0, got {capacity_factor!r}")
+    check_capacity_factor(capacity_factor)
     return int(math.ceil(capacity_factor * num_tokens * topk / num_experts))
 
 

@@ -11,6 +11,7 @@ placement by a bounded number of weight moves (see docs/ops/balance.md for the a
 
 from __future__ import annotations
 
+import math
 import heapq
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -192,7 +193,8 @@ DEFAULT_MOVE_FRACTION = 0.1
 
 def default_max_moves(num_experts: int) -> int:
     """The default move budget of :func:`plan_placement`: ``max(1, E // 10)`` expert copies per
-    re-plan (25 of 256 experts)."""
+    re-plan (25 of 256 experts). ``num_experts`` is an int >= 1."""
+    _checks.check_int("num_experts", num_experts, minimum=1)
     return max(1, int(num_experts * DEFAULT_MOVE_FRACTION))
 
 
@@ -222,7 +224,7 @@ class MoveCost:
     def __post_init__(self):
         _checks.check_int("params_per_expert", self.params_per_expert, minimum=1)
         for name in ("param_bytes", "state_bytes", "grad_bytes"):
-            _checks.check_float(name, getattr(self, name), minimum=0)
+            _checks.check_float(name, getattr(self, name), finite=True, minimum=0)
 
     @property
     def bytes_per_copy(self) -> int:
@@ -239,15 +241,32 @@ def check_fits(num_experts: int, num_ranks: int, slots_per_rank: int) -> None:
                          f"{num_ranks} * {slots_per_rank} = {num_ranks * slots_per_rank} slots")
 
 
+def _scaled(rank_loads: Tensor) -> Tensor:
+    """The loads as given (integer ones in fp64), divided by their largest magnitude only where
+    their sum could overflow the dtype (the two ratios below do not depend on the scale; loads near
+    the fp64 maximum gave NaN metrics)."""
+    x = torch.as_tensor(rank_loads).detach()
+    if not x.is_floating_point():
+        x = x.to(torch.float64)
+    if x.numel():
+        s = float(x.abs().max())
+        if math.isfinite(s) and s > torch.finfo(x.dtype).max / x.numel():
+            x = x.to(torch.float64) / s
+    return x
+
+
 def imbalance(rank_loads: Tensor) -> float:
     """``max / mean − 1`` of rank loads (0 = perfectly balanced)."""
-    m = float(rank_loads.mean())
-    return float(rank_loads.max()) / m - 1.0 if m > 0 else 0.0
+    x = _scaled(rank_loads)
+    m = float(x.mean())
+    return float(x.max()) / m - 1.0 if m > 0 else 0.0
 
 
 def coefficient_of_variation(rank_loads: Tensor) -> float:
-    m = float(rank_loads.mean())
-    return float(rank_loads.std(unbiased=False)) / m if m > 0 else 0.0
+    """``std / mean`` of rank loads (0 = perfectly balanced)."""
+    x = _scaled(rank_loads)
+    m = float(x.mean())
+    return float(x.std(unbiased=False)) / m if m > 0 else 0.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,7 +336,8 @@ def plan_placement(predicted_load: Tensor, num_ranks: int, slots_per_rank: int,
         :class:`Placement` with ``imbalance_before/after``, ``cv_before/after``, ``moved``,
         ``moved_bytes`` and ``changed``.
     """
-    _checks.check_tensor("predicted_load", predicted_load, ndim=1)
+    _checks.check_tensor("predicted_load", predicted_load, ndim=1,
+                         dtypes=_checks.FLOAT_DTYPES + _checks.INDEX_DTYPES)  # real numbers (no bool, no complex)
     E = predicted_load.numel()
     R, S = num_ranks, slots_per_rank
     check_fits(E, R, S)
@@ -472,6 +492,9 @@ def _check_load(name: str, load: np.ndarray) -> None:
     if (load < 0).any():
         i = int(np.nonzero(load < 0)[0][0])
         raise ValueError(f"{name} must be finite and non-negative: entry {i} is {load[i]}")
+    if load.size and load.max() > np.finfo(np.float64).max / load.size:  # every sum stays finite in fp64
+        raise ValueError(f"{name} is too large: its entries (up to {load.max()}) times their number "
+                         f"{load.size} overflow float64 (the load sums would be inf); scale it down")
 
 
 def _budgeted_replica_counts(load, cur_count, total_slots, max_replicas, budget):

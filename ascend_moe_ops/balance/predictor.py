@@ -19,12 +19,16 @@ ADAPTIVE_ALPHAS = (0.03, 0.1, 0.2, 0.35, 0.6)
 JUMP_SIGMAS = 4.0      # robust: a jump member restarts at an observation this many noise sigmas away
 
 
+_MAX_COUNT = float(2 ** 53)  # token counts above it are not exact in fp64 (and their squares, kept
+                            # by the robust method's noise estimate, would overflow long before 1e308)
+
+
 def _check_counts(x: Tensor) -> None:
-    bad = ~torch.isfinite(x) | (x < 0)
+    bad = ~torch.isfinite(x) | (x < 0) | (x > _MAX_COUNT)
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0])
-        raise ValueError(f"tokens_per_expert must be finite and non-negative counts: entry {i} "
-                         f"is {float(x[i])}")
+        raise ValueError(f"tokens_per_expert must be finite and non-negative counts of at most 2**53: "
+                         f"entry {i} is {float(x[i])}")
 
 
 class ExpertLoadPredictor:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import _library
-from ..balance.aux_loss import capacity_for, update_expert_bias
+from ..balance.aux_loss import capacity_for, check_capacity_factor, update_expert_bias
 from ..ops import checks as _checks
 from ..ops.grouped_gemm import grouped_gemm
 from ..ops.moe_permute import moe_permute
@@ -385,6 +385,12 @@ class MoELayer(nn.Module):
         for name, v in (("hidden_size", hidden_size), ("num_experts", num_experts),
                         ("ffn_hidden_size", ffn_hidden_size), ("top_k", top_k)):
             _checks.check_int(name, v, minimum=1)
+        if capacity_factor is not None:  # refused here, not at the first forward
+            check_capacity_factor(capacity_factor)
+        for name, v in (("expert_bias", expert_bias), ("score_before_experts", score_before_experts),
+                        ("recompute_permute", recompute_permute), ("recompute_activation", recompute_activation),
+                        ("offload_activations", offload_activations)):
+            _checks.check_bool(name, v)  # "no" is not False
         if shared_expert_ffn_hidden_size is not None:  # None or 0: no shared expert
             _checks.check_int("shared_expert_ffn_hidden_size", shared_expert_ffn_hidden_size, minimum=0)
         if isinstance(overlap_chunks, bool) or not isinstance(overlap_chunks, int) or overlap_chunks < 1:
@@ -505,6 +511,10 @@ class MoELayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         _check_hidden(x, self.hidden_size, "MoELayer")
+        w = self.experts.weight1
+        if x.dtype != w.dtype:  # the grouped GEMMs take x and the expert weights in one dtype
+            raise TypeError(f"MoELayer: x must have the layer's dtype {w.dtype} (its expert weights'; "
+                            f"cast the module or the input), got {x.dtype}")
         if self.score_before_experts or self.recompute_permute or self.recompute_activation or self.offload_activations:
             return self._forward_with_options(x)
         shape = x.shape
