@@ -519,3 +519,15 @@ def test_gpt_model_loss_curve_bitwise(world, grouped_gemm):
     pu = dict(arms[False].model.named_parameters())
     for name, p in arms[True].model.named_parameters():
         assert torch.equal(p, pu[name]), f"parameter {name} differs after training"
+
+
+def test_patch_targets_must_be_a_non_empty_sequence_of_names():
+    """targets=None (a raw TypeError), a single string (read letter by letter) and an empty tuple (the
+    module marked patched with nothing changed, a later patch() refused) are named errors."""
+    with pytest.raises(TypeError, match="targets must be a sequence of names"):
+        mg.patch(targets=None)
+    with pytest.raises(TypeError, match="not a single string"):
+        mg.patch(targets="permute")
+    with pytest.raises(ValueError, match="targets must name at least one of"):
+        mg.patch(targets=())
+    assert not mg._State.active  # none of them patched anything

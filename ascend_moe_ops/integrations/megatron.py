@@ -748,10 +748,16 @@ def patch(*, targets: Sequence[str] = PATCHABLE) -> PatchReport:
     Returns:
         a :class:`PatchReport`: ``{target: ["module.attribute", ...]}``.
     """
+    if isinstance(targets, str) or not isinstance(targets, (list, tuple, set, frozenset)):
+        raise TypeError(f"targets must be a sequence of names from {PATCHABLE} (a tuple or list, not a "
+                        f"single string), got {targets!r}")
     targets = tuple(targets)
     bad = [t for t in targets if t not in PATCHABLE]
     if bad:
         raise ValueError(f"targets must be a subset of {PATCHABLE}, got unknown {bad}")
+    if not targets:
+        raise ValueError(f"targets must name at least one of {PATCHABLE} (an empty patch would only mark "
+                         f"the module patched)")
     with _State.lock:
         if _State.active:
             if not set(targets) <= set(_State.targets):

@@ -117,7 +117,7 @@ class GroupedMLP(nn.Module):
         (one per expert, at least one; sizes, dtype and device from ``fc1[0]``)."""
         if len(fc1) == 0:
             raise ValueError("from_expert_weights needs at least one expert: fc1 and fc2 are empty")
-        _checks.check_tensor("fc1[0]", fc1[0], ndim=2)
+        _checks.check_tensor("fc1[0]", fc1[0], ndim=2, dtypes=_checks.FLOAT_DTYPES)
         two_f, hidden = fc1[0].shape
         if two_f % 2:
             raise ValueError(f"fc1[0] must be [2F, H] (gate and up projections stacked), got an odd first dim "
