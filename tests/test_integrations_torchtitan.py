@@ -546,3 +546,17 @@ def test_v022_cases_in_their_own_process():
     m = re.search(r"(\d+) passed", last)
     # the 12 v022 cases and the version refusal, none skipped
     assert m and int(m.group(1)) >= 13 and "skipped" not in last, tail
+
+
+def test_helpers_name_a_wrong_argument_type():
+    """patch_moe(None) / unpatch_moe(None) and the weight helpers given a non-GroupedMLP or integer
+    weights raised AttributeError or torch's requires-grad error."""
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module"):
+        tt.patch_moe(None)
+    with pytest.raises(TypeError, match="module must be a torch.nn.Module"):
+        tt.unpatch_moe(None)
+    with pytest.raises(TypeError, match="mlp must be an ascend_moe_ops.nn.GroupedMLP"):
+        tt.to_torchtitan_weights(torch.nn.Linear(2, 2))
+    w = torch.ones(2, 3, 4, dtype=torch.int64)
+    with pytest.raises(TypeError, match="w1 must be a floating-point tensor"):
+        tt.from_torchtitan_weights(w, torch.ones(2, 4, 3, dtype=torch.int64), w)

@@ -52,6 +52,8 @@ def _check(w1: Tensor, w2: Tensor, w3: Tensor) -> Tuple[int, int, int]:
         if not isinstance(w, torch.Tensor) or w.dim() != 3:
             shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
             raise ValueError(f"{name} must be a 3-D tensor, got {shape}")
+        if not w.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {w.dtype}")
     E, F, H = w1.shape
     if tuple(w3.shape) != (E, F, H):
         raise ValueError(f"w3 must have the shape of w1 {(E, F, H)} ([E, F, H]), got {tuple(w3.shape)}")
@@ -63,8 +65,14 @@ def _check(w1: Tensor, w2: Tensor, w3: Tensor) -> Tuple[int, int, int]:
 
 
 @torch.no_grad()
+def _check_mlp(mlp) -> None:
+    if not isinstance(mlp, GroupedMLP):
+        raise TypeError(f"mlp must be an ascend_moe_ops.nn.GroupedMLP, got {type(mlp).__name__}")
+
+
 def load_torchtitan_weights(mlp: GroupedMLP, w1: Tensor, w2: Tensor, w3: Tensor) -> GroupedMLP:
     """Copy torchtitan's ``(w1, w2, w3)`` into an existing :class:`GroupedMLP`; returns it."""
+    _check_mlp(mlp)
     E, F, H = _check(w1, w2, w3)
     if (mlp.num_experts, mlp.ffn_hidden_size, mlp.hidden_size) != (E, F, H):
         raise ValueError(f"GroupedMLP has E={mlp.num_experts}, F={mlp.ffn_hidden_size}, H={mlp.hidden_size}; "
@@ -86,6 +94,7 @@ def from_torchtitan_weights(w1: Tensor, w2: Tensor, w3: Tensor, **kwargs) -> Gro
 @torch.no_grad()
 def to_torchtitan_weights(mlp: GroupedMLP) -> Tuple[Tensor, Tensor, Tensor]:
     """``(w1 [E, F, H], w2 [E, H, F], w3 [E, F, H])`` copies of a :class:`GroupedMLP`'s weights."""
+    _check_mlp(mlp)
     F = mlp.ffn_hidden_size
     fc1 = mlp.w1()
     w1 = fc1[:, :, :F].transpose(1, 2).contiguous()
@@ -449,6 +458,8 @@ def _moe_class(version: str):
 
 
 def _targets(module, version: str):
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module (a torchtitan model or MoE), got {type(module).__name__}")
     MoE = _moe_class(version)
     return [m for m in module.modules() if isinstance(m, MoE)]
 
