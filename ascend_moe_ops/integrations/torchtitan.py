@@ -64,12 +64,12 @@ def _check(w1: Tensor, w2: Tensor, w3: Tensor) -> Tuple[int, int, int]:
     return E, F, H
 
 
-@torch.no_grad()
 def _check_mlp(mlp) -> None:
     if not isinstance(mlp, GroupedMLP):
         raise TypeError(f"mlp must be an ascend_moe_ops.nn.GroupedMLP, got {type(mlp).__name__}")
 
 
+@torch.no_grad()
 def load_torchtitan_weights(mlp: GroupedMLP, w1: Tensor, w2: Tensor, w3: Tensor) -> GroupedMLP:
     """Copy torchtitan's ``(w1, w2, w3)`` into an existing :class:`GroupedMLP`; returns it."""
     _check_mlp(mlp)
