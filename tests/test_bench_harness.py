@@ -407,3 +407,30 @@ def test_roofline_is_the_slower_of_compute_and_memory(flops, nbytes, bound, pct)
     no_bytes = evaluate(Row(op="gg", case="c", backend="native", dtype="bfloat16", seconds=4.0,
                             flops=int(flops), limit="flops", mm_shape=(8, 8, 8)), _FixedMachine())
     assert no_bytes["pct_roofline"] is None and no_bytes["roofline_bound"] is None
+
+
+@pytest.mark.parametrize("flag, value, why", [
+    ("--min-run-time", "nan", "finite"), ("--min-run-time", "inf", "finite"),
+    ("--min-run-time", "-1", "> 0"), ("--min-run-time", "0", "> 0"),
+    ("--threshold", "nan", "finite"), ("--threshold", "-0.1", ">= 0"),
+    ("--threads", "0", ">= 1"), ("--tokens", "-3", ">= 1"), ("--topk", "x", "integer"),
+])
+def test_bad_numeric_flag_is_an_argparse_error(flag, value, why, capsys):
+    # nan used to reach blocked_autorange(nan) and hang; -1 was accepted silently
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--ops", "moe_permute", "--no-parity", "--shape", "T=4", flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and why in err
+
+
+def test_unknown_backend_is_an_error_listing_the_valid_ones(capsys):
+    # it used to write a JSON with no rows and exit 0
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--ops", "moe_permute", "--backend", "nosuch"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--backend" in err and "'nosuch'" in err
+    for name in amo._backends.BACKENDS:
+        assert name in err
+    assert cli.parse_args(["--backend", "native", "reference"]).backend == ["native", "reference"]

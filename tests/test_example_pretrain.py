@@ -81,5 +81,42 @@ def test_bad_arguments_are_named():
         pretrain.Trainer(pretrain.Config(batch=6), torch.zeros(10_000, dtype=torch.int64), world=4)
     with pytest.raises(ValueError, match="--experts"):
         pretrain.Trainer(pretrain.Config(experts=6), torch.zeros(10_000, dtype=torch.int64))
-    with pytest.raises(SystemExit, match="--local-size"):
+    with pytest.raises(SystemExit) as e:
         pretrain.main(["--procs", "3", "--local-size", "2"])
+    assert e.value.code == 2
+
+
+# each of these used to train and write outputs, or fail deep inside (ZeroDivisionError, "stack
+# expects a non-empty TensorList", a numpy buffer error, "window must be >= 1, got -2"), or, for
+# --compare, raise FileNotFoundError only after training; now argparse rejects them before any work
+@pytest.mark.parametrize("argv, named", [
+    (["--steps", "0"], "argument --steps"), (["--steps", "-1"], "argument --steps"),
+    (["--aux-coeff", "-1"], "argument --aux-coeff"), (["--lr", "nan"], "argument --lr"),
+    (["--lr", "0"], "argument --lr"), (["--seq-len", "0"], "argument --seq-len"),
+    (["--batch", "0"], "argument --batch"), (["--corpus-bytes", "0"], "argument --corpus-bytes"),
+    (["--corpus-bytes", "40", "--seq-len", "64"], "--corpus-bytes 40"),
+    (["--threads", "-1"], "argument --threads"), (["--rebalance-every", "-1"], "argument --rebalance-every"),
+    (["--procs", "0"], "argument --procs"), (["--local-size", "0"], "argument --local-size"),
+    (["--max-moves", "-1"], "argument --max-moves"), (["--experts", "0"], "argument --experts"),
+    (["--top-k", "9"], "--top-k 9"), (["--qk-rope-dim", "7"], "--qk-rope-dim 7"),
+    (["--experts", "6"], "--experts 6"), (["--procs", "2", "--batch", "5"], "--batch 5"),
+    (["--ep-ranks", "3", "--procs", "2"], "--ep-ranks 3"),
+    (["--compare", "/nonexistent/run.json"], "argument --compare"),
+])
+def test_bad_flag_is_an_argparse_error_before_any_work(argv, named, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(pretrain, "run", lambda *a, **k: pytest.fail("trained with a bad flag"))
+    with pytest.raises(SystemExit) as e:
+        pretrain.main(argv + ["--out", str(tmp_path / "out"), "--quiet"])
+    assert e.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ep_ranks_follow_the_process_count(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert pretrain.parse_args([]).ep_ranks == pretrain.Config().ep_ranks
+    assert pretrain.parse_args(["--ep-ranks", "2"]).ep_ranks == 2
+    assert pretrain.parse_args(["--procs", "4"]).ep_ranks == 4
+    assert pretrain.parse_args(["--procs", "2", "--ep-ranks", "2"]).ep_ranks == 2
+    assert pretrain.parse_args(["--shared-ffn", "0", "--aux-coeff", "0", "--seed", "0"]).shared_ffn == 0

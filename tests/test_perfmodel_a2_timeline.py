@@ -509,3 +509,25 @@ def test_critical_path_names_the_stage_that_bounds(driver):
     m = tl.simulate(launch(driver, "pipe_double"), t)
     assert m.critical_path["MTE2 busy"] > 0.9 * makespan(m, t)
     assert m.critical_path.get("V busy", 0.0) < 0.05 * makespan(m, t)
+
+
+@pytest.mark.parametrize("argv, named", [
+    # --ops nosuch used to give "models": [] and exit 0; an unknown sensitivity key a KeyError traceback
+    (["--ops", "nosuch"], "'nosuch' matches no case"),
+    (["--ops", "moe_permute", "grouped_gem_fwd"], "'grouped_gem_fwd' matches no case"),
+    (["--sensitivity", "--sensitivity-keys", "nosuch"], "--sensitivity-keys: unknown key 'nosuch'"),
+    (["--sensitivity-keys", "clock_hz"], "--sensitivity-keys needs --sensitivity"),
+    (["--table", "nosuch"], "--table"),
+])
+def test_a2_bench_bad_flags_are_argparse_errors(argv, named, capsys, monkeypatch):
+    from ascend_moe_ops.perfmodel import a2_bench as ab
+    monkeypatch.setattr(ab, "run", lambda *a, **k: pytest.fail("ran with a bad flag"))
+    with pytest.raises(SystemExit) as e:
+        ab.main(["--preset", "quick", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err
+    if argv[0] == "--ops":
+        assert "available ops:" in err and "moe_permute" in err and "grouped_gemm fwd" in err
+    if "nosuch" in argv and "--sensitivity" in argv:
+        assert "clock_hz" in err and "cube_cores" not in err

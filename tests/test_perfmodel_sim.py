@@ -728,3 +728,36 @@ def test_ep_summarize_reanalyses_exchange_records():
     old = summarize_ep(raw)
     assert old["overlap_fit"]["comm"] == "links" and set(old["by_comm_form"]) == {"links"}
     assert old["pooled_exchange_fit"] is None
+
+
+# ------------------------------------------------------------------ the command line's bad arguments
+@pytest.mark.parametrize("argv, named", [
+    # used to print an empty table and exit 0: no (tp, pp) layout divides 7 devices / a batch of 3
+    (["--search", "--devices", "7", "--global-batch", "3"], "--search: no plan for --devices 7"),
+    (["--search", "--devices", "0"], "argument --devices"),
+    (["--search", "--global-batch", "-1"], "argument --global-batch"),
+    (["--tp", "0"], "argument --tp"), (["--microbatches", "-2"], "argument --microbatches"),
+    (["--imbalance", "0.5"], "argument --imbalance"), (["--imbalance", "nan"], "argument --imbalance"),
+    (["--peak-tflops", "-1", "--audit"], "argument --peak-tflops"),
+    (["--cluster", "nosuch"], "argument --cluster"), (["--model", "/nonexistent/m.json"], "argument --model"),
+    (["--chip-table", "/nonexistent/a2.json"], "argument --chip-table"),
+    (["--ep", "3"], "Plan.ep=3"), (["--pp", "3", "--microbatches", "32"], "multiple of pp"),
+])
+def test_sim_cli_bad_arguments_are_argparse_errors(argv, named, capsys, monkeypatch):
+    from ascend_moe_ops.perfmodel.sim import __main__ as cli
+    from ascend_moe_ops.perfmodel.sim import step
+    monkeypatch.setattr(step, "search", lambda *a, **k: pytest.fail("searched with bad arguments"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_sim_cli_search_with_no_fitting_plan_says_so(capsys, monkeypatch):
+    from ascend_moe_ops.perfmodel.sim import __main__ as cli
+    from ascend_moe_ops.perfmodel.sim import step
+    monkeypatch.setattr(step, "search", lambda *a, **k: [])  # every plan dropped (memory)
+    assert cli.main(["--search", "--devices", "8", "--global-batch", "8"]) == 1
+    err = capsys.readouterr().err
+    assert "no plan for --devices 8 and --global-batch 8" in err
+    assert step.layouts(7, 3) == [] and (1, 1, 8, 1) in step.layouts(8, 8)

@@ -11,6 +11,7 @@ from typing import List, Optional
 
 import torch
 
+from .. import _cli
 from . import chart, report
 from .rows import evaluate, row_record
 from .runner import PRESETS, Context, available_ops, resolve_ops, run_modules
@@ -100,6 +101,16 @@ def parse_gemm_shape(text: str) -> dict:
     return d
 
 
+#: backend labels of the peer rows (the comparisons with other projects), besides the package's own
+PEER_BACKENDS = ("integrations.megatron", "megatron-core MoELayer", "patched")
+
+
+def backend_names() -> tuple:
+    """The names ``--backend`` accepts: the package's backends, then the peer rows' labels."""
+    from .. import _backends
+    return tuple(_backends.BACKENDS) + PEER_BACKENDS
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m ascend_moe_ops.bench",
                                  description="Benchmark + parity report of ascend_moe_ops on this machine: "
@@ -115,7 +126,7 @@ def parse_args(argv=None):
     for flag, key, what in (("--tokens", "T", "tokens T"), ("--hidden", "H", "hidden size H"),
                             ("--experts", "E", "experts E"), ("--topk", "K", "experts per token K"),
                             ("--ffn", "F", "expert FFN hidden F")):
-        ap.add_argument(flag, type=int, dest=key, metavar="N",
+        ap.add_argument(flag, type=_cli.positive_int, dest=key, metavar="N",
                         help=f"override the preset's {what} (permute/unpermute cases)")
     ap.add_argument("--shape", metavar="T=..,H=..,E=..,K=..,F=..",
                     help="the same overrides in one flag, e.g. T=4096,H=7680,E=256,K=8 (a per-dim flag, "
@@ -126,14 +137,14 @@ def parse_args(argv=None):
                     "(Zipf-skewed, alpha 1.2). Repeat the flag for several cases.")
     ap.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
                     help="dtype of the permute / grouped GEMM cases (default bf16)")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=_cli.positive_int, default=None,
                     help="torch threads, pinned for every measurement (default: torch's current count)")
     ap.add_argument("--backend", nargs="+", metavar="NAME",
-                    help="time only these backends (e.g. native reference triton)")
+                    help="time only these backends: " + ", ".join(backend_names()))
     ap.add_argument("--device", default=None,
                     help="cpu, cuda or npu (default: cuda when a GPU is visible, else cpu)")
-    ap.add_argument("--min-run-time", type=float, default=0.2,
-                    help="seconds of runs per measurement (torch.utils.benchmark blocked_autorange)")
+    ap.add_argument("--min-run-time", type=_cli.positive_float, default=0.2,
+                    help="seconds (finite, > 0) of runs per measurement (torch.utils.benchmark blocked_autorange)")
     ap.add_argument("--no-parity", action="store_true", help="skip the parity checks")
     ap.add_argument("--out", default=None, help="folder for JSON and PNG (default ./amo-bench)")
     ap.add_argument("--a2-model", action="store_true",
@@ -141,7 +152,7 @@ def parse_args(argv=None):
                     "run on the emulator and scheduled on the Atlas A2 timeline model (a MODEL, not a "
                     "measurement; ascend_moe_ops.perfmodel.a2_bench; quick and pangu presets)")
     ap.add_argument("--compare", metavar="BASELINE.json", help="JSON of an earlier run to compare with")
-    ap.add_argument("--threshold", type=float, default=0.1,
+    ap.add_argument("--threshold", type=_cli.non_negative_float, default=0.1,
                     help="with --compare: fail (exit 3) when a row is slower by more than this (0.1 = 10%%)")
     args = ap.parse_args(argv)
     if args.shape is not None:
@@ -162,10 +173,11 @@ def parse_args(argv=None):
         v = getattr(args, key)
         if v is not None and v < 1:
             ap.error(f"--{dict(T='tokens', H='hidden', E='experts', K='topk', F='ffn')[key]} must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        ap.error("--threads must be >= 1")
-    if args.threshold < 0:
-        ap.error("--threshold must be >= 0")
+    if args.backend:
+        bad = [b for b in args.backend if b not in backend_names()]
+        if bad:
+            ap.error(f"--backend: unknown backend {', '.join(map(repr, bad))}; "
+                     f"valid: {', '.join(backend_names())}")
     if args.compare and not Path(args.compare).is_file():
         ap.error(f"--compare: no such file {args.compare}")
     try:

@@ -49,6 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .. import _cli
 from ..benchmark.timing import clock_for
 from ..balance import (ExpertLoadPredictor, Placement, PlacementExecutor, aux_loss, canonical,
                        imbalance, plan_placement)
@@ -431,28 +432,71 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Config fields that may be 0 (the rest of the integer ones must be >= 1)
+_MAY_BE_ZERO = ("shared_ffn", "max_moves", "seed")
+
+
+def _launcher_world() -> Optional[int]:
+    """The world size under torchrun (or another launcher that sets RANK / WORLD_SIZE), else None."""
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ["WORLD_SIZE"])
+    return None
+
+
 def parse_args(argv=None):
     d = Config()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--procs", type=int, default=1, help="gloo processes to spawn (1 = one process, "
-                    "no torch.distributed); under torchrun the launcher's world is used")
-    ap.add_argument("--local-size", type=int, default=None,
+    ap.add_argument("--procs", type=_cli.positive_int, default=1,
+                    help="gloo processes to spawn (1 = one process, no torch.distributed); under "
+                    "torchrun the launcher's world is used. With more than one process the EP group is "
+                    "all of them (--ep-ranks, if given, must equal --procs)")
+    ap.add_argument("--local-size", type=_cli.positive_int, default=None,
                     help="ranks per emulated node (default: 2 when procs > 1, so 4 procs = 2 nodes x 2)")
     ap.add_argument("--out", default="amo-pretrain", help="folder for the JSON log and the PNG")
-    ap.add_argument("--compare", help="a JSON log of another run whose loss the PNG overlays")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads per process")
+    ap.add_argument("--compare", type=_cli.existing_file,
+                    help="a JSON log of another run whose loss the PNG overlays")
+    ap.add_argument("--threads", type=_cli.positive_int, default=None, help="torch threads per process")
     ap.add_argument("--quiet", action="store_true")
     for f in dataclasses.fields(Config):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)),
-                        default=getattr(d, f.name))
-    return ap.parse_args(argv)
+        v = getattr(d, f.name)
+        if isinstance(v, int):
+            kind = _cli.non_negative_int if f.name in _MAY_BE_ZERO else _cli.positive_int
+        else:
+            kind = _cli.non_negative_float if f.name == "aux_coeff" else _cli.positive_float
+        # ep_ranks: None = not given (the default, or the process count when there are several)
+        ap.add_argument("--" + f.name.replace("_", "-"), type=kind,
+                        default=None if f.name == "ep_ranks" else v)
+    args = ap.parse_args(argv)
+    world = _launcher_world() or args.procs
+    if world > 1:
+        if args.ep_ranks is not None and args.ep_ranks != world:
+            ap.error(f"--ep-ranks {args.ep_ranks} conflicts with {world} processes: with more than one "
+                     f"process the EP group is every process (leave --ep-ranks out)")
+        args.ep_ranks = world
+        local = args.local_size or (2 if world % 2 == 0 else 1)
+        if world % local:
+            ap.error(f"--procs {world} must be a multiple of --local-size {local}")
+    elif args.ep_ranks is None:
+        args.ep_ranks = d.ep_ranks
+    if args.experts % args.ep_ranks:
+        ap.error(f"--experts {args.experts} must be divisible by the EP ranks ({args.ep_ranks})")
+    if args.batch % world:
+        ap.error(f"--batch {args.batch} must be divisible by the process count {world}")
+    if args.top_k > args.experts:
+        ap.error(f"--top-k {args.top_k} must be <= --experts {args.experts}")
+    if args.qk_rope_dim % 2:
+        ap.error(f"--qk-rope-dim {args.qk_rope_dim} must be even (the rotary embedding rotates halves)")
+    if args.corpus_bytes < args.seq_len + 2:
+        ap.error(f"--corpus-bytes {args.corpus_bytes} must be >= --seq-len + 2 ({args.seq_len + 2}): "
+                 "each sequence is a window of seq-len + 1 bytes of the corpus")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
-    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun
-        world = int(os.environ["WORLD_SIZE"])
+    if _launcher_world():  # torchrun
+        world = _launcher_world()
         local = args.local_size or int(os.environ.get("LOCAL_WORLD_SIZE", world))
         cfg.ep_ranks = world
         dist.init_process_group("gloo")
@@ -461,8 +505,6 @@ def main(argv=None) -> int:
         finally:
             dist.destroy_process_group()
         return 0
-    if args.procs < 1:
-        raise SystemExit(f"--procs must be >= 1, got {args.procs}")
     if args.procs == 1:
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -369,7 +369,24 @@ def main(argv=None) -> int:
     ap.add_argument("--trace-dir", help="write a Chrome / Perfetto trace of every launch there")
     ap.add_argument("--json", help="write the results (and the sensitivity rows) to this file")
     a = ap.parse_args(argv)
-    table = load_table(a.table)
+    try:
+        table = load_table(a.table)
+    except (ValueError, OSError) as exc:  # TableError is a ValueError
+        ap.error(f"--table: {exc}")
+    if a.ops:
+        names = sorted({c.op for c in cases(a.preset)})
+        bad = [o for o in a.ops if not any(n.startswith(o) for n in names)]
+        if bad:
+            ap.error(f"--ops: {', '.join(map(repr, bad))} matches no case of preset {a.preset}; "
+                     f"available ops: {', '.join(names)}")
+    if a.sensitivity_keys is not None and not a.sensitivity:
+        ap.error("--sensitivity-keys needs --sensitivity")
+    if a.sensitivity_keys:
+        valid = [k for k in table.params if k not in FIXED]
+        bad = [k for k in a.sensitivity_keys if k not in valid]
+        if bad:
+            ap.error(f"--sensitivity-keys: unknown key {', '.join(map(repr, bad))}; "
+                     f"valid: {', '.join(valid)}")
     res = run(a.preset, table, a.ops, a.trace_dir)
     models = [m for _, _, m in res]
     print(format_table(models, f"AscendC kernels, preset {a.preset}: {table.label}"))

@@ -415,8 +415,27 @@ def simulate(model: ModelSpec, cluster: Cluster, plan: Plan, *, dtype: str = "bf
                       events if timeline else [], fits, notes)
 
 
+SEARCH_TP = (1, 2, 4, 8)
+SEARCH_PP = (1, 2, 4, 8, 16)
+
+
+def layouts(devices: int, global_batch: int, micro_batch: int = 1, tp: Sequence[int] = SEARCH_TP,
+            pp: Sequence[int] = SEARCH_PP) -> List[tuple]:
+    """The ``(tp, pp, dp, microbatches)`` that :func:`search` considers: ``tp * pp`` divides
+    ``devices`` and ``dp * micro_batch`` divides ``global_batch`` (``dp = devices / (tp * pp)``)."""
+    out = []
+    for t, p in itertools.product(tp, pp):
+        if devices % (t * p):
+            continue
+        d = devices // (t * p)
+        if global_batch % (d * micro_batch):
+            continue
+        out.append((t, p, d, global_batch // (d * micro_batch)))
+    return out
+
+
 def search(model: ModelSpec, cluster: Cluster, devices: int, global_batch: int, *,
-           tp: Sequence[int] = (1, 2, 4, 8), pp: Sequence[int] = (1, 2, 4, 8, 16),
+           tp: Sequence[int] = SEARCH_TP, pp: Sequence[int] = SEARCH_PP,
            vpp: Sequence[int] = (1, 2), ep: Sequence[int] = (1, 2, 4, 8, 16, 32),
            recompute: Sequence[str] = ("none", "selective", "full"), a2a: Sequence[str] = ALGOS,
            micro_batch: int = 1, overlap: bool = True, imbalance: float = 1.0,
@@ -427,13 +446,11 @@ def search(model: ModelSpec, cluster: Cluster, devices: int, global_batch: int, 
     if devices < 1 or global_batch < 1:
         raise ValueError(f"search: devices and global_batch must be positive, got {devices}, {global_batch}")
     out = []
+    shapes = {(t, p): (d, m) for t, p, d, m in layouts(devices, global_batch, micro_batch, tp, pp)}
     for t, p, v, e, rc, algo in itertools.product(tp, pp, vpp, ep, recompute, a2a):
-        if devices % (t * p):
+        if (t, p) not in shapes:
             continue
-        d = devices // (t * p)
-        if global_batch % (d * micro_batch):
-            continue
-        m = global_batch // (d * micro_batch)
+        d, m = shapes[(t, p)]
         if e == 1 and algo != ALGOS[0]:
             continue
         try:
