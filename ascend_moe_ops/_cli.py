@@ -29,36 +29,21 @@ def _float(text: str) -> float:
     return v
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    v = _int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {v}")
-    return v
+def _at_least(parse, low, strict: bool, what: str, doc: str):
+    """An argparse type: ``parse(text)``, then ``> low`` (strict) or ``>= low``."""
+    def check(text: str):
+        v = parse(text)
+        if v < low or (strict and v == low):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return v
+    check.__doc__ = doc
+    return check
 
 
-def non_negative_int(text: str) -> int:
-    """An integer >= 0."""
-    v = _int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {v}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    v = _float(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return v
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0."""
-    v = _float(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
+positive_int = _at_least(_int, 1, False, "an integer >= 1", "An integer >= 1.")
+non_negative_int = _at_least(_int, 0, False, "an integer >= 0", "An integer >= 0.")
+positive_float = _at_least(_float, 0.0, True, "a finite number > 0", "A finite number > 0.")
+non_negative_float = _at_least(_float, 0.0, False, "a finite number >= 0", "A finite number >= 0.")
 
 
 def finite_float(text: str) -> float:

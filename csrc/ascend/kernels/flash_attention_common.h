@@ -373,17 +373,22 @@ class FaCube {
     l0B_.FreeTensor(b0);
   }
 
-  // B (kc x cols, !transB) of the next MatMul(..., bReady = true) copied into L1 now: the fused
-  // forward copies V_j while it waits for its AIVs' P_j (V_j does not depend on P_j).
-  __aicore__ inline void PrefetchB(const GlobalTensor<T>& b, int64_t bStride, int64_t cols, int64_t kc) {
+  // B into the next L1 B tile (K padding zeroed), enqueued: B^T (cols x kc, transB) or B (kc x cols).
+  __aicore__ inline void CopyB(const GlobalTensor<T>& b, int64_t bStride, bool transB, int64_t cols, int64_t kc) {
     const uint32_t np = Up16(cols), kp = Up16(kc);
     LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
     if (kc % 16) {
       ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
       PipeBarrier<PIPE_MTE2>();
     }
-    Nd2Nz(b1, b, kc, cols, bStride, kp);
+    if (transB) Nd2Nz(b1, b, cols, kc, bStride, np);
+    else Nd2Nz(b1, b, kc, cols, bStride, kp);
     l1B_.EnQue(b1);
+  }
+  // B (kc x cols, !transB) of the next MatMul(..., bReady = true) copied into L1 now: the fused
+  // forward copies V_j while it waits for its AIVs' P_j (V_j does not depend on P_j).
+  __aicore__ inline void PrefetchB(const GlobalTensor<T>& b, int64_t bStride, int64_t cols, int64_t kc) {
+    CopyB(b, bStride, false, cols, kc);
   }
 
   // ---- fused forward: the item's Q block stays in L1 across its key blocks ----------------------
@@ -435,14 +440,8 @@ class FaCube {
   __aicore__ inline void MatMulQ(const LocalTensor<float>& c, uint32_t aOff, const GlobalTensor<T>& b, int64_t bStride,
                                  int64_t rows, int64_t cols, int64_t kc, bool init) {
     const uint32_t mp = Up16(rows), np = Up16(cols), kp = Up16(kc);
-    LocalTensor<T> b1 = l1B_.template AllocTensor<T>();
-    if (kc % 16) {
-      ZeroCubeBuffer<TPosition::B1>(b1, np * kp);
-      PipeBarrier<PIPE_MTE2>();
-    }
-    Nd2Nz(b1, b, cols, kc, bStride, np);
-    l1B_.EnQue(b1);
-    b1 = l1B_.template DeQue<T>();
+    CopyB(b, bStride, true, cols, kc);
+    LocalTensor<T> b1 = l1B_.template DeQue<T>();
     LocalTensor<T> a0 = l0A_.template AllocTensor<T>();
     LocalTensor<T> b0 = l0B_.template AllocTensor<T>();
     const uint32_t kf = kp / 16, nf = np / 16, mf = mp / 16;
