@@ -1273,3 +1273,9 @@ def test_predictor_refuses_counts_past_2_pow_53():
         p.update(torch.tensor([1e300, 1e300], dtype=torch.float64))
     p.update(torch.tensor([2.0 ** 40, 2.0 ** 40], dtype=torch.float64))
     assert torch.isfinite(p.predict()).all()
+
+
+def test_canonical_names_a_wrong_argument_type():
+    from ascend_moe_ops.balance.executor import canonical
+    with pytest.raises(TypeError, match="placement must be a Placement"):
+        canonical(torch.tensor([[0]]))

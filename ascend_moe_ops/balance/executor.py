@@ -132,6 +132,9 @@ def check_consistent(values: Optional[Tensor], group=None, what: str = "value", 
 def canonical(placement: Placement) -> Placement:
     """Same placement with each rank's experts in ascending id (empty slots last): the local
     expert order of a dispatcher in expert mode."""
+    if not isinstance(placement, Placement):
+        raise TypeError(f"placement must be a Placement (Placement.from_expert_to_rank makes one from an "
+                        f"[E] expert -> rank tensor), got {type(placement).__name__}")
     s2e = placement.slot_to_expert.clone()
     key = torch.where(s2e >= 0, s2e, torch.full_like(s2e, placement.num_experts))
     s2e = torch.gather(s2e, 1, torch.argsort(key, dim=1, stable=True))
