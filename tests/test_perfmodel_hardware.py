@@ -1,6 +1,7 @@
 """Hardware tables of the performance models: every shipped entry cites a source or is an assumption."""
 
 import json
+import re
 
 import pytest
 
@@ -72,3 +73,31 @@ def test_the_docs_print_the_a2_table_as_it_is():
     t = hw.load_table("a2")
     assert f"## The table (a2 v{t.version})" in doc
     assert t.markdown() in doc
+
+
+@pytest.mark.parametrize("key, value, msg", [
+    # these loaded, then divided by zero (sim, timeline), gave a negative time, or a misleading
+    # "could not finish its schedule" error deep in the timeline
+    ("clock_hz", 0, "params['clock_hz'].value must be > 0"),
+    ("gm_bandwidth", -1e12, "params['gm_bandwidth'].value must be > 0"),
+    ("mte2_gm_bytes_per_cycle", 0.0, "must be > 0"),
+    ("peak_bf16_flops", 0, "must be > 0"),
+    ("devices_per_node", 0, "must be > 0"),
+    ("launch_latency_s", -1, "params['launch_latency_s'].value must be >= 0"),
+    ("dma_latency_cycles", -5, "must be >= 0"),
+])
+def test_rejects_zero_rates_and_negative_values(key, value, msg):
+    d = _good()
+    d["params"][key] = {"value": value, "unit": "-", "assumption": "a value made up for this test"}
+    with pytest.raises(hw.TableError, match=re.escape(msg)) as e:
+        hw.HardwareTable.from_dict(d)
+    assert "table 't'" in str(e.value)
+    d["params"][key]["value"] = 0 if "latency" in key else 1  # a zero latency is fine
+    assert hw.HardwareTable.from_dict(d)[key] == d["params"][key]["value"]
+
+
+def test_require_names_the_missing_keys():
+    t = hw.HardwareTable.from_dict(_good())
+    assert t.require(["clock_hz"], "x") is t
+    with pytest.raises(hw.TableError, match=r"table 't' .* lacks 'gm_bandwidth', 'l2_bytes', which the reader needs"):
+        t.require(["clock_hz", "gm_bandwidth", "l2_bytes"], "the reader")

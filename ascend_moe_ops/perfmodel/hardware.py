@@ -15,7 +15,10 @@ A table is a JSON file ``ascend_moe_ops/perfmodel/hardware/<name>.json``::
 
 Every entry has a numeric ``value``, a ``unit`` and exactly one of ``source`` (a public document,
 with enough detail to find the figure) or ``assumption`` (why the value was chosen and what would
-settle it). A table that breaks this rule does not load. ``version`` is shown next to every modelled
+settle it). A table that breaks this rule does not load; nor does one with a negative value (no
+entry is a signed quantity) or with zero for a rate, clock or count (:data:`POSITIVE_KEYS`: a clock,
+a bandwidth, a per-cycle rate, a peak, a core / device / link count, a line size), which the models
+divide by. ``version`` is shown next to every modelled
 number so that a reader can tell which table produced it.
 
 Sensitivity studies take ``table.scaled({"key": 1.3})``: a copy with those values multiplied.
@@ -25,12 +28,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["Param", "HardwareTable", "load_table", "available_tables", "TableError"]
+__all__ = ["Param", "HardwareTable", "load_table", "available_tables", "TableError", "POSITIVE_KEYS"]
+
+#: keys whose value must be > 0 (the models divide by them); every other value must be >= 0
+POSITIVE_KEYS = re.compile(r"clock_hz$|bandwidth|_per_cycle|^peak_.*_flops$|_cores$|^devices_per_node$|_links$"
+                           r"|_line_bytes$")
 
 
 class TableError(ValueError):
@@ -78,6 +86,15 @@ class HardwareTable:
             raise KeyError(f"hardware table {self.name!r} (version {self.version}) has no parameter "
                            f"{key!r}; it has: {', '.join(sorted(self.params))}") from None
 
+    def require(self, keys, what: str) -> "HardwareTable":
+        """This table, if it has every one of ``keys`` (what ``what`` reads); else a TableError
+        naming the table and the missing keys."""
+        missing = [k for k in keys if k not in self.params]
+        if missing:
+            raise TableError(f"hardware table {self.name!r} (version {self.version}) lacks "
+                             f"{', '.join(map(repr, missing))}, which {what} needs")
+        return self
+
     @property
     def label(self) -> str:
         """What to print next to a number this table produced."""
@@ -115,7 +132,11 @@ class HardwareTable:
                 raise TableError(f"{where}: {ctx}.{key} must be {typ}, got {type(obj[key]).__name__}")
             return obj[key]
 
+        if not isinstance(data, Mapping):
+            raise TableError(f"{where}: a table must be a JSON object, got {type(data).__name__}")
         name = need(data, "name", str, "table")
+        if where == "<dict>":
+            where = f"table {name!r}"
         title = need(data, "title", str, "table")
         version = need(data, "version", str, "table")
         raw = need(data, "params", dict, "table")
@@ -127,6 +148,10 @@ class HardwareTable:
             value = need(entry, "value", (int, float), ctx)
             if not math.isfinite(value):
                 raise TableError(f"{where}: {ctx}.value must be finite, got {value!r}")
+            if POSITIVE_KEYS.search(key) and not value > 0:
+                raise TableError(f"{where}: {ctx}.value must be > 0 (a rate, clock or count), got {value!r}")
+            if value < 0:
+                raise TableError(f"{where}: {ctx}.value must be >= 0, got {value!r}")
             unit = need(entry, "unit", str, ctx)
             src, asm = entry.get("source"), entry.get("assumption")
             if (src is None) == (asm is None):
