@@ -531,3 +531,43 @@ def test_a2_bench_bad_flags_are_argparse_errors(argv, named, capsys, monkeypatch
         assert "available ops:" in err and "moe_permute" in err and "grouped_gemm fwd" in err
     if "nosuch" in argv and "--sensitivity" in argv:
         assert "clock_hz" in err and "cube_cores" not in err
+
+
+def _core(recs, type_="aiv"):
+    return dict(type=type_, block=0, recs=recs)
+
+
+def test_launch_with_no_cores_is_its_launch_latency():
+    # used to divide 0 by 0 (the L2 read utilisation); a core with no records already modelled this way
+    m = tl.simulate(dict(kernel="k", kind="v", cores=[]))
+    assert m.predicted_s == A2["launch_latency_s"] and m.blocks == 0
+    assert tl.simulate(dict(kernel="k", kind="v", cores=[_core([])])).predicted_s == m.predicted_s
+
+
+@pytest.mark.parametrize("launch, exc, msg", [
+    (dict(kernel="k", kind="v", cores=[_core([[1, 0, 1, 1, 0, 256, 0, 0, 0] + [0] * 7], "mix")]), ValueError,
+     r"cores\[0\]\['type'\] must be one of aiv, aic, got 'mix'"),  # was ZeroDivisionError
+    (dict(kind="v", cores=[]), ValueError, "launch has no 'kernel' field"),  # was KeyError
+    (dict(kernel="k", kind="v", cores=[_core([[4, 0, 1, 1, 4096]])]), ValueError,
+     r"\['recs'\]\[0\] must be a list of at least 16 numbers"),  # was IndexError
+    (dict(kernel="k", kind="v", cores=[_core([[12, 0, 1, 1, 0, 0, 0, 0, 0] + [0] * 7])]), ValueError,
+     r"\['recs'\]\[0\]\[0\] \(the pipe\) must be an int in 0..8"),  # was IndexError
+    (dict(kernel="k", kind="v", cores={}), TypeError, r"launch\['cores'\] must be a list"),
+    ([], TypeError, "launch must be a dict"),
+])
+def test_malformed_launch_is_named(launch, exc, msg):
+    with pytest.raises(exc, match=msg):
+        tl.simulate(launch)
+
+
+def test_table_and_recording_arguments_are_checked(tmp_path):
+    with pytest.raises(TypeError, match="table must be a HardwareTable, a shipped table's name or a JSON path, got dict"):
+        tl.simulate(dict(kernel="k", kind="v", cores=[]), {"clock_hz": 1e9})  # was a pathlib TypeError
+    with pytest.raises(ValueError, match="'launches' list"):
+        tl.load_recording("{}")  # was KeyError('launches')
+    d = json.loads(json.dumps({"name": "a2", "title": "t", "version": "x", "params": {
+        k: {"value": p.value, "unit": p.unit, "source": "copied from the shipped a2 table"}
+        for k, p in A2.params.items() if k != "clock_hz"}}))
+    (tmp_path / "t.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="lacks 'clock_hz', which the A2 timeline needs"):
+        tl.simulate(dict(kernel="k", kind="v", cores=[]), str(tmp_path / "t.json"))

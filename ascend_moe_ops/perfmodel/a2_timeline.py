@@ -56,6 +56,8 @@ import math
 from collections import OrderedDict
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
+from pathlib import Path
+
 from .hardware import HardwareTable, load_table
 
 __all__ = ["PIPES", "LaunchModel", "recording", "record", "simulate", "model_launches", "chrome_trace",
@@ -65,14 +67,68 @@ PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3", "FIX")
 S, V, M, MTE1, MTE2, MTE3, FIX = range(7)
 SET, WAIT = 7, 8  # side records of cross-core flags (csrc/ascend/emu/timeline.h)
 _REC_FIELDS = 9   # pipe, name, count, seq, gm, local, macs, flops, l0b; then the clock (7)
+CORE_TYPES = ("aiv", "aic")
+
+#: the hardware-table entries the timeline reads (a table without one of them is refused up front)
+TABLE_KEYS = ("clock_hz", "cube_cores", "vector_cores", "cube_macs_per_cycle_fp16", "gm_bandwidth", "l2_bytes",
+              "l2_line_bytes", "l2_read_bytes_per_cycle", "l2_write_bytes_per_cycle", "mte2_gm_bytes_per_cycle",
+              "mte3_gm_bytes_per_cycle", "fixpipe_gm_bytes_per_cycle", "l1_to_l0a_bytes_per_cycle",
+              "l1_to_l0b_bytes_per_cycle", "vector_bytes_per_cycle", "vector_instr_cycles", "mmad_instr_cycles",
+              "mte1_instr_cycles", "mte1_latency_cycles", "dma_instr_cycles", "dma_latency_cycles",
+              "scalar_instr_cycles", "issue_cycles", "flag_latency_cycles", "cross_core_flag_latency_cycles",
+              "launch_latency_s")
 
 
 def _table(table) -> HardwareTable:
+    """``table``: None (the shipped ``a2``), a HardwareTable, or a shipped table's name / a JSON path;
+    it must hold every entry of :data:`TABLE_KEYS`."""
     if table is None:
-        return load_table("a2")
-    if isinstance(table, HardwareTable):
-        return table
-    return load_table(table)
+        t = load_table("a2")
+    elif isinstance(table, HardwareTable):
+        t = table
+    elif isinstance(table, (str, Path)):
+        t = load_table(table)
+    else:
+        raise TypeError(f"table must be a HardwareTable, a shipped table's name or a JSON path, "
+                        f"got {type(table).__name__}")
+    return t.require(TABLE_KEYS, "the A2 timeline")
+
+
+def check_launch(launch) -> dict:
+    """``launch`` if it is a recorded launch the model can schedule, else a ValueError / TypeError
+    naming the field: a dict with ``kernel`` and ``kind`` (str) and ``cores``, a list of cores, each
+    a dict with ``type`` (one of :data:`CORE_TYPES`), ``block`` (int) and ``recs``, a list of records
+    of at least 16 numbers whose first (the pipe) is 0..8. A launch with no cores is modelled as its
+    launch latency alone (as a core with no records adds nothing)."""
+    if not isinstance(launch, dict):
+        raise TypeError(f"launch must be a dict (one recorded launch), got {type(launch).__name__}")
+    for k, typ in (("kernel", str), ("kind", str), ("cores", list)):
+        if k not in launch:
+            raise ValueError(f"launch has no {k!r} field (fields: {', '.join(map(repr, launch)) or 'none'})")
+        if not isinstance(launch[k], typ):
+            raise TypeError(f"launch[{k!r}] must be a {typ.__name__}, got {type(launch[k]).__name__}")
+    need = _REC_FIELDS + 7
+    for ci, c in enumerate(launch["cores"]):
+        where = f"launch {launch['kernel']!r} cores[{ci}]"
+        if not isinstance(c, dict):
+            raise TypeError(f"{where} must be a dict, got {type(c).__name__}")
+        for k in ("type", "block", "recs"):
+            if k not in c:
+                raise ValueError(f"{where} has no {k!r} field")
+        if c["type"] not in CORE_TYPES:
+            raise ValueError(f"{where}['type'] must be one of {', '.join(CORE_TYPES)}, got {c['type']!r}")
+        if isinstance(c["block"], bool) or not isinstance(c["block"], int):
+            raise TypeError(f"{where}['block'] must be an int, got {type(c['block']).__name__}")
+        if not isinstance(c["recs"], list):
+            raise TypeError(f"{where}['recs'] must be a list, got {type(c['recs']).__name__}")
+        for ri, r in enumerate(c["recs"]):
+            if not isinstance(r, (list, tuple)) or len(r) < need:
+                raise ValueError(f"{where}['recs'][{ri}] must be a list of at least {need} numbers (pipe, name, "
+                                 f"count, seq, gm, local, macs, flops, l0b, then 7 clocks), got {r!r}")
+            if not (isinstance(r[0], int) and 0 <= r[0] <= WAIT):
+                raise ValueError(f"{where}['recs'][{ri}][0] (the pipe) must be an int in 0..{WAIT} "
+                                 f"({', '.join(PIPES)}, cross-core set, wait), got {r[0]!r}")
+    return launch
 
 
 def peak_flops(table=None) -> float:
@@ -124,7 +180,11 @@ def record(fn: Callable, *args, skip_compute: bool = False, **kwargs):
 
 def load_recording(text: str) -> List[dict]:
     """The launches of a recording printed by a C++ driver (``timeline::take_json()``)."""
-    return json.loads(text)["launches"]
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("launches"), list):
+        raise ValueError("load_recording: expected a JSON object with a 'launches' list (timeline::take_json()), "
+                         f"got {text[:80]!r}")
+    return data["launches"]
 
 
 # ---- the model -------------------------------------------------------------------------------------------
@@ -578,8 +638,10 @@ class _Sim:
 
 
 def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events: int = 200_000) -> LaunchModel:
-    """Schedule one recorded launch on the A2 model (see the module docstring)."""
+    """Schedule one recorded launch on the A2 model (see the module docstring). ``launch`` is checked
+    first (:func:`check_launch`); one with no cores is its launch latency alone."""
     t = _table(table)
+    check_launch(launch)
     sim = _Sim(launch, t, trace)
     makespan = sim.run()
     # the lines still dirty in L2 when the last core finishes are charged to this launch: their bytes
@@ -618,7 +680,7 @@ def simulate(launch: dict, table=None, *, trace: bool = False, max_trace_events:
     chip_aic, chip_aiv = t["cube_cores"], t["vector_cores"]
     # the L2's read rate of every core of the chip that has an MTE2 in this launch's core types
     l2_cores = (chip_aiv if used_types.get("aiv") else 0) + (chip_aic if used_types.get("aic") else 0)
-    util["L2 read"] = sim.l2_hit / (sim.l2_rate * l2_cores * span)
+    util["L2 read"] = sim.l2_hit / (sim.l2_rate * l2_cores * span) if l2_cores else 0.0
     util["Cube (M)"] = busy_t[M] / (chip_aic * span)
     util["vector (V)"] = busy_t[V] / (chip_aiv * span)
     util["L1->L0 (MTE1)"] = busy_t[MTE1] / (chip_aic * span)
