@@ -2,14 +2,16 @@
 plan ranking on a constructed case, the CLI, and the validation pipeline's plumbing (tiny shapes;
 its accuracy is measured by ``python -m ascend_moe_ops.perfmodel.validate``, not asserted here)."""
 
+import dataclasses
 import json
+import re
 
 import pytest
 import torch
 
 from ascend_moe_ops.perfmodel import load_table
 from ascend_moe_ops.perfmodel.hardware import HardwareTable
-from ascend_moe_ops.perfmodel.sim import (CONVENTIONS, PANGU_ULTRA_MOE, Cluster, FittedCosts, LinkModel,
+from ascend_moe_ops.perfmodel.sim import (CONVENTIONS, PANGU_ULTRA_MOE, Cluster, FittedCosts, LayerGlue, LinkModel,
                                           ModelSpec, Op, Plan, RooflineCosts, flops_per_token, params,
                                           pipeline_schedule, search, simulate)
 from ascend_moe_ops.perfmodel.sim import model as M
@@ -761,3 +763,108 @@ def test_sim_cli_search_with_no_fitting_plan_says_so(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "no plan for --devices 8 and --global-batch 8" in err
     assert step.layouts(7, 3) == [] and (1, 1, 8, 1) in step.layouts(8, 8)
+
+
+# ------------------------------------------------------------------ bad arguments of the Python API
+_S = dict(tp=(1,), pp=(1,), vpp=(1,), ep=(16,), recompute=("none",), a2a=("flat",))
+
+
+@pytest.mark.parametrize("kw, exc, named", [
+    # each used to be swallowed by search's loop and return [] ("no plan fits: try more devices")
+    (dict(recompute=("selectiv",)), ValueError, "recompute must hold names out of none, selective, full, got 'selectiv'"),
+    (dict(a2a=("hier",)), ValueError, "a2a must hold names out of flat, hierarchical, allgather, got 'hier'"),
+    (dict(convention="6n"), ValueError, "convention must be one of"),
+    (dict(imbalance=0.5), ValueError, "imbalance must be a finite number >= 1"),
+    (dict(ep=(0,)), ValueError, "ep must hold positive ints, got 0"),
+    (dict(dtype="int8"), ValueError, "dtype must be one of"),
+    (dict(overlap="no"), TypeError, "overlap must be a bool"),
+    (dict(recompute="none"), TypeError, "recompute must be a sequence of names"),
+    # these divided by zero, or returned all plans but one (out[:-1])
+    (dict(micro_batch=0), ValueError, "micro_batch must be >= 1"),
+    (dict(tp=(0,)), ValueError, "tp must hold positive ints, got 0"),
+    (dict(top=-1), ValueError, "top must be >= 0"),
+])
+def test_search_names_a_bad_argument(kw, exc, named):
+    with pytest.raises(exc, match=re.escape(named)):
+        search(MID, _cluster(), 16, 16, **{**_S, **kw})
+
+
+def test_search_still_skips_plans_that_do_not_suit_the_model():
+    from ascend_moe_ops.perfmodel.sim.step import PlanError, layouts
+    # ep=3 divides neither the 64 experts nor tp*dp: infeasible plans are skipped, not errors
+    assert search(MID, _cluster(), 16, 16, **{**_S, "ep": (3,)}) == []
+    assert len(search(MID, _cluster(), 16, 16, **{**_S, "ep": (3, 16)})) == 1
+    assert len(search(MID, _cluster(), 16, 16, **{**_S, "ep": (1, 2, 4, 16)}, top=None)) == 4
+    with pytest.raises(PlanError, match="ep=3 must divide"):
+        simulate(MID, _cluster(), Plan(tp=1, ep=3, dp=3))
+    with pytest.raises(ValueError, match="devices must be >= 1"):
+        layouts(0, 8)  # was ZeroDivisionError
+
+
+@pytest.mark.parametrize("make, exc, named", [
+    (lambda: Plan(imbalance=float("inf")), ValueError, "Plan.imbalance must be a finite number >= 1"),  # was OverflowError later
+    (lambda: Plan(overlap="no"), TypeError, "Plan.overlap must be a bool"),  # "no" meant overlap on
+    (lambda: Plan(sp=1), TypeError, "Plan.sp must be a bool"),
+    (lambda: Plan(etp=True), ValueError, "Plan.etp must be a positive int or None, got True"),
+    (lambda: simulate(MID, _cluster(), Plan(), dtype="int8"), ValueError, "dtype must be one of"),  # was KeyError
+    # an FFN the (expert) tensor parallelism does not divide gave fractional per-rank sizes
+    (lambda: simulate(MID.replace(expert_ffn=250), _cluster(), Plan(tp=4, dp=1)), ValueError,
+     "Plan.etp=4 must divide expert_ffn=250"),
+    (lambda: simulate(TINY.replace(dense_ffn=13), _cluster(), Plan(tp=2, dp=1)), ValueError,
+     "Plan.tp=2 must divide dense_ffn=13"),
+    (lambda: simulate(MID, _cluster(), Plan(), convention="6n"), ValueError, "convention must be one of"),
+])
+def test_plan_and_simulate_name_bad_fields(make, exc, named):
+    with pytest.raises(exc, match=re.escape(named)):
+        make()
+
+
+@pytest.mark.parametrize("make, named", [
+    # memory_bw=0 divided by zero, -1 gave a step of -4.9e10 s; host_bw=NaN made swapping free
+    (lambda c: dataclasses.replace(c, memory_bw=0.0), "Cluster.memory_bw must be > 0"),
+    (lambda c: dataclasses.replace(c, memory_bw=-1.0), "Cluster.memory_bw must be > 0"),
+    (lambda c: dataclasses.replace(c, memory_bw=float("nan")), "Cluster.memory_bw must be a finite number"),
+    (lambda c: dataclasses.replace(c, host_bw=float("nan")), "Cluster.host_bw must be a finite number >= 0"),
+    (lambda c: dataclasses.replace(c, memory_bytes=-1), "Cluster.memory_bytes must be a finite number >= 0"),
+    # devices_per_node=0 divided by zero, -8 was accepted; a NaN latency made the JSON non-strict
+    (lambda c: LinkModel(1e9, 1e9, devices_per_node=0), "LinkModel.devices_per_node must be >= 1"),
+    (lambda c: LinkModel(1e9, 1e9, devices_per_node=-8), "LinkModel.devices_per_node must be >= 1"),
+    (lambda c: LinkModel(1e9, 1e9, intra_latency=float("nan")), "LinkModel.intra_latency must be a finite number"),
+    (lambda c: LinkModel(float("inf"), 1e9), "LinkModel.intra_bw must be a finite number"),
+])
+def test_cluster_and_links_checked_at_construction(make, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        make(_cluster())
+    with pytest.raises(TypeError, match="devices_per_node must be an int"):
+        LinkModel(1e9, 1e9, devices_per_node=2.5)
+
+
+@pytest.mark.parametrize("records, kw, named", [
+    ({"fc1": float("nan")}, {}, "launch records['fc1'] must be a finite number >= 0"),  # step_s was NaN
+    ({"fc1": -1.0}, {}, "launch records['fc1'] must be a finite number >= 0"),  # accepted
+    ({"fc_1": 1.0}, {}, "unknown op name 'fc_1'"),  # silently ignored
+    (None, dict(launch_s=float("nan")), "launch_s must be a finite number >= 0"),
+])
+def test_a2_cluster_launch_records_checked(records, kw, named):
+    with pytest.raises(ValueError, match=re.escape(named)) as e:
+        a2_cluster(_chip(), launch_records=records, **kw)
+    if "unknown" in named:
+        assert "fc1" in str(e.value) and "attention_core" in str(e.value)
+    cl = a2_cluster(_chip(), launch_records={"fc1": 1e-3, "head": 0.0})
+    assert cl.costs.time(Op("fc1", "grouped_gemm", 1.0)) == 1e-3
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda: TR.expected_dispatch(100, 2, 16, 64, nodes=0, local=1, algo="flat"), "nodes must be >= 1"),
+    (lambda: TR.expected_dispatch(100, 20, 16, 64, nodes=2, local=2, algo="flat"), "K=20 (experts per token) exceeds E=16"),
+    (lambda: TR.expected_dispatch(-100, 2, 16, 64, nodes=2, local=2, algo="flat"), "T must be a finite number >= 0"),
+    (lambda: TR.exact_dispatch([[[0, 1]], [[2, 3]]], 4, 0, 8, algo="flat"), "local must be >= 1"),
+    (lambda: TR.exact_dispatch([[[0, 9]], [[2, 3]]], 4, 1, 8, algo="flat"), "topk_ids[0][0] holds expert id 9"),
+    (lambda: pipeline_schedule(0, 1, 4, lambda s, c: 1, lambda s, c: 2), "pp must be >= 1"),
+    (lambda: pipeline_schedule(2, 0, 2, lambda s, c: 1, lambda s, c: 2), "vpp must be >= 1"),
+    (lambda: M.activation_bytes_per_token(MID, tp=0), "tp must be >= 1"),
+    (lambda: LayerGlue.select([("bf16", 1.0, 1.0, 2.0)] * 3, forms=()), "forms must list at least one of"),
+])
+def test_sim_helpers_name_bad_arguments(call, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        call()

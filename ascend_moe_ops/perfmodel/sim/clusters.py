@@ -21,10 +21,17 @@ __all__ = ["gpu_cluster", "a2_cluster", "cpu_cluster", "cluster_by_name"]
 #: stated assumptions of the roofline providers (printed with every result)
 GPU_EFF = dict(eff_compute=0.6, eff_memory=0.7, launch_s=5e-6)
 A2_EFF = dict(eff_compute=0.6, eff_memory=0.7, launch_s=10e-6)
+#: the entries gpu_cluster() reads (besides a peak_<dtype>_flops per dtype simulated)
+GPU_KEYS = ("hbm_capacity", "hbm_bandwidth", "host_bandwidth", "devices_per_node", "intra_node_bandwidth",
+            "inter_node_bandwidth", "intra_node_latency", "inter_node_latency")
+#: the entries a2_cluster() reads from its chip and node tables
+CHIP_KEYS = ("cube_cores", "cube_macs_per_cycle_fp16", "clock_hz", "gm_bandwidth", "hbm_capacity")
+NODE_KEYS = ("devices_per_node", "intra_node_bandwidth", "intra_node_links", "inter_node_bandwidth",
+             "intra_node_latency", "inter_node_latency", "host_bandwidth")
 
 
 def gpu_cluster(name: str = "h100", **eff) -> Cluster:
-    t = load_table(name)
+    t = load_table(name).require(GPU_KEYS, "a GPU cluster")
     costs = RooflineCosts(t, **{**GPU_EFF, **eff})
     return Cluster(t.title, costs, LinkModel.from_table(t), t["hbm_capacity"], t["hbm_bandwidth"],
                    t["host_bandwidth"])
@@ -33,12 +40,15 @@ def gpu_cluster(name: str = "h100", **eff) -> Cluster:
 def a2_cluster(chip: Optional[HardwareTable] = None, node: Optional[HardwareTable] = None,
                launch_records: Optional[Mapping[str, float]] = None, **eff) -> Cluster:
     """``chip`` defaults to ``load_table("a2")`` (keys ``cube_cores``, ``cube_macs_per_cycle_fp16``,
-    ``clock_hz``, ``gm_bandwidth``, ``hbm_capacity``), ``node`` to ``load_table("cluster_a2")``."""
-    chip = chip or load_table("a2")
-    node = node or load_table("cluster_a2")
+    ``clock_hz``, ``gm_bandwidth``, ``hbm_capacity``), ``node`` to ``load_table("cluster_a2")``
+    (:data:`NODE_KEYS`). ``launch_records``: seconds per op name (finite, >= 0), every name one the
+    simulator prices (:func:`~.layers.op_names`; a misspelt one is an error, not silently unused)."""
+    chip = (chip or load_table("a2")).require(CHIP_KEYS, "the A2 cluster's chip")
+    node = (node or load_table("cluster_a2")).require(NODE_KEYS, "the A2 cluster's node")
     costs = RooflineCosts(chip, **{**A2_EFF, **eff})
-    if launch_records:
-        costs = costs.with_launch_records(launch_records)
+    if launch_records is not None:  # seconds per op name, each name one the simulator prices
+        from .layers import op_names
+        costs = costs.with_launch_records(launch_records, known=op_names())
     links = LinkModel(intra_bw=node["intra_node_bandwidth"] * node["intra_node_links"],
                       inter_bw=node["inter_node_bandwidth"], intra_latency=node["intra_node_latency"],
                       inter_latency=node["inter_node_latency"], devices_per_node=int(node["devices_per_node"]))

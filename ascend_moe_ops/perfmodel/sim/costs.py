@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..hardware import HardwareTable
+from ...ops.checks import check_float, check_int
 
 __all__ = ["Op", "CostProvider", "RooflineCosts", "FittedCosts", "LayerGlue", "LinkModel", "peak_flops",
            "DTYPE_BYTES"]
@@ -93,6 +94,23 @@ def memory_bandwidth(table: HardwareTable) -> float:
     raise KeyError(f"hardware table {table.name!r} has no memory bandwidth (hbm_bandwidth or gm_bandwidth)")
 
 
+def _check_records(records: Mapping[str, float], known: Optional[Sequence[str]] = None) -> Dict[str, float]:
+    """Per-launch seconds by op name: finite and >= 0; with ``known``, every name one of them."""
+    if not isinstance(records, Mapping):
+        raise TypeError(f"launch records must be a mapping of op name -> seconds, got {type(records).__name__}")
+    out = {}
+    for k, v in records.items():
+        if not isinstance(k, str):
+            raise TypeError(f"launch records: op names must be str, got {k!r}")
+        out[k] = check_float(f"launch records[{k!r}]", v, finite=True, minimum=0, why=" (seconds)")
+    if known is not None:
+        bad = sorted(set(out) - set(known))
+        if bad:
+            raise ValueError(f"launch records: unknown op name {', '.join(map(repr, bad))} (it would be "
+                             f"ignored); the simulator's ops: {', '.join(known)}")
+    return out
+
+
 class RooflineCosts(CostProvider):
     """Roofline per op from a hardware table, with stated efficiencies."""
 
@@ -101,18 +119,19 @@ class RooflineCosts(CostProvider):
         for name, v in (("eff_compute", eff_compute), ("eff_memory", eff_memory)):
             if not (0 < v <= 1):
                 raise ValueError(f"RooflineCosts: {name} must be in (0, 1], got {v!r}")
-        if launch_s < 0:
-            raise ValueError(f"RooflineCosts: launch_s must be >= 0, got {launch_s!r}")
+        check_float("RooflineCosts: launch_s", launch_s, finite=True, minimum=0)
         self.table = table
         self.eff_compute, self.eff_memory, self.launch_s = eff_compute, eff_memory, launch_s
-        self.per_launch = dict(per_launch or {})
+        self.per_launch = _check_records(per_launch or {})
         self.label = (f"roofline of {table.label}, eff_compute={eff_compute}, eff_memory={eff_memory} "
                       f"(assumptions)" + (f", {len(self.per_launch)} ops from per-launch records"
                                           if self.per_launch else ""))
 
-    def with_launch_records(self, records: Mapping[str, float]) -> "RooflineCosts":
+    def with_launch_records(self, records: Mapping[str, float], known: Optional[Sequence[str]] = None) -> "RooflineCosts":
         """A copy that takes ``records[op.name]`` seconds for the ops named there (the hook for
-        per-launch predictions, e.g. the A2 kernel timeline)."""
+        per-launch predictions, e.g. the A2 kernel timeline). Seconds must be finite and >= 0; with
+        ``known`` (the op names of the caller's model), a name outside it is a ValueError."""
+        records = _check_records(records, known)
         return RooflineCosts(self.table, eff_compute=self.eff_compute, eff_memory=self.eff_memory,
                              launch_s=self.launch_s, per_launch={**self.per_launch, **records})
 
@@ -371,6 +390,9 @@ class LayerGlue:
         """Per dtype, the form of ``forms`` with the best leave-one-out mean accuracy
         ``1 - |p - m| / m`` over the samples (ties, within 1e-9, to the earlier form), fitted on
         all of them. A dtype with fewer than 3 samples gets the first form."""
+        forms = tuple(forms)
+        if not forms or any(f not in cls.FORMS for f in forms):
+            raise ValueError(f"LayerGlue.select: forms must list at least one of {', '.join(cls.FORMS)}, got {forms!r}")
         by = cls._check(samples)
         coefs, chosen, loo = {}, {}, {}
         for d, rows in by.items():
@@ -416,11 +438,12 @@ class LinkModel:
 
     def __post_init__(self):
         for k in ("intra_bw", "inter_bw"):
+            check_float(f"LinkModel.{k}", getattr(self, k), finite=True)
             if not getattr(self, k) > 0:
                 raise ValueError(f"LinkModel.{k} must be > 0, got {getattr(self, k)!r}")
         for k in ("intra_latency", "inter_latency"):
-            if getattr(self, k) < 0:
-                raise ValueError(f"LinkModel.{k} must be >= 0, got {getattr(self, k)!r}")
+            check_float(f"LinkModel.{k}", getattr(self, k), finite=True, minimum=0)
+        check_int("LinkModel.devices_per_node", self.devices_per_node, minimum=1)
 
     @classmethod
     def from_table(cls, table: HardwareTable) -> "LinkModel":

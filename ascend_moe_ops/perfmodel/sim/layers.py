@@ -14,7 +14,7 @@ from typing import List, Tuple
 from .costs import DTYPE_BYTES, Op
 from .model import ModelSpec
 
-__all__ = ["moe_layer_ops", "attention_ops", "dense_ffn_ops"]
+__all__ = ["moe_layer_ops", "attention_ops", "dense_ffn_ops", "op_names"]
 
 
 def _b(dtype: str) -> int:
@@ -120,3 +120,21 @@ def attention_ops(m: ModelSpec, T: int, *, dtype: str = "bfloat16", tp: int = 1,
         kv = next(o for o in fwd if o.name == "kv_up")
         bwd.insert(len(bwd) - 2, Op("kv_up(recompute)", "gemm", kv.flops, kv.bytes, dtype, 1, T))
     return fwd, bwd
+
+
+def op_names() -> tuple:
+    """The name of every op the step simulator prices (any plan, any model): the keys per-launch
+    records may override (:meth:`~.costs.RooflineCosts.with_launch_records`), plus ``head``."""
+    m = ModelSpec(name="names", layers=2, hidden=8, heads=2, q_lora_rank=4, kv_lora_rank=4, qk_nope_dim=2,
+                  qk_rope_dim=2, v_dim=2, routed_experts=4, shared_experts=1, top_k=2, expert_ffn=4,
+                  dense_layers=1, dense_ffn=4, seq_len=4)
+    ops = []
+    for ml in (m, m.replace(q_lora_rank=0)):
+        ops += sum(attention_ops(ml, 4, recompute_kv=True), [])
+    ops += sum(moe_layer_ops(4, 8, 4, 4, 2, recompute_permute=True, recompute_activation=True, shared_ffn=4), [])
+    ops += sum(dense_ffn_ops(4, 8, 4), [])
+    names = ["head"]
+    for o in ops:
+        if o.name not in names:
+            names.append(o.name)
+    return tuple(names)

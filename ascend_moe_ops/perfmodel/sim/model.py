@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict
 
+from ...ops.checks import check_bool, check_int
+
 __all__ = ["ModelSpec", "PANGU_ULTRA_MOE", "CONVENTIONS", "flops_per_token", "attention_params",
            "expert_params", "layer_counts", "params", "activation_bytes_per_token"]
 
@@ -183,6 +185,10 @@ def activation_bytes_per_token(m: ModelSpec, *, recompute: str = "none", tp: int
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    check_int("activation_bytes_per_token: tp", tp, minimum=1)
+    check_int("activation_bytes_per_token: dtype_bytes", dtype_bytes, minimum=1)
+    check_bool("activation_bytes_per_token: sp", sp)
+    check_bool("activation_bytes_per_token: moe", moe)
     H, b = m.hidden, dtype_bytes
     hs = H / tp if sp else H
     if recompute == "full":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -22,10 +23,18 @@ from .costs import DTYPE_BYTES, CostProvider, LinkModel, Op
 from .layers import attention_ops, dense_ffn_ops, moe_layer_ops
 from .model import CONVENTIONS, RECOMPUTE, ModelSpec, activation_bytes_per_token, flops_per_token, layer_counts
 from .traffic import ALGOS, expected_dispatch
+from ...ops.checks import check_bool, check_float, check_int
 
-__all__ = ["Plan", "Cluster", "StepResult", "simulate", "search", "pipeline_schedule"]
+__all__ = ["Plan", "PlanError", "Cluster", "StepResult", "simulate", "search", "pipeline_schedule", "layouts"]
 
 SWAP = ("none", "activations")
+
+
+class PlanError(ValueError):
+    """A plan that is well formed but does not suit the model or the cluster (ep*etp not dividing
+    tp*dp, ep not dividing the experts, tp not dividing the heads or an FFN, more virtual stages than
+    layers, interleaving with microbatches not a multiple of pp, swapping without a host link).
+    :func:`search` skips exactly these plans; every other error is raised."""
 
 
 @dataclass(frozen=True)
@@ -54,20 +63,22 @@ class Plan:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"Plan.{k} must be a positive int, got {v!r}")
-        if self.etp is not None and (not isinstance(self.etp, int) or self.etp < 1):
+        if self.etp is not None and (isinstance(self.etp, bool) or not isinstance(self.etp, int) or self.etp < 1):
             raise ValueError(f"Plan.etp must be a positive int or None, got {self.etp!r}")
+        check_bool("Plan.overlap", self.overlap)  # "no" is truthy: it used to mean overlap on
+        check_bool("Plan.sp", self.sp)
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"Plan.recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
         if self.swap not in SWAP:
             raise ValueError(f"Plan.swap must be one of {SWAP}, got {self.swap!r}")
         if self.a2a not in ALGOS:
             raise ValueError(f"Plan.a2a must be one of {ALGOS}, got {self.a2a!r}")
-        if not (isinstance(self.imbalance, (int, float)) and self.imbalance >= 1):
-            raise ValueError(f"Plan.imbalance must be >= 1 (busiest device / mean load), got {self.imbalance!r}")
+        check_float("Plan.imbalance", self.imbalance, finite=True, minimum=1,
+                    why=" (busiest device / mean load)")
         if (self.tp * self.dp) % (self.ep * self.expert_tp):
-            raise ValueError(f"Plan: ep*etp = {self.ep}*{self.expert_tp} must divide tp*dp = {self.tp * self.dp}")
+            raise PlanError(f"Plan: ep*etp = {self.ep}*{self.expert_tp} must divide tp*dp = {self.tp * self.dp}")
         if self.vpp > 1 and self.num_microbatches % self.pp:
-            raise ValueError(f"Plan: with vpp > 1 the microbatches ({self.num_microbatches}) must be a "
+            raise PlanError(f"Plan: with vpp > 1 the microbatches ({self.num_microbatches}) must be a "
                              f"multiple of pp={self.pp} (Megatron's interleaved schedule)")
 
     @property
@@ -101,6 +112,17 @@ class Cluster:
     memory_bytes: float
     memory_bw: float
     host_bw: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.costs, CostProvider):
+            raise TypeError(f"Cluster.costs must be a CostProvider, got {type(self.costs).__name__}")
+        if not isinstance(self.links, LinkModel):
+            raise TypeError(f"Cluster.links must be a LinkModel, got {type(self.links).__name__}")
+        check_float("Cluster.memory_bytes", self.memory_bytes, finite=True, minimum=0)
+        check_float("Cluster.memory_bw", self.memory_bw, finite=True)
+        if not self.memory_bw > 0:
+            raise ValueError(f"Cluster.memory_bw must be > 0 (bytes/s of the optimizer step), got {self.memory_bw!r}")
+        check_float("Cluster.host_bw", self.host_bw, finite=True, minimum=0, why=" (0: no host link)")
 
     @property
     def devices_per_node(self) -> int:
@@ -138,8 +160,11 @@ def pipeline_schedule(pp: int, vpp: int, m: int, t_fwd, t_bwd, p2p: float = 0.0)
     seconds of a send between neighbouring stages. Returns ``(makespan, events, max_in_flight)``:
     events are ``dict(stage, chunk, mb, kind, start, end)``; ``max_in_flight[s]`` is the largest
     number of chunk-forwards on stage ``s`` whose backward had not run yet (activations held)."""
+    for name, v in (("pp", pp), ("vpp", vpp), ("m", m)):
+        check_int(f"pipeline_schedule: {name}", v, minimum=1)
+    check_float("pipeline_schedule: p2p", p2p, finite=True, minimum=0)
     if vpp > 1 and m % pp:
-        raise ValueError(f"pipeline_schedule: m={m} must be a multiple of pp={pp} when vpp > 1")
+        raise PlanError(f"pipeline_schedule: m={m} must be a multiple of pp={pp} when vpp > 1")
     total = m * vpp
 
     def fwd_id(k):  # k-th forward of a stage -> (mb, chunk)
@@ -215,6 +240,13 @@ def _ep_layout(plan: Plan, dpn: int) -> Tuple[int, int]:
     return plan.ep // local, local
 
 
+def _check_common(dtype: str, convention: str) -> None:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}, got {dtype!r}")
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+
+
 def _sum(costs: CostProvider, ops: Iterable[Op]) -> float:
     return sum(costs.time(op) for op in ops)
 
@@ -223,12 +255,23 @@ def simulate(model: ModelSpec, cluster: Cluster, plan: Plan, *, dtype: str = "bf
              convention: str = "6N+attn", timeline: bool = True) -> StepResult:
     """Simulate one training step. ``convention``: the FLOPs convention of the headline MFU (every
     convention of :data:`~.model.CONVENTIONS` is reported too)."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention must be one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    _check_common(dtype, convention)
+    for name, v, typ in (("model", model, ModelSpec), ("cluster", cluster, Cluster), ("plan", plan, Plan)):
+        if not isinstance(v, typ):
+            raise TypeError(f"simulate: {name} must be a {typ.__name__}, got {type(v).__name__}")
     if model.routed_experts % plan.ep:
-        raise ValueError(f"Plan.ep={plan.ep} must divide routed_experts={model.routed_experts}")
+        raise PlanError(f"Plan.ep={plan.ep} must divide routed_experts={model.routed_experts}")
     if model.heads % plan.tp:
-        raise ValueError(f"Plan.tp={plan.tp} must divide heads={model.heads}")
+        raise PlanError(f"Plan.tp={plan.tp} must divide heads={model.heads}")
+    # the simulator splits these FFNs over (expert) tensor parallelism: a fraction of a column is no plan
+    ffns = [("expert_ffn", model.expert_ffn, "etp", plan.expert_tp)]
+    if model.shared_experts:
+        ffns.append(("shared_ffn", model.shared_ffn_size, "etp", plan.expert_tp))
+    if model.dense_layers:
+        ffns.append(("dense_ffn", model.dense_ffn, "tp", plan.tp))
+    for fname, f, pname, p in ffns:
+        if f % p:
+            raise PlanError(f"Plan.{pname}={p} must divide {fname}={f} (the FFN is split {p} ways)")
     b = DTYPE_BYTES[dtype]
     costs, links = cluster.costs, cluster.links
     dpn = cluster.devices_per_node
@@ -287,7 +330,7 @@ def simulate(model: ModelSpec, cluster: Cluster, plan: Plan, *, dtype: str = "bf
                                              dtype_bytes=b, moe=(k == "moe")) for k in layer}
     if plan.swap == "activations":
         if cluster.host_bw <= 0:
-            raise ValueError(f"Plan.swap='activations' needs the cluster's host bandwidth (host_bw), got {cluster.host_bw}")
+            raise PlanError(f"Plan.swap='activations' needs the cluster's host bandwidth (host_bw), got {cluster.host_bw}")
         for k, (f, bw) in list(layer.items()):
             sw = act_tok[k] * T / cluster.host_bw
             layer[k] = (max(f, sw), max(bw, sw))
@@ -296,7 +339,7 @@ def simulate(model: ModelSpec, cluster: Cluster, plan: Plan, *, dtype: str = "bf
     L, pp, v = model.layers, plan.pp, plan.vpp
     chunks = pp * v
     if L < chunks:
-        raise ValueError(f"Plan: pp*vpp = {chunks} virtual stages exceed the {L} layers")
+        raise PlanError(f"Plan: pp*vpp = {chunks} virtual stages exceed the {L} layers")
     base, extra = divmod(L, chunks)
     bounds, start = [], 0
     for k in range(chunks):
@@ -419,10 +462,40 @@ SEARCH_TP = (1, 2, 4, 8)
 SEARCH_PP = (1, 2, 4, 8, 16)
 
 
+def _int_choices(name: str, values) -> tuple:
+    """A non-empty sequence of positive ints (the values search tries for ``name``)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of positive ints, got {type(values).__name__}")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} must list at least one value, got ()")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must hold positive ints, got {v!r} in {values!r}")
+    return values
+
+
+def _name_choices(name: str, values, valid: Sequence[str]) -> tuple:
+    """A non-empty sequence of names out of ``valid`` (a misspelt one is an error, not "no plan")."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of names out of {', '.join(valid)}, got {values!r}")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"{name} must list at least one of {', '.join(valid)}, got ()")
+    bad = [v for v in values if v not in valid]
+    if bad:
+        raise ValueError(f"{name} must hold names out of {', '.join(valid)}, got {', '.join(map(repr, bad))}")
+    return values
+
+
 def layouts(devices: int, global_batch: int, micro_batch: int = 1, tp: Sequence[int] = SEARCH_TP,
             pp: Sequence[int] = SEARCH_PP) -> List[tuple]:
     """The ``(tp, pp, dp, microbatches)`` that :func:`search` considers: ``tp * pp`` divides
     ``devices`` and ``dp * micro_batch`` divides ``global_batch`` (``dp = devices / (tp * pp)``)."""
+    check_int("devices", devices, minimum=1)
+    check_int("global_batch", global_batch, minimum=1)
+    check_int("micro_batch", micro_batch, minimum=1)
+    tp, pp = _int_choices("tp", tp), _int_choices("pp", pp)
     out = []
     for t, p in itertools.product(tp, pp):
         if devices % (t * p):
@@ -439,12 +512,32 @@ def search(model: ModelSpec, cluster: Cluster, devices: int, global_batch: int, 
            vpp: Sequence[int] = (1, 2), ep: Sequence[int] = (1, 2, 4, 8, 16, 32),
            recompute: Sequence[str] = ("none", "selective", "full"), a2a: Sequence[str] = ALGOS,
            micro_batch: int = 1, overlap: bool = True, imbalance: float = 1.0,
-           dtype: str = "bfloat16", top: int = 10, convention: str = "6N+attn",
+           dtype: str = "bfloat16", top: Optional[int] = 10, convention: str = "6N+attn",
            only_fitting: bool = True) -> List[StepResult]:
     """Every valid plan on ``devices`` devices for ``global_batch`` sequences per step, simulated
-    and ranked by throughput (plans that do not fit in memory dropped unless ``only_fitting=False``)."""
-    if devices < 1 or global_batch < 1:
-        raise ValueError(f"search: devices and global_batch must be positive, got {devices}, {global_batch}")
+    and ranked by throughput (plans that do not fit in memory dropped unless ``only_fitting=False``);
+    the ``top`` best (all of them with ``top=None``).
+
+    The arguments are checked first (a misspelt recompute mode or A2A algorithm, an imbalance below
+    1, a zero in ``tp`` ... is a ValueError / TypeError naming the argument). Then the combinations
+    that do not suit the model or the cluster (:class:`PlanError`: ep*etp not dividing tp*dp, ep not
+    dividing the experts, tp not dividing the heads or an FFN, more virtual stages than layers,
+    interleaving with microbatches not a multiple of pp) are skipped, as are ``vpp > 1`` without a
+    pipeline and ``a2a`` other than flat with ``ep == 1`` (the same plan)."""
+    tp, pp = _int_choices("tp", tp), _int_choices("pp", pp)
+    vpp, ep = _int_choices("vpp", vpp), _int_choices("ep", ep)
+    recompute = _name_choices("recompute", recompute, RECOMPUTE)
+    a2a = _name_choices("a2a", a2a, ALGOS)
+    check_bool("overlap", overlap)
+    check_bool("only_fitting", only_fitting)
+    check_float("imbalance", imbalance, finite=True, minimum=1, why=" (busiest device / mean load)")
+    if top is not None:
+        check_int("top", top, minimum=0)
+    _check_common(dtype, convention)
+    if not isinstance(model, ModelSpec):
+        raise TypeError(f"search: model must be a ModelSpec, got {type(model).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"search: cluster must be a Cluster, got {type(cluster).__name__}")
     out = []
     shapes = {(t, p): (d, m) for t, p, d, m in layouts(devices, global_batch, micro_batch, tp, pp)}
     for t, p, v, e, rc, algo in itertools.product(tp, pp, vpp, ep, recompute, a2a):
@@ -459,9 +552,9 @@ def search(model: ModelSpec, cluster: Cluster, devices: int, global_batch: int, 
             if v > 1 and p == 1:
                 continue
             r = simulate(model, cluster, plan, dtype=dtype, convention=convention, timeline=False)
-        except ValueError:
+        except PlanError:  # a combination that does not suit the model or the cluster
             continue
         if r.fits or not only_fitting:
             out.append(r)
     out.sort(key=lambda r: -r.tokens_per_s)
-    return out[:top]
+    return out if top is None else out[:top]

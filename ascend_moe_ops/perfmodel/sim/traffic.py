@@ -14,9 +14,16 @@ from __future__ import annotations
 
 from typing import Dict, List, Sequence
 
+from ...ops.checks import check_float, check_int
+
 ALGOS = ("flat", "hierarchical", "allgather")
 
 __all__ = ["ALGOS", "expected_dispatch", "exact_dispatch", "row_bytes", "node_miss_probability"]
+
+
+def _check_sizes(where: str, **sizes) -> None:
+    for k, v in sizes.items():
+        check_int(f"{where}: {k}", v, minimum=1)
 
 
 def _check_algo(algo: str) -> str:
@@ -50,6 +57,11 @@ def expected_dispatch(T: float, K: int, E: int, H: int, *, nodes: int, local: in
     * allgather: inter ``T*(N-1)``, intra as hierarchical.
     The combine sends the same rows back (``H*b`` each)."""
     a = _check_algo(algo)
+    check_float("expected_dispatch: T", T, finite=True, minimum=0, why=" (tokens)")
+    _check_sizes("expected_dispatch", K=K, E=E, H=H, nodes=nodes, local=local, dtype_bytes=dtype_bytes,
+                 probs_bytes=probs_bytes)
+    if K > E:
+        raise ValueError(f"expected_dispatch: K={K} (experts per token) exceeds E={E}")
     N, L = nodes, local
     if a == "flat":
         inter, intra = T * K * (N - 1) / N, T * K * (L - 1) / (N * L)
@@ -73,7 +85,10 @@ def exact_dispatch(topk_ids: Sequence, E: int, local: int, H: int, *, algo: str,
     or local token the other ranks of the node hosting one of its experts (intra, counted at the
     forwarding rank); allgather: ``max_T_of_same_local_rank * (N-1)`` inter, intra as hierarchical."""
     a = _check_algo(algo)
+    _check_sizes("exact_dispatch", E=E, local=local, H=H, dtype_bytes=dtype_bytes, probs_bytes=probs_bytes)
     world = len(topk_ids)
+    if not world:
+        raise ValueError("exact_dispatch: topk_ids must hold the routing of at least one rank")
     if world % local:
         raise ValueError(f"exact_dispatch: {world} ranks are not a multiple of local={local}")
     if E % world:
@@ -81,6 +96,12 @@ def exact_dispatch(topk_ids: Sequence, E: int, local: int, H: int, *, algo: str,
     N, per = world // local, E // world
     ids = [[[int(e) for e in row] for row in (r.tolist() if hasattr(r, "tolist") else r)] for r in topk_ids]
     K = max((len(row) for r in ids for row in r), default=0)
+    for r, rows in enumerate(ids):
+        for t, row in enumerate(rows):
+            for e in row:
+                if not -1 <= e < E:
+                    raise ValueError(f"exact_dispatch: topk_ids[{r}][{t}] holds expert id {e}, outside [0, E={E}) "
+                                     f"(-1 = empty slot)")
     out = []
     for r in range(world):
         node, lr = divmod(r, local)
