@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 
@@ -55,4 +56,37 @@ def existing_file(text: str) -> str:
     """The path of a file that exists now."""
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"no such file {text!r}")
+    return text
+
+
+def _nearest_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def output_dir(text: str) -> str:
+    """A folder to write into: an existing folder, or one that can be created (no part of the path
+    is an existing file, and the nearest existing folder above it is writable)."""
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    base = _nearest_existing(p.absolute())
+    if not base.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create folder {text!r}: {str(base)!r} is a file")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {str(base)!r} (for {text!r}): permission denied")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write: not an existing folder, in an existing folder this process may write in."""
+    p = Path(text)
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file name")
+    parent = p.absolute().parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"no folder {str(parent)!r} to write {text!r} in")
+    if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: permission denied")
     return text

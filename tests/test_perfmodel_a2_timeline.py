@@ -571,3 +571,24 @@ def test_table_and_recording_arguments_are_checked(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match="lacks 'clock_hz', which the A2 timeline needs"):
         tl.simulate(dict(kernel="k", kind="v", cores=[]), str(tmp_path / "t.json"))
+
+
+def test_a2_bench_table_and_output_paths_checked_before_recording(tmp_path, capsys, monkeypatch):
+    """A table lacking a key was a KeyError traceback; a --json in a missing folder failed only after
+    every case was recorded and modelled; a --trace-dir that is a file gave FileExistsError."""
+    from ascend_moe_ops.perfmodel import a2_bench as ab
+    monkeypatch.setattr(ab, "run", lambda *a, **k: pytest.fail("ran with a bad flag"))
+    d = json.loads(json.dumps({"name": "a2", "title": "t", "version": "x", "params": {
+        k: {"value": p.value, "unit": p.unit, "source": "copied from the shipped a2 table"}
+        for k, p in A2.params.items() if k != "clock_hz"}}))
+    (tmp_path / "t.json").write_text(json.dumps(d))
+    f = tmp_path / "file"
+    f.write_text("x")
+    for argv, named in [(["--table", str(tmp_path / "t.json")], "lacks 'clock_hz', which the A2 timeline needs"),
+                        (["--json", str(tmp_path / "nosuch" / "x.json")], "argument --json: no folder"),
+                        (["--json", str(tmp_path)], "argument --json: " + repr(str(tmp_path)) + " is a folder"),
+                        (["--trace-dir", str(f)], "argument --trace-dir: " + repr(str(f)) + " exists and is not a folder")]:
+        with pytest.raises(SystemExit) as e:
+            ab.main(["--preset", "quick", *argv])
+        assert e.value.code == 2
+        assert named in capsys.readouterr().err

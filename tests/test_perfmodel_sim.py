@@ -5,6 +5,7 @@ its accuracy is measured by ``python -m ascend_moe_ops.perfmodel.validate``, not
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -868,3 +869,34 @@ def test_a2_cluster_launch_records_checked(records, kw, named):
 def test_sim_helpers_name_bad_arguments(call, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         call()
+
+
+def _table_without(tmp_path, name, key):
+    d = json.loads((Path(M.__file__).resolve().parents[1] / "hardware" / f"{name}.json").read_text())
+    del d["params"][key]
+    p = tmp_path / f"{name}_no_{key}.json"
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+def test_sim_cli_paths_and_chip_table_checked_before_work(tmp_path, capsys, monkeypatch):
+    """Used to be tracebacks with exit 1 (NotADirectoryError, FileExistsError, KeyError 'clock_hz'),
+    and a broken --chip-table was silently ignored with --cluster h100."""
+    from ascend_moe_ops.perfmodel.sim import __main__ as cli
+    from ascend_moe_ops.perfmodel.sim import clusters, step
+    monkeypatch.setattr(step, "simulate", lambda *a, **k: pytest.fail("simulated with a bad flag"))
+    monkeypatch.setattr(clusters, "a2_cluster", lambda *a, **k: pytest.fail("built a cluster with a bad flag"))
+    f = tmp_path / "file"
+    f.write_text("x")
+    no_clock = _table_without(tmp_path, "a2", "clock_hz")
+    for argv, named in [(["--out", str(f / "sub")], "argument --out: cannot create folder"),
+                        (["--out", str(f)], "argument --out: " + repr(str(f)) + " exists and is not a folder"),
+                        (["--chip-table", no_clock], "argument --chip-table: hardware table 'a2'"),
+                        (["--cluster", "h100", "--chip-table", no_clock], "argument --chip-table: applies to --cluster a2 only")]:
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert named in err, err
+        if "lacks" in err:
+            assert "'clock_hz'" in err

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .. import _cli
 from . import a2_timeline as tl
 from .hardware import HardwareTable, load_table
 
@@ -366,11 +367,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sensitivity", action="store_true", help="each table entry x0.7 and x1.3")
     ap.add_argument("--sensitivity-keys", nargs="*",
                     help="with --sensitivity: only these table entries (default: every rate and latency)")
-    ap.add_argument("--trace-dir", help="write a Chrome / Perfetto trace of every launch there")
-    ap.add_argument("--json", help="write the results (and the sensitivity rows) to this file")
+    ap.add_argument("--trace-dir", type=_cli.output_dir, help="write a Chrome / Perfetto trace of every launch there")
+    ap.add_argument("--json", type=_cli.output_file, help="write the results (and the sensitivity rows) to this file")
     a = ap.parse_args(argv)
     try:
-        table = load_table(a.table)
+        table = tl._table(a.table)  # loaded, and holding every entry the timeline reads
     except (ValueError, OSError) as exc:  # TableError is a ValueError
         ap.error(f"--table: {exc}")
     if a.ops:

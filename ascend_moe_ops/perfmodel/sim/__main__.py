@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cluster", default="a2", choices=("h100", "h200", "a2"),
                     help="h100, h200 or a2 (needs the a2 and cluster_a2 tables)")
     ap.add_argument("--chip-table", default="", type=lambda t: t and _cli.existing_file(t),
-                    help="A2 chip table JSON (default: the shipped 'a2')")
+                    help="A2 chip table JSON (default: the shipped 'a2'); with --cluster a2 only")
     ap.add_argument("--model", default="pangu", help="'pangu' or a JSON file of ModelSpec fields")
     for k, d in (("tp", 8), ("pp", 16), ("vpp", 2), ("ep", 4), ("dp", 48), ("micro-batch", 1), ("microbatches", 32)):
         ap.add_argument(f"--{k}", type=_cli.positive_int, default=d)
@@ -67,10 +67,22 @@ def main(argv=None) -> int:
     ap.add_argument("--audit", action="store_true", help="the MFU audit of the report's figures")
     ap.add_argument("--peak-tflops", type=_cli.non_negative_float, default=0.0,
                     help="peak for --audit (default: the cluster's)")
-    ap.add_argument("--out", default="", help="folder for sim.json and sim.png")
+    ap.add_argument("--out", default="", type=lambda t: t and _cli.output_dir(t),
+                    help="folder for sim.json and sim.png (search.json with --search)")
     a = ap.parse_args(argv)
     if a.imbalance < 1:
         ap.error(f"argument --imbalance: must be >= 1 (busiest device / mean load), got {a.imbalance:g}")
+    chip = None
+    if a.chip_table:
+        if a.cluster != "a2":
+            ap.error(f"argument --chip-table: applies to --cluster a2 only (the GPU clusters use their own "
+                     f"table), got --cluster {a.cluster}")
+        from ..hardware import load_table
+        from .clusters import CHIP_KEYS
+        try:
+            chip = load_table(a.chip_table).require(CHIP_KEYS, "the A2 cluster's chip")
+        except (ValueError, OSError) as exc:  # TableError is a ValueError
+            ap.error(f"argument --chip-table: {exc}")
     if a.model == "pangu":
         model = PANGU_ULTRA_MOE
     else:
@@ -91,8 +103,7 @@ def main(argv=None) -> int:
     if a.cluster in ("h100", "h200"):
         cluster = gpu_cluster(a.cluster)
     elif a.cluster == "a2":
-        from ..hardware import load_table
-        cluster = a2_cluster(load_table(a.chip_table) if a.chip_table else None)
+        cluster = a2_cluster(chip)
     else:  # unreachable: argparse's choices
         ap.error(f"--cluster must be h100, h200 or a2, got {a.cluster!r}")
     if a.audit:
