@@ -120,3 +120,31 @@ def test_ep_ranks_follow_the_process_count(monkeypatch):
     assert pretrain.parse_args(["--procs", "4"]).ep_ranks == 4
     assert pretrain.parse_args(["--procs", "2", "--ep-ranks", "2"]).ep_ranks == 2
     assert pretrain.parse_args(["--shared-ffn", "0", "--aux-coeff", "0", "--seed", "0"]).shared_ffn == 0
+
+
+def test_out_and_compare_checked_before_training(tmp_path, capsys, monkeypatch):
+    """Each of these trained every step first, then failed: NotADirectoryError (nothing written),
+    KeyError 'steps' (JSON written, PNG not), JSONDecodeError."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(pretrain, "run", lambda *a, **k: pytest.fail("trained with a bad flag"))
+    f = tmp_path / "file"
+    f.write_text("x")
+    (tmp_path / "nosteps.json").write_text('{"a": 1}')
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "badsteps.json").write_text('{"mode": "1proc", "steps": [{"step": 0}]}')
+    for argv, named in [(["--out", str(f / "x")], "argument --out: cannot create folder"),
+                        (["--out", str(f)], "argument --out:"),
+                        (["--compare", str(tmp_path / "nosteps.json")], "argument --compare:"),
+                        (["--compare", str(tmp_path / "text.json")], "argument --compare:"),
+                        (["--compare", str(tmp_path / "badsteps.json")], "argument --compare:")]:
+        with pytest.raises(SystemExit) as e:
+            pretrain.main(argv + ["--quiet"] + ([] if "--out" in argv else ["--out", str(tmp_path / "o")]))
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert named in err, err
+        if "--compare" in argv:
+            assert "is not a JSON log of this script" in err
+    assert not (tmp_path / "o").exists()
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"mode": "1proc", "steps": [{"step": 0, "loss": 5.0}]}))
+    assert pretrain.parse_args(["--compare", str(good), "--out", str(tmp_path / "o")]).compare == str(good)

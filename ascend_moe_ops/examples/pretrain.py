@@ -443,6 +443,23 @@ def _launcher_world() -> Optional[int]:
     return None
 
 
+def _compare_log(text: str) -> str:
+    """argparse type of --compare: the path of a JSON log this script wrote (an object with ``mode``
+    and ``steps``, a list of records with ``step`` and ``loss``), checked before training."""
+    _cli.existing_file(text)
+    try:
+        with open(text) as f:
+            log = json.load(f)
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON log of this script: {exc}") from None
+    steps = log.get("steps") if isinstance(log, dict) else None
+    if (not isinstance(steps, list) or not isinstance(log.get("mode"), str)
+            or not all(isinstance(r, dict) and "step" in r and "loss" in r for r in steps)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON log of this script (an object with 'mode' and "
+                                         f"'steps', a list of records with 'step' and 'loss')")
+    return text
+
+
 def parse_args(argv=None):
     d = Config()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -452,8 +469,8 @@ def parse_args(argv=None):
                     "all of them (--ep-ranks, if given, must equal --procs)")
     ap.add_argument("--local-size", type=_cli.positive_int, default=None,
                     help="ranks per emulated node (default: 2 when procs > 1, so 4 procs = 2 nodes x 2)")
-    ap.add_argument("--out", default="amo-pretrain", help="folder for the JSON log and the PNG")
-    ap.add_argument("--compare", type=_cli.existing_file,
+    ap.add_argument("--out", default="amo-pretrain", type=_cli.output_dir, help="folder for the JSON log and the PNG")
+    ap.add_argument("--compare", type=_compare_log,
                     help="a JSON log of another run whose loss the PNG overlays")
     ap.add_argument("--threads", type=_cli.positive_int, default=None, help="torch threads per process")
     ap.add_argument("--quiet", action="store_true")
