@@ -900,3 +900,36 @@ def test_sim_cli_paths_and_chip_table_checked_before_work(tmp_path, capsys, monk
         assert named in err, err
         if "lacks" in err:
             assert "'clock_hz'" in err
+
+
+@pytest.mark.parametrize("module, argv, named", [
+    # tracebacks with exit 1 (ValueError, NotADirectoryError, a torch device RuntimeError), or, for
+    # validate_ep --rounds 0, an IndexError after 15 s of setting up its processes; -1 was accepted
+    ("validate", ["--rounds", "0"], "argument --rounds"),
+    ("validate", ["--threads", "0"], "argument --threads"),
+    ("validate", ["--min-run-time", "-1"], "argument --min-run-time"),
+    ("validate", ["--layer-min-run-time", "nan"], "argument --layer-min-run-time"),
+    ("validate", ["--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+    ("validate", ["--clock", "process", "--device", "cuda"], "argument --clock"),
+    ("validate", ["--spec", "nosuch"], "argument --spec"),
+    ("validate", ["--ep-rounds", "0"], "argument --ep-rounds"),
+    ("validate", ["--out", "{file}/x"], "argument --out: cannot create folder"),
+    ("validate_ep", ["--rounds", "0"], "argument --rounds"),
+    ("validate_ep", ["--runs", "0"], "argument --runs"),
+    ("validate_ep", ["--out", "{file}/x"], "argument --out"),
+    ("validate_ep", ["--out", "{dir}"], "argument --out: "),
+])
+def test_validate_clis_check_flags_at_parse_time(module, argv, named, tmp_path, capsys, monkeypatch):
+    import importlib
+    mod = importlib.import_module(f"ascend_moe_ops.perfmodel.{module}")
+    monkeypatch.setattr(mod, "run_ep" if module == "validate_ep" else "run",
+                        lambda *a, **k: pytest.fail("ran with a bad flag"))
+    (tmp_path / "file").write_text("x")
+    argv = [a.format(file=tmp_path / "file", dir=tmp_path) for a in argv]
+    if module == "validate" and "--out" not in argv:
+        argv += ["--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--tiny", "--no-ep", *argv] if module == "validate" else argv)
+    assert e.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
+from .. import _cli
+
 __all__ = ["CALIBRATION", "VALIDATION", "calibration_layers", "component_steps", "layer_step", "run", "main"]
 
 #: (T, H, F, E, K) of the calibration microbenchmarks, each in both dtypes
@@ -372,26 +374,46 @@ def format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _device(text: str) -> str:
+    """argparse type of --device: cpu, cuda or cuda:N (checked at parse time, not by torch mid-run)."""
+    kind, _, index = text.partition(":")
+    if text == "cpu" or (kind == "cuda" and (not _ or index.isdigit())):
+        return text
+    raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="folder for validation.json and validation.png")
-    ap.add_argument("--rounds", type=int, default=5, help="calibrate/validate rounds (default 5)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    ap.add_argument("--min-run-time", type=float, default=0.04, help="seconds per component microbenchmark")
-    ap.add_argument("--layer-min-run-time", type=float, default=0.2, help="seconds per layer measurement")
+    ap.add_argument("--out", required=True, type=_cli.output_dir, help="folder for validation.json and validation.png")
+    ap.add_argument("--rounds", type=_cli.positive_int, default=5, help="calibrate/validate rounds (default 5)")
+    ap.add_argument("--threads", type=_cli.positive_int, default=1, help="torch threads (default 1)")
+    ap.add_argument("--min-run-time", type=_cli.positive_float, default=0.04,
+                    help="seconds per component microbenchmark")
+    ap.add_argument("--layer-min-run-time", type=_cli.positive_float, default=0.2,
+                    help="seconds per layer measurement")
     ap.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
                     help="wall (default: the goal's figure) or process (CPU seconds of this process: "
                          "robust to other jobs on a shared machine; CPU only)")
     ap.add_argument("--no-glue", action="store_true",
                     help="components only: no layer-glue term (and no whole layers at calibration shapes)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks the plumbing in seconds")
-    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the ops and the layer run")
+    ap.add_argument("--device", default="cpu", type=_device,
+                    help="cpu (default) or cuda (cuda:N): where the ops and the layer run")
     ap.add_argument("--spec", default=None,
                     help="also predict from this hardware table's roofline, uncalibrated (e.g. h200 on an H200)")
     ap.add_argument("--no-ep", action="store_true",
                     help="skip the emulated two-node EP layer (it needs root for network namespaces)")
-    ap.add_argument("--ep-rounds", type=int, default=3, help="calibrate/validate rounds of the EP part (default 3)")
+    ap.add_argument("--ep-rounds", type=_cli.positive_int, default=3,
+                    help="calibrate/validate rounds of the EP part (default 3)")
     a = ap.parse_args(argv)
+    if a.clock != "wall" and a.device != "cpu":
+        ap.error(f"argument --clock: {a.clock} is for --device cpu only, got --device {a.device}")
+    if a.spec:
+        from .hardware import load_table
+        try:
+            load_table(a.spec)
+        except (ValueError, OSError) as exc:  # TableError is a ValueError
+            ap.error(f"argument --spec: {exc}")
     import warnings
     warnings.filterwarnings("ignore", message=".*runs the reference backend.*")
     rep = run(Path(a.out), rounds=a.rounds, threads=a.threads, min_run_time=a.min_run_time,

@@ -60,6 +60,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from .. import _cli
+
 __all__ = ["EP_CALIBRATION", "EP_VALIDATION", "EP_FIT_SHAPES", "EP_EXCHANGE_SIZES", "OVERLAP_FORMS",
            "OVERLAP_SCOPES", "COMM_FORMS", "overlap_terms", "predict_ep_layer", "fit_overlap", "select_overlap", "select_ep_model", "run_ep",
            "summarize_ep", "pooled_links", "pooled_exchange", "exchange_bytes", "LinkFit", "ExchangeFit"]
@@ -680,15 +682,23 @@ def format_ep_table(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _report_path(text: str) -> str:
+    """argparse type of --out: a file name (not a folder) whose folder exists or can be created."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, expected a file name")
+    _cli.output_dir(str(Path(text).parent))
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--init", default="", help=argparse.SUPPRESS)
     ap.add_argument("--config", default="{}", help=argparse.SUPPRESS)
-    ap.add_argument("--out", default="", help="JSON report file")
-    ap.add_argument("--rounds", type=int, default=3, help="calibrate/validate rounds (default 3)")
-    ap.add_argument("--runs", type=int, default=5, help="runs per measurement, median taken (default 5)")
+    ap.add_argument("--out", default="", type=lambda t: t and _report_path(t), help="JSON report file")
+    ap.add_argument("--rounds", type=_cli.positive_int, default=3, help="calibrate/validate rounds (default 3)")
+    ap.add_argument("--runs", type=_cli.positive_int, default=5, help="runs per measurement, median taken (default 5)")
     ap.add_argument("--rate", default="1gbit")
     a = ap.parse_args(argv)
     if a.worker:
