@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from ascend_moe_ops.balance import (DropStats, ExpertLoadPredictor, MoveCost, Placement, aux_loss,
+                                    coefficient_of_variation,
                                     biased_topk, capacity_for, default_max_moves, drop_stats,
                                     expert_counts, imbalance, plan_placement, update_expert_bias,
                                     z_loss)
@@ -1279,3 +1280,55 @@ def test_canonical_names_a_wrong_argument_type():
     from ascend_moe_ops.balance.executor import canonical
     with pytest.raises(TypeError, match="placement must be a Placement"):
         canonical(torch.tensor([[0]]))
+
+
+def test_metrics_refuse_nan_and_negative_loads():
+    """imbalance / coefficient_of_variation returned 0.0 ("perfectly balanced") for a NaN load and
+    for all-negative loads, and rank_loads passed them through; now a ValueError naming the
+    argument (the planner's rule: finite and non-negative)."""
+    nan = float("nan")
+    for fn in (imbalance, coefficient_of_variation):
+        for bad in ([1.0, nan], [-1.0, -3.0], [1.0, float("inf")]):
+            with pytest.raises(ValueError, match="^rank_loads has value .* finite and non-negative"):
+                fn(torch.tensor(bad))
+        assert fn(torch.zeros(3)) == 0.0
+    pl = Placement.contiguous(4, 2, 2)
+    for bad in ([1.0, nan, 1.0, 1.0], [1.0, -5.0, 1.0, 1.0]):
+        with pytest.raises(ValueError, match="^expert_load has value .* finite and non-negative"):
+            pl.rank_loads(torch.tensor(bad))
+
+
+def test_placement_tables_cannot_be_changed_from_outside():
+    """The cached expert_to_rank went stale when slot_to_expert was changed in place (and the new
+    table was never checked): the placement now keeps its own copy and hands out copies."""
+    s2e = torch.tensor([[0, 1], [2, 3]])
+    p = Placement(s2e, 4)
+    assert p.expert_to_rank.tolist() == [0, 0, 1, 1]
+    s2e[0, 0], s2e[1, 0] = 2, 0                      # the constructor's argument
+    t = p.slot_to_expert
+    t[0, 0], t[1, 0] = 2, 0                          # what the attribute returned
+    p.expert_to_rank[:] = 1                          # a derived map
+    p.expert_slots()[:] = -1
+    assert p.slot_to_expert.tolist() == [[0, 1], [2, 3]]
+    assert p.expert_to_rank.tolist() == [0, 0, 1, 1]
+    assert p.expert_slots().flatten().tolist() == [0, 1, 2, 3]
+    assert p.physical_slots(torch.tensor([[2, 3]])).tolist() == [[2, 3]]
+    assert p.rank_loads(torch.ones(4)).tolist() == [2.0, 2.0]
+    with pytest.raises(AttributeError, match="cannot be reassigned"):
+        p.slot_to_expert = torch.tensor([[2, 1], [0, 3]])
+    q = Placement(torch.tensor([[2, 1], [0, 3]]), 4)
+    assert q.expert_to_rank.tolist() == [1, 0, 0, 1] and q != p and p == Placement(s2e.new_tensor([[0, 1], [2, 3]]), 4)
+
+
+def test_predictor_numeric_arguments_are_typed():
+    with pytest.raises(TypeError, match="^alpha must be a float, got str"):
+        ExpertLoadPredictor(4, alpha="0.5")
+    with pytest.raises(TypeError, match="^alpha must be a float, got bool"):
+        ExpertLoadPredictor(4, alpha=True)
+    with pytest.raises(ValueError, match="alpha must be in"):
+        ExpertLoadPredictor(4, alpha=float("nan"))
+    with pytest.raises(TypeError, match="^window must be an int"):
+        ExpertLoadPredictor(4, window=2.0)
+    with pytest.raises(TypeError, match="^horizon must be an int"):
+        ExpertLoadPredictor(4, horizon="1")
+    assert ExpertLoadPredictor(4, alpha=1).alpha == 1.0

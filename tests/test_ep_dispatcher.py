@@ -35,9 +35,9 @@ SUBSETS = {"2x3": ["stats", "modes_equal", "fp64_hierarchical", "async_hierarchi
                    "overlap_hierarchical"]}
 # the pipeline's scheduling does not depend on the topology: its other modes run on 2x2 only
 _SKIP = {"3x2": {"overlap_flat", "overlap_hierarchical_allgather", "overlap_order_flat",
-                 "overlap_order_hierarchical"},
+                 "overlap_order_hierarchical", "overlap_retain_graph", "overlap_bad_args"},
          "1x4": {"overlap_flat", "overlap_hierarchical_allgather", "overlap_order_flat",
-                 "overlap_order_hierarchical"}}
+                 "overlap_order_hierarchical", "overlap_retain_graph", "overlap_bad_args"}}
 PG_TIMEOUT_S = int(os.environ.get("EP_TEST_PG_TIMEOUT", 40))
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOIN_TIMEOUT_S = 150  # one spawned group of the HCCL harness (tests/test_ascend_npu.py)
@@ -662,6 +662,92 @@ def scenario_combine_mismatch(ctx):
         _check_against_oracle(disp, inputs, rank)  # still works
 
 
+def scenario_overlap_retain_graph(ctx):
+    """moe_forward_overlapped and MoELayer(overlap_chunks=2) support backward(retain_graph=True)
+    twice, as plain dispatch/combine do (the second backward was a TypeError: the chunk graphs
+    were freed); without retain_graph the second backward names it. A deepcopy of the layer (an EMA
+    copy) shares the dispatcher (it was "cannot pickle 'ProcessGroup'") and computes the same."""
+    import copy
+    from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
+    from ascend_moe_ops.nn import MoELayer
+    W, rank = ctx["world"], ctx["rank"]
+    E, H, F, K = 2 * W, 8, 6, 2
+    for alg in ("flat", "hierarchical"):
+        disp = MoEDispatcher(ctx["topo"], E, algorithm=alg)
+        torch.manual_seed(3)
+        layer = MoELayer(H, E, F, K, dispatcher=disp, shared_expert_ffn_hidden_size=4, overlap_chunks=2)
+        g = torch.Generator().manual_seed(80 + rank)
+        x = torch.randn(4 + rank, H, generator=g, requires_grad=True)
+        ids, probs, _ = layer.router(x)
+        out = moe_forward_overlapped(disp, x, ids, probs, layer.experts, list(layer.experts.parameters()),
+                                     chunks=2, shared_fn=layer.shared_experts,
+                                     shared_params=list(layer.shared_experts.parameters()))
+        out.sum().backward(retain_graph=True)
+        first = [x.grad.clone()] + [q.grad.clone() for q in layer.parameters()]
+        out.sum().backward(retain_graph=True)
+        second = [x.grad] + [q.grad for q in layer.parameters()]
+        for a, b in zip(first, second):
+            torch.testing.assert_close(b, 2 * a, rtol=1e-6, atol=1e-6)
+        out.sum().backward()  # the last one frees the graphs
+        with pytest.raises(RuntimeError, match="retain_graph=True"):
+            out.sum().backward()
+        y = layer(x)  # the layer's pipelined path
+        y.sum().backward(retain_graph=True)
+        y.sum().backward()
+        ema = copy.deepcopy(layer)
+        assert ema.dispatcher is disp and ema.experts.weight1 is not layer.experts.weight1
+        with torch.no_grad():
+            assert torch.equal(ema(x), layer(x))
+
+
+def scenario_stale_handle(ctx):
+    """A handle belongs to its dispatch: ranks combining handles of different dispatches (here
+    rank 0 the older one, with the same row counts) raise SplitMismatchError on every rank (it was
+    a silently wrong sum); combining one handle twice stays right; the group stays usable."""
+    from ascend_moe_ops.distributed import MoEDispatcher, SplitMismatchError
+    W, rank = ctx["world"], ctx["rank"]
+    E = 2 * W
+    x = torch.arange(8.).view(4, 2) + 10 * rank
+    ids = torch.tensor([[0, 2], [1, 3], [2, 0], [3, 1]]) % E
+    for alg in ("flat", "hierarchical", "hierarchical_allgather"):
+        disp = MoEDispatcher(ctx["topo"], E, algorithm=alg)
+        et1, _, h1 = disp.dispatch(x, ids)
+        et2, _, h2 = disp.dispatch(x, ids.roll(1, 0))
+        assert (h1.dispatch_id, h2.dispatch_id) == (1, 2)
+        assert et1.shape == et2.shape
+        right = disp.combine(et2, h2)
+        assert torch.equal(disp.combine(et2, h2), right)  # a handle may be combined twice
+        with pytest.raises(SplitMismatchError, match=re.escape(
+                "EP ranks disagree on the dispatch the handle comes from (handle.dispatch_id")):
+            disp.combine(et2, h1 if rank == 0 else h2)
+        assert torch.equal(disp.combine(et2, h2), right)
+
+
+def scenario_overlap_bad_args(ctx):
+    """moe_forward_overlapped names a non-tensor topk_idx / probs / tokens / param (a list was a raw
+    AttributeError from tensor_split), before any collective (every rank passes the same)."""
+    from ascend_moe_ops.distributed import MoEDispatcher, moe_forward_overlapped
+    W = ctx["world"]
+    disp = MoEDispatcher(ctx["topo"], 2 * W, algorithm="flat")
+    x, ids = torch.randn(3, 4), torch.tensor([[0, 1]] * 3)
+    fn = lambda t, s: t  # noqa: E731
+    with pytest.raises(TypeError, match="^topk_idx must be a torch.Tensor, got list"):
+        moe_forward_overlapped(disp, x, [[0, 1]] * 3, None, fn)
+    with pytest.raises(TypeError, match="^topk_idx must have dtype in"):
+        moe_forward_overlapped(disp, x, ids.float(), None, fn)
+    with pytest.raises(TypeError, match="^probs must be a torch.Tensor, got list"):
+        moe_forward_overlapped(disp, x, ids, [[0.5, 0.5]] * 3, fn)
+    with pytest.raises(TypeError, match="^tokens must be a torch.Tensor, got list"):
+        moe_forward_overlapped(disp, x.tolist(), ids, None, fn)
+    with pytest.raises(ValueError, match="^tokens must be 2-D"):
+        moe_forward_overlapped(disp, x[0], ids, None, fn)
+    with pytest.raises(TypeError, match="^expert_fn must be callable"):
+        moe_forward_overlapped(disp, x, ids, None, None)
+    with pytest.raises(TypeError, match=re.escape("params[0] must be a torch.Tensor")):
+        moe_forward_overlapped(disp, x, ids, None, fn, [1.0])
+    assert moe_forward_overlapped(disp, x, ids, None, fn).shape == (3, 4)  # still works
+
+
 SCENARIOS = {}
 for _alg in ("flat", "hierarchical", "hierarchical_allgather"):
     SCENARIOS[f"fp64_{_alg}"] = (scenario_fp64, (_alg,))
@@ -687,6 +773,9 @@ SCENARIOS["auto_k_mismatch"] = (scenario_auto_k_mismatch, ())
 SCENARIOS["chunks_mismatch"] = (scenario_chunks_mismatch, ())
 SCENARIOS["combine_mismatch"] = (scenario_combine_mismatch, ())
 SCENARIOS["subgroup"] = (scenario_subgroup, ())
+SCENARIOS["overlap_retain_graph"] = (scenario_overlap_retain_graph, ())
+SCENARIOS["stale_handle"] = (scenario_stale_handle, ())
+SCENARIOS["overlap_bad_args"] = (scenario_overlap_bad_args, ())
 
 
 def scenario_calls(ctx, names):

@@ -77,13 +77,40 @@ def test_loss_falls_and_outputs_written(runs):
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="--batch"):
+    with pytest.raises(ValueError, match="batch 6"):
         pretrain.Trainer(pretrain.Config(batch=6), torch.zeros(10_000, dtype=torch.int64), world=4)
-    with pytest.raises(ValueError, match="--experts"):
+    with pytest.raises(ValueError, match="experts 6"):
         pretrain.Trainer(pretrain.Config(experts=6), torch.zeros(10_000, dtype=torch.int64))
     with pytest.raises(SystemExit) as e:
         pretrain.main(["--procs", "3", "--local-size", "2"])
     assert e.value.code == 2
+
+
+# the Python API applies the command line's rules (check_config): an odd qk_rope_dim trained a
+# different model (the rope part grew to 4 dims), the others failed deep inside torch ("random_
+# expects 'from' < 'to'", "stack expects a non-empty TensorList", "window must be >= 1")
+@pytest.mark.parametrize("kw, err, named", [
+    (dict(qk_rope_dim=3), ValueError, "qk_rope_dim 3 must be even"),
+    (dict(seq_len=8192, corpus_bytes=4096), ValueError, "corpus_bytes 4096"),
+    (dict(batch=0), ValueError, "batch must be >= 1"),
+    (dict(rebalance_every=0), ValueError, "rebalance_every must be >= 1"),
+    (dict(lr=0.0), ValueError, "lr must be a finite number > 0"),
+    (dict(aux_coeff=float("nan")), ValueError, "aux_coeff"),
+    (dict(steps="2"), TypeError, "steps must be an int"),
+    (dict(top_k=9), ValueError, "top_k 9 must be <= experts 8"),
+])
+def test_config_is_checked_like_the_command_line(kw, err, named):
+    with pytest.raises(err, match=named):
+        pretrain.Config(**kw)
+    ok = pretrain.Config(steps=1, batch=2, seq_len=16, corpus_bytes=4096)
+    for k, v in kw.items():  # changed after construction: the run refuses it before any work
+        setattr(ok, k, v)
+    with pytest.raises(err, match=named):
+        pretrain.run(ok, "unused-out", quiet=True)
+    with pytest.raises(ValueError, match="data has 20 tokens"):
+        pretrain.Trainer(pretrain.Config(seq_len=32), torch.zeros(20, dtype=torch.int64))
+    with pytest.raises(ValueError, match="dim must be even"):
+        pretrain.rope_tables(16, 3)
 
 
 # each of these used to train and write outputs, or fail deep inside (ZeroDivisionError, "stack

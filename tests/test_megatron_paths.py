@@ -164,6 +164,32 @@ def test_mask_permute_empty(ns):
         assert rmap.shape == (T, 0) and ids.shape == (T, 0)
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_mask_permute_compiles_with_gradients(dynamic):
+    """torch.compile(fullgraph=True) of mask_permute, forward and backward: with dynamic shapes the
+    fake kernel gave new_dynamic_size a symbolic max ("expected min and max to be statically known
+    ints"); with static shapes the probs gradient branched on the data-dependent S
+    (GuardOnDataDependentSymNode "Eq(u1, 0)"). Values and gradients equal eager ones."""
+    def f(x, p):
+        out, pp, _, _, _ = mp.mask_permute(x, p > 0.5, p, None)
+        return (out * pp.unsqueeze(1).to(out.dtype)).sum(0)
+
+    for T, E in ((6, 4), (7, 5)):  # a second shape: dynamic=True reuses its graph
+        g = torch.Generator().manual_seed(T)
+        x0, p0 = torch.randn(T, 5, generator=g), torch.rand(T, E, generator=g)
+        p0[1] = 0.0  # a token with no expert
+        gy = torch.randn(5, generator=g)
+        res = []
+        for fn in (f, torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=dynamic)):
+            x, p = x0.clone().requires_grad_(True), p0.clone().requires_grad_(True)
+            y = fn(x, p)
+            (y * gy).sum().backward()
+            res.append((y.detach(), x.grad, p.grad))
+        for a, b in zip(*res):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("ns", NAMESPACES)
 def test_mask_permute_bad_input_names_the_argument(ns):
     tokens, mask, probs = _inputs(10, 8, 4, 2, torch.float32)

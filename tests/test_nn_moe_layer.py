@@ -201,6 +201,21 @@ def test_wrong_hidden_size_names_x(options):
         assert compiled(torch.randn(5, 8)).shape == (5, 8)
 
 
+def test_router_and_layer_refuse_an_integer_x():
+    """TopKRouter alone ran its gate in int64 on an integer x: the weights (~0.02) truncated to 0
+    and the scores came out uniform, with no error. Now a TypeError naming x (MoELayer too)."""
+    from ascend_moe_ops.nn import TopKRouter
+    torch.manual_seed(0)
+    r = TopKRouter(4, 4, 2)
+    for dt in (torch.int64, torch.int32, torch.bool):
+        with pytest.raises(TypeError, match=r"^TopKRouter: x must have a floating-point dtype, got torch\."):
+            r(torch.tensor([[3, -1, 2, 5]]).to(dt))
+    with pytest.raises(TypeError, match=r"^MoELayer: x must have a floating-point dtype"):
+        MoELayer(4, 4, 6, 2)(torch.tensor([[3, -1, 2, 5]]))
+    for dt in (torch.float32, torch.float64, torch.bfloat16):
+        assert r(torch.tensor([[3.0, -1.0, 2.0, 5.0]], dtype=dt))[2].dtype == torch.float32
+
+
 # ---------------------------------------------------------------- router options (torchtitan / DeepSeek-V3)
 def test_router_dtype_default_is_the_input_dtype():
     torch.manual_seed(5)

@@ -37,6 +37,11 @@ class Placement:
     (``max / mean − 1`` of rank loads) and coefficient of variation before and after, the number
     of (expert, rank) copies the change needs (``moved``), the bytes those copies carry under the
     planner's :class:`MoveCost` (``moved_bytes``, 0 without one), and ``changed``.
+
+    The table is the placement's own: construction takes a copy, and ``slot_to_expert`` returns a
+    copy, so changing either tensor in place cannot desynchronise the derived maps
+    (``expert_to_rank``, ``expert_slots``, computed once); it cannot be reassigned either. For
+    another placement build a new ``Placement``.
     """
 
     slot_to_expert: Tensor
@@ -52,9 +57,10 @@ class Placement:
 
     # -- construction / validation -------------------------------------------------------------
     def __post_init__(self):
-        s2e = self.slot_to_expert
+        s2e = self._s2e
         _checks.check_tensor("slot_to_expert", s2e, ndim=2, dtypes=_checks.INDEX_DTYPES)
-        self.slot_to_expert = s2e = s2e.detach().to(torch.int64).cpu()
+        # a private copy (``.to`` may return the caller's own tensor)
+        self._s2e = s2e = s2e.detach().to(torch.int64).cpu().clone()
         E = self.num_experts
         _checks.check_int("num_experts", E, minimum=1)
         _checks.check_index_range("slot_to_expert (expert ids)", s2e, -1, E)
@@ -101,16 +107,16 @@ class Placement:
     # -- derived views ---------------------------------------------------------------------------
     @property
     def num_ranks(self) -> int:
-        return self.slot_to_expert.shape[0]
+        return self._s2e.shape[0]
 
     @property
     def slots_per_rank(self) -> int:
-        return self.slot_to_expert.shape[1]
+        return self._s2e.shape[1]
 
     @property
     def replica_count(self) -> Tensor:
         """``[E]`` int64: slots holding each expert (1 without replicas)."""
-        s2e = self.slot_to_expert
+        s2e = self._s2e
         return torch.bincount(s2e[s2e >= 0], minlength=self.num_experts)
 
     @property
@@ -119,21 +125,25 @@ class Placement:
 
     @property
     def expert_to_rank(self) -> Tensor:
-        """``[E]`` int64 rank of each expert (its first slot in rank-major order if replicated)."""
+        """``[E]`` int64 rank of each expert (its first slot in rank-major order if replicated);
+        a copy."""
         if "e2r" not in self._cache:
-            flat = self.slot_to_expert.flatten()
+            flat = self._s2e.flatten()
             S = self.slots_per_rank
             e2r = torch.full((self.num_experts,), -1, dtype=torch.int64)
             pos = torch.nonzero(flat >= 0).flatten().flip(0)          # last write = first slot
             e2r[flat[pos]] = pos // S
             self._cache["e2r"] = e2r
-        return self._cache["e2r"]
+        return self._cache["e2r"].clone()
 
     def expert_slots(self) -> Tensor:
         """``[E, max_replicas]`` int64 physical slot ids (``rank * S + local``) of each expert in
-        ascending order, padded with -1."""
+        ascending order, padded with -1; a copy."""
+        return self._expert_slots().clone()
+
+    def _expert_slots(self) -> Tensor:
         if "slots" not in self._cache:
-            flat = self.slot_to_expert.flatten()
+            flat = self._s2e.flatten()
             rc = self.replica_count
             out = torch.full((self.num_experts, int(rc.max())), -1, dtype=torch.int64)
             fill = torch.zeros(self.num_experts, dtype=torch.int64)
@@ -165,7 +175,7 @@ class Placement:
             _checks.check_shape("token_index", token_index, (T,), "one index per row of topk_idx")
         key = ("route", dev)
         if key not in self._cache:  # device copies made once, not on every routing call
-            self._cache[key] = (self.expert_slots().to(dev), self.replica_count.to(dev))
+            self._cache[key] = (self._expert_slots().to(dev), self.replica_count.to(dev))
         slots, rc = self._cache[key]
         ids = topk_idx.long()
         safe = ids.clamp(min=0)
@@ -175,17 +185,36 @@ class Placement:
 
     def rank_loads(self, expert_load: Tensor) -> Tensor:
         """``[R]`` fp64 load per rank when expert ``e`` brings ``expert_load[e]`` tokens, split
-        evenly over its replicas."""
+        evenly over its replicas. ``expert_load`` must be finite and non-negative (``ValueError``)."""
         load = torch.as_tensor(expert_load, dtype=torch.float64).cpu()
         _checks.check_shape("expert_load", load, (self.num_experts,), "one load per expert")
+        _check_loads("expert_load", load)
         per_slot = load / self.replica_count.to(torch.float64)
-        s2e = self.slot_to_expert
+        s2e = self._s2e
         w = torch.where(s2e >= 0, per_slot[s2e.clamp(min=0)], torch.zeros((), dtype=torch.float64))
         return w.sum(1)
 
     def __eq__(self, other):
         return (isinstance(other, Placement) and self.num_experts == other.num_experts
-                and torch.equal(self.slot_to_expert, other.slot_to_expert))
+                and torch.equal(self._s2e, other._s2e))
+
+
+def _get_slot_to_expert(self) -> Tensor:
+    return self._s2e.clone()
+
+
+def _set_slot_to_expert(self, value) -> None:
+    if "_s2e" in self.__dict__:
+        raise AttributeError("Placement.slot_to_expert cannot be reassigned (the derived maps are "
+                             "computed from it once): build a new Placement")
+    self._s2e = value  # checked and copied by __post_init__
+
+
+# defined after @dataclass so that the generated __init__ assigns through it (a property in the
+# class body would become the field's default)
+Placement.slot_to_expert = property(
+    _get_slot_to_expert, _set_slot_to_expert,
+    doc="``[R, S]`` int64 expert id of each slot (-1 = empty); a copy of the placement's table.")
 
 
 DEFAULT_MOVE_FRACTION = 0.1
@@ -241,11 +270,18 @@ def check_fits(num_experts: int, num_ranks: int, slots_per_rank: int) -> None:
                          f"{num_ranks} * {slots_per_rank} = {num_ranks * slots_per_rank} slots")
 
 
+def _check_loads(name: str, load: Tensor) -> None:
+    """Loads are finite and non-negative (a NaN or negative load made the metrics 0.0, "balanced")."""
+    _checks.check_values(name, load, lambda t: ~torch.isfinite(t) | (t < 0),
+                         ": loads must be finite and non-negative", "has a non-finite or negative load")
+
+
 def _scaled(rank_loads: Tensor) -> Tensor:
     """The loads as given (integer ones in fp64), divided by their largest magnitude only where
     their sum could overflow the dtype (the two ratios below do not depend on the scale; loads near
     the fp64 maximum gave NaN metrics)."""
     x = torch.as_tensor(rank_loads).detach()
+    _check_loads("rank_loads", x)
     if not x.is_floating_point():
         x = x.to(torch.float64)
     if x.numel():
@@ -256,14 +292,16 @@ def _scaled(rank_loads: Tensor) -> Tensor:
 
 
 def imbalance(rank_loads: Tensor) -> float:
-    """``max / mean − 1`` of rank loads (0 = perfectly balanced)."""
+    """``max / mean − 1`` of rank loads (0 = perfectly balanced; also 0 when all are 0). A NaN,
+    infinite or negative load is a ``ValueError`` naming ``rank_loads``."""
     x = _scaled(rank_loads)
     m = float(x.mean())
     return float(x.max()) / m - 1.0 if m > 0 else 0.0
 
 
 def coefficient_of_variation(rank_loads: Tensor) -> float:
-    """``std / mean`` of rank loads (0 = perfectly balanced)."""
+    """``std / mean`` of rank loads (0 = perfectly balanced; also 0 when all are 0). A NaN,
+    infinite or negative load is a ``ValueError`` naming ``rank_loads``."""
     x = _scaled(rank_loads)
     m = float(x.mean())
     return float(x.std(unbiased=False)) / m if m > 0 else 0.0

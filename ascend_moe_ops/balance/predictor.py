@@ -78,6 +78,7 @@ class ExpertLoadPredictor:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if alpha is None:
             alpha = 2.0 / (window + 1)
+        alpha = _checks.check_float("alpha", alpha)
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.num_experts, self.window, self.method = num_experts, window, method

@@ -34,7 +34,9 @@ _META_NAMES = ["tokens dtype", "hidden size H (tokens.shape[1])", "top-k K (topk
                "chunks (moe_forward_overlapped / MoELayer overlap_chunks; 1 = a plain dispatch)"]
 # columns 1.. of the metadata row every combine exchanges (column 0: "arguments rejected")
 _COMBINE_META_NAMES = ["expert_output dtype", "hidden size of expert_output (expert_output.shape[1])",
-                       "algorithm of the handle"]
+                       "algorithm of the handle",
+                       "the dispatch the handle comes from (handle.dispatch_id: a rank combines with "
+                       "the handle of another dispatch)"]
 
 
 
@@ -71,6 +73,10 @@ class DispatchHandle:
         algorithm: ``"flat"``, ``"hierarchical"`` or ``"hierarchical_allgather"`` (what
             ``auto`` resolved to).
         num_tokens: ``T`` of this rank's input.
+        dispatch_id: the number of the dispatch call of its dispatcher that made it (1, 2, ...;
+            the same on every rank, since every rank makes the same dispatch calls in the same
+            order). :meth:`MoEDispatcher.combine` checks that all ranks pass handles of the same
+            dispatch.
         tokens_per_local_expert: ``[L]`` int64, rows per local expert in ``expert_tokens``.
         stats: rows/bytes this rank sent in the dispatch, taken from the split sizes actually used
             (padding included; rows a rank sends to itself are not counted):
@@ -83,6 +89,7 @@ class DispatchHandle:
     def __init__(self, algorithm: str, num_tokens: int):
         self.algorithm = algorithm
         self.num_tokens = num_tokens
+        self.dispatch_id = 0  # set by dispatch: the how-many-th dispatch of its dispatcher
         self.tokens_per_local_expert: Optional[Tensor] = None
         self.stats: Dict[str, int] = {}
         self._state: Dict[str, object] = {}
@@ -167,7 +174,14 @@ class MoEDispatcher:
     dtype, presence of ``probs`` and ``requires_grad`` pattern. A rank with zero tokens (``T =
     0``) or with zero routed slots still takes part in every collective, and its outputs stay
     connected to the autograd graph.
+
+    A dispatcher is a handle on process groups (which cannot be copied): ``copy.deepcopy`` of it,
+    or of a module holding it (an EMA or "best model" copy of a :class:`~ascend_moe_ops.nn.MoELayer`),
+    returns the same dispatcher, so the copy shares its groups and expert placement.
     """
+
+    def __deepcopy__(self, memo):
+        return self  # shared, like the process groups it wraps (deepcopy refused ProcessGroup)
 
     def __init__(self, topology: EPTopology, num_experts: int, *, algorithm: str = "auto",
                  expert_to_rank: Optional[Tensor] = None, debug: bool = False,
@@ -183,6 +197,7 @@ class MoEDispatcher:
         self.debug = debug
         self.allow_uneven = allow_uneven
         self._device_cache: Dict[tuple, Tensor] = {}
+        self._dispatches = 0  # dispatch calls so far: the same on every rank (they are collective)
         if topology.world_size > 1:
             # collective: a different E would make the per-call exchanges differ in size
             # (gloo aborts the process on that), so it is caught here with a clear error
@@ -400,6 +415,8 @@ class MoEDispatcher:
         fails later, dies or hangs makes every collective raise :class:`CollectiveError` after
         the process group's timeout.
         """
+        self._dispatches += 1  # first, whatever happens next: the count stays the same on every rank
+        dispatch_id = self._dispatches
         error = None
         try:
             self._check_args(tokens, topk_idx, probs)
@@ -416,7 +433,13 @@ class MoEDispatcher:
             finish = self._dispatch_dedup(tokens, topk_idx, probs, async_op, meta, error)
         else:
             finish = self._dispatch_allgather(tokens, topk_idx, probs, async_op, meta, error)
-        pending = PendingDispatch(finish)
+
+        def tagged():
+            expert_tokens, tpe, handle = finish()
+            handle.dispatch_id = dispatch_id
+            return expert_tokens, tpe, handle
+
+        pending = PendingDispatch(tagged)
         return pending if async_op else pending.wait()
 
     def _local_sort(self, rows: Tensor, keys: Tensor, pending: Optional[Pending]):
@@ -701,7 +724,14 @@ class MoEDispatcher:
         Args:
             expert_output: ``[R, H']`` rows in the layout of ``expert_tokens`` from the matching
                 :meth:`dispatch` (``H'`` may differ from ``H``).
-            handle: the :class:`DispatchHandle` that dispatch returned.
+            handle: the :class:`DispatchHandle` that dispatch returned. A handle may be combined
+                more than once (each combine is a fresh, correct one). A handle of another
+                dispatch is a misuse that is caught only in part: ranks that pass handles of
+                different dispatches raise :class:`SplitMismatchError` on every rank; one whose
+                row count differs from ``expert_output``'s raises ``ValueError``; but when every
+                rank passes the same older handle whose row counts happen to match, nothing in
+                the rows tells it apart (no check without comparing data), and the result is
+                wrong. Combine the rows of a dispatch with that dispatch's handle.
             async_op: return a :class:`PendingCombine` right after launching the last collective
                 (flat: the all-to-all back; hierarchical: the inter-node ReduceScatter).
 
@@ -710,25 +740,26 @@ class MoEDispatcher:
             (else a plain sum over kept slots). Differentiable w.r.t. ``expert_output`` and
             (through the dispatch) ``probs``.
 
-        Errors: one small all-gather over the EP group comes first (4 int64 per rank): bad
+        Errors: one small all-gather over the EP group comes first (5 int64 per rank): bad
         arguments raise ``ValueError``/``TypeError`` on the rank that passed them and
         :class:`SplitMismatchError` on every other rank; an ``expert_output`` dtype or ``H'`` (or
-        handle algorithm) that differs between ranks raises :class:`SplitMismatchError` naming it
-        on every rank.
+        handle algorithm, or the dispatch the handle comes from) that differs between ranks
+        raises :class:`SplitMismatchError` naming it on every rank.
         """
         error = None
         try:
             self._check_combine_args(expert_output, handle)
         except (ValueError, TypeError) as e:
             error = e
-        # one tiny all-gather (4 int64 per rank; the combine has no count exchange to carry it):
-        # argument errors, dtype, H' or algorithm differing between ranks raise on every rank
+        # one tiny all-gather (5 int64 per rank; the combine has no count exchange to carry it):
+        # argument errors, dtype, H', algorithm or handle's dispatch differing between ranks raise on every rank
         # before any data moves (gloo aborts the process on an all-to-all of unequal row sizes)
         ok = error is None
         self._header([0 if ok else 1,
                       _DTYPE_CODES.get(expert_output.dtype, 0) if ok else 0,
                       expert_output.shape[1] if ok else -1,
-                      ALGORITHMS.index(handle.algorithm) if ok else -1],
+                      ALGORITHMS.index(handle.algorithm) if ok else -1,
+                      handle.dispatch_id if ok else -1],
                      torch.zeros(0, dtype=torch.int64), error, call="combine")
         st = handle._state
         topo = self.topology

@@ -36,6 +36,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
+from ..ops import checks as _checks
 from . import _autograd as C
 
 Tensor = torch.Tensor
@@ -164,13 +165,15 @@ def _executor(overlap: bool):
     return _Inline()
 
 
-def _grad(outputs, inputs, grads):
-    """``torch.autograd.grad`` over the inputs that need it (``None`` for the others)."""
+def _grad(outputs, inputs, grads, retain_graph: bool = False):
+    """``torch.autograd.grad`` over the inputs that need it (``None`` for the others); with
+    ``retain_graph`` the graph stays for another backward."""
     want = [i for i, t in enumerate(inputs) if t is not None and t.requires_grad]
     res: List[Optional[Tensor]] = [None] * len(inputs)
     if not want or not outputs.requires_grad:
         return res
-    got = torch.autograd.grad(outputs, [inputs[i] for i in want], grads, allow_unused=True)
+    got = torch.autograd.grad(outputs, [inputs[i] for i in want], grads, allow_unused=True,
+                              retain_graph=retain_graph)
     for i, g in zip(want, got):
         res[i] = g
     return res
@@ -253,6 +256,15 @@ class _Pipeline(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         _, _, _, n, overlap, _, n_exp = ctx.cfg
+        if ctx.chunks is None:
+            raise RuntimeError("moe_forward_overlapped: trying to backward through its graph a second "
+                               "time (its chunk graphs were freed after the first backward); pass "
+                               "retain_graph=True to the first backward to backward twice")
+        # backward(retain_graph=True) keeps the chunk graphs for another backward, as plain
+        # dispatch/combine do; otherwise they are freed here (private torch API: without it the
+        # graphs are freed and a second backward raises the error above)
+        keep_fn = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+        keep = bool(keep_fn()) if keep_fn is not None else False
         chunks, xs, ps = ctx.chunks, ctx.xs, ctx.ps
         params, sh_params = list(ctx.params[:n_exp]), list(ctx.params[n_exp:])
         sizes = [x.shape[0] for x in xs]
@@ -261,14 +273,14 @@ class _Pipeline(torch.autograd.Function):
 
         def combine_bwd(i):  # the combine's backward: dispatch-direction all-to-alls
             c = chunks[i]
-            dy, dp = _grad(c["out"], [c["y_leaf"], ps[i]], gs[i].contiguous())
+            dy, dp = _grad(c["out"], [c["y_leaf"], ps[i]], gs[i].contiguous(), keep)
             return dy, dp
 
         def dispatch_bwd(i, det):  # the dispatch's backward: combine-direction all-to-alls
             c = chunks[i]
             if det is None or not c["et"].requires_grad:
                 return None, None
-            return tuple(_grad(c["et"], [xs[i], ps[i]], det))
+            return tuple(_grad(c["et"], [xs[i], ps[i]], det, keep))
 
         dx: List[Optional[Tensor]] = [None] * n
         dps: List[Optional[Tensor]] = [None] * n
@@ -281,7 +293,7 @@ class _Pipeline(torch.autograd.Function):
             if ctx.y_sh is not None:  # the shared expert's backward hides the first exchange
                 fcb[0].wait_launched()
                 _event("bwd", "shared_bwd_start", -1)
-                got = _grad(ctx.y_sh, [ctx.x_sh] + sh_params, g.contiguous())
+                got = _grad(ctx.y_sh, [ctx.x_sh] + sh_params, g.contiguous(), keep)
                 dx_sh, dsh = got[0], got[1:]
                 _event("bwd", "shared_bwd_end", -1)
             fdb = {}
@@ -293,7 +305,7 @@ class _Pipeline(torch.autograd.Function):
                     fcb[i + 1].wait_launched()
                 c = chunks[i]
                 _event("bwd", "expert_bwd_start", i)
-                got = _grad(c["y"], [c["et_leaf"]] + params, dy) if dy is not None else \
+                got = _grad(c["y"], [c["et_leaf"]] + params, dy, keep) if dy is not None else \
                     [None] * (1 + len(params))
                 _event("bwd", "expert_bwd_end", i)
                 for k, gp in enumerate(got[1:]):
@@ -307,7 +319,8 @@ class _Pipeline(torch.autograd.Function):
                     dps[i] = dpi if dps[i] is None else dps[i] + dpi
         finally:
             ex.shutdown(wait=True, cancel_futures=True) if overlap else None
-        ctx.chunks = ctx.x_sh = ctx.y_sh = None  # free the graphs
+        if not keep:
+            ctx.chunks = ctx.x_sh = ctx.y_sh = None  # free the graphs
 
         def cat(parts, leaves):
             if leaves[0] is None or not leaves[0].requires_grad:
@@ -353,6 +366,12 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
 
     Returns:
         ``[T, H']``, differentiable w.r.t. ``tokens``, ``probs``, ``params`` and ``shared_params``.
+        ``backward(retain_graph=True)`` keeps the chunk graphs for another backward; without it
+        they are freed, and a second backward raises a ``RuntimeError`` naming ``retain_graph``.
+
+    Errors: a ``tokens`` / ``topk_idx`` / ``probs`` / ``params`` entry that is not a tensor (or
+    ``topk_idx`` not an integer one), a non-callable ``expert_fn`` raise ``TypeError`` naming it,
+    on the calling rank before any collective.
 
     Every rank issues the same collectives in the same order (one communication thread per
     call). Do not run other collectives on the dispatcher's groups while a call (or its
@@ -360,9 +379,15 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
     """
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"chunks must be a positive int, got {chunks!r}")
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-        raise ValueError(f"tokens must be a [T, H] tensor, got "
-                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+    _checks.check_tensor("tokens", tokens, ndim=2)
+    _checks.check_tensor("topk_idx", topk_idx, ndim=2, dtypes=_checks.INDEX_DTYPES)
+    if probs is not None:
+        _checks.check_tensor("probs", probs, ndim=2)
+    if not callable(expert_fn):
+        raise TypeError(f"expert_fn must be callable, got {type(expert_fn).__name__}")
+    for name, ts in (("params", params), ("shared_params", shared_params)):
+        for i, t in enumerate(ts):
+            _checks.check_tensor(f"{name}[{i}]", t)
     params, shared_params = tuple(params), tuple(shared_params) if shared_fn is not None else ()
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (tokens, probs) + params + shared_params)

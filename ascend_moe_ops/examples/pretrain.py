@@ -51,6 +51,7 @@ from torch import nn
 
 from .. import _cli
 from ..benchmark.timing import clock_for
+from ..ops import checks as _checks
 from ..balance import (ExpertLoadPredictor, Placement, PlacementExecutor, aux_loss, canonical,
                        imbalance, plan_placement)
 from ..distributed import EPTopology, MoEDispatcher
@@ -90,6 +91,55 @@ class Config:
     seed: int = 0
     corpus_bytes: int = 1 << 21
 
+    def __post_init__(self):
+        check_config(self)
+
+
+#: Config fields that may be 0 (every other one must be >= 1, or for floats > 0)
+_MAY_BE_ZERO = ("shared_ffn", "max_moves", "seed", "aux_coeff")
+
+
+def _field_name(field: str, flags: bool) -> str:
+    return "--" + field.replace("_", "-") if flags else field
+
+
+def check_config(cfg, world: int = 1, *, flags: bool = False) -> None:
+    """The rules a run's settings obey, for :class:`Config` (at construction and when a
+    :class:`Trainer` starts, with its process count ``world``) and for the command line (which
+    passes its parsed arguments with ``flags=True``, so the messages name the flags). Each value:
+    an int ``>= 1`` (``>= 0`` for ``_MAY_BE_ZERO``) or a finite float ``> 0`` (``>= 0``); together:
+    the experts divide evenly over the EP ranks and the batch over the processes, ``top_k <=
+    experts``, an even ``qk_rope_dim`` (the rotary embedding rotates halves), and a corpus longer
+    than one sequence window. Raises ``TypeError``/``ValueError`` naming the setting."""
+    def name(f):
+        return _field_name(f, flags)
+    if not flags:  # argparse's types already checked each flag on its own
+        for f in dataclasses.fields(Config):
+            v, low = getattr(cfg, f.name), 0 if f.name in _MAY_BE_ZERO else 1
+            if isinstance(f.default, float):
+                _checks.check_float(name(f.name), v, finite=True, minimum=0.0)
+                if low and not v > 0:
+                    raise ValueError(f"{name(f.name)} must be a finite number > 0, got {v!r}")
+            else:
+                _checks.check_int(name(f.name), v, minimum=low)
+    R = cfg.ep_ranks
+    if cfg.experts % R:
+        raise ValueError(f"{name('experts')} {cfg.experts} must be divisible by the EP ranks ({R})")
+    if cfg.batch % world:
+        raise ValueError(f"{name('batch')} {cfg.batch} must be divisible by the process count {world}")
+    if world > 1 and R != world:
+        raise ValueError(f"with {world} processes the EP group has {world} ranks, got "
+                         f"{name('ep_ranks')}={R}")
+    if cfg.top_k > cfg.experts:
+        raise ValueError(f"{name('top_k')} {cfg.top_k} must be <= {name('experts')} {cfg.experts}")
+    if cfg.qk_rope_dim % 2:
+        raise ValueError(f"{name('qk_rope_dim')} {cfg.qk_rope_dim} must be even (the rotary "
+                         "embedding rotates halves)")
+    if cfg.corpus_bytes < cfg.seq_len + 2:
+        raise ValueError(f"{name('corpus_bytes')} {cfg.corpus_bytes} must be >= {name('seq_len')} + 2 "
+                         f"({cfg.seq_len + 2}): each sequence is a window of seq_len + 1 bytes of the "
+                         "corpus")
+
 
 # --------------------------------------------------------------------------------------- data
 def corpus(max_bytes: int):
@@ -122,6 +172,10 @@ def global_batch(data: torch.Tensor, step: int, cfg: Config):
 
 # -------------------------------------------------------------------------------------- model
 def rope_tables(seq_len: int, dim: int, base: float = 10000.0):
+    """``cos, sin [seq_len, dim / 2]`` of the rotary embedding of an even ``dim``."""
+    _checks.check_int("dim", dim, minimum=2)
+    if dim % 2:
+        raise ValueError(f"dim must be even (the rotary embedding rotates halves), got {dim}")
     inv = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
     ang = torch.arange(seq_len, dtype=torch.float32)[:, None] * inv[None, :]
     return ang.cos(), ang.sin()
@@ -130,6 +184,9 @@ def rope_tables(seq_len: int, dim: int, base: float = 10000.0):
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of the last dim (halves rotated), ``cos/sin [S, dim/2]`` broadcast over
     the batch (and heads: pass them with a head axis)."""
+    if x.shape[-1] != 2 * cos.shape[-1]:
+        raise ValueError(f"x's last dim must be twice that of cos/sin ({2 * cos.shape[-1]}), got "
+                         f"shape {tuple(x.shape)}")
     a, b = x.chunk(2, dim=-1)
     return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
 
@@ -233,13 +290,12 @@ class Trainer:
 
     def __init__(self, cfg: Config, data: torch.Tensor, world: int = 1, local_size: int = 1):
         self.cfg, self.data, self.world = cfg, data, world
+        check_config(cfg, world)  # again: the fields may have been changed since construction
+        _checks.check_tensor("data", data, ndim=1)
+        if data.numel() < cfg.seq_len + 2:
+            raise ValueError(f"data has {data.numel()} tokens, fewer than seq_len + 2 "
+                             f"({cfg.seq_len + 2}): each sequence is a window of seq_len + 1 tokens")
         R = cfg.ep_ranks
-        if cfg.experts % R:
-            raise ValueError(f"--experts {cfg.experts} must be divisible by the EP ranks {R}")
-        if cfg.batch % world:
-            raise ValueError(f"--batch {cfg.batch} must be divisible by the process count {world}")
-        if world > 1 and R != world:
-            raise ValueError(f"with {world} processes the EP group has {world} ranks, got ep_ranks={R}")
         self.rank = dist.get_rank() if world > 1 else 0
         self.slots = cfg.experts // R
         self.placements = [Placement.contiguous(cfg.experts, R, self.slots) for _ in range(cfg.layers)]
@@ -370,6 +426,7 @@ def run(cfg: Config, out: str, world: int = 1, local_size: int = 1, quiet: bool 
         compare: Optional[str] = None) -> dict:
     """Train (this process's part); rank 0 writes ``<out>/pretrain-<mode>.json`` and ``.png``.
     Returns the log."""
+    check_config(cfg, world)  # before any work (Trainer checks again)
     data, source = corpus(cfg.corpus_bytes)
     trainer = Trainer(cfg, data, world, local_size)
     rank = trainer.rank
@@ -432,10 +489,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-#: Config fields that may be 0 (the rest of the integer ones must be >= 1)
-_MAY_BE_ZERO = ("shared_ffn", "max_moves", "seed")
-
-
 def _launcher_world() -> Optional[int]:
     """The world size under torchrun (or another launcher that sets RANK / WORLD_SIZE), else None."""
     if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -479,7 +532,7 @@ def parse_args(argv=None):
         if isinstance(v, int):
             kind = _cli.non_negative_int if f.name in _MAY_BE_ZERO else _cli.positive_int
         else:
-            kind = _cli.non_negative_float if f.name == "aux_coeff" else _cli.positive_float
+            kind = _cli.non_negative_float if f.name in _MAY_BE_ZERO else _cli.positive_float
         # ep_ranks: None = not given (the default, or the process count when there are several)
         ap.add_argument("--" + f.name.replace("_", "-"), type=kind,
                         default=None if f.name == "ep_ranks" else v)
@@ -495,17 +548,10 @@ def parse_args(argv=None):
             ap.error(f"--procs {world} must be a multiple of --local-size {local}")
     elif args.ep_ranks is None:
         args.ep_ranks = d.ep_ranks
-    if args.experts % args.ep_ranks:
-        ap.error(f"--experts {args.experts} must be divisible by the EP ranks ({args.ep_ranks})")
-    if args.batch % world:
-        ap.error(f"--batch {args.batch} must be divisible by the process count {world}")
-    if args.top_k > args.experts:
-        ap.error(f"--top-k {args.top_k} must be <= --experts {args.experts}")
-    if args.qk_rope_dim % 2:
-        ap.error(f"--qk-rope-dim {args.qk_rope_dim} must be even (the rotary embedding rotates halves)")
-    if args.corpus_bytes < args.seq_len + 2:
-        ap.error(f"--corpus-bytes {args.corpus_bytes} must be >= --seq-len + 2 ({args.seq_len + 2}): "
-                 "each sequence is a window of seq-len + 1 bytes of the corpus")
+    try:
+        check_config(args, world, flags=True)  # the rules Config and Trainer apply
+    except ValueError as e:
+        ap.error(str(e))
     return args
 
 

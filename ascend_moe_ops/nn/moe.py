@@ -153,9 +153,13 @@ def _check_init_std(init_std) -> None:
 
 
 def _check_hidden(x, hidden_size: int, what: str) -> None:
-    """``x [..., H]`` with ``H = hidden_size`` (a shape check only: no data read, compile-friendly)."""
+    """``x [..., H]`` floating point with ``H = hidden_size`` (shape and dtype checks only: no data
+    read, compile-friendly). An integer ``x`` ran the router's gate in int64, which truncated the
+    weights to 0 (uniform scores, no error)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what}: x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{what}: x must have a floating-point dtype, got {x.dtype}")
     if x.dim() == 0 or x.shape[-1] != hidden_size:
         raise ValueError(f"{what}: x must have the hidden size {hidden_size} in its last dimension, "
                          f"got shape {tuple(x.shape)}")

@@ -67,7 +67,9 @@ def _fake_permute(tokens, routing_map, probs, num_out_tokens):
     T, E = routing_map.shape
     ctx = torch.library.get_ctx()
     N = num_out_tokens if num_out_tokens is not None else ctx.new_dynamic_size()
-    S = ctx.new_dynamic_size(max=E) if E > 0 else 0
+    # S (most experts of one token) is data-dependent, at most E; new_dynamic_size takes only a
+    # static bound, so under dynamic shapes (E symbolic) S gets none
+    S = (ctx.new_dynamic_size(max=E) if E > 0 else 0) if isinstance(E, int) else ctx.new_dynamic_size()
     out = tokens.new_empty((N, tokens.shape[1]))
     pp = probs.new_empty((N,)) if probs is not None else tokens.new_empty((0,), dtype=torch.float32)
     return (out, pp, tokens.new_empty((N,), dtype=torch.int64), tokens.new_empty((T, S), dtype=torch.int32),
@@ -91,13 +93,12 @@ def probs_grad(grad_pp: Tensor, row_id_map: Tensor, expert_ids: Tensor, shape, d
     """``[T, E]`` gradient of the dense probs from the ``[N]`` gradient of the permuted probs."""
     d = torch.zeros(shape, dtype=dtype, device=device)
     T, S = row_id_map.shape
-    if S == 0 or grad_pp.numel() == 0:
-        return d
-    rows = row_id_map.to(torch.int64)
-    empty = rows < 0
+    # no branch on the sizes (S and N are data-dependent under torch.compile): a leading zero
+    # makes row -1 (an empty slot) read an exact 0, and empty maps or gradients are empty ops;
     # reshape: the saved maps may be non-contiguous (a direct call of a namespace's op)
-    vals = grad_pp.index_select(0, rows.clamp_min(0).reshape(-1)).view(T, S).masked_fill(empty, 0)
-    return d.scatter_add_(1, expert_ids.clamp_min(0), vals)  # -1 slots add an exact 0
+    padded = torch.cat([grad_pp.new_zeros(1), grad_pp.reshape(-1)])
+    vals = padded.index_select(0, (row_id_map.to(torch.int64) + 1).clamp_min(0).reshape(-1)).view(T, S)
+    return d.scatter_add_(1, expert_ids.clamp_min(0), vals.to(dtype))  # -1 slots add an exact 0
 
 
 def _backward_permute(ops, ctx, grad_out, grad_pp, *_):
