@@ -116,6 +116,45 @@ def test_equal_head_dims_and_one_token(backend):
 
 
 @pytest.mark.parametrize("backend", _fa_backends())
+@pytest.mark.parametrize("token_stride", [0, 1, 7, 2**40])
+def test_one_token_operands_with_any_token_stride(backend, token_stride):
+    """A one-token [1, H, D] operand counts as contiguous whatever its token stride (PyTorch ignores the
+    stride of a size-1 dim, and .contiguous() keeps it); the native kernel had passed that stride to BLAS
+    as the leading dimension, which refused it and left the product unwritten (wrong out, lse and grads,
+    no error). q, k, v, k_rope and the incoming gradient all get such strides here."""
+    H, D, Dr, dt = 2, 16, 16, _fp(backend)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(1, H, D, generator=g, dtype=torch.float64) for _ in range(4))
+    kr = torch.randn(1, Dr, generator=g, dtype=torch.float64)
+    qr = torch.randn(1, H, Dr, generator=g, dtype=torch.float64)
+
+    def odd(t):  # the same values, the token dim's stride set to token_stride
+        return torch.as_strided(t.to(dt).clone(), t.shape, (token_stride,) + t.stride()[1:])
+
+    def run(ns, tensors):
+        q_, k_, v_, kr_ = tensors
+        fwd = getattr(torch.ops, ns).flash_attention_fwd
+        return fwd(q_, k_, v_, kr_, cu, cu, 1, 1, False, 0.3)
+
+    q2 = torch.cat([q, qr], -1)
+    want = run("ascend_moe_ops_ref", (q2, k, v, kr))
+    with amo.use_backend(backend):
+        got = run("ascend_moe_ops", tuple(odd(t) for t in (q2, k, v, kr)))
+    for name, a, w in zip(("out", "lse"), got, want):
+        assert_close_to_ref(a, w, dtype=dt, name=f"{backend} one-token stride {token_stride} {name}")
+    # backward: the incoming gradient reaches the op with the odd stride (out consumed through a view)
+    leaves = [t.to(dt).clone().requires_grad_() for t in (q, k, v)]
+    with amo.use_backend(backend):
+        out = amo.flash_attention(*leaves, cu_seqlens=cu, max_seqlen=1)
+    out.backward(odd(do))
+    ref = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.ops.ascend_moe_ops_ref.flash_attention_fwd(*ref, None, cu, cu, 1, 1, False, D ** -0.5)[0].backward(do)
+    for name, a, w in zip(("dq", "dk", "dv"), leaves, ref):
+        assert_close_to_ref(a.grad, w.grad, dtype=dt, name=f"{backend} one-token stride {token_stride} {name}")
+
+
+@pytest.mark.parametrize("backend", _fa_backends())
 def test_varlen_equals_per_sequence_batch(backend, monkeypatch):
     # ascendc-emu: 16 x 16 blocks for every call, so packed and per-sequence runs do the same block sums
     monkeypatch.setenv("ASCEND_MOE_OPS_EMU_CUBE_MAX_BASE", "16")

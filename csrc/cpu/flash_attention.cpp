@@ -116,7 +116,10 @@ inline double exp_neg(double x) { return std::exp(x); }
 // take the token stride as the BLAS leading dimension, so each head's [T, D] slice must be a valid
 // row-major matrix: unit column stride and a token stride of at least D (BLAS needs ld >= max(1, D))
 // that fits an int. Anything else -- a token-expanded operand (token stride 0, a direct op call with
-// `.expand`), overlapping rows, a transposed view -- is made contiguous first.
+// `.expand`), overlapping rows, a transposed view -- is made contiguous first. The stride of a size-1
+// dim is never stepped over and PyTorch leaves it arbitrary (a one-token [1, H, D] view can count as
+// contiguous with a token stride of 0, 1 or 2**40, and `.contiguous()` keeps it): such a dim is
+// described by its dense stride, so BLAS never sees it as a leading dimension.
 template <typename acc_t>
 struct Operand {
   at::Tensor holder;
@@ -129,15 +132,17 @@ template <typename acc_t>
 Operand<acc_t> operand(const at::Tensor& x) {
   const auto acc = c10::CppTypeToScalarType<acc_t>::value;
   at::Tensor t = x.scalar_type() == acc ? x : x.to(acc);
-  const int64_t d = t.size(-1);
-  if (t.stride(-1) != 1 || t.stride(0) < std::max<int64_t>(1, d) || t.stride(0) > std::numeric_limits<int>::max())
+  const int64_t d = t.size(-1), ld = std::max<int64_t>(1, d);
+  // dim i's stride, or `dense` where the dim has one element
+  const auto stride = [&t](int64_t i, int64_t dense) { return t.size(i) == 1 ? dense : t.stride(i); };
+  if (stride(-1, 1) != 1 || stride(0, ld) < ld || stride(0, ld) > std::numeric_limits<int>::max())
     t = t.contiguous();
   Operand<acc_t> o;
   o.holder = t;
   o.p = t.data_ptr<acc_t>();
-  o.dim = t.size(-1);
-  if (t.dim() == 3) { o.st = t.stride(0); o.sh = t.stride(1); }
-  else { o.st = t.stride(0); o.sh = 0; }  // [T, D]: one head shared by all
+  o.dim = d;
+  o.st = stride(0, ld);
+  o.sh = t.dim() == 3 ? t.stride(1) : 0;  // [T, D]: one head shared by all (a size-1 head dim: h is 0)
   return o;
 }
 
