@@ -135,26 +135,58 @@ struct FaDeal {
   int64_t load_[kFlashAttentionMaxCores];
 };
 
-// Fused forward: op.Item(it, 0) for the items dealt to `core`, longest first.
-template <typename Op>
-__aicore__ inline void FaWalkDealt(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
-                                   const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Op& op) {
-  FaDeal deal;
-  deal.Init(cores);
-  int64_t item0 = 0;
-  for (int64_t b = 0; b < t.B; ++b) {
-    const FaSeq sq = FaReadSeq(cu, cuK, b);
-    const int64_t qb = CeilDiv(sq.lq, t.baseM);
-    for (int64_t n = 0; n < qb; ++n) {
-      const int64_t i = qb - 1 - n;  // causal: the last query block sees the most keys
-      for (int64_t h = 0; h < t.H; ++h) {
-        const FaItem it = FaMakeItem(t, sq, item0 + h * qb + i, b, h, i);
-        if (deal.Take(it.keyBlocks) == core) op.Item(it, 0);
+// The items dealt to `core` (FaDeal), one per Next(), each sequence's longest first (query blocks from
+// the last, heads inner). Every cursor replays the whole deal on its own: two cursors of one core see the
+// same items in the same order (the fused forward's stream keeps one for the blocks whose S the AIC
+// computes and one for those it multiplies by V). Scalar cost: the deal, once per cursor.
+struct FaDealtCursor {
+  __aicore__ inline void Init(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                              const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores) {
+    t_ = &t;
+    cu_ = cu;
+    cuK_ = cuK;
+    core_ = core;
+    deal_.Init(cores);
+  }
+  // the next item dealt to this core; false after the last
+  __aicore__ inline bool Next(FaItem& it) {
+    const FlashAttentionTiling& t = *t_;
+    while (b_ < t.B) {
+      if (!seqRead_) {
+        sq_ = FaReadSeq(cu_, cuK_, b_);
+        qb_ = CeilDiv(sq_.lq, t.baseM);
+        n_ = 0;
+        h_ = 0;
+        seqRead_ = true;
+      }
+      if (n_ == qb_) {  // the sequence is done
+        item0_ += t.H * qb_;
+        ++b_;
+        seqRead_ = false;
+        continue;
+      }
+      const int64_t i = qb_ - 1 - n_, h = h_;  // causal: the last query block sees the most keys
+      if (++h_ == t.H) {
+        h_ = 0;
+        ++n_;
+      }
+      const FaItem cand = FaMakeItem(t, sq_, item0_ + h * qb_ + i, b_, h, i);
+      if (deal_.Take(cand.keyBlocks) == core_) {
+        it = cand;
+        return true;
       }
     }
-    item0 += t.H * qb;
+    return false;
   }
-}
+
+ private:
+  const FlashAttentionTiling* t_ = nullptr;
+  GlobalTensor<int64_t> cu_, cuK_;
+  int64_t core_ = 0, b_ = 0, n_ = 0, h_ = 0, qb_ = 0, item0_ = 0;
+  bool seqRead_ = false;
+  FaSeq sq_;
+  FaDeal deal_;
+};
 
 template <typename Op>
 __aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
