@@ -95,13 +95,14 @@ def check_budgets(t, Dk, Dr, Dv, causal):
     assert R == math.ceil(M / 2), "two AIVs per AIC split the query block"
     # fused kernel, per AIV, tile-wise: S tile, P tile, O and O_partial tiles, output tile (row stride
     # u8(Dv) when that is whole 32-byte blocks in bf16/fp16, else u16(Dv)), per-row broadcast blocks,
-    # 10 state vectors, EmptyRow's 8 fp32 and output row
+    # 12 state vectors (alpha of 2 blocks, m and l of 2 items in flight, 6 scratch), EmptyRow's 8 fp32
+    # and output row
     ostride = u8(Dv) if u8(Dv) * 2 % 32 == 0 else u16(Dv)
-    fused = R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + R * ostride * 2 + u8(R) * 8 * 4 + 10 * u8(R) * 4 + 32 + \
+    fused = R * N * 4 + R * N * 2 + 2 * R * u8(Dv) * 4 + R * ostride * 2 + u8(R) * 8 * 4 + 12 * u8(R) * 4 + 32 + \
         u16(Dv) * 2
-    # AIV pipeline extras where they fit the UB the base plan leaves: a second S and P tile and the alphas
-    # of the blocks in flight (FUSED_SLOTS of them: 2 more state vectors)
-    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + (FUSED_SLOTS - 2) * u8(R) * 4)
+    # AIV pipeline extras where they fit the UB the base plan leaves: a second S and P tile, and with
+    # FUSED_SLOTS blocks in flight, 2 more alphas and the m, l of 2 more items (6 state vectors)
+    fused, pipe = fuse_extras(fused, R * N * 4 + R * N * 2 + 3 * (FUSED_SLOTS - 2) * u8(R) * 4)
     assert t["ubFusedBytes"] == fused and fused <= UB_BUDGET and t["fusedPipe"] == pipe
     assert 1 <= t["vecBlockDim"] <= 2 * t["blockDim"]
 

@@ -135,26 +135,58 @@ struct FaDeal {
   int64_t load_[kFlashAttentionMaxCores];
 };
 
-// Fused forward: op.Item(it, 0) for the items dealt to `core`, longest first.
-template <typename Op>
-__aicore__ inline void FaWalkDealt(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
-                                   const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Op& op) {
-  FaDeal deal;
-  deal.Init(cores);
-  int64_t item0 = 0;
-  for (int64_t b = 0; b < t.B; ++b) {
-    const FaSeq sq = FaReadSeq(cu, cuK, b);
-    const int64_t qb = CeilDiv(sq.lq, t.baseM);
-    for (int64_t n = 0; n < qb; ++n) {
-      const int64_t i = qb - 1 - n;  // causal: the last query block sees the most keys
-      for (int64_t h = 0; h < t.H; ++h) {
-        const FaItem it = FaMakeItem(t, sq, item0 + h * qb + i, b, h, i);
-        if (deal.Take(it.keyBlocks) == core) op.Item(it, 0);
+// The items dealt to `core` (FaDeal), one per Next(), each sequence's longest first (query blocks from
+// the last, heads inner). Every cursor replays the whole deal on its own: two cursors of one core see the
+// same items in the same order (the fused forward's stream keeps one for the blocks whose S the AIC
+// computes and one for those it multiplies by V). Scalar cost: the deal, once per cursor.
+struct FaDealtCursor {
+  __aicore__ inline void Init(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                              const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores) {
+    t_ = &t;
+    cu_ = cu;
+    cuK_ = cuK;
+    core_ = core;
+    deal_.Init(cores);
+  }
+  // the next item dealt to this core; false after the last
+  __aicore__ inline bool Next(FaItem& it) {
+    const FlashAttentionTiling& t = *t_;
+    while (b_ < t.B) {
+      if (!seqRead_) {
+        sq_ = FaReadSeq(cu_, cuK_, b_);
+        qb_ = CeilDiv(sq_.lq, t.baseM);
+        n_ = 0;
+        h_ = 0;
+        seqRead_ = true;
+      }
+      if (n_ == qb_) {  // the sequence is done
+        item0_ += t.H * qb_;
+        ++b_;
+        seqRead_ = false;
+        continue;
+      }
+      const int64_t i = qb_ - 1 - n_, h = h_;  // causal: the last query block sees the most keys
+      if (++h_ == t.H) {
+        h_ = 0;
+        ++n_;
+      }
+      const FaItem cand = FaMakeItem(t, sq_, item0_ + h * qb_ + i, b_, h, i);
+      if (deal_.Take(cand.keyBlocks) == core_) {
+        it = cand;
+        return true;
       }
     }
-    item0 += t.H * qb;
+    return false;
   }
-}
+
+ private:
+  const FlashAttentionTiling* t_ = nullptr;
+  GlobalTensor<int64_t> cu_, cuK_;
+  int64_t core_ = 0, b_ = 0, n_ = 0, h_ = 0, qb_ = 0, item0_ = 0;
+  bool seqRead_ = false;
+  FaSeq sq_;
+  FaDeal deal_;
+};
 
 template <typename Op>
 __aicore__ inline void FaWalk(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
@@ -967,49 +999,18 @@ __aicore__ inline void FabWalk(const FlashAttentionTiling& t, const GlobalTensor
   FabItems(t, cu, cuK, v);
 }
 
-// The n-th valid block of one item (its valid steps are the contiguous range [first, first + count):
-// causal masking only trims the ends).
+// One backward item's blocks: At(step, it) fills the block at `step` (false where that step has no
+// unmasked block; the valid steps are a contiguous range: causal masking only trims the ends).
 struct FabNth {
   __aicore__ inline bool At(int64_t step, FabItem& it) const {
     it.t = item;
     it.head = head;
     return FabBlock(*t, sq, i, step, it);
   }
-  __aicore__ inline FabItem operator()(int64_t n) const {
-    FabItem it;
-    At(first + n, it);
-    return it;
-  }
   const FlashAttentionTiling* t;
   int64_t item;
   FaSeq sq;
-  int64_t i, head, first;
-};
-
-// Fused kernel: the items dealt to this core (FabItemsDealt); op.Item(count, nth) with nth(n) the FabItem
-// of the item's n-th valid block, n < count; op.Empty(it) for an item without blocks.
-template <typename Op>
-struct FabItemVisitor {
-  __aicore__ inline void Visit(int64_t item, const FaSeq& sq, int64_t i, int64_t h) {
-    FabNth nth{t, item, sq, i, h, -1};
-    FabItem it;
-    it.t = item;
-    it.head = h;
-    if (FabEmpty(*t, sq, i, it)) {
-      op->Empty(it);
-      return;
-    }
-    int64_t count = 0;
-    const int64_t steps = CeilDiv(t->pass == FlashAttentionPass::kBackwardKV ? sq.lq : sq.lk, t->baseM);
-    for (int64_t step = 0; step < steps; ++step) {
-      if (!nth.At(step, it)) continue;
-      if (nth.first < 0) nth.first = step;
-      ++count;
-    }
-    if (count > 0) op->Item(count, nth);
-  }
-  const FlashAttentionTiling* t;
-  Op* op;
+  int64_t i, head;
 };
 
 // Blocks of backward item i of sequence sq (FabBlock's valid steps, in closed form): KV pass, the query
@@ -1027,35 +1028,62 @@ __aicore__ inline int64_t FabBlocks(const FlashAttentionTiling& t, const FaSeq& 
   return CeilDiv(FaKvLen(causal, q0, Min64(b, sq.lq - q0), sq.lq, sq.lk), b);
 }
 
-// The fused kernels' deal (FaDeal): visit.Visit(item, sequence, block i, head) for the items dealt to
-// `core`, each sequence's longest first (KV pass: key blocks from the first, which the most query
-// blocks see; Q pass: query blocks from the last), heads inner; items keep FabItems' numbering.
-template <typename Visitor>
-__aicore__ inline void FabItemsDealt(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
-                                     const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Visitor& visit) {
-  FaDeal deal;
-  deal.Init(cores);
-  int64_t item0 = 0;
-  const bool kv = t.pass == FlashAttentionPass::kBackwardKV;
-  for (int64_t s = 0; s < t.B; ++s) {
-    const FaSeq sq = FaReadSeq(cu, cuK, s);
-    const int64_t nb = CeilDiv(kv ? sq.lk : sq.lq, t.baseM);
-    for (int64_t n = 0; n < nb; ++n) {
-      const int64_t i = kv ? n : nb - 1 - n;
-      const int64_t blocks = FabBlocks(t, sq, i);  // the same for every head
-      for (int64_t h = 0; h < t.H; ++h)
-        if (deal.Take(blocks) == core) visit.Visit(item0 + h * nb + i, sq, i, h);
-    }
-    item0 += t.H * nb;
+// The fused kernels' deal (FaDeal) of the backward items, one per Next(item, sequence, block i, head):
+// the items dealt to `core`, each sequence's longest first (KV pass: key blocks from the first, which the
+// most query blocks see; Q pass: query blocks from the last), heads inner; items keep FabItems'
+// numbering. Every cursor replays the whole deal on its own (the fused pass kernel's stream keeps two
+// per core, as the forward's FaDealtCursor).
+struct FabDealtCursor {
+  __aicore__ inline void Init(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
+                              const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores) {
+    t_ = &t;
+    cu_ = cu;
+    cuK_ = cuK;
+    core_ = core;
+    deal_.Init(cores);
   }
-}
+  __aicore__ inline bool Next(int64_t& item, FaSeq& sq, int64_t& i, int64_t& h) {
+    const FlashAttentionTiling& t = *t_;
+    const bool kv = t.pass == FlashAttentionPass::kBackwardKV;
+    while (s_ < t.B) {
+      if (!seqRead_) {
+        sq_ = FaReadSeq(cu_, cuK_, s_);
+        nb_ = CeilDiv(kv ? sq_.lk : sq_.lq, t.baseM);
+        n_ = 0;
+        h_ = 0;
+        seqRead_ = true;
+      }
+      if (n_ == nb_) {  // the sequence is done
+        item0_ += t.H * nb_;
+        ++s_;
+        seqRead_ = false;
+        continue;
+      }
+      if (h_ == 0) blocks_ = FabBlocks(t, sq_, kv ? n_ : nb_ - 1 - n_);  // the same for every head
+      const int64_t bi = kv ? n_ : nb_ - 1 - n_, hh = h_;
+      if (++h_ == t.H) {
+        h_ = 0;
+        ++n_;
+      }
+      if (deal_.Take(blocks_) == core_) {
+        item = item0_ + hh * nb_ + bi;
+        sq = sq_;
+        i = bi;
+        h = hh;
+        return true;
+      }
+    }
+    return false;
+  }
 
-template <typename Op>
-__aicore__ inline void FabWalkItems(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
-                                    const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores, Op& op) {
-  FabItemVisitor<Op> v{&t, &op};
-  FabItemsDealt(t, cu, cuK, core, cores, v);
-}
+ private:
+  const FlashAttentionTiling* t_ = nullptr;
+  GlobalTensor<int64_t> cu_, cuK_;
+  int64_t core_ = 0, s_ = 0, n_ = 0, h_ = 0, nb_ = 0, item0_ = 0, blocks_ = 0;
+  bool seqRead_ = false;
+  FaSeq sq_;
+  FaDeal deal_;
+};
 
 template <typename T>
 struct FabTensors {

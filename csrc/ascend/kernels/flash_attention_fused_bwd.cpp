@@ -9,20 +9,23 @@ namespace amo_ascend {
 namespace kernels {
 
 // ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
-// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items FabItemsDealt deals
-// to it (longest first, balanced over the AI Cores), each with its N blocks in step order, PIPELINED
-// over three GM slots (block n uses slot n % 3, kFlashAttentionFusedSlots):
-//   AIC : S, dP of blocks 0 and 1; then for each n: S, dP of block n+2 (lookahead, flag S[(n+2)%3]);
-//         wait P[n%3] (both AIVs); the pass's products of block n -> part slot; flag G[n%3].
-//   AIVs: for each n: P and dS of its half of the query rows -> slot, in chunks whose S, dP, lse and
+// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items FabDealtCursor deals
+// to it (longest first, balanced over the AI Cores), their blocks in step order and as ONE stream g = 0,
+// 1, ... across items (since 2026-12-08), PIPELINED over kFabSlots GM slots (block g uses slot
+// g % kFabSlots, kFlashAttentionFusedSlots):
+//   AIC : S, dP of the first kFabSlots - 1 blocks; then for each g: S, dP of block g + kFabSlots - 1
+//         (lookahead, also into the next item; flag S); wait P[g % kFabSlots] (both AIVs); the pass's
+//         products of block g -> part slot; flag G.
+//   AIVs: for each g: P and dS of its half of the query rows -> slot, in chunks whose S, dP, lse and
 //         delta are loaded one chunk ahead (two buffers where the UB has room: tiling fusedPipe);
-//         flag P[n%3]; wait S[(n+1)%3] and load the first chunk of block n+1; then wait G[(n-1)%3]
-//         and add block n-1's products (loaded one chunk ahead too) to the running sums of its half of
-//         the gradient rows (kept in UB for the whole item); after the last block the rows are written out.
-// Slot hazards: the S/dP slot of block n+2 (block n-1's) is rewritten after the AIC waited P of block
-// n-1 (its readers are done); the P/dS slot of block n after the AIVs waited G of block n-3 (the AIC
-// read it before); the part slot of block n after the AIC waited P of block n (set after the AIVs
-// added block n-3). No GM running sums and no zeroing, one launch per pass.
+//         flag P; wait S of block g + 1 and load its first chunk; then wait G of block g - 1 and add
+//         its products (loaded one chunk ahead too) to the running sums of its half of the item's
+//         gradient rows (kept in UB for the whole item); after an item's last block the rows are
+//         written out; items without blocks get their zero rows after the stream.
+// Slot hazards (n = kFabSlots): the S/dP slot of block g+n-1 (block g-1's) is rewritten after the AIC
+// waited P of block g-1 (its readers are done); the P/dS slot of block g after the AIVs waited G of
+// block g-n (the AIC read it before); the part slot of block g after the AIC waited P of block g (set
+// after the AIVs added block g-n). No GM running sums and no zeroing, one launch per pass.
 constexpr int64_t kFabSlots = kFlashAttentionFusedSlots;
 constexpr int64_t kFabFlagS = 0, kFabFlagP = 1, kFabFlagG = 2;  // hand-off kinds of FaFlag(kind, slot)
 
@@ -66,71 +69,150 @@ class FabFused {
       pipe.InitBuffer(bcast_, c8 * 8 * sizeof(float));
       rows_.Init(pipe, t, &g_, false, true);  // the output row of WriteZeroGrads / the row-wise WriteGrad
     }
-    FabWalkItems(t, g_.cu, g_.cuK, group_, GetBlockNum(), *this);
+    if (aic_) {
+      CubeStream();
+      return;
+    }
+    VecStream();
+    // items without blocks: their zero gradient rows, after the stream (WriteZeroGrads uses the
+    // running-sum buffer as its zero row, which the stream's items hold until their last block)
+    FabDealtCursor c;
+    c.Init(t_, g_.cu, g_.cuK, group_, GetBlockNum());
+    int64_t item = 0, i = 0, h = 0;
+    FaSeq sq;
+    while (c.Next(item, sq, i, h)) {
+      FabItem it;
+      it.t = item;
+      it.head = h;
+      if (FabEmpty(t_, sq, i, it)) Empty(it);
+    }
   }
 
   // An item without blocks (KV pass: no query; Q pass: its rows see no key): the AIVs write its zero
   // gradient rows, with no hand-off (the AIC skips it).
   __aicore__ inline void Empty(const FabItem& it) {
-    if (aic_) return;
     const int64_t g0 = sub_ * t_.vecRows, g1 = Min64(rows_.Extent(it), g0 + t_.vecRows);
     rows_.WriteZeroGrads(it, g0, g1, accBuf_.Get<float>());
   }
 
-  __aicore__ inline void Item(int64_t count, const FabNth& nth) {
-    if (aic_) {
-      for (int64_t n = 0; n < kFabSlots - 1 && n < count; ++n) ScoresBlock(nth(n), n);
-      for (int64_t n = 0; n < count; ++n) {
-        // lookahead: overlaps the AIVs' P, dS of n .. n + kFabSlots - 2
-        if (n + kFabSlots - 1 < count) ScoresBlock(nth(n + kFabSlots - 1), (n + kFabSlots - 1) % kFabSlots);
-        const int64_t slot = n % kFabSlots;
-        CrossCoreWaitFlag(FaFlag(kFabFlagP, slot));
-        grad_.Item(cube_, t_, g_, nth(n), static_cast<int64_t>(slot * score_));
-        CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagG, slot));
+ private:
+  // One core's blocks in stream order: the valid steps (FabBlock) of the items FabDealtCursor deals to
+  // it, items without blocks skipped; blk = the current block.
+  struct Blocks {
+    FabDealtCursor items;
+    FabNth nth;
+    FabItem blk;
+    int64_t steps = 0, step = 0;
+    bool live = false;
+  };
+  __aicore__ inline void Start(Blocks& b) {
+    b.items.Init(t_, g_.cu, g_.cuK, group_, GetBlockNum());
+    NextItem(b);
+  }
+  __aicore__ inline void NextItem(Blocks& b) {
+    int64_t item = 0, i = 0, h = 0;
+    FaSeq sq;
+    b.live = false;
+    while (b.items.Next(item, sq, i, h)) {
+      FabItem it;
+      it.t = item;
+      it.head = h;
+      if (FabEmpty(t_, sq, i, it)) continue;
+      b.nth = FabNth{&t_, item, sq, i, h};
+      b.steps = CeilDiv(t_.pass == FlashAttentionPass::kBackwardKV ? sq.lq : sq.lk, t_.baseM);
+      b.step = -1;
+      if (NextStep(b)) {
+        b.live = true;
+        return;
       }
-      return;
     }
-    // Software pipeline (nbuf_ == 2): chunk u + 1's S, dP, lse and delta are loaded (MTE2) while the
-    // vector unit works on chunk u -- within a block issued before chunk u's vector work, across blocks
-    // after the P flag of block n (then the cross-core wait for S_{n+1} sits where its data are needed
-    // next); the P / dS tiles and the product rows alternate between two buffers as well.
+  }
+  __aicore__ inline bool NextStep(Blocks& b) {
+    while (++b.step < b.steps)
+      if (b.nth.At(b.step, b.blk)) return true;
+    return false;
+  }
+  __aicore__ inline void Step(Blocks& b) {
+    if (!NextStep(b)) NextItem(b);
+  }
+
+  // The AIC's stream: every block of the core's items as one sequence g = 0, 1, ... (slot g %
+  // kFabSlots), S and dP computed kFabSlots - 1 blocks ahead of the products ACROSS item boundaries
+  // (since 2026-12-08; before, each item filled and drained the pipeline on its own).
+  __aicore__ inline void CubeStream() {
+    Blocks s, p;
+    Start(s);
+    Start(p);
+    int64_t gs = 0;
+    for (; gs < kFabSlots - 1 && s.live; ++gs) {
+      ScoresBlock(s.blk, gs % kFabSlots);
+      Step(s);
+    }
+    for (int64_t g = 0; p.live; ++g) {
+      if (s.live) {  // lookahead: overlaps the AIVs' P, dS of g .. g + kFabSlots - 2
+        ScoresBlock(s.blk, gs % kFabSlots);
+        ++gs;
+        Step(s);
+      }
+      const int64_t slot = g % kFabSlots;
+      CrossCoreWaitFlag(FaFlag(kFabFlagP, slot));
+      grad_.Item(cube_, t_, g_, p.blk, static_cast<int64_t>(slot * score_));
+      CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagG, slot));
+      Step(p);
+    }
+  }
+
+  // The AIVs' stream, block by block in the AIC's order g. Software pipeline (nbuf_ == 2): chunk u + 1's
+  // S, dP, lse and delta are loaded (MTE2) while the vector unit works on chunk u -- within a block
+  // issued before chunk u's vector work, across blocks (and items) after the P flag of block g (then the
+  // cross-core wait for S_{g+1} sits where its data are needed next); the P / dS tiles and the product
+  // rows alternate between two buffers as well. The running sums of block g - 1's item are added after
+  // block g's P, dS (an item's rows are written out at its last block, before the next item's first
+  // block starts the sums again: one running-sum buffer).
+  __aicore__ inline void VecStream() {
     for (int64_t k = 0; k < nbuf_; ++k) {
       SetFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvC + k));  // chunk buffers free
       SetFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvC + k));
       SetFlag<HardEvent::V_S>(static_cast<event_t>(kEvC + k));
     }
     const int64_t r0 = sub_ * t_.vecRows, C = Chunk();
-    FabItem it = nth(0), accIt = it;
-    CrossCoreWaitFlag(FaFlag(kFabFlagS, 0));
-    if (r0 < it.rows) Prefetch(it, 0, r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
-    for (int64_t n = 0; n < count; ++n) {
-      const int64_t slot = n % kFabSlots, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
-      const int64_t r1 = Min64(it.rows, r0 + t_.vecRows);
-      for (int64_t c0 = r0; c0 < r1; c0 += C) {
-        const int64_t R = Min64(C, r1 - c0), nx = c0 + C;
-        if (nbuf_ == 2 && nx < r1) Prefetch(it, ws, nx, Min64(C, r1 - nx), unit_ + 1);
-        GradChunk(it, ws, b, c0, R, unit_);
-        if (nbuf_ == 1 && nx < r1) Prefetch(it, ws, nx, Min64(C, r1 - nx), unit_ + 1);
-        ++unit_;
+    Blocks c;
+    Start(c);
+    int64_t g = 0;
+    if (c.live) {
+      FabItem it = c.blk, accIt = it;
+      CrossCoreWaitFlag(FaFlag(kFabFlagS, 0));
+      if (r0 < it.rows) Prefetch(it, 0, r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
+      for (; c.live; ++g) {
+        const int64_t slot = g % kFabSlots, b = t_.baseM, ws = static_cast<int64_t>(slot * score_);
+        const int64_t r1 = Min64(it.rows, r0 + t_.vecRows);
+        for (int64_t c0 = r0; c0 < r1; c0 += C) {
+          const int64_t R = Min64(C, r1 - c0), nx = c0 + C;
+          if (nbuf_ == 2 && nx < r1) Prefetch(it, ws, nx, Min64(C, r1 - nx), unit_ + 1);
+          GradChunk(it, ws, b, c0, R, unit_);
+          if (nbuf_ == 1 && nx < r1) Prefetch(it, ws, nx, Min64(C, r1 - nx), unit_ + 1);
+          ++unit_;
+        }
+        // The set fires after MTE3's earlier work only. When this AIV's half of the block is empty there
+        // is no store before it, so MTE3 first waits for MTE2: the flag then also covers the part-slot
+        // loads of AccBlock(g - 2), whose slot the AIC overwrites once it has this flag (issue 30).
+        SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
+        WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
+        CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFabFlagP, slot));
+        const FabItem prev = it;
+        Step(c);
+        if (c.live) {
+          it = c.blk;
+          const int64_t ns = (g + 1) % kFabSlots;
+          CrossCoreWaitFlag(FaFlag(kFabFlagS, ns));
+          if (r0 < it.rows)
+            Prefetch(it, static_cast<int64_t>(ns * score_), r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
+        }
+        if (g > 0) AccBlock(accIt, (g - 1) % kFabSlots);  // overlaps the AIC's products of block g
+        accIt = prev;
       }
-      // The set fires after MTE3's earlier work only. When this AIV's half of the block is empty there
-      // is no store before it, so MTE3 first waits for MTE2: the flag then also covers the part-slot
-      // loads of AccBlock(n - 2), whose slot the AIC overwrites once it has this flag (issue 30).
-      SetFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
-      WaitFlag<HardEvent::MTE2_MTE3>(EVENT_ID1);
-      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFabFlagP, slot));
-      const FabItem prev = it;
-      if (n + 1 < count) {
-        it = nth(n + 1);
-        const int64_t ns = (n + 1) % kFabSlots;
-        CrossCoreWaitFlag(FaFlag(kFabFlagS, ns));
-        if (r0 < it.rows)
-          Prefetch(it, static_cast<int64_t>(ns * score_), r0, Min64(C, Min64(it.rows, r0 + t_.vecRows) - r0), unit_);
-      }
-      if (n > 0) AccBlock(accIt, (n - 1) % kFabSlots);  // overlaps the AIC's products of block n
-      accIt = prev;
+      AccBlock(accIt, (g - 1) % kFabSlots);
     }
-    AccBlock(accIt, (count - 1) % kFabSlots);
     for (int64_t k = 0; k < nbuf_; ++k) {
       WaitFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvC + k));
       WaitFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvC + k));
@@ -138,7 +220,6 @@ class FabFused {
     }
   }
 
- private:
   __aicore__ inline void ScoresBlock(const FabItem& it, int64_t slot) {
     qk_.Item(cube_, t_, g_, it, static_cast<int64_t>(slot * score_));
     CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFabFlagS, slot));

@@ -10,24 +10,27 @@ namespace kernels {
 
 // ==== Fused forward: ONE mixed launch (KERNEL_TYPE_MIX_AIC_1_2) ========================================
 // The same math as the four phase kernels, in one kernel: per AI Core (one AIC + its two AIVs) the
-// items FaWalkDealt deals to it (longest first, balanced over the AI Cores), and per item the key
-// blocks j, PIPELINED over n = kFlashAttentionFusedSlots (4) GM slots per workspace (slot j % n) so the
-// Cube and the vector units overlap:
-//   AIC : S_0 .. S_{n-2} -> slots; then for each j: S_{j+n-1} -> slot (lookahead, flag S[(j+n-1)%n]);
-//         wait P[j%n] (both AIVs); O_part_j = P_j V_j -> slot; flag O[j%n].
+// items FaDealtCursor deals to it (longest first, balanced over the AI Cores), their key blocks as ONE
+// stream g = 0, 1, ... across items (since 2026-12-08; before, each item filled and drained the pipeline
+// on its own), PIPELINED over n = kFlashAttentionFusedSlots (4) GM slots per workspace (slot g % n) so
+// the Cube and the vector units overlap:
+//   AIC : S_0 .. S_{n-2} -> slots; then for each g: S_{g+n-1} -> slot (lookahead, flag S[(g+n-1)%n],
+//         also when that block belongs to the next item); wait P[g%n] (both AIVs); O_part_g = P_g V_g
+//         -> slot; flag O[g%n].
 //   AIVs (a software pipeline, where the UB holds two S and two P tiles: tiling fusedPipe; lag = n - 1,
-//         else 1): the S tile of block 0 is loaded; then for each j: wait O[(j-lag)%n] and load
-//         O_partial_{j-lag} (it lands while the vector unit works); online softmax of its half of the
-//         rows on S tile j % 2 (m, l and alpha_j in UB); P_j -> slot; flag P[j%n]; wait S[(j+1)%n] and
-//         load S_{j+1} into the other tile; O = alpha_{j-lag} O + O_partial_{j-lag} (O in UB); after the
-//         last block the last lag updates, out = O / l and lse = m + ln(l).
+//         else 1): the S tile of block 0 is loaded; then for each g: wait O[(g-lag)%n] and load
+//         O_partial_{g-lag} (it lands while the vector unit works); online softmax of its half of the
+//         rows on S tile g % 2 (m, l of the block's item and alpha_g in UB); P_g -> slot; flag P[g%n];
+//         wait S[(g+1)%n] and load S_{g+1} into the other tile; O = alpha_{g-lag} O + O_partial_{g-lag}
+//         (O in UB); after an item's last block out = O / l and lse = m + ln(l); after the stream's last
+//         block the last lag updates.
 // So the AIC computes S up to n - 1 blocks ahead, the AIVs' S loads run one block ahead of their
-// softmax, and their update of block j-lag uses a P V product the AIC could start lag softmaxes earlier.
-// Slot hazards (n slots, lag = n - 1): S slot (j+n-1)%n (block j-1's) is rewritten after the AIC waited
-// P_{j-1} (the AIVs loaded S_{j-1} before their softmax j-1); P slot j%n after the AIVs loaded
-// O_{j-n} (set after the AIC read P_{j-n}); O slot j%n after the AIC waited P_j (the AIVs' load of
-// O_{j-n} precedes, through their update j-n and the softmax j on the vector unit, the P_j store). The
-// online-softmax state alpha keeps lag + 1 UB slots.
+// softmax, and their update of block g-lag uses a P V product the AIC could start lag softmaxes earlier.
+// Slot hazards (n slots, lag = n - 1): S slot (g+n-1)%n (block g-1's) is rewritten after the AIC waited
+// P_{g-1} (the AIVs loaded S_{g-1} before their softmax g-1); P slot g%n after the AIVs loaded
+// O_{g-n} (set after the AIC read P_{g-n}); O slot g%n after the AIC waited P_g (the AIVs' load of
+// O_{g-n} precedes, through their update g-n and the softmax g on the vector unit, the P_g store). The
+// online-softmax state alpha keeps lag + 1 UB slots, m and l one pair per item in flight (lag + 1).
 // Same arithmetic, same order per row as the phase kernels (bitwise equal on the emulator, tested
 // under both of its schedules). Never compiled with bisheng nor run on an NPU (docs/ascend.md).
 constexpr int64_t kFaSlots = kFlashAttentionFusedSlots;
@@ -71,112 +74,160 @@ class FaFused {
       pipe.InitBuffer(part_, t.vecRows * dva_ * sizeof(float));
       pipe.InitBuffer(outT_, t.vecRows * OutStride() * sizeof(T));
       pipe.InitBuffer(bcast_, r8 * 8 * sizeof(float));
-      // m, l, alpha x (lag_ + 1) slots, max, sum, tmp, m_old, 1/l, lse
-      pipe.InitBuffer(state_, (9 + lag_) * r8 * sizeof(float));
+      // alpha x (lag_ + 1), max, sum, tmp, m_old, 1/l, lse, (m, l) x (lag_ + 1)
+      pipe.InitBuffer(state_, (3 * (lag_ + 1) + kScratch) * r8 * sizeof(float));
       out_.SetGlobalBuffer(reinterpret_cast<__gm__ T*>(g.out), static_cast<uint64_t>(t.T * t.H * t.Dv));
       lse_.SetGlobalBuffer(reinterpret_cast<__gm__ float*>(g.lse), static_cast<uint64_t>(t.H * t.T));
     }
-    FaWalkDealt(t, cu_, cuK_, group_, GetBlockNum(), *this);  // balanced deal of the causal items
-  }
-
-  __aicore__ inline void Item(const FaItem& it, uint32_t) {
-    if (aic_) CubeItem(it);
-    else VecItem(it);
+    if (aic_) CubeStream();
+    else VecStream();
   }
 
  private:
-  __aicore__ inline void CubeItem(const FaItem& it) {
-    if (it.keyBlocks == 0) return;  // the item sees no key: the AIVs write out 0 / lse -inf, no hand-off
-    const int64_t qRow = it.seqStart + it.qPos0;
-    cube_.LoadQ(t_, q_, qRow, it.head, it.rows);
-    for (int64_t j = 0; j < kFaSlots - 1 && j < it.keyBlocks; ++j) ScoresBlock(it, qRow, j);
-    for (int64_t j = 0; j < it.keyBlocks; ++j) {
-      // lookahead: overlaps the softmax of j .. j + kFaSlots - 2
-      if (j + kFaSlots - 1 < it.keyBlocks) ScoresBlock(it, qRow, j + kFaSlots - 1);
-      const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
-      // V_j does not depend on P_j: its copy runs while the AIC waits for the AIVs' P_j
-      cube_.PrefetchB(v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, t_.Dv, cols);
-      CrossCoreWaitFlag(FaFlag(kFaFlagP, slot));
-      LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
-      cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
-                   t_.Dv, cols, true, false, true);
-      cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
-      CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagO, slot));
+  // One core's key blocks in stream order: the items FaDealtCursor deals to it (those without a key are
+  // skipped), block j of item `it`, k = the item's ordinal among the items with keys.
+  struct Blocks {
+    FaDealtCursor items;
+    FaItem it;
+    int64_t j = 0, k = -1;
+    bool live = false;
+  };
+  __aicore__ inline void Start(Blocks& b, bool write) {
+    b.items.Init(t_, cu_, cuK_, group_, GetBlockNum());
+    Step(b, write);
+  }
+  // b's next key block (the first of the next item with keys after an item's last); the AIVs write the
+  // output of the items without a key met on the way when `write` (out 0, lse -inf)
+  __aicore__ inline void Step(Blocks& b, bool write) {
+    if (b.live && ++b.j < b.it.keyBlocks) return;
+    b.live = false;
+    while (b.items.Next(b.it)) {
+      if (b.it.keyBlocks > 0) {
+        b.j = 0;
+        ++b.k;
+        b.live = true;
+        return;
+      }
+      if (write) EmptyItem(b.it);
     }
-    cube_.FreeQ();
   }
 
-  __aicore__ inline void ScoresBlock(const FaItem& it, int64_t qRow, int64_t j) {
-    const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+  // The AIC's stream: every key block of the core's items as one sequence g = 0, 1, ... (GM slot and
+  // flags g % kFaSlots), S_g computed kFaSlots - 1 blocks ahead of P_g V_g ACROSS item boundaries: while
+  // the AIVs finish an item's last softmaxes, the AIC already computes the next item's first S blocks
+  // (its Q block is loaded into L1 once the last S of the previous item has read the old one).
+  __aicore__ inline void CubeStream() {
+    Blocks s, p;
+    Start(s, false);
+    Start(p, false);
+    int64_t gs = 0;
+    for (; gs < kFaSlots - 1 && s.live; ++gs) {
+      ScoresBlock(s.it, s.j, gs);
+      Step(s, false);
+    }
+    for (int64_t g = 0; p.live; ++g) {
+      if (s.live) {  // lookahead: overlaps the softmax of g .. g + kFaSlots - 2
+        ScoresBlock(s.it, s.j, gs++);
+        Step(s, false);
+      }
+      PvBlock(p.it, p.j, g);
+      Step(p, false);
+    }
+  }
+
+  __aicore__ inline void PvBlock(const FaItem& it, int64_t j, int64_t g) {
+    const int64_t slot = g % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0), kRow = it.kvStart + k0;
+    // V_j does not depend on P_j: its copy runs while the AIC waits for the AIVs' P_j
+    cube_.PrefetchB(v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, t_.Dv, cols);
+    CrossCoreWaitFlag(FaFlag(kFaFlagP, slot));
+    LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
+    cube_.MatMul(c, p_[slot * score_], t_.baseN, v_[(kRow * t_.H + it.head) * t_.Dv], t_.H * t_.Dv, false, it.rows,
+                 t_.Dv, cols, true, false, true);
+    cube_.Store(o_[slot * rowsSlot_], c, it.rows, t_.Dv, dva_);
+    CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagO, slot));
+  }
+
+  // S of key block j of `it` into slot g % kFaSlots; the item's Q block is loaded with its first block
+  // and freed after its last (the L1 queue orders the next item's Q copy after the Mmads that read it).
+  __aicore__ inline void ScoresBlock(const FaItem& it, int64_t j, int64_t g) {
+    const int64_t slot = g % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
+    if (j == 0) cube_.LoadQ(t_, q_, it.seqStart + it.qPos0, it.head, it.rows);
     LocalTensor<float> c = cube_.l0C_.template AllocTensor<float>();
     cube_.ScoresQ(c, t_, k_, kr_, it.kvStart + k0, it.head, it.rows, cols);
     cube_.Store(s_[slot * score_], c, it.rows, cols, t_.baseN);
     CrossCoreSetFlag<2, PIPE_FIX>(FaFlag(kFaFlagS, slot));
+    if (j + 1 == it.keyBlocks) cube_.FreeQ();
   }
 
   // ---- vector side: tile-wise, this AIV's rows [r0, r1) of the item as one [R x baseN] tile --------
   // Per key block: one DMA of the S tile, the online softmax of all R rows with repeat-form vector
   // instructions (per-row operands laid out one 32-byte block per row by Brcb; row reductions by
-  // WholeReduceMax / WholeReduceSum over 64-column chunks; the causal mask written row by row as -inf
-  // bits), one DMA of the P tile. The same fp32
-  // operations per element, in the same order, as the phase kernels' SoftmaxRow / UpdateRow / FinishRow
-  // (bitwise equal results): masked columns are -inf before the max (so they add exp(-inf) = 0 to a
-  // row sum, as ReduceSum's lanes past its count do), Sub(s, m) is Adds(s, -m), and the scalar state
-  // update l = l_old * alpha + rowsum is a Mul then an Add.
-  __aicore__ inline void VecItem(const FaItem& it) {
-    // both AIVs take part in every flag exchange, also one whose half of the rows is empty
-    const int64_t r0 = sub_ * t_.vecRows, r1 = Min64(it.rows, r0 + t_.vecRows);
-    if (it.keyBlocks == 0) {  // the item sees no key (no flags: the AIC skips it too)
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t tok = it.seqStart + it.qPos0 + r;
-        rows_.EmptyRow(out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
-      }
-      return;
-    }
-    // Software pipeline: the S tile of block j + 1 is loaded (MTE2) while the vector unit works on block
-    // j (nbuf_ S / P tiles, their own event ids per tile), and the O update trails the softmax by lag_
-    // blocks (kFaSlots - 1 with the double tiles, so the AIC has had lag_ softmaxes' time for P V), its
-    // O_partial load issued before the softmax of block j (since 2026-12-07; after it, the update waited
-    // the load's DMA latency with the next softmax queued behind it on the vector unit). A cross-core wait
-    // holds the AIV's dispatch, so S_{j+1}'s sits after block j's softmax; O_{j-lag}'s before it is
-    // normally long satisfied (the AIC computed P_{j-lag} V_{j-lag} lag_ softmaxes ago).
-    const bool has = r1 > r0;
-    const int64_t kb = it.keyBlocks;
-    if (has) {
-      for (int64_t b = 0; b < nbuf_; ++b) {
-        SetFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvS + b));  // the S tiles are free
-        SetFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvS + b));  // the P tiles are free
-      }
-      SetFlag<HardEvent::V_MTE2>(kEvO);  // O / O_partial are free
-    }
-    LoadS(it, 0, r0, r1);
-    for (int64_t j = 0; j < kb; ++j) {
-      const int64_t slot = j % kFaSlots, k0 = j * t_.baseN, cols = Min64(t_.baseN, it.kvLen - k0);
-      // O_partial_{j-lag} is loaded before the softmax of block j is dispatched, so its DMA latency
-      // passes while the vector unit runs that softmax (issued after it, the update waited for it)
-      if (j >= lag_) LoadO(it, j - lag_, r0, r1);
-      if (has) SoftmaxTile(it, r0, r1, j, k0, cols);
-      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFaFlagP, slot));
-      if (j + 1 < kb) LoadS(it, j + 1, r0, r1);
-      if (j >= lag_) UpdateTile(it, j - lag_, r0, r1);  // overlaps the AIC's P_j V_j
-    }
-    for (int64_t j = kb > lag_ ? kb - lag_ : 0; j < kb; ++j) {
-      LoadO(it, j, r0, r1);
-      UpdateTile(it, j, r0, r1);
-    }
-    if (has) {
-      for (int64_t b = 0; b < nbuf_; ++b) {
-        WaitFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvS + b));
-        WaitFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvS + b));
-      }
-      WaitFlag<HardEvent::V_MTE2>(kEvO);
+  // WholeReduceMax / WholeReduceSum over 64-column chunks; the causal mask written as -inf bits), one
+  // DMA of the P tile. The same fp32 operations per element, in the same order, as the phase kernels'
+  // SoftmaxRow / UpdateRow / FinishRow (bitwise equal results): masked columns are -inf before the max
+  // (so they add exp(-inf) = 0 to a row sum, as ReduceSum's lanes past its count do), Sub(s, m) is
+  // Adds(s, -m), and the scalar state update l = l_old * alpha + rowsum is a Mul then an Add.
+  __aicore__ inline int64_t R0() const { return sub_ * t_.vecRows; }
+  __aicore__ inline int64_t R1(const FaItem& it) const { return Min64(it.rows, R0() + t_.vecRows); }
+
+  // An item without a key: out 0, lse -inf for this AIV's rows (no flags: the AIC skips it too)
+  __aicore__ inline void EmptyItem(const FaItem& it) {
+    for (int64_t r = R0(); r < R1(it); ++r) {
+      const int64_t tok = it.seqStart + it.qPos0 + r;
+      rows_.EmptyRow(out_[(tok * t_.H + it.head) * t_.Dv], lse_, it.head * t_.T + tok);
     }
   }
 
-  // Wait for S_j and load this AIV's rows of it into S tile j % nbuf_ (once the vector unit is done
-  // with that tile's previous block).
-  __aicore__ inline void LoadS(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
-    const int64_t slot = j % kFaSlots, n = t_.baseN, b = j % nbuf_, R = r1 - r0;
+  // The AIVs' stream, block by block in the AIC's order g (both AIVs take part in every flag exchange,
+  // also one whose half of an item's rows is empty). A software pipeline: the S tile of block g + 1 is
+  // loaded (MTE2) while the vector unit works on block g (nbuf_ S / P tiles, their own event ids per
+  // tile), and the O update trails the softmax by lag_ blocks (kFaSlots - 1 with the double tiles, so
+  // the AIC has had lag_ softmaxes' time for P V), its O_partial load issued before the softmax of
+  // block g (after it, the update waited the load's DMA latency with the next softmax queued behind it
+  // on the vector unit). The stream crosses items: the softmaxes of the next item's first blocks run
+  // while the last updates of the previous one trail (each of the lag_ + 1 items that can be in flight
+  // keeps its own row max m and row sum l: M(k), L(k)); the O accumulator is reused because the
+  // updates run in block order (an item's first update follows the previous item's output).
+  // A cross-core wait holds the AIV's dispatch, so S_{g+1}'s sits after block g's softmax; O_{g-lag}'s
+  // before it is normally long satisfied (the AIC computed P_{g-lag} V_{g-lag} lag_ softmaxes ago).
+  __aicore__ inline void VecStream() {
+    for (int64_t b = 0; b < nbuf_; ++b) {
+      SetFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvS + b));  // the S tiles are free
+      SetFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvS + b));  // the P tiles are free
+    }
+    SetFlag<HardEvent::V_MTE2>(kEvO);  // O / O_partial are free
+    Blocks s, u;
+    Start(s, true);
+    Start(u, false);
+    if (s.live) LoadS(s.it, s.j, 0);
+    int64_t g = 0;
+    for (; s.live; ++g) {
+      if (g >= lag_) LoadO(u.it, u.j, g - lag_);
+      if (R1(s.it) > R0()) SoftmaxTile(s.it, s.j, g, s.k);
+      CrossCoreSetFlag<2, PIPE_MTE3>(FaFlag(kFaFlagP, g % kFaSlots));
+      Step(s, true);
+      if (s.live) LoadS(s.it, s.j, g + 1);
+      if (g >= lag_) {  // overlaps the AIC's P_g V_g
+        UpdateTile(u.it, u.j, g - lag_, u.k);
+        Step(u, false);
+      }
+    }
+    for (int64_t gu = g > lag_ ? g - lag_ : 0; u.live; ++gu) {
+      LoadO(u.it, u.j, gu);
+      UpdateTile(u.it, u.j, gu, u.k);
+      Step(u, false);
+    }
+    for (int64_t b = 0; b < nbuf_; ++b) {
+      WaitFlag<HardEvent::V_MTE2>(static_cast<event_t>(kEvS + b));
+      WaitFlag<HardEvent::MTE3_V>(static_cast<event_t>(kEvS + b));
+    }
+    WaitFlag<HardEvent::V_MTE2>(kEvO);
+  }
+
+  // Wait for S_g (block j of it) and load this AIV's rows of it into S tile g % nbuf_ (once the vector
+  // unit is done with that tile's previous block).
+  __aicore__ inline void LoadS(const FaItem& it, int64_t, int64_t g) {
+    const int64_t slot = g % kFaSlots, n = t_.baseN, b = g % nbuf_, r0 = R0(), R = R1(it) - r0;
     CrossCoreWaitFlag(FaFlag(kFaFlagS, slot));
     if (R <= 0) return;
     const event_t ev = static_cast<event_t>(kEvS + b);
@@ -185,9 +236,10 @@ class FaFused {
     SetFlag<HardEvent::MTE2_V>(ev);
   }
 
-  // Wait for O_partial_j and load this AIV's rows of it (into O itself for the first block).
-  __aicore__ inline void LoadO(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
-    const int64_t slot = j % kFaSlots, R = r1 - r0;
+  // Wait for O_partial_g (block j of it) and load this AIV's rows of it (into O itself for the item's
+  // first block).
+  __aicore__ inline void LoadO(const FaItem& it, int64_t j, int64_t g) {
+    const int64_t slot = g % kFaSlots, r0 = R0(), R = R1(it) - r0;
     CrossCoreWaitFlag(FaFlag(kFaFlagO, slot));
     if (R <= 0) return;
     WaitFlag<HardEvent::V_MTE2>(kEvO);  // o / part are reloaded: the last update's vector reads of them are done
@@ -201,16 +253,17 @@ class FaFused {
   static constexpr int kEvS = 2;  // event ids kEvS + tile of the S tiles (V <-> MTE2) and P tiles (MTE3 -> V)
   static constexpr event_t kEvO = 4;  // V -> MTE2: the O update read O / O_partial
 
-  // State vectors (up8(vecRows) fp32 each) in state_: m, l, alpha of slot 0 / 1, row max, row sum (and
-  // chunk partials), m_old, 1 / l, lse; per-row broadcast blocks (8 fp32 per row) in bcast_.
-  __aicore__ inline LocalTensor<float> St(uint32_t k) const {
-    // alpha slots kAlpha .. kAlpha + lag_; the vectors after them shift by lag_ - 1
-    return state_.Get<float>()[(k > kAlpha + 1 ? k + lag_ - 1 : k) * Up8(t_.vecRows)];
+  // State vectors (up8(vecRows) fp32 each) in state_: alpha of blocks g % (lag_ + 1), then row max, row
+  // sum (and chunk partials), tmp, m_old, 1 / l, lse, then the running m and l of the lag_ + 1 items
+  // that can be in flight (item k % (lag_ + 1)); per-row broadcast blocks (8 fp32 per row) in bcast_.
+  static constexpr uint32_t kMax = 0, kSum = 1, kTmp = 2, kMOld = 3, kRl = 4, kLse = 5, kScratch = 6;
+  __aicore__ inline LocalTensor<float> Vec(int64_t k) const {
+    return state_.Get<float>()[static_cast<uint32_t>(k * Up8(t_.vecRows))];
   }
-  __aicore__ inline LocalTensor<float> Alpha(int64_t j) const {
-    return state_.Get<float>()[static_cast<uint32_t>((kAlpha + j % (lag_ + 1)) * Up8(t_.vecRows))];
-  }
-  static constexpr uint32_t kM = 0, kL = 1, kAlpha = 2, kMax = 4, kSum = 5, kTmp = 6, kMOld = 7, kRl = 8, kLse = 9;
+  __aicore__ inline LocalTensor<float> Alpha(int64_t g) const { return Vec(g % (lag_ + 1)); }
+  __aicore__ inline LocalTensor<float> St(uint32_t k) const { return Vec(lag_ + 1 + k); }
+  __aicore__ inline LocalTensor<float> M(int64_t k) const { return Vec(lag_ + 1 + kScratch + 2 * (k % (lag_ + 1))); }
+  __aicore__ inline LocalTensor<float> L(int64_t k) const { return Vec(lag_ + 2 + kScratch + 2 * (k % (lag_ + 1))); }
 
   __aicore__ inline void VS() {
     SetFlag<HardEvent::V_S>(EVENT_ID0);
@@ -250,12 +303,14 @@ class FaFused {
     FaRowScalar<kSub>(x, v, bcast_.Get<float>(), R, width, width);
   }
 
-  __aicore__ inline void SoftmaxTile(const FaItem& it, int64_t r0, int64_t r1, int64_t j, int64_t k0, int64_t cols) {
-    const int64_t R = r1 - r0, n = t_.baseN, slot = j % kFaSlots, b = j % nbuf_;  // GM slot, UB tile
+  // Online softmax of block j of item `it` (stream block g, item ordinal k) on this AIV's rows.
+  __aicore__ inline void SoftmaxTile(const FaItem& it, int64_t j, int64_t g, int64_t k) {
+    const int64_t r0 = R0(), R = R1(it) - r0, n = t_.baseN, slot = g % kFaSlots, b = g % nbuf_;  // GM slot, UB tile
+    const int64_t k0 = j * n, cols = Min64(n, it.kvLen - k0);
     const int32_t cnt = static_cast<int32_t>(R * n), rc = static_cast<int32_t>(R);
     const bool first = j == 0, causal = t_.mask == FlashAttentionMask::kCausal;
     const event_t ev = static_cast<event_t>(kEvS + b);
-    LocalTensor<float> s = STile(b), m = St(kM), l = St(kL), alpha = Alpha(j), rmax = St(kMax), rsum = St(kSum),
+    LocalTensor<float> s = STile(b), m = M(k), l = L(k), alpha = Alpha(g), rmax = St(kMax), rsum = St(kSum),
                        mOld = St(kMOld);
     LocalTensor<T> p = PTile(b);
     WaitFlag<HardEvent::MTE2_V>(ev);  // this block's S tile is in (LoadS)
@@ -294,7 +349,7 @@ class FaFused {
     WaitFlag<HardEvent::MTE3_V>(ev);  // the store of this P tile's previous block is done
     Cast(p, s, RoundMode::CAST_RINT, static_cast<uint32_t>(cnt));
     SetFlag<HardEvent::V_MTE2>(ev);  // the last vector read of this S tile
-    if (first && empty) FixEmptyRows(it, r0, R, k0, cols);
+    if (first && empty) FixEmptyRows(it, r0, R, k0, cols, g, k);
     SetFlag<HardEvent::V_MTE3>(EVENT_ID0);
     WaitFlag<HardEvent::V_MTE3>(EVENT_ID0);
     DataCopy(p_[slot * score_ + r0 * n], p, static_cast<uint32_t>(cnt));
@@ -305,9 +360,10 @@ class FaFused {
   // as SoftmaxRow does (their -inf row max made the tile arithmetic NaN). On later blocks a row without
   // a key of the block needs no fix: m = max(m_old, -inf) = m_old, alpha = exp(0) = 1, P = exp(-inf) = 0
   // and l = l_old * 1 + 0 = l_old, exactly SoftmaxRow's state.
-  __aicore__ inline void FixEmptyRows(const FaItem& it, int64_t r0, int64_t R, int64_t k0, int64_t cols) {
-    LocalTensor<float> m = St(kM), l = St(kL), alpha = Alpha(0);
-    LocalTensor<T> p = PTile(0);
+  __aicore__ inline void FixEmptyRows(const FaItem& it, int64_t r0, int64_t R, int64_t k0, int64_t cols, int64_t g,
+                                      int64_t k) {
+    LocalTensor<float> m = M(k), l = L(k), alpha = Alpha(g);
+    LocalTensor<T> p = PTile(g % nbuf_);
     VS();
     for (int64_t u = 0; u < R; ++u) {
       if (Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1) > 0) continue;
@@ -320,25 +376,26 @@ class FaFused {
       if (Min64(cols, it.qPos0 + r0 + u + it.off - k0 + 1) <= 0) ZeroFill(p[u * t_.baseN], t_.baseN);
   }
 
-  __aicore__ inline void UpdateTile(const FaItem& it, int64_t j, int64_t r0, int64_t r1) {
-    const int64_t R = r1 - r0;
+  // O update of block j of item `it` (stream block g, item ordinal k); the output after its last block.
+  __aicore__ inline void UpdateTile(const FaItem& it, int64_t j, int64_t g, int64_t k) {
+    const int64_t r0 = R0(), R = R1(it) - r0;
     if (R <= 0) return;
     const int32_t cnt = static_cast<int32_t>(R * dva_);
     LocalTensor<float> o = oAcc_.Get<float>(), part = part_.Get<float>();
     WaitFlag<HardEvent::MTE2_V>(EVENT_ID1);  // O_partial_j is in (LoadO)
     if (j > 0) {
-      RowScalar<false>(o, Alpha(j), R, dva_);  // o * alpha
+      RowScalar<false>(o, Alpha(g), R, dva_);  // o * alpha
       Add(o, o, part, cnt);
     }
-    if (j + 1 == it.keyBlocks) FinishTile(it, r0, R);
+    if (j + 1 == it.keyBlocks) FinishTile(it, r0, R, k);
     SetFlag<HardEvent::V_MTE2>(kEvO);
   }
 
   // out = O / l in the input dtype, lse = m + ln(l); rows with l = 0 (no key seen): out 0, lse -inf.
   // Only those: a NaN l (a NaN or +inf score in the row) keeps out NaN and lse NaN (+inf where the row
   // max m is +inf, the reference's logsumexp), never the no-key -inf.
-  __aicore__ inline void FinishTile(const FaItem& it, int64_t r0, int64_t R) {
-    LocalTensor<float> o = oAcc_.Get<float>(), m = St(kM), l = St(kL), rl = St(kRl), lse = St(kLse);
+  __aicore__ inline void FinishTile(const FaItem& it, int64_t r0, int64_t R, int64_t k) {
+    LocalTensor<float> o = oAcc_.Get<float>(), m = M(k), l = L(k), rl = St(kRl), lse = St(kLse);
     LocalTensor<T> outT = outT_.Get<T>();
     const int32_t rc = static_cast<int32_t>(R);
     Ln(lse, l, rc);

@@ -51,15 +51,15 @@ void plan(FlashAttentionTiling& t, const ChipInfo& chip) {
   const uint64_t R = t.vecRows, dv8 = align_up(t.Dv, 8), r8 = align_up(R, 8);
   t.ubBytes = t.ubBuffers * R * N * 4 + R * N * e + 2 * R * dv8 * 4 + 3 * r8 * 4 + reduce_max_work_bytes(N) + 32;
   // fused: the S tile (R x N fp32), the P tile (R x N), O and O_partial (R x up8(Dv) fp32 each), the
-  // output tile (R x its row stride), per-row broadcast blocks (8 fp32 per row), 10 state vectors, and
-  // EmptyRow's 8 fp32 + output row
+  // output tile (R x its row stride), per-row broadcast blocks (8 fp32 per row), 12 state vectors (the
+  // alphas of 2 blocks and the m, l of 2 items in flight, 6 scratch), and EmptyRow's 8 fp32 + output row
   const uint64_t outStride = (dv8 * e) % 32 == 0 ? dv8 : align_up(t.Dv, 16);
-  const uint64_t fused = R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 + 10 * r8 * 4 + 32 +
+  const uint64_t fused = R * N * 4 + R * N * e + 2 * R * dv8 * 4 + R * outStride * e + r8 * 8 * 4 + 12 * r8 * 4 + 32 +
                    align_up(t.Dv, 16) * e;
   // extras of the AIV pipeline, only where they fit what the base plan leaves (fusedPipe; the base
-  // plan alone decides baseM / baseN): the second S and P tiles and the alphas of the blocks the O
-  // update trails by (kFlashAttentionFusedSlots - 1 in flight)
-  plan_fused_extras(t, fused, R * N * 4 + R * N * e + (kFlashAttentionFusedSlots - 2) * r8 * 4, chip);
+  // plan alone decides baseM / baseN): the second S and P tiles, and the alpha of each further block
+  // and the m, l of each further item in flight (the O update trails by kFlashAttentionFusedSlots - 1)
+  plan_fused_extras(t, fused, R * N * 4 + R * N * e + 3 * (kFlashAttentionFusedSlots - 2) * r8 * 4, chip);
 }
 
 // Backward byte plan (square blocks b = baseM = baseN; W = the widest operand row of any product):

@@ -29,10 +29,11 @@
 //   UB of the fused kernel amo_fa_fused (ubFusedBytes), tile-wise: the S tile (vecRows x baseN fp32),
 //         the P tile (vecRows x baseN, input dtype), the O accumulator and O_partial tiles (vecRows x
 //         up8(Dv) fp32 each), the output tile (vecRows x up8(Dv) or up16(Dv), input dtype), per-row
-//         broadcast blocks (up8(vecRows) x 8 fp32), 10 state vectors of up8(vecRows) fp32 (m, l, alpha of
-//         the two blocks in flight, row max, row sum, chunk partial, m_old, 1 / l, lse), and 8 fp32 +
-//         one output row for items without keys. Extras where they fit (fusedPipe): a second S and P
-//         tile and the alphas of the other blocks in flight.
+//         broadcast blocks (up8(vecRows) x 8 fp32), 12 state vectors of up8(vecRows) fp32 (alpha of
+//         the two blocks and m, l of the two items in flight -- the key blocks of a core's items run as
+//         one stream --, row max, row sum, chunk partial, m_old, 1 / l, lse), and 8 fp32 + one output
+//         row for items without keys. Extras where they fit (fusedPipe): a second S and P tile, the
+//         alphas of the other blocks and the m, l of the other items in flight.
 //   UB  : per AIV core, the softmax state of vecRows = ceil(baseM / (aivNum / aicNum)) query rows
 //         (the AIVs paired with one AIC split its query block by rows), fp32: S rows (vecRows x baseN,
 //         ubBuffers deep), P rows in the input type (vecRows x baseN), O accumulator and O_partial
@@ -192,7 +193,7 @@ std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(co
                                                                               const std::vector<int64_t>& cuSeqlensQ,
                                                                               const std::vector<int64_t>& cuSeqlensK);
 
-// Host twin of the fused kernels' deal (FaDeal / FaWalkDealt / FabItemsDealt in
+// Host twin of the fused kernels' deal (FaDeal / FaDealtCursor / FabDealtCursor in
 // kernels/flash_attention_common.h): for pass t.pass (kForward: amo_fa_fused; kBackwardKV / kBackwardQ:
 // amo_fab_fused) the items each AI Core runs, in order: each sequence's items longest first (block index
 // outer: query blocks from the last in the forward and Q pass, key blocks from the first in the KV pass;
