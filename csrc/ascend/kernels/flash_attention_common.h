@@ -135,10 +135,28 @@ struct FaDeal {
   int64_t load_[kFlashAttentionMaxCores];
 };
 
-// The items dealt to `core` (FaDeal), one per Next(), each sequence's longest first (query blocks from
-// the last, heads inner). Every cursor replays the whole deal on its own: two cursors of one core see the
-// same items in the same order (the fused forward's stream keeps one for the blocks whose S the AIC
-// computes and one for those it multiplies by V). Scalar cost: the deal, once per cursor.
+// Blocks of item i of sequence sq in the fused kernels (in closed form): forward and backward Q pass
+// (item = query block i), the key blocks up to the last key its last row sees; backward KV pass (item =
+// key block i), the query blocks from the first whose rows see key i * baseM to the last (every key is
+// seen by the last query). For the backward, FabBlock's valid steps (its blocks are square).
+__aicore__ inline int64_t FaItemBlocks(const FlashAttentionTiling& t, const FaSeq& sq, int64_t i) {
+  const int64_t b = t.baseM, off = sq.lk - sq.lq;
+  const bool causal = t.mask == FlashAttentionMask::kCausal;
+  if (t.pass == FlashAttentionPass::kBackwardKV) {
+    if (sq.lq == 0) return 0;
+    const int64_t k0 = i * b, firstQ = causal && k0 - off > 0 ? k0 - off : 0;
+    return CeilDiv(sq.lq, b) - firstQ / b;
+  }
+  const int64_t q0 = i * b;
+  return CeilDiv(FaKvLen(causal, q0, Min64(b, sq.lq - q0), sq.lq, sq.lk), t.baseN);
+}
+
+// The items dealt to `core` (FaDeal), one per Next(item, sequence s, its cu entries sq, block i, head
+// h), each sequence's longest first (forward and backward Q pass: query blocks from the last; KV pass:
+// key blocks from the first, which the most query blocks see), heads inner; items keep the b-major
+// numbering of FaWalkOn / FabItems. Every cursor replays the whole deal on its own: two cursors of one
+// core see the same items in the same order (the fused kernels' stream keeps one for the blocks whose
+// scores the AIC computes and one for the blocks it finishes). Scalar cost: the deal, once per cursor.
 struct FaDealtCursor {
   __aicore__ inline void Init(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
                               const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores) {
@@ -149,30 +167,35 @@ struct FaDealtCursor {
     deal_.Init(cores);
   }
   // the next item dealt to this core; false after the last
-  __aicore__ inline bool Next(FaItem& it) {
+  __aicore__ inline bool Next(int64_t& item, int64_t& s, FaSeq& sq, int64_t& i, int64_t& h) {
     const FlashAttentionTiling& t = *t_;
-    while (b_ < t.B) {
+    const bool kv = t.pass == FlashAttentionPass::kBackwardKV;
+    while (s_ < t.B) {
       if (!seqRead_) {
-        sq_ = FaReadSeq(cu_, cuK_, b_);
-        qb_ = CeilDiv(sq_.lq, t.baseM);
+        sq_ = FaReadSeq(cu_, cuK_, s_);
+        nb_ = CeilDiv(kv ? sq_.lk : sq_.lq, t.baseM);
         n_ = 0;
         h_ = 0;
         seqRead_ = true;
       }
-      if (n_ == qb_) {  // the sequence is done
-        item0_ += t.H * qb_;
-        ++b_;
+      if (n_ == nb_) {  // the sequence is done
+        item0_ += t.H * nb_;
+        ++s_;
         seqRead_ = false;
         continue;
       }
-      const int64_t i = qb_ - 1 - n_, h = h_;  // causal: the last query block sees the most keys
+      const int64_t bi = kv ? n_ : nb_ - 1 - n_, hh = h_;  // causal: the longest items first
+      if (h_ == 0) blocks_ = FaItemBlocks(t, sq_, bi);  // the same for every head
       if (++h_ == t.H) {
         h_ = 0;
         ++n_;
       }
-      const FaItem cand = FaMakeItem(t, sq_, item0_ + h * qb_ + i, b_, h, i);
-      if (deal_.Take(cand.keyBlocks) == core_) {
-        it = cand;
+      if (deal_.Take(blocks_) == core_) {
+        item = item0_ + hh * nb_ + bi;
+        s = s_;
+        sq = sq_;
+        i = bi;
+        h = hh;
         return true;
       }
     }
@@ -182,7 +205,7 @@ struct FaDealtCursor {
  private:
   const FlashAttentionTiling* t_ = nullptr;
   GlobalTensor<int64_t> cu_, cuK_;
-  int64_t core_ = 0, b_ = 0, n_ = 0, h_ = 0, qb_ = 0, item0_ = 0;
+  int64_t core_ = 0, s_ = 0, n_ = 0, h_ = 0, nb_ = 0, item0_ = 0, blocks_ = 0;
   bool seqRead_ = false;
   FaSeq sq_;
   FaDeal deal_;
@@ -1011,78 +1034,6 @@ struct FabNth {
   int64_t item;
   FaSeq sq;
   int64_t i, head;
-};
-
-// Blocks of backward item i of sequence sq (FabBlock's valid steps, in closed form): KV pass, the query
-// blocks from the first whose rows see key i * b to the last (every key is seen by the last query); Q
-// pass, the key blocks up to the last key its last row sees.
-__aicore__ inline int64_t FabBlocks(const FlashAttentionTiling& t, const FaSeq& sq, int64_t i) {
-  const int64_t b = t.baseM, off = sq.lk - sq.lq;
-  const bool causal = t.mask == FlashAttentionMask::kCausal;
-  if (t.pass == FlashAttentionPass::kBackwardKV) {
-    if (sq.lq == 0) return 0;
-    const int64_t k0 = i * b, firstQ = causal && k0 - off > 0 ? k0 - off : 0;
-    return CeilDiv(sq.lq, b) - firstQ / b;
-  }
-  const int64_t q0 = i * b;
-  return CeilDiv(FaKvLen(causal, q0, Min64(b, sq.lq - q0), sq.lq, sq.lk), b);
-}
-
-// The fused kernels' deal (FaDeal) of the backward items, one per Next(item, sequence, block i, head):
-// the items dealt to `core`, each sequence's longest first (KV pass: key blocks from the first, which the
-// most query blocks see; Q pass: query blocks from the last), heads inner; items keep FabItems'
-// numbering. Every cursor replays the whole deal on its own (the fused pass kernel's stream keeps two
-// per core, as the forward's FaDealtCursor).
-struct FabDealtCursor {
-  __aicore__ inline void Init(const FlashAttentionTiling& t, const GlobalTensor<int64_t>& cu,
-                              const GlobalTensor<int64_t>& cuK, int64_t core, int64_t cores) {
-    t_ = &t;
-    cu_ = cu;
-    cuK_ = cuK;
-    core_ = core;
-    deal_.Init(cores);
-  }
-  __aicore__ inline bool Next(int64_t& item, FaSeq& sq, int64_t& i, int64_t& h) {
-    const FlashAttentionTiling& t = *t_;
-    const bool kv = t.pass == FlashAttentionPass::kBackwardKV;
-    while (s_ < t.B) {
-      if (!seqRead_) {
-        sq_ = FaReadSeq(cu_, cuK_, s_);
-        nb_ = CeilDiv(kv ? sq_.lk : sq_.lq, t.baseM);
-        n_ = 0;
-        h_ = 0;
-        seqRead_ = true;
-      }
-      if (n_ == nb_) {  // the sequence is done
-        item0_ += t.H * nb_;
-        ++s_;
-        seqRead_ = false;
-        continue;
-      }
-      if (h_ == 0) blocks_ = FabBlocks(t, sq_, kv ? n_ : nb_ - 1 - n_);  // the same for every head
-      const int64_t bi = kv ? n_ : nb_ - 1 - n_, hh = h_;
-      if (++h_ == t.H) {
-        h_ = 0;
-        ++n_;
-      }
-      if (deal_.Take(blocks_) == core_) {
-        item = item0_ + hh * nb_ + bi;
-        sq = sq_;
-        i = bi;
-        h = hh;
-        return true;
-      }
-    }
-    return false;
-  }
-
- private:
-  const FlashAttentionTiling* t_ = nullptr;
-  GlobalTensor<int64_t> cu_, cuK_;
-  int64_t core_ = 0, s_ = 0, n_ = 0, h_ = 0, nb_ = 0, item0_ = 0, blocks_ = 0;
-  bool seqRead_ = false;
-  FaSeq sq_;
-  FaDeal deal_;
 };
 
 template <typename T>

@@ -9,7 +9,7 @@ namespace amo_ascend {
 namespace kernels {
 
 // ==== Fused backward pass: ONE mixed launch per pass (KERNEL_TYPE_MIX_AIC_1_2) ==========================
-// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items FabDealtCursor deals
+// Same arithmetic as the phase kernels. Per AI Core (one AIC + two AIVs) the items FaDealtCursor deals
 // to it (longest first, balanced over the AI Cores), their blocks in step order and as ONE stream g = 0,
 // 1, ... across items (since 2026-12-08), PIPELINED over kFabSlots GM slots (block g uses slot
 // g % kFabSlots, kFlashAttentionFusedSlots):
@@ -76,11 +76,11 @@ class FabFused {
     VecStream();
     // items without blocks: their zero gradient rows, after the stream (WriteZeroGrads uses the
     // running-sum buffer as its zero row, which the stream's items hold until their last block)
-    FabDealtCursor c;
+    FaDealtCursor c;
     c.Init(t_, g_.cu, g_.cuK, group_, GetBlockNum());
-    int64_t item = 0, i = 0, h = 0;
+    int64_t item = 0, seq = 0, i = 0, h = 0;
     FaSeq sq;
-    while (c.Next(item, sq, i, h)) {
+    while (c.Next(item, seq, sq, i, h)) {
       FabItem it;
       it.t = item;
       it.head = h;
@@ -96,10 +96,10 @@ class FabFused {
   }
 
  private:
-  // One core's blocks in stream order: the valid steps (FabBlock) of the items FabDealtCursor deals to
+  // One core's blocks in stream order: the valid steps (FabBlock) of the items FaDealtCursor deals to
   // it, items without blocks skipped; blk = the current block.
   struct Blocks {
-    FabDealtCursor items;
+    FaDealtCursor items;
     FabNth nth;
     FabItem blk;
     int64_t steps = 0, step = 0;
@@ -110,10 +110,10 @@ class FabFused {
     NextItem(b);
   }
   __aicore__ inline void NextItem(Blocks& b) {
-    int64_t item = 0, i = 0, h = 0;
+    int64_t item = 0, seq = 0, i = 0, h = 0;
     FaSeq sq;
     b.live = false;
-    while (b.items.Next(item, sq, i, h)) {
+    while (b.items.Next(item, seq, sq, i, h)) {
       FabItem it;
       it.t = item;
       it.head = h;

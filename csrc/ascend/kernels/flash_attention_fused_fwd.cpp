@@ -101,7 +101,10 @@ class FaFused {
   __aicore__ inline void Step(Blocks& b, bool write) {
     if (b.live && ++b.j < b.it.keyBlocks) return;
     b.live = false;
-    while (b.items.Next(b.it)) {
+    int64_t item = 0, seq = 0, i = 0, h = 0;
+    FaSeq sq;
+    while (b.items.Next(item, seq, sq, i, h)) {
+      b.it = FaMakeItem(t_, sq, item, seq, h, i);
       if (b.it.keyBlocks > 0) {
         b.j = 0;
         ++b.k;

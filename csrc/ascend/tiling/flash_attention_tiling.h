@@ -193,7 +193,7 @@ std::vector<std::vector<FlashAttentionBwdBlock>> flash_attention_bwd_schedule(co
                                                                               const std::vector<int64_t>& cuSeqlensQ,
                                                                               const std::vector<int64_t>& cuSeqlensK);
 
-// Host twin of the fused kernels' deal (FaDeal / FaDealtCursor / FabDealtCursor in
+// Host twin of the fused kernels' deal (FaDeal / FaDealtCursor in
 // kernels/flash_attention_common.h): for pass t.pass (kForward: amo_fa_fused; kBackwardKV / kBackwardQ:
 // amo_fab_fused) the items each AI Core runs, in order: each sequence's items longest first (block index
 // outer: query blocks from the last in the forward and Q pass, key blocks from the first in the KV pass;
