@@ -1332,3 +1332,7 @@ def test_predictor_numeric_arguments_are_typed():
     with pytest.raises(TypeError, match="^horizon must be an int"):
         ExpertLoadPredictor(4, horizon="1")
     assert ExpertLoadPredictor(4, alpha=1).alpha == 1.0
+    np = pytest.importorskip("numpy")  # numpy scalars are numbers too (refused for a while on 2026-12-08)
+    assert ExpertLoadPredictor(4, alpha=np.float32(0.5), window=np.int64(3)).alpha == 0.5
+    with pytest.raises(TypeError, match="^alpha must be a float, got numpy.bool"):
+        ExpertLoadPredictor(4, alpha=np.bool_(True))

@@ -101,3 +101,21 @@ def test_require_names_the_missing_keys():
     assert t.require(["clock_hz"], "x") is t
     with pytest.raises(hw.TableError, match=r"table 't' .* lacks 'gm_bandwidth', 'l2_bytes', which the reader needs"):
         t.require(["clock_hz", "gm_bandwidth", "l2_bytes"], "the reader")
+
+
+def test_host_bandwidth_zero_is_no_host_link_and_the_roofline_needs_its_keys_only():
+    """host_bandwidth 0 means "no host link" (Cluster.host_bw: swapping refused), not a bad rate; the
+    roofline helpers read four entries of a chip table, the scheduler all of TABLE_KEYS."""
+    from ascend_moe_ops.perfmodel import a2_timeline as tl
+    d = _good()
+    d["params"]["host_bandwidth"] = {"value": 0, "unit": "B/s", "assumption": "no host link"}
+    assert hw.HardwareTable.from_dict(d)["host_bandwidth"] == 0
+    a2 = hw.load_table("a2")
+    d = {"name": "chip", "title": "Roofline entries only", "version": "1",
+         "params": {k: {"value": a2[k], "unit": "-", "assumption": "copied from a2"}
+                                    for k in tl.ROOFLINE_KEYS}}
+    chip = hw.HardwareTable.from_dict(d)
+    assert tl.peak_flops(chip) == tl.peak_flops()
+    assert tl.roofline_seconds(1e12, 1e9, chip) == tl.roofline_seconds(1e12, 1e9)
+    with pytest.raises(hw.TableError, match="lacks"):
+        tl.simulate({"kernel": "k", "kind": "aiv", "cores": []}, chip)

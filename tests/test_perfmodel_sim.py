@@ -776,13 +776,13 @@ _S = dict(tp=(1,), pp=(1,), vpp=(1,), ep=(16,), recompute=("none",), a2a=("flat"
     (dict(a2a=("hier",)), ValueError, "a2a must hold names out of flat, hierarchical, allgather, got 'hier'"),
     (dict(convention="6n"), ValueError, "convention must be one of"),
     (dict(imbalance=0.5), ValueError, "imbalance must be a finite number >= 1"),
-    (dict(ep=(0,)), ValueError, "ep must hold positive ints, got 0"),
+    (dict(ep=(0,)), ValueError, "ep[0] must be >= 1, got 0"),
     (dict(dtype="int8"), ValueError, "dtype must be one of"),
     (dict(overlap="no"), TypeError, "overlap must be a bool"),
     (dict(recompute="none"), TypeError, "recompute must be a sequence of names"),
     # these divided by zero, or returned all plans but one (out[:-1])
     (dict(micro_batch=0), ValueError, "micro_batch must be >= 1"),
-    (dict(tp=(0,)), ValueError, "tp must hold positive ints, got 0"),
+    (dict(tp=(0,)), ValueError, "tp[0] must be >= 1, got 0"),
     (dict(top=-1), ValueError, "top must be >= 0"),
 ])
 def test_search_names_a_bad_argument(kw, exc, named):
@@ -806,7 +806,7 @@ def test_search_still_skips_plans_that_do_not_suit_the_model():
     (lambda: Plan(imbalance=float("inf")), ValueError, "Plan.imbalance must be a finite number >= 1"),  # was OverflowError later
     (lambda: Plan(overlap="no"), TypeError, "Plan.overlap must be a bool"),  # "no" meant overlap on
     (lambda: Plan(sp=1), TypeError, "Plan.sp must be a bool"),
-    (lambda: Plan(etp=True), ValueError, "Plan.etp must be a positive int or None, got True"),
+    (lambda: Plan(etp=True), TypeError, "Plan.etp (an int or None) must be an int, got bool"),
     (lambda: simulate(MID, _cluster(), Plan(), dtype="int8"), ValueError, "dtype must be one of"),  # was KeyError
     # an FFN the (expert) tensor parallelism does not divide gave fractional per-rank sizes
     (lambda: simulate(MID.replace(expert_ffn=250), _cluster(), Plan(tp=4, dp=1)), ValueError,
@@ -909,7 +909,7 @@ def test_sim_cli_paths_and_chip_table_checked_before_work(tmp_path, capsys, monk
     ("validate", ["--threads", "0"], "argument --threads"),
     ("validate", ["--min-run-time", "-1"], "argument --min-run-time"),
     ("validate", ["--layer-min-run-time", "nan"], "argument --layer-min-run-time"),
-    ("validate", ["--device", "tpu"], "argument --device: must be cpu, cuda or cuda:N"),
+    ("validate", ["--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N, npu or npu:N"),
     ("validate", ["--clock", "process", "--device", "cuda"], "argument --clock"),
     ("validate", ["--spec", "nosuch"], "argument --spec"),
     ("validate", ["--ep-rounds", "0"], "argument --ep-rounds"),
@@ -933,3 +933,25 @@ def test_validate_clis_check_flags_at_parse_time(module, argv, named, tmp_path, 
     assert e.value.code == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_valid_arguments_the_checks_must_keep_taking():
+    """What the argument checks added on 2026-12-08 first refused and must take: numpy scalars and
+    arrays where a Python number or a sequence is meant, a dispatch without probs (0 probs bytes),
+    and an NPU for the validation's --device."""
+    np = pytest.importorskip("numpy")
+    from ascend_moe_ops.perfmodel import validate
+    from ascend_moe_ops.perfmodel.sim import traffic as TR
+    kw = dict(nodes=2, local=4, algo="hierarchical", dtype_bytes=2)
+    none = TR.expected_dispatch(64, 8, 64, 1024, probs_bytes=0, **kw)
+    four = TR.expected_dispatch(64, 8, 64, 1024, probs_bytes=4, **kw)
+    assert 0 < none["inter_node_bytes"] < four["inter_node_bytes"]
+    assert not Plan(overlap=np.bool_(False), tp=np.int64(2), dp=8).overlap
+    assert len(search(MID, _cluster(), 16, 16, **{**_S, "ep": np.array([1, 2, 4, 16])}, top=np.int64(3))) == 3
+    assert simulate(MID, _cluster(), Plan(tp=1, ep=16, dp=16, imbalance=np.float32(1.25))).step_s > 0
+    for ok in ("cpu", "cuda", "cuda:1", "npu", "npu:0"):
+        assert validate._device(ok) == ok
+    with pytest.raises(TypeError, match=re.escape("Plan.overlap must be a bool, got int")):
+        Plan(overlap=1)  # an int is still not a bool
+    with pytest.raises(TypeError, match=re.escape("tp[0] must be an int, got numpy.float64")):
+        search(MID, _cluster(), 16, 16, **{**_S, "tp": np.array([1.0, 2.5])})

@@ -72,8 +72,8 @@ class ExpertLoadPredictor:
     def __init__(self, num_experts: int, window: int = 32, *, method: str = "robust",
                  alpha: Optional[float] = None, horizon: int = 1, group=None):
         _checks.check_int("num_experts", num_experts, minimum=1)
-        _checks.check_int("window", window, minimum=1)
-        _checks.check_int("horizon", horizon, minimum=1)
+        window = _checks.check_int("window", window, minimum=1)  # a numpy int becomes an int
+        horizon = _checks.check_int("horizon", horizon, minimum=1)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if alpha is None:

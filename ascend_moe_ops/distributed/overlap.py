@@ -369,9 +369,13 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
         ``backward(retain_graph=True)`` keeps the chunk graphs for another backward; without it
         they are freed, and a second backward raises a ``RuntimeError`` naming ``retain_graph``.
 
-    Errors: a ``tokens`` / ``topk_idx`` / ``probs`` / ``params`` entry that is not a tensor (or
-    ``topk_idx`` not an integer one), a non-callable ``expert_fn`` raise ``TypeError`` naming it,
-    on the calling rank before any collective.
+    Errors: a ``tokens`` / ``topk_idx`` / ``probs`` / ``params`` entry that is not a tensor, a
+    non-callable ``expert_fn`` raise ``TypeError`` naming it, on the calling rank before any
+    collective; dtypes and shapes of ``topk_idx`` / ``probs`` are checked by the dispatcher in its
+    first collective (the ranks that passed them raise their error, the others
+    :class:`SplitMismatchError`). With ``chunks > 1`` the communication thread may already have
+    entered the next chunk's exchange on a rank whose arguments were bad while its peers stopped at
+    the first: that rank then waits out the process-group timeout (a ``CollectiveError``).
 
     Every rank issues the same collectives in the same order (one communication thread per
     call). Do not run other collectives on the dispatcher's groups while a call (or its
@@ -379,16 +383,20 @@ def moe_forward_overlapped(dispatcher, tokens: Tensor, topk_idx: Tensor, probs: 
     """
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
         raise ValueError(f"chunks must be a positive int, got {chunks!r}")
+    # only what cutting the arguments into chunks needs is checked here, on the calling rank: the
+    # dtypes and shapes of topk_idx / probs are the dispatcher's, whose first collective reports a bad
+    # argument on every rank at once (a local raise here would leave the peers waiting)
     _checks.check_tensor("tokens", tokens, ndim=2)
-    _checks.check_tensor("topk_idx", topk_idx, ndim=2, dtypes=_checks.INDEX_DTYPES)
+    _checks.check_tensor("topk_idx", topk_idx)
     if probs is not None:
-        _checks.check_tensor("probs", probs, ndim=2)
+        _checks.check_tensor("probs", probs)
     if not callable(expert_fn):
         raise TypeError(f"expert_fn must be callable, got {type(expert_fn).__name__}")
+    # tuples first: a generator (e.g. module.parameters()) is read once
+    params, shared_params = tuple(params), tuple(shared_params) if shared_fn is not None else ()
     for name, ts in (("params", params), ("shared_params", shared_params)):
         for i, t in enumerate(ts):
             _checks.check_tensor(f"{name}[{i}]", t)
-    params, shared_params = tuple(params), tuple(shared_params) if shared_fn is not None else ()
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (tokens, probs) + params + shared_params)
     if not needs_grad:

@@ -6,6 +6,7 @@ the specs' checks (``_contracts.py``) and ``csrc/common/<family>_checks.h``."""
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -37,29 +38,46 @@ def check_shape(name: str, t: torch.Tensor, expected: Sequence[int], what: str =
         raise ValueError(f"{name} must have shape {tuple(expected)}{extra}, got {tuple(t.shape)}")
 
 
+def _type_name(value) -> str:
+    """The type of value as a message names it: numpy's scalars by module (``numpy.bool`` is not
+    ``bool``)."""
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _is_bool(value) -> bool:
+    """A Python bool or a numpy bool scalar (not an int: ``overlap=1`` is refused)."""
+    t = type(value)
+    return isinstance(value, bool) or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
+
+
 def check_int(name: str, value, *, minimum: Optional[int] = None) -> int:
-    """A Python int (not a bool) or a symbolic size under ``torch.compile``, ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    """A Python or numpy integer (not a bool), returned as int, or a symbolic size under
+    ``torch.compile``, ``>= minimum``."""
+    # the ABC is asked last (and only of what is not a Python int): torch.compile traces the rest
+    if _is_bool(value) or not (isinstance(value, (int, torch.SymInt)) or isinstance(value, numbers.Integral)):
+        raise TypeError(f"{name} must be an int, got {_type_name(value)}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return value if isinstance(value, torch.SymInt) else int(value)
 
 
 def check_bool(name: str, value) -> bool:
-    """A Python bool (a truthy string or int is not one: ``return_lse="no"`` returned the lse)."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+    """A Python or numpy bool, returned as bool (a truthy string or int is not one:
+    ``return_lse="no"`` returned the lse)."""
+    if not _is_bool(value):
+        raise TypeError(f"{name} must be a bool, got {_type_name(value)}")
+    return bool(value)
 
 
 def check_float(name: str, value, *, finite: bool = False, minimum: Optional[float] = None,
                 why: str = ""):
-    """A Python int or float (not a bool), returned as float; with ``finite`` not NaN nor infinite,
-    with ``minimum`` ``>= minimum`` (comparisons only, so a symbolic float under ``torch.compile``
-    passes through unchanged). ``why`` ends the ValueError's message."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    """A Python or numpy real number (not a bool), returned as float; with ``finite`` not NaN nor
+    infinite, with ``minimum`` ``>= minimum`` (comparisons only, so a symbolic float under
+    ``torch.compile`` passes through unchanged). ``why`` ends the ValueError's message."""
+    if _is_bool(value) or not (isinstance(value, (int, float, torch.SymInt, torch.SymFloat))
+                               or isinstance(value, numbers.Real)):
+        raise TypeError(f"{name} must be a float, got {_type_name(value)}")
     if finite and not -math.inf < value < math.inf:
         raise ValueError(f"{name} must be a finite number{'' if minimum is None else f' >= {minimum}'}, "
                          f"got {value!r}{why}")

@@ -79,9 +79,13 @@ TABLE_KEYS = ("clock_hz", "cube_cores", "vector_cores", "cube_macs_per_cycle_fp1
               "launch_latency_s")
 
 
-def _table(table) -> HardwareTable:
+#: the entries the roofline reads (peak_flops, roofline_seconds): a chip table with only these will do
+ROOFLINE_KEYS = ("cube_cores", "cube_macs_per_cycle_fp16", "clock_hz", "gm_bandwidth")
+
+
+def _table(table, keys=TABLE_KEYS) -> HardwareTable:
     """``table``: None (the shipped ``a2``), a HardwareTable, or a shipped table's name / a JSON path;
-    it must hold every entry of :data:`TABLE_KEYS`."""
+    it must hold every entry of ``keys`` (the scheduler's: :data:`TABLE_KEYS`)."""
     if table is None:
         t = load_table("a2")
     elif isinstance(table, HardwareTable):
@@ -91,7 +95,7 @@ def _table(table) -> HardwareTable:
     else:
         raise TypeError(f"table must be a HardwareTable, a shipped table's name or a JSON path, "
                         f"got {type(table).__name__}")
-    return t.require(TABLE_KEYS, "the A2 timeline")
+    return t.require(keys, "the A2 timeline" if keys is TABLE_KEYS else "the A2 roofline")
 
 
 def check_launch(launch) -> dict:
@@ -133,13 +137,13 @@ def check_launch(launch) -> dict:
 
 def peak_flops(table=None) -> float:
     """Cube peak of the chip (fp16 / bf16), FLOP/s: cores x MACs/cycle x 2 x clock."""
-    t = _table(table)
+    t = _table(table, ROOFLINE_KEYS)
     return t["cube_cores"] * t["cube_macs_per_cycle_fp16"] * 2 * t["clock_hz"]
 
 
 def roofline_seconds(flops: float, gm_bytes: float, table=None) -> float:
     """The A2 roofline time of a piece of work: max(FLOPs / Cube peak, bytes / HBM bandwidth)."""
-    t = _table(table)
+    t = _table(table, ROOFLINE_KEYS)
     return max(flops / peak_flops(t), gm_bytes / t["gm_bandwidth"])
 
 

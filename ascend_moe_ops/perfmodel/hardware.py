@@ -37,8 +37,9 @@ from typing import Mapping
 __all__ = ["Param", "HardwareTable", "load_table", "available_tables", "TableError", "POSITIVE_KEYS"]
 
 #: keys whose value must be > 0 (the models divide by them); every other value must be >= 0
-POSITIVE_KEYS = re.compile(r"clock_hz$|bandwidth|_per_cycle|^peak_.*_flops$|_cores$|^devices_per_node$|_links$"
-                           r"|_line_bytes$")
+#: (``host_bandwidth`` 0 means no host link, as ``Cluster.host_bw``: swapping is then refused)
+POSITIVE_KEYS = re.compile(r"clock_hz$|(?<!^host_)bandwidth|_per_cycle|^peak_.*_flops$|_cores$|^devices_per_node$"
+                           r"|_links$|_line_bytes$")
 
 
 class TableError(ValueError):

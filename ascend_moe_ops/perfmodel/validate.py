@@ -375,11 +375,12 @@ def format_table(report: dict) -> str:
 
 
 def _device(text: str) -> str:
-    """argparse type of --device: cpu, cuda or cuda:N (checked at parse time, not by torch mid-run)."""
-    kind, _, index = text.partition(":")
-    if text == "cpu" or (kind == "cuda" and (not _ or index.isdigit())):
+    """argparse type of --device: cpu, cuda[:N] or npu[:N] (the timing clocks' devices; the spelling
+    is checked at parse time, whether the device is there by torch when the run starts)."""
+    kind, colon, index = text.partition(":")
+    if text == "cpu" or (kind in ("cuda", "npu") and (not colon or index.isdigit())):
         return text
-    raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+    raise argparse.ArgumentTypeError(f"must be cpu, cuda, cuda:N, npu or npu:N, got {text!r}")
 
 
 def main(argv=None) -> int:
@@ -398,7 +399,7 @@ def main(argv=None) -> int:
                     help="components only: no layer-glue term (and no whole layers at calibration shapes)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: checks the plumbing in seconds")
     ap.add_argument("--device", default="cpu", type=_device,
-                    help="cpu (default) or cuda (cuda:N): where the ops and the layer run")
+                    help="cpu (default), cuda (cuda:N) or npu (npu:N): where the ops and the layer run")
     ap.add_argument("--spec", default=None,
                     help="also predict from this hardware table's roofline, uncalibrated (e.g. h200 on an H200)")
     ap.add_argument("--no-ep", action="store_true",

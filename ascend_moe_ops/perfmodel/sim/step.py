@@ -60,11 +60,9 @@ class Plan:
 
     def __post_init__(self):
         for k in ("tp", "pp", "vpp", "ep", "dp", "micro_batch", "num_microbatches"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"Plan.{k} must be a positive int, got {v!r}")
-        if self.etp is not None and (isinstance(self.etp, bool) or not isinstance(self.etp, int) or self.etp < 1):
-            raise ValueError(f"Plan.etp must be a positive int or None, got {self.etp!r}")
+            check_int(f"Plan.{k}", getattr(self, k), minimum=1)
+        if self.etp is not None:
+            check_int("Plan.etp (an int or None)", self.etp, minimum=1)
         check_bool("Plan.overlap", self.overlap)  # "no" is truthy: it used to mean overlap on
         check_bool("Plan.sp", self.sp)
         if self.recompute not in RECOMPUTE:
@@ -469,10 +467,7 @@ def _int_choices(name: str, values) -> tuple:
     values = tuple(values)
     if not values:
         raise ValueError(f"{name} must list at least one value, got ()")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must hold positive ints, got {v!r} in {values!r}")
-    return values
+    return tuple(check_int(f"{name}[{i}]", v, minimum=1) for i, v in enumerate(values))
 
 
 def _name_choices(name: str, values, valid: Sequence[str]) -> tuple:

@@ -22,8 +22,9 @@ __all__ = ["ALGOS", "expected_dispatch", "exact_dispatch", "row_bytes", "node_mi
 
 
 def _check_sizes(where: str, **sizes) -> None:
+    """Positive ints; ``probs_bytes`` may be 0 (a dispatch without probs sends none)."""
     for k, v in sizes.items():
-        check_int(f"{where}: {k}", v, minimum=1)
+        check_int(f"{where}: {k}", v, minimum=0 if k == "probs_bytes" else 1)
 
 
 def _check_algo(algo: str) -> str:
