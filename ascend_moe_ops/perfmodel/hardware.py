@@ -17,8 +17,8 @@ Every entry has a numeric ``value``, a ``unit`` and exactly one of ``source`` (a
 with enough detail to find the figure) or ``assumption`` (why the value was chosen and what would
 settle it). A table that breaks this rule does not load; nor does one with a negative value (no
 entry is a signed quantity) or with zero for a rate, clock or count (:data:`POSITIVE_KEYS`: a clock,
-a bandwidth, a per-cycle rate, a peak, a core / device / link count, a line size), which the models
-divide by. ``version`` is shown next to every modelled
+a bandwidth other than ``host_bandwidth`` -- 0 there is "no host link" --, a per-cycle rate, a peak, a
+core / device / link count, a line size), which the models divide by. ``version`` is shown next to every modelled
 number so that a reader can tell which table produced it.
 
 Sensitivity studies take ``table.scaled({"key": 1.3})``: a copy with those values multiplied.
