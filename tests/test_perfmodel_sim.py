@@ -911,6 +911,7 @@ def test_sim_cli_paths_and_chip_table_checked_before_work(tmp_path, capsys, monk
     ("validate", ["--layer-min-run-time", "nan"], "argument --layer-min-run-time"),
     ("validate", ["--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N, npu or npu:N"),
     ("validate", ["--clock", "process", "--device", "cuda"], "argument --clock"),
+    ("validate", ["--clock", "process", "--threads", "2"], "argument --clock: process needs --threads 1"),
     ("validate", ["--spec", "nosuch"], "argument --spec"),
     ("validate", ["--ep-rounds", "0"], "argument --ep-rounds"),
     ("validate", ["--out", "{file}/x"], "argument --out: cannot create folder"),

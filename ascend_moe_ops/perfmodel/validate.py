@@ -409,6 +409,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.clock != "wall" and a.device != "cpu":
         ap.error(f"argument --clock: {a.clock} is for --device cpu only, got --device {a.device}")
+    if a.clock != "wall" and a.threads != 1:  # the process clock sums every thread's CPU time
+        ap.error(f"argument --clock: {a.clock} needs --threads 1, got --threads {a.threads}")
     if a.spec:
         from .hardware import load_table
         try:
